@@ -1,0 +1,75 @@
+"""Sessions as actors: the session actor, the handles skills get, clocks, execution."""
+
+from sessiontree.actors._activity import Activity
+from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
+from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
+from sessiontree.actors._execution import (
+    EventLoopThread,
+    RunEnd,
+    StepExecutor,
+    crash_info,
+    is_async_skill,
+    to_outcome,
+)
+from sessiontree.actors._host import SessionHost, SpawnedLike
+from sessiontree.actors._mailbox import (
+    ACTOR_TYPES,
+    AskTimeoutError,
+    Reply,
+    actor_class,
+    in_actor_handler,
+    post,
+    start_actor,
+)
+from sessiontree.actors._session import AsyncSession, Session
+from sessiontree.actors._session_actor import (
+    CancelSignal,
+    CycleDone,
+    Deliver,
+    ForceStop,
+    Inbound,
+    ResumeSignal,
+    SessionActorLogic,
+    Start,
+    SuspendSignal,
+)
+from sessiontree.actors._slots import ComputeSlots
+
+__all__ = [
+    "ACTOR_TYPES",
+    "Activity",
+    "AskTimeoutError",
+    "AsyncSession",
+    "CancelSignal",
+    "Cancelled",
+    "Clock",
+    "ComputeSlots",
+    "ContextMessage",
+    "CycleDone",
+    "Deliver",
+    "EventLoopThread",
+    "ForceStop",
+    "Inbound",
+    "RealClock",
+    "Reply",
+    "ResumeSignal",
+    "RunEnd",
+    "Session",
+    "SessionActorLogic",
+    "SessionContext",
+    "SessionCore",
+    "SessionHost",
+    "SpawnedLike",
+    "Start",
+    "StepExecutor",
+    "SuspendSignal",
+    "TimerHandle",
+    "VirtualClock",
+    "actor_class",
+    "crash_info",
+    "in_actor_handler",
+    "is_async_skill",
+    "post",
+    "start_actor",
+    "to_outcome",
+]

@@ -1,0 +1,277 @@
+"""The live state of one session, shared by its actor and its running skill."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessiontree.actors._activity import Activity
+from sessiontree.actors._clock import Clock
+from sessiontree.actors._slots import ComputeSlots
+from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult
+
+__all__ = ["Cancelled", "ContextMessage", "SessionContext", "SessionCore"]
+
+
+class Cancelled(BaseException):
+    """Raised into a skill at a checkpoint once its session is asked to stop.
+
+    It subclasses ``BaseException`` so that ``except Exception`` in skill code
+    cannot swallow it. ``code`` says why: ``cancelled`` (an explicit cancel),
+    ``parent_terminated`` (the parent ended), ``ttl_expired`` or
+    ``terminated_by_force`` (the skill is fenced: nothing it does counts).
+    """
+
+    def __init__(self, code: ErrorCode, session_id: uuid.UUID) -> None:
+        super().__init__(f"session {session_id} cancelled ({code})")
+        self.code = code
+        self.session_id = session_id
+
+
+@dataclass
+class ContextMessage:
+    """One entry of a session's working context."""
+
+    role: str
+    content: Any
+    name: str | None = None
+
+
+@dataclass
+class SessionContext:
+    """The ADR's conversation state: messages, tool results and a system prompt."""
+
+    system_prompt: str = ""
+    messages: list[ContextMessage] = field(default_factory=list)
+    tool_results: list[dict[str, Any]] = field(default_factory=list)
+
+
+class SessionCore:
+    """Everything about one live session that its actor and its skill share.
+
+    The Cortex thread decides ``state``; the session actor sets the request
+    flags and delivers results; the skill thread reads them at checkpoints.
+    All of it is guarded by ``cond``. Blocking waits release the compute slot
+    and count the skill as blocked for :class:`Activity`.
+    """
+
+    def __init__(
+        self,
+        info: SessionInfo,
+        *,
+        clock: Clock,
+        activity: Activity,
+        slots: ComputeSlots,
+        max_results: int,
+    ) -> None:
+        self.info = info
+        self.session_id = info.session_id
+        self.state = info.state
+        self.clock = clock
+        self.activity = activity
+        self.slots = slots
+        self.cond = threading.Condition()
+        self.context = SessionContext()
+        self.received: collections.deque[SessionResult] = collections.deque(maxlen=max_results)
+        self.unclaimed: dict[uuid.UUID, SessionResult] = {}
+        self.progress: list[dict[str, Any]] = []
+        self.cancel_code: ErrorCode | None = None
+        self.cancel_raised = False
+        self.suspend_requested = False
+        self.parked = False
+        self.fenced = False
+        self.resumed = False
+        self.refused = 0
+        self.started_at: float | None = None
+        self.last_checkpoint = clock.monotonic()
+        self.stuck = False
+        self.holds_slot = False
+        self.skill_running = False
+        self._blocked = False
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self.task: asyncio.Task[Any] | None = None
+        self.task_loop: asyncio.AbstractEventLoop | None = None
+
+    # -- compute slot ---------------------------------------------------------
+
+    def take_slot(self) -> None:
+        """Record that this session holds a slot (it was granted elsewhere)."""
+        with self.cond:
+            self.holds_slot = True
+
+    def release_slot(self) -> None:
+        """Give the slot back if this session holds one (idempotent)."""
+        with self.cond:
+            if not self.holds_slot:
+                return
+            self.holds_slot = False
+        self.slots.release()
+
+    def acquire_slot_blocking(self) -> None:
+        """Wait (this thread) for a compute slot."""
+        self.slots.acquire_blocking()
+        self.take_slot()
+
+    async def acquire_slot_async(self) -> None:
+        """Wait (this task) for a compute slot without holding a thread."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def granted() -> None:
+            loop.call_soon_threadsafe(_set_done, fut)
+
+        if not self.slots.acquire_or_queue(granted):
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if not self.slots.forget(granted):
+                    self.slots.release()
+                raise
+        self.take_slot()
+
+    # -- requests the actor sets ----------------------------------------------
+
+    @property
+    def interrupt_pending(self) -> bool:
+        """A checkpoint would raise or park right now."""
+        return self._interrupted(parking=False)
+
+    def _interrupted(self, *, parking: bool) -> bool:
+        if self.fenced or (self.cancel_code is not None and not self.cancel_raised):
+            return True
+        return not parking and self.suspend_requested and self.cancel_code is None
+
+    def wake(self) -> None:
+        """Wake the skill if it is blocked (call with ``cond`` held)."""
+        if self._blocked:
+            self._blocked = False
+            self.activity.begin()
+        self.cond.notify_all()
+        waiters, self._async_waiters = self._async_waiters, []
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_set_done, fut)
+
+    def add_result(self, result: SessionResult) -> None:
+        """File a child's result and wake the skill if it waits for it."""
+        with self.cond:
+            self.received.append(result)
+            self.unclaimed[result.session_id] = result
+            self.wake()
+
+    def claim(self, child_id: uuid.UUID) -> SessionResult | None:
+        """Take a child's result out of the unclaimed set (call with ``cond`` held)."""
+        return self.unclaimed.pop(child_id, None)
+
+    # -- blocking waits (skill side) -------------------------------------------
+
+    def _mark_blocked(self) -> None:
+        if not self._blocked:
+            self._blocked = True
+            self.activity.end()
+
+    def _unmark_blocked(self) -> None:
+        if self._blocked:
+            self._blocked = False
+            self.activity.begin()
+
+    def block_until(
+        self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
+    ) -> bool:
+        """Block the skill thread until ``ready()`` (True), an interrupt (True) or the
+        timeout on the session's clock (False). Releases the compute slot while
+        blocked and takes one again before returning.
+        """
+        timed_out = False
+
+        def on_timeout() -> None:
+            nonlocal timed_out
+            with self.cond:
+                timed_out = True
+                self.wake()
+
+        timer = None if timeout is None else self.clock.call_later(timeout, on_timeout)
+        released = False
+        try:
+            with self.cond:
+                while not (ready() or self._interrupted(parking=parking) or timed_out):
+                    if self.holds_slot:
+                        self.holds_slot = False
+                        released = True
+                        self.cond.release()
+                        try:
+                            self.slots.release()
+                        finally:
+                            self.cond.acquire()
+                        continue
+                    self._mark_blocked()
+                    self.cond.wait()
+                self._unmark_blocked()
+                return not timed_out or ready()
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if released and not self.fenced:
+                self.acquire_slot_blocking()
+
+    async def block_until_async(
+        self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
+    ) -> bool:
+        """``block_until`` for async skills: parks the task, never a thread."""
+        loop = asyncio.get_running_loop()
+        timed_out = False
+
+        def on_timeout() -> None:
+            nonlocal timed_out
+            with self.cond:
+                timed_out = True
+                self.wake()
+
+        timer = None if timeout is None else self.clock.call_later(timeout, on_timeout)
+        released = False
+        try:
+            while True:
+                fut: asyncio.Future[None] | None = None
+                with self.cond:
+                    if ready() or self._interrupted(parking=parking) or timed_out:
+                        self._unmark_blocked()
+                        outcome = not timed_out or ready()
+                        break
+                    if self.holds_slot:
+                        self.holds_slot = False
+                        released = True
+                    else:
+                        fut = loop.create_future()
+                        self._async_waiters.append((loop, fut))
+                        self._mark_blocked()
+                if fut is None:
+                    self.slots.release()
+                    continue
+                await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with self.cond:
+                self._unmark_blocked()
+        if released and not self.fenced:
+            await self.acquire_slot_async()
+        return outcome
+
+    @property
+    def blocked(self) -> bool:
+        """True while the skill waits at a checkpoint (on children, a timeout or parked)."""
+        return self._blocked
+
+    def touch(self) -> None:
+        """Note a checkpoint (for stuck detection)."""
+        self.last_checkpoint = self.clock.monotonic()
+        self.stuck = False
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

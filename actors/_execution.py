@@ -1,0 +1,281 @@
+"""Where skills run: the step executor (threads), the event loop, and one run.
+
+The session actor never runs skill code. It hands a run to one of these:
+sync skills go to the :class:`StepExecutor` (daemon threads created on demand
+up to a cap, reused when idle), async skills to the :class:`EventLoopThread`
+(one thread, any number of waiting sessions). A run always ends by calling
+``SessionHost.run_ended`` exactly once, whatever the skill does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import inspect
+import logging
+import threading
+import traceback
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from sessiontree.actors._core import Cancelled, SessionCore
+from sessiontree.actors._host import SessionHost
+from sessiontree.protocol import ErrorCode, ErrorInfo, Outcome, SessionResult
+
+__all__ = [
+    "EventLoopThread",
+    "RunEnd",
+    "StepExecutor",
+    "crash_info",
+    "is_async_skill",
+    "run_async",
+    "run_sync",
+    "to_outcome",
+]
+
+log = logging.getLogger("sessiontree.execution")
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How one skill run ended: a value, a crash, or ``Cancelled`` escaping it.
+
+    ``fatal`` holds a ``KeyboardInterrupt``/``SystemExit`` the skill raised:
+    the session fails and the node shuts down in order.
+    """
+
+    outcome: Outcome | None = None
+    error: ErrorInfo | None = None
+    cancelled: bool = False
+    fatal: BaseException | None = None
+    cycle: int = 0
+
+
+def crash_info(exc: BaseException) -> ErrorInfo:
+    """``crashed`` with the exception's type, message and traceback in ``detail``."""
+    kind = type(exc)
+    return ErrorInfo(
+        code=ErrorCode.CRASHED,
+        message=f"{kind.__name__}: {exc}",
+        detail={
+            "type": f"{kind.__module__}.{kind.__qualname__}",
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(exc)),
+        },
+    )
+
+
+def to_outcome(value: object) -> Outcome:
+    """Turn a skill's return value into an ``Outcome``.
+
+    ``str`` → summary; a mapping → artifacts; ``Outcome``/``SessionResult`` →
+    their fields; ``None`` → empty. Raises ``TypeError`` for anything else, or
+    for artifacts that are not JSON values.
+    """
+    if value is None:
+        return Outcome()
+    if isinstance(value, Outcome):
+        outcome = value
+    elif isinstance(value, str):
+        return Outcome(summary=value)
+    elif isinstance(value, SessionResult):
+        outcome = Outcome(
+            summary=value.summary, artifacts=dict(value.artifacts), memory_ids=value.memory_ids
+        )
+    elif isinstance(value, Mapping):
+        outcome = Outcome(artifacts=dict(value))
+    else:
+        msg = (
+            f"a skill must return str, a mapping, Outcome, SessionResult or None, "
+            f"not {type(value).__name__}"
+        )
+        raise TypeError(msg)
+    try:
+        msgspec.json.encode(outcome.artifacts)
+    except (TypeError, ValueError, OverflowError) as exc:
+        msg = f"artifacts must be JSON values: {exc}"
+        raise TypeError(msg) from exc
+    return outcome
+
+
+def _end_of(result: object, cycle: int) -> RunEnd:
+    try:
+        return RunEnd(outcome=to_outcome(result), cycle=cycle)
+    except TypeError as exc:
+        return RunEnd(error=crash_info(exc), cycle=cycle)
+
+
+class StepExecutor:
+    """Daemon threads for sync skills: created on demand up to ``max_threads``.
+
+    Threads are daemons so an abandoned (fenced) skill that never returns
+    cannot hold the interpreter open. Work beyond the cap waits in the queue;
+    the Cortex refuses spawns before that can happen.
+    """
+
+    def __init__(self, max_threads: int, name: str = "sessiontree-step") -> None:
+        self.max_threads = max_threads
+        self._name = name
+        self._queue: collections.deque[Callable[[], None]] = collections.deque()
+        self._cond = threading.Condition()
+        self._threads = 0
+        self._idle = 0
+        self._closed = False
+
+    @property
+    def threads(self) -> int:
+        """Threads alive (busy or idle)."""
+        return self._threads
+
+    def submit(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on an idle thread, a new one, or the next free one."""
+        with self._cond:
+            if self._closed:
+                msg = "step executor is closed"
+                raise RuntimeError(msg)
+            self._queue.append(work)
+            if self._idle > len(self._queue) - 1:
+                self._cond.notify()
+                return
+            if self._threads < self.max_threads:
+                self._threads += 1
+                thread = threading.Thread(
+                    target=self._worker, name=f"{self._name}-{self._threads}", daemon=True
+                )
+                thread.start()
+
+    def close(self) -> None:
+        """Let idle threads exit; busy ones finish their work and exit after."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    if self._closed:
+                        self._threads -= 1
+                        return
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+                work = self._queue.popleft()
+            try:
+                work()
+            except BaseException:  # a run reports its own end; this is a last guard
+                log.exception("step work raised out of its runner")
+
+
+class EventLoopThread:
+    """One asyncio loop on its own daemon thread, for async skills."""
+
+    def __init__(self, name: str = "sessiontree-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout=10.0)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._ready.set)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def submit(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start ``make()`` as a task on the loop."""
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(make()))
+
+    def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+        """Run ``fn`` on the loop thread and return its value (bounded wait)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except Exception as exc:
+                fut.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(run)
+        return fut.result(timeout=timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Cancel every task still on the loop, stop it and join its thread."""
+        if not self._thread.is_alive():
+            return
+
+        def stop() -> None:
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.call_soon(self.loop.stop)
+
+        self.loop.call_soon_threadsafe(stop)
+        self._thread.join(timeout=timeout)
+
+
+def _finish(host: SessionHost, core: SessionCore, end: RunEnd) -> None:
+    core.release_slot()
+    with core.cond:
+        core.skill_running = False
+    try:
+        host.run_ended(core, end)
+    finally:
+        core.activity.end()
+
+
+def is_async_skill(skill: Callable[..., Any]) -> bool:
+    """Whether ``skill`` must be awaited (an ``async def`` or an async ``__call__``)."""
+    return inspect.iscoroutinefunction(skill) or inspect.iscoroutinefunction(
+        getattr(skill, "__call__", None)  # noqa: B004 - a callable object's method
+    )
+
+
+def run_sync(
+    host: SessionHost, core: SessionCore, skill: Callable[[Any], object], handle: Any, cycle: int
+) -> None:
+    """Run a sync skill on the current thread and report its end."""
+    end: RunEnd
+    try:
+        if not core.holds_slot:
+            core.acquire_slot_blocking()
+        end = _end_of(skill(handle), cycle)
+    except Cancelled:
+        end = RunEnd(cancelled=True, cycle=cycle)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        end = RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
+    except BaseException as exc:
+        end = RunEnd(error=crash_info(exc), cycle=cycle)
+    _finish(host, core, end)
+
+
+async def run_async(
+    host: SessionHost,
+    core: SessionCore,
+    skill: Callable[[Any], Coroutine[Any, Any, object]],
+    handle: Any,
+    cycle: int,
+) -> None:
+    """Run an async skill as a task and report its end (also when it is cancelled by force)."""
+    end: RunEnd
+    try:
+        if not core.holds_slot:
+            await core.acquire_slot_async()
+        end = _end_of(await skill(handle), cycle)
+    except Cancelled:
+        end = RunEnd(cancelled=True, cycle=cycle)
+    except asyncio.CancelledError:
+        end = RunEnd(cancelled=True, cycle=cycle)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        end = RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
+    except BaseException as exc:
+        end = RunEnd(error=crash_info(exc), cycle=cycle)
+    _finish(host, core, end)

@@ -1,0 +1,66 @@
+"""What a running session needs from the runtime around it (wired by supervision)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sessiontree.protocol import ErrorInfo, SpawnSpec
+
+if TYPE_CHECKING:
+    from sessiontree.actors._core import SessionCore
+    from sessiontree.actors._execution import RunEnd
+
+__all__ = ["SessionHost", "SpawnedLike"]
+
+
+class SpawnedLike(Protocol):
+    """The answer to a spawn: the child's id, or why there is none."""
+
+    @property
+    def session_id(self) -> uuid.UUID | None: ...
+
+    @property
+    def error(self) -> ErrorInfo | None: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+
+class SessionHost(Protocol):
+    """The supervisor side of a session, as its ``Session`` handle sees it.
+
+    Every method may be called from a skill thread or the event loop thread.
+    """
+
+    def spawn(self, parent: SessionCore, spec: SpawnSpec) -> SpawnedLike:
+        """Ask the supervisor for a child; blocks the calling thread (bounded)."""
+        ...
+
+    async def spawn_async(self, parent: SessionCore, spec: SpawnSpec) -> SpawnedLike:
+        """``spawn`` without blocking the event loop."""
+        ...
+
+    def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
+        """Write shared memory; returns the memory id."""
+        ...
+
+    def memory_get(self, core: SessionCore, key: str) -> Any:
+        """Read shared memory (``KeyError`` when absent)."""
+        ...
+
+    def progress(self, core: SessionCore, note: str, data: dict[str, Any]) -> None:
+        """Record a progress report."""
+        ...
+
+    def parked(self, core: SessionCore) -> None:
+        """Tell the supervisor the skill parked for a suspension."""
+        ...
+
+    def run_ended(self, core: SessionCore, end: RunEnd) -> None:
+        """Tell the supervisor a skill run (or a Main's message cycle) ended."""
+        ...
+
+    def refused(self, core: SessionCore, what: str) -> None:
+        """Count something a fenced session tried to do."""
+        ...

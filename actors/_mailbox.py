@@ -1,0 +1,180 @@
+"""Mailbox plumbing: which pykka actor type runs actors, posting, and replies.
+
+The actor type is chosen here and nowhere else: session logic is written as a
+mixin and combined with the configured pykka base class, so a faster actor
+implementation replaces ``ThreadingActor`` by adding one entry to
+:data:`ACTOR_TYPES`.
+
+Actors started here are kept out of pykka's global ``ActorRegistry`` (one
+list, O(n) to unregister, and ``stop_all`` on any ``BaseException``): the node
+keeps its own index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pykka
+
+from sessiontree.actors._activity import Activity
+from sessiontree.protocol import DeadlockError, SessionTreeError
+
+__all__ = [
+    "ACTOR_TYPES",
+    "AskTimeoutError",
+    "Counted",
+    "Reply",
+    "actor_class",
+    "in_actor_handler",
+    "post",
+    "start_actor",
+]
+
+A = TypeVar("A", bound=pykka.Actor)
+
+#: The actor implementations a node can run its actors on, by config name.
+ACTOR_TYPES: dict[str, type[pykka.Actor]] = {"threading": pykka.ThreadingActor}
+
+_classes: dict[tuple[type[Any], str], type[pykka.Actor]] = {}
+_local = threading.local()
+
+
+class AskTimeoutError(SessionTreeError):
+    """Raised when an actor did not answer within the ask's timeout."""
+
+
+def actor_class(logic: type[Any], actor_type: str) -> type[pykka.Actor]:
+    """``logic`` (a mixin with ``on_receive``) on the pykka base named ``actor_type``.
+
+    Raises ``ValueError`` naming the known types for an unknown name.
+    """
+    try:
+        base = ACTOR_TYPES[actor_type]
+    except KeyError:
+        msg = f"unknown actor_type {actor_type!r}; known: {sorted(ACTOR_TYPES)}"
+        raise ValueError(msg) from None
+    key = (logic, actor_type)
+    cls = _classes.get(key)
+    if cls is None:
+        attrs: dict[str, Any] = {"use_daemon_thread": True}
+        cls = type(f"{logic.__name__}[{actor_type}]", (logic, base), attrs)
+        _classes[key] = cls
+    return cls
+
+
+def start_actor(cls: type[A], *args: Any, **kwargs: Any) -> pykka.ActorRef[A]:
+    """Start an actor without registering it in pykka's global registry."""
+    actor = cls(*args, **kwargs)
+    actor._start_actor_loop()
+    return actor.actor_ref
+
+
+class Counted:
+    """A message counted in the node's :class:`Activity` until its handler returns."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: object) -> None:
+        self.message = message
+
+
+def post(ref: pykka.ActorRef[Any], message: object, activity: Activity) -> bool:
+    """Tell ``message`` to ``ref``, counted; False if the actor is already dead."""
+    activity.begin()
+    try:
+        ref.tell(Counted(message))
+    except pykka.ActorDeadError:
+        activity.end()
+        return False
+    return True
+
+
+def in_actor_handler() -> bool:
+    """True on a thread that is inside an actor's message handler right now."""
+    return getattr(_local, "handler", False)
+
+
+class handler_scope:  # noqa: N801 - used as a context manager, reads as a statement
+    """Marks the current thread as inside an actor handler (for the deadlock guard)."""
+
+    def __enter__(self) -> None:
+        self._was = in_actor_handler()
+        _local.handler = True
+
+    def __exit__(self, *exc: object) -> None:
+        _local.handler = self._was
+
+
+T = TypeVar("T")
+
+
+class Reply:
+    """One answer from an actor to a caller that waits for it, on a thread or a loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[], None]] = []
+
+    def set(self, value: Any) -> None:
+        """Answer with ``value`` (first answer wins)."""
+        self._finish(value, None)
+
+    def fail(self, error: BaseException) -> None:
+        """Answer with an exception, raised in the caller."""
+        self._finish(None, error)
+
+    def _finish(self, value: Any, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._value, self._error = value, error
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def _result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def get(self, timeout: float) -> Any:
+        """Wait (at most ``timeout`` real seconds) and return the answer.
+
+        Raises ``DeadlockError`` when called inside an actor handler (an actor
+        must never block on another, or on itself), ``AskTimeoutError`` when no
+        answer came in time, or the exception the actor answered with.
+        """
+        if in_actor_handler():
+            msg = "an actor handler may not block on an ask (deadlock); tell instead"
+            raise DeadlockError(msg)
+        if not self._done.wait(timeout):
+            msg = f"no answer within {timeout} s"
+            raise AskTimeoutError(msg)
+        return self._result()
+
+    async def get_async(self, timeout: float) -> Any:
+        """Await the answer without blocking the event loop; errors as ``get``."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(wake)
+            else:
+                fut.set_result(None)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            msg = f"no answer within {timeout} s"
+            raise AskTimeoutError(msg) from None
+        return self._result()

@@ -1,0 +1,291 @@
+"""The handles skill code receives: ``Session`` (sync) and ``AsyncSession``.
+
+Every method here is a checkpoint: a pending cancellation raises
+``Cancelled`` into the skill (once; afterwards the skill has the rest of the
+grace period to wrap up and return a partial result), a pending suspension
+parks the skill until it is resumed, and a fenced session (terminated by
+force or expired) gets ``Cancelled`` every time.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
+from sessiontree.actors._host import SessionHost, SpawnedLike
+from sessiontree.protocol import (
+    Collected,
+    ErrorCode,
+    NotAllowedError,
+    SessionInfo,
+    SessionKind,
+    SessionResult,
+    SpawnSpec,
+    make_spec,
+)
+
+__all__ = ["AsyncSession", "Session"]
+
+
+class _Base:
+    """What both handles share: identity, context and the non-blocking checks."""
+
+    def __init__(
+        self, core: SessionCore, host: SessionHost, *, message: Any = None, cycle: int = 0
+    ) -> None:
+        self._core = core
+        self._host = host
+        self._spawned: list[uuid.UUID] = []
+        self.message = message
+        """For a Main: the inbound message (or child ``SessionResult``) of this cycle."""
+        self.cycle = cycle
+        """For a Main: which message cycle this is (1, 2, …); 0 for branches and workers."""
+
+    # -- identity (no checkpoint) ---------------------------------------------
+
+    @property
+    def info(self) -> SessionInfo:
+        """This session's identity as it was spawned."""
+        return self._core.info
+
+    @property
+    def session_id(self) -> uuid.UUID:
+        return self._core.session_id
+
+    @property
+    def agent_id(self) -> str:
+        return self._core.info.agent_id
+
+    @property
+    def kind(self) -> SessionKind:
+        return self._core.info.kind
+
+    @property
+    def depth(self) -> int:
+        return self._core.info.depth
+
+    @property
+    def task(self) -> str:
+        return self._core.info.task
+
+    @property
+    def context_summary(self) -> str:
+        return self._core.info.context_summary
+
+    @property
+    def model_tier(self) -> str | None:
+        return self._core.info.model_tier
+
+    @property
+    def resumed(self) -> bool:
+        """True when this run continues a suspended branch after a node restart."""
+        return self._core.resumed
+
+    @property
+    def context(self) -> SessionContext:
+        """The session's working context (messages, tool results, system prompt)."""
+        return self._core.context
+
+    @property
+    def cancel_pending(self) -> bool:
+        """True once cancellation was requested (not a checkpoint; never raises)."""
+        return self._core.cancel_code is not None or self._core.fenced
+
+    @property
+    def cancel_reason(self) -> ErrorCode | None:
+        """Why cancellation was requested, if it was."""
+        return self._core.cancel_code
+
+    @property
+    def children(self) -> tuple[uuid.UUID, ...]:
+        """Children this run spawned, in order."""
+        return tuple(self._spawned)
+
+    def results(self) -> list[SessionResult]:
+        """Every child result this session has received so far (not a checkpoint)."""
+        with self._core.cond:
+            return list(self._core.received)
+
+    # -- checkpoint logic -------------------------------------------------------
+
+    def _raise_if_cancelled(self) -> bool:
+        """Raise ``Cancelled`` if due; return True if a suspension is pending."""
+        core = self._core
+        core.touch()
+        with core.cond:
+            if core.fenced:
+                raise Cancelled(core.cancel_code or ErrorCode.TERMINATED_BY_FORCE, core.session_id)
+            if core.cancel_code is not None:
+                if not core.cancel_raised:
+                    core.cancel_raised = True
+                    raise Cancelled(core.cancel_code, core.session_id)
+                return False
+            if core.suspend_requested:
+                core.parked = True
+                return True
+            return False
+
+    def _after_park(self) -> None:
+        core = self._core
+        with core.cond:
+            core.parked = False
+        self._raise_if_cancelled()
+
+    def _claim_ready(self, wanted: Sequence[uuid.UUID]) -> bool:
+        return all(c in self._core.unclaimed for c in wanted)
+
+    def _collected(self, wanted: Sequence[uuid.UUID]) -> list[Collected]:
+        core = self._core
+        done: list[Collected] = []
+        with core.cond:
+            arrived = {r.session_id: i for i, r in enumerate(core.unclaimed.values())}
+            order = sorted(wanted, key=lambda c: arrived.get(c, len(arrived)))
+            for child in order:
+                result = core.claim(child)
+                done.append(Collected(session_id=child, result=result, timed_out=result is None))
+        return done
+
+    def _wanted(self, children: Iterable[uuid.UUID] | None) -> list[uuid.UUID]:
+        if children is None:
+            return list(self._spawned)
+        return list(children)
+
+    def _check_memory_write(self) -> None:
+        if self.kind is SessionKind.WORKER:
+            msg = f"worker session {self.session_id} may not write shared memory"
+            raise NotAllowedError(msg, session_id=self.session_id)
+
+
+class Session(_Base):
+    """The handle a sync skill gets. Every method blocks the skill's own thread."""
+
+    def checkpoint(self) -> None:
+        """Raise ``Cancelled`` if cancellation is pending; park if suspension is."""
+        if self._raise_if_cancelled():
+            self._host.parked(self._core)
+            self._core.block_until(lambda: not self._core.suspend_requested, None, parking=True)
+            self._after_park()
+
+    def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SpawnedLike:
+        """Spawn a child (a ``SpawnSpec`` or its fields as keywords).
+
+        Returns the child's id or an ``ErrorInfo`` (never raises for a refused
+        spawn); ``TypeError``/``msgspec.ValidationError`` for a malformed spec.
+        """
+        spec = make_spec(spec, **fields)
+        self.checkpoint()
+        spawned = self._host.spawn(self._core, spec)
+        if spawned.session_id is not None and spawned.session_id not in self._spawned:
+            self._spawned.append(spawned.session_id)
+        return spawned
+
+    def wait(self, child: uuid.UUID, timeout: float | None = None) -> SessionResult | None:
+        """Wait for one child's result; ``None`` if ``timeout`` (clock seconds) passes first."""
+        self.checkpoint()
+        core = self._core
+        core.block_until(lambda: child in core.unclaimed, timeout)
+        self.checkpoint()
+        with core.cond:
+            return core.claim(child)
+
+    def collect(
+        self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None
+    ) -> list[Collected]:
+        """Wait for the given children (default: all this run spawned) and take their results.
+
+        Entries come in completion order; a child still running at the timeout
+        gives a ``timed_out`` entry and keeps running.
+        """
+        wanted = self._wanted(children)
+        self.checkpoint()
+        self._core.block_until(lambda: self._claim_ready(wanted), timeout)
+        self.checkpoint()
+        return self._collected(wanted)
+
+    def memory_put(self, key: str, value: Any) -> str:
+        """Write shared memory; returns a memory id for ``Outcome.memory_ids``.
+
+        Raises ``NotAllowedError`` for workers (they never write memory).
+        """
+        self.checkpoint()
+        self._check_memory_write()
+        return self._host.memory_put(self._core, key, value)
+
+    def memory_get(self, key: str) -> Any:
+        """Read shared memory; ``KeyError`` when the key is absent."""
+        self.checkpoint()
+        return self._host.memory_get(self._core, key)
+
+    def progress(self, note: str = "", **data: Any) -> None:
+        """Report progress (an event; an expired session's result carries the last one)."""
+        self.checkpoint()
+        self._host.progress(self._core, note, data)
+
+    def add_message(self, role: str, content: Any, name: str | None = None) -> None:
+        """Append a message to this session's working context."""
+        self.checkpoint()
+        self._core.context.messages.append(ContextMessage(role, content, name))
+
+
+class AsyncSession(_Base):
+    """The handle an async skill gets: the same methods, awaited; no thread is held."""
+
+    async def checkpoint(self) -> None:
+        """Raise ``Cancelled`` if cancellation is pending; park if suspension is."""
+        if self._raise_if_cancelled():
+            self._host.parked(self._core)
+            await self._core.block_until_async(
+                lambda: not self._core.suspend_requested, None, parking=True
+            )
+            self._after_park()
+
+    async def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SpawnedLike:
+        """Spawn a child; see ``Session.spawn``."""
+        spec = make_spec(spec, **fields)
+        await self.checkpoint()
+        spawned = await self._host.spawn_async(self._core, spec)
+        if spawned.session_id is not None and spawned.session_id not in self._spawned:
+            self._spawned.append(spawned.session_id)
+        return spawned
+
+    async def wait(self, child: uuid.UUID, timeout: float | None = None) -> SessionResult | None:
+        """Wait for one child's result; see ``Session.wait``."""
+        await self.checkpoint()
+        core = self._core
+        await core.block_until_async(lambda: child in core.unclaimed, timeout)
+        await self.checkpoint()
+        with core.cond:
+            return core.claim(child)
+
+    async def collect(
+        self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None
+    ) -> list[Collected]:
+        """Wait for children and take their results; see ``Session.collect``."""
+        wanted = self._wanted(children)
+        await self.checkpoint()
+        await self._core.block_until_async(lambda: self._claim_ready(wanted), timeout)
+        await self.checkpoint()
+        return self._collected(wanted)
+
+    async def memory_put(self, key: str, value: Any) -> str:
+        """Write shared memory; see ``Session.memory_put``."""
+        await self.checkpoint()
+        self._check_memory_write()
+        return self._host.memory_put(self._core, key, value)
+
+    async def memory_get(self, key: str) -> Any:
+        """Read shared memory; see ``Session.memory_get``."""
+        await self.checkpoint()
+        return self._host.memory_get(self._core, key)
+
+    async def progress(self, note: str = "", **data: Any) -> None:
+        """Report progress; see ``Session.progress``."""
+        await self.checkpoint()
+        self._host.progress(self._core, note, data)
+
+    async def add_message(self, role: str, content: Any, name: str | None = None) -> None:
+        """Append a message to this session's working context."""
+        await self.checkpoint()
+        self._core.context.messages.append(ContextMessage(role, content, name))

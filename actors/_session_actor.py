@@ -1,0 +1,233 @@
+"""The session actor: one mailbox per session, never running skill code.
+
+It takes what the Cortex tells it — start, inbound messages, child results,
+cancel / suspend / resume requests, forced termination — applies each to the
+session's shared state at once (so a skill blocked for minutes in a model
+call never delays a cancel), and hands skill runs to the step executor or the
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sessiontree.actors._activity import Activity
+from sessiontree.actors._core import SessionCore
+from sessiontree.actors._execution import EventLoopThread, StepExecutor, run_async, run_sync
+from sessiontree.actors._host import SessionHost
+from sessiontree.actors._mailbox import Counted, handler_scope
+from sessiontree.actors._session import AsyncSession, Session
+from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionResult
+
+__all__ = [
+    "CancelSignal",
+    "CycleDone",
+    "Deliver",
+    "ForceStop",
+    "Inbound",
+    "ResumeSignal",
+    "SessionActorLogic",
+    "Start",
+    "SuspendSignal",
+]
+
+log = logging.getLogger("sessiontree.session")
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Run the skill (branches and workers) or begin taking messages (mains)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """An inbound message for a Main: queued, then one message cycle."""
+
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """A child's result."""
+
+    result: SessionResult
+
+
+@dataclass(frozen=True, slots=True)
+class CancelSignal:
+    """Cancellation was requested; ``code`` says why."""
+
+    code: ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class SuspendSignal:
+    """Park at the next checkpoint."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeSignal:
+    """Leave the parked checkpoint (the Cortex already granted a compute slot)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForceStop:
+    """The deadline passed or the TTL ran out: fence the skill and stop its task."""
+
+    code: ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class CycleDone:
+    """A Main's message cycle ended; start the next one if any is queued."""
+
+
+class SessionActorLogic:
+    """Message handling of a session actor; combined with a pykka base by ``actor_class``.
+
+    Handlers run on the actor's thread (or the dispatcher's); a handler that
+    raises is logged and counted, never fatal to the actor. A
+    ``KeyboardInterrupt``/``SystemExit`` in a handler is handed to ``on_fatal``
+    (the node shuts down in order) instead of pykka's ``stop_all``.
+    """
+
+    def __init__(
+        self,
+        core: SessionCore,
+        host: SessionHost,
+        skill: Callable[[Any], Any],
+        is_async: bool,
+        executor: StepExecutor,
+        loop: Callable[[], EventLoopThread],
+        activity: Activity,
+        on_rejected: Callable[[object], None],
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        super().__init__()
+        self.core = core
+        self.host = host
+        self.skill = skill
+        self.is_async = is_async
+        self.executor = executor
+        self.loop = loop
+        self.activity = activity
+        self.on_rejected = on_rejected
+        self.on_fatal = on_fatal
+        self.inputs: collections.deque[Any] = collections.deque()
+        self.cycle_running = False
+        self.cycles = 0
+
+    def on_receive(self, message: Any) -> Any:
+        """Dispatch one message; see the class docstring for failures."""
+        counted = isinstance(message, Counted)
+        body = message.message if counted else message
+        try:
+            with handler_scope():
+                return self._dispatch(body)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            self.on_fatal(exc)
+            return None
+        except Exception:
+            log.exception("session %s: handler for %r raised", self.core.session_id, body)
+            self.on_rejected(body)
+            return None
+        finally:
+            if counted:
+                self.activity.end()
+
+    def _dispatch(self, body: Any) -> Any:
+        core = self.core
+        match body:
+            case Start():
+                if core.info.kind is not SessionKind.MAIN:
+                    self._submit(None, 0)
+            case Inbound(message=msg):
+                self.inputs.append(msg)
+                self._next_cycle()
+            case Deliver(result=result):
+                core.add_result(result)
+                if core.info.kind is SessionKind.MAIN:
+                    self.inputs.append(_ResultInput(result.session_id))
+                    self._next_cycle()
+            case CycleDone():
+                self.cycle_running = False
+                self._next_cycle()
+            case CancelSignal(code=code):
+                with core.cond:
+                    if core.cancel_code is None:
+                        core.cancel_code = code
+                    core.wake()
+                self.inputs.clear()
+            case SuspendSignal():
+                with core.cond:
+                    core.suspend_requested = True
+                    core.wake()
+            case ResumeSignal():
+                with core.cond:
+                    core.suspend_requested = False
+                    core.wake()
+            case ForceStop(code=code):
+                self._force(code)
+            case _:
+                self.on_rejected(body)
+                return ErrorInfo(
+                    code=ErrorCode.REJECTED_INPUT,
+                    message=f"session {core.session_id} does not take {type(body).__name__}",
+                )
+        return None
+
+    def _force(self, code: ErrorCode) -> None:
+        core = self.core
+        with core.cond:
+            core.fenced = True
+            if core.cancel_code is None:
+                core.cancel_code = code
+            core.wake()
+        self.inputs.clear()
+        task, loop = core.task, core.task_loop
+        if task is not None and loop is not None:
+            loop.call_soon_threadsafe(task.cancel)
+
+    def _next_cycle(self) -> None:
+        core = self.core
+        while self.inputs and not self.cycle_running and core.cancel_code is None:
+            item = self.inputs.popleft()
+            if isinstance(item, _ResultInput):
+                with core.cond:
+                    result = core.claim(item.child)
+                if result is None:  # a collect in an earlier cycle already took it
+                    continue
+                item = result
+            self.cycles += 1
+            self.cycle_running = True
+            self._submit(item, self.cycles)
+
+    def _submit(self, message: Any, cycle: int) -> None:
+        core, host, skill = self.core, self.host, self.skill
+        self.activity.begin()  # the run counts as busy until it ends or blocks
+        with core.cond:
+            core.skill_running = True
+        if self.is_async:
+            handle = AsyncSession(core, host, message=message, cycle=cycle)
+            loop_thread = self.loop()
+
+            async def start() -> None:
+                core.task = asyncio.current_task()
+                core.task_loop = loop_thread.loop
+                await run_async(host, core, skill, handle, cycle)
+
+            loop_thread.submit(start)
+        else:
+            sync_handle = Session(core, host, message=message, cycle=cycle)
+            self.executor.submit(lambda: run_sync(host, core, skill, sync_handle, cycle))
+
+
+@dataclass(frozen=True, slots=True)
+class _ResultInput:
+    child: uuid.UUID

@@ -1,0 +1,116 @@
+"""Strict decoding of untrusted bytes: size cap first, then a typed decode."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+import msgspec
+
+from sessiontree.protocol._errors import RejectedInputError
+from sessiontree.protocol._messages import ControlMessage
+from sessiontree.protocol._specs import SpawnSpec
+
+__all__ = [
+    "MAX_CONTROL_BYTES",
+    "MAX_NESTING",
+    "decode_control",
+    "decode_strict",
+    "encode_json",
+    "make_spec",
+]
+
+T = TypeVar("T")
+
+MAX_CONTROL_BYTES = 1 << 20
+MAX_NESTING = 64
+
+_json_control = msgspec.json.Decoder(ControlMessage)
+_msgpack_control = msgspec.msgpack.Decoder(ControlMessage)
+_PATH = re.compile(r"at `\$(.*)`$")
+_JSON_NOISE = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def _nesting(data: bytes) -> int:
+    """Deepest bracket nesting of a JSON document, strings ignored."""
+    depth = deepest = 0
+    for byte in _JSON_NOISE.sub(b'""', data):
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
+def _field_of(error: msgspec.ValidationError) -> str | None:
+    match = _PATH.search(str(error))
+    if match is None:
+        return None
+    return match.group(1).lstrip(".") or None
+
+
+def decode_strict(
+    data: bytes,
+    decoder: msgspec.json.Decoder[T] | msgspec.msgpack.Decoder[T],
+    *,
+    max_bytes: int = MAX_CONTROL_BYTES,
+) -> T:
+    """Decode untrusted ``data`` with ``decoder`` after checking its size.
+
+    Raises ``RejectedInputError`` (naming the field where msgspec says which)
+    when the payload is too large, nested deeper than ``MAX_NESTING``,
+    malformed, has unknown fields or fields of the wrong type. Nothing is
+    coerced: ``"5"`` is not a float.
+    """
+    if not isinstance(data, bytes | bytearray | memoryview):
+        msg = f"payload must be bytes, not {type(data).__name__}"
+        raise RejectedInputError(msg)
+    if len(data) > max_bytes:
+        msg = f"payload of {len(data)} bytes is over the cap of {max_bytes}"
+        raise RejectedInputError(msg)
+    if isinstance(decoder, msgspec.json.Decoder) and _nesting(bytes(data)) > MAX_NESTING:
+        msg = f"payload is nested deeper than {MAX_NESTING} levels"
+        raise RejectedInputError(msg)
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise RejectedInputError(f"invalid payload: {exc}", field=_field_of(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise RejectedInputError(f"malformed payload: {exc}") from exc
+    except RejectedInputError:
+        raise
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise RejectedInputError(f"invalid payload: {exc}") from exc
+
+
+def decode_control(data: bytes, *, fmt: str = "json") -> ControlMessage:
+    """Decode one control command (JSON or msgpack); see ``decode_strict`` for errors."""
+    if fmt == "json":
+        return decode_strict(data, _json_control)
+    if fmt == "msgpack":
+        return decode_strict(data, _msgpack_control)
+    msg = f"unknown format {fmt!r} (json or msgpack)"
+    raise RejectedInputError(msg, field="fmt")
+
+
+def encode_json(value: Any) -> bytes:
+    """Encode a Struct (or plain data) as JSON."""
+    return msgspec.json.encode(value)
+
+
+def make_spec(spec: Any = None, /, **fields: Any) -> SpawnSpec:
+    """A validated ``SpawnSpec`` from a spec or its fields as keywords.
+
+    Types are checked strictly (``ttl="5"`` is refused, ``kind="branch"`` is
+    accepted as the enum); raises ``RejectedInputError`` naming the field, or
+    ``TypeError`` when both a spec and keywords are given.
+    """
+    if spec is not None and fields:
+        msg = "pass either a SpawnSpec or keyword fields, not both"
+        raise TypeError(msg)
+    raw = msgspec.to_builtins(spec) if spec is not None else fields
+    try:
+        return msgspec.convert(raw, SpawnSpec)
+    except msgspec.ValidationError as exc:
+        raise RejectedInputError(f"invalid spawn spec: {exc}", field=_field_of(exc)) from exc

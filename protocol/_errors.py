@@ -1,0 +1,111 @@
+"""Error codes, the ``ErrorInfo`` Struct and the library's exception tree."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "DeadlockError",
+    "ErrorCode",
+    "ErrorInfo",
+    "InvalidTransitionError",
+    "NodeClosedError",
+    "NotAllowedError",
+    "RejectedInputError",
+    "SessionTreeError",
+    "UnknownSessionError",
+]
+
+
+class ErrorCode(enum.StrEnum):
+    """Why something was refused or why a session ended badly."""
+
+    DEPTH_EXCEEDED = "depth_exceeded"
+    CHILDREN_EXCEEDED = "children_exceeded"
+    WORKER_CANNOT_SPAWN = "worker_cannot_spawn"
+    PARENT_NOT_ACTIVE = "parent_not_active"
+    UNKNOWN_SESSION = "unknown_session"
+    UNKNOWN_AGENT = "unknown_agent"
+    UNKNOWN_SKILL = "unknown_skill"
+    INVALID_TTL = "invalid_ttl"
+    INVALID_SPEC = "invalid_spec"
+    INVALID_TRANSITION = "invalid_transition"
+    CAPACITY_EXCEEDED = "capacity_exceeded"
+    CRASHED = "crashed"
+    TTL_EXPIRED = "ttl_expired"
+    CANCELLED = "cancelled"
+    PARENT_TERMINATED = "parent_terminated"
+    TERMINATED_BY_FORCE = "terminated_by_force"
+    NODE_RESTARTED = "node_restarted"
+    NODE_CLOSED = "node_closed"
+    REJECTED_INPUT = "rejected_input"
+    NOT_ALLOWED = "not_allowed"
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A structured error: a machine-readable ``code``, a sentence, and details."""
+
+    code: ErrorCode
+    message: str
+    detail: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class SessionTreeError(Exception):
+    """Root of every exception sessiontree raises (``Cancelled`` aside)."""
+
+    code: ErrorCode = ErrorCode.REJECTED_INPUT
+
+    def __init__(self, message: str, *, session_id: uuid.UUID | None = None) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+    def to_info(self) -> ErrorInfo:
+        """This error as an ``ErrorInfo`` (for returning instead of raising)."""
+        detail: dict[str, Any] = {}
+        if self.session_id is not None:
+            detail["session_id"] = str(self.session_id)
+        return ErrorInfo(code=self.code, message=str(self), detail=detail)
+
+
+class InvalidTransitionError(SessionTreeError):
+    """Raised when a state change is not in the transition table."""
+
+    code = ErrorCode.INVALID_TRANSITION
+
+
+class UnknownSessionError(SessionTreeError):
+    """Raised when a session id names no session this node knows."""
+
+    code = ErrorCode.UNKNOWN_SESSION
+
+
+class RejectedInputError(SessionTreeError):
+    """Raised when untrusted input is too large, malformed or of the wrong type."""
+
+    code = ErrorCode.REJECTED_INPUT
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class NodeClosedError(SessionTreeError):
+    """Raised when a node that is shutting down, stopped or failed is asked to work."""
+
+    code = ErrorCode.NODE_CLOSED
+
+
+class NotAllowedError(SessionTreeError):
+    """Raised when a session asks for something its kind may not do."""
+
+    code = ErrorCode.NOT_ALLOWED
+
+
+class DeadlockError(SessionTreeError):
+    """Raised when an actor handler would block on an ask (to itself or in a cycle)."""
+
+    code = ErrorCode.NOT_ALLOWED

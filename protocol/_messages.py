@@ -1,0 +1,53 @@
+"""Control commands: the one tagged union that outside callers send a node."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TypeAlias
+
+import msgspec
+
+from sessiontree.protocol._specs import SpawnSpec
+
+__all__ = ["CancelCmd", "ControlMessage", "ResumeCmd", "SendCmd", "SpawnCmd", "SuspendCmd"]
+
+
+class _Command(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"
+):
+    pass
+
+
+class SpawnCmd(_Command, tag="spawn"):
+    """Spawn a child under ``parent_id``."""
+
+    parent_id: uuid.UUID
+    spec: SpawnSpec
+
+
+class SendCmd(_Command, tag="send"):
+    """Send an inbound message to a Main session (it starts one message cycle)."""
+
+    session_id: uuid.UUID
+    message: Any
+
+
+class CancelCmd(_Command, tag="cancel"):
+    """Cancel a session and its whole subtree (one deadline for all)."""
+
+    session_id: uuid.UUID
+
+
+class SuspendCmd(_Command, tag="suspend"):
+    """Suspend a Branch at its next checkpoint."""
+
+    session_id: uuid.UUID
+
+
+class ResumeCmd(_Command, tag="resume"):
+    """Resume a suspended Branch."""
+
+    session_id: uuid.UUID
+
+
+ControlMessage: TypeAlias = SpawnCmd | SendCmd | CancelCmd | SuspendCmd | ResumeCmd

@@ -1,0 +1,68 @@
+"""What a session hands back: ``SessionResult``, ``Outcome`` and ``Collected``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+
+from sessiontree.protocol._errors import ErrorInfo
+from sessiontree.protocol._states import SessionKind, SessionState
+
+__all__ = ["Collected", "Outcome", "SessionResult", "Timings"]
+
+
+class Timings(msgspec.Struct, frozen=True, kw_only=True):
+    """When a session was created, first ran and ended (epoch seconds)."""
+
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+
+    @property
+    def run_s(self) -> float | None:
+        """Seconds from first run to end, or ``None`` if it never ran."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return self.ended_at - self.started_at
+
+
+class SessionResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The one result a terminal session delivers to its parent.
+
+    ``status`` is the terminal state; ``error`` is ``None`` only for
+    ``completed``. A cancelled session that wrapped up in grace carries what it
+    returned as a partial ``summary``/``artifacts``.
+    """
+
+    session_id: uuid.UUID
+    status: SessionState
+    parent_id: uuid.UUID | None = None
+    kind: SessionKind = SessionKind.BRANCH
+    summary: str = ""
+    artifacts: dict[str, Any] = msgspec.field(default_factory=dict)
+    memory_ids: tuple[str, ...] = ()
+    error: ErrorInfo | None = None
+    timings: Timings | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the session completed."""
+        return self.status is SessionState.COMPLETED
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What a skill may return for full control over its result."""
+
+    summary: str = ""
+    artifacts: dict[str, Any] = msgspec.field(default_factory=dict)
+    memory_ids: tuple[str, ...] = ()
+
+
+class Collected(msgspec.Struct, frozen=True, kw_only=True):
+    """One child's entry when collecting: its result, or ``timed_out``."""
+
+    session_id: uuid.UUID
+    result: SessionResult | None
+    timed_out: bool = False

@@ -1,0 +1,65 @@
+"""What a spawn asks for (``SpawnSpec``) and what a session is (``SessionInfo``)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import msgspec
+
+from sessiontree.protocol._states import SessionKind, SessionState
+
+__all__ = ["MAX_TASK_CHARS", "SessionInfo", "SpawnSpec"]
+
+MAX_TASK_CHARS = 65_536
+MAX_NAME_CHARS = 128
+
+Task = Annotated[str, msgspec.Meta(max_length=MAX_TASK_CHARS)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+Metadata = Annotated[dict[str, Any], msgspec.Meta(max_length=64)]
+
+
+class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A request for a new child session.
+
+    ``skill`` names one of the owning agent's skills (``None``: the agent's
+    default); ``ttl`` ``None`` takes the kind's default; ``model_tier`` ``None``
+    lets a branch inherit its parent's tier and gives a worker the agent's
+    cheapest; a repeated ``request_id`` under the same parent returns the first
+    session instead of creating a second. The child always inherits the
+    parent's ``agent_id``.
+    """
+
+    kind: SessionKind
+    task: Task = ""
+    context_summary: Task = ""
+    skill: Name | None = None
+    ttl: float | None = None
+    model_tier: Name | None = None
+    request_id: Name | None = None
+    metadata: Metadata = msgspec.field(default_factory=dict)
+
+
+class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of one session's identity and state.
+
+    Timestamps are float seconds since the epoch (UTC); ``deadline`` is the
+    wall-clock instant the TTL runs out (``None``: no TTL).
+    """
+
+    session_id: uuid.UUID
+    agent_id: str
+    parent_id: uuid.UUID | None
+    kind: SessionKind
+    state: SessionState
+    depth: int
+    created_at: float
+    ttl: float | None
+    deadline: float | None
+    task: str = ""
+    context_summary: str = ""
+    model_tier: str | None = None
+    skill: str = ""
+    key: str | None = None
+    request_id: str | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -1,0 +1,130 @@
+"""Node settings and agent registrations."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessiontree.protocol import SessionKind
+
+__all__ = ["Agent", "NodeConfig"]
+
+Skill = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Limits and timings of one node; every duration is float seconds on the node's Clock.
+
+    ``grace``: how long a cancelled session has to wrap up before it is
+    terminated by force (0 = at once). ``max_step_threads``: threads for sync
+    skills (live sync branches/workers plus zombies; past it a spawn of a sync
+    skill is refused with ``capacity_exceeded``). ``max_running_skills``:
+    compute slots (a spawn waits as ``pending`` for one; a skill waiting on
+    children or parked holds none). ``max_sessions``/``max_zombies``: past
+    either, spawns are refused with ``capacity_exceeded``. ``stuck_after``: a
+    running skill with no checkpoint for that long is flagged (never killed).
+    ``memory_pressure``: a probe; while it returns True the Cortex suspends the
+    least recently active branch every ``pressure_check_interval``.
+    """
+
+    grace: float = 30.0
+    max_ttl: float = 7 * 24 * 3600.0
+    max_step_threads: int = 256
+    max_running_skills: int = 1024
+    max_sessions: int = 100_000
+    max_zombies: int = 64
+    stuck_after: float = 300.0
+    check_interval: float = 5.0
+    memory_pressure: Callable[[], bool] | None = None
+    actor_type: str = "threading"
+    ask_timeout: float = 30.0
+    retain_terminal: int = 10_000
+    max_retained_results: int = 1_000
+
+    def __post_init__(self) -> None:
+        for name in ("grace", "max_ttl", "stuck_after", "check_interval", "ask_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                msg = f"NodeConfig.{name} must be a finite number >= 0, got {value!r}"
+                raise ValueError(msg)
+        for name in (
+            "max_step_threads",
+            "max_running_skills",
+            "max_sessions",
+            "max_zombies",
+            "retain_terminal",
+            "max_retained_results",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                msg = f"NodeConfig.{name} must be an integer >= 1, got {value!r}"
+                raise ValueError(msg)
+
+
+_DEFAULT_TTLS: Mapping[SessionKind, float | None] = {
+    SessionKind.MAIN: None,
+    SessionKind.BRANCH: 30 * 60.0,
+    SessionKind.WORKER: 5 * 60.0,
+}
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A registration: an agent's skills and its settings.
+
+    ``skills`` maps names to callables (sync or ``async def``) taking a
+    ``Session``; ``default_skill`` (default: the first) runs when a spawn names
+    none; ``main_skill`` runs Main message cycles (default: ``default_skill``).
+    ``model_tiers`` go from cheapest to best: workers get the first, a Main the
+    last. ``ttls`` overrides the default TTL per kind (None: no TTL).
+    """
+
+    agent_id: str
+    skills: Mapping[str, Skill]
+    default_skill: str | None = None
+    main_skill: str | None = None
+    max_children: int = 8
+    model_tiers: tuple[str, ...] = ("small", "large")
+    ttls: Mapping[SessionKind, float | None] = field(default_factory=dict)
+    dm_scope: str = "main"
+
+    def __post_init__(self) -> None:
+        if not self.agent_id or not isinstance(self.agent_id, str):
+            msg = f"Agent.agent_id must be a non-empty string, got {self.agent_id!r}"
+            raise ValueError(msg)
+        if not self.skills:
+            msg = f"agent {self.agent_id!r} needs at least one skill"
+            raise ValueError(msg)
+        for name, skill in self.skills.items():
+            if not callable(skill):
+                msg = f"agent {self.agent_id!r}: skill {name!r} is not callable"
+                raise TypeError(msg)
+        for name in (self.default_skill, self.main_skill):
+            if name is not None and name not in self.skills:
+                msg = f"agent {self.agent_id!r} has no skill {name!r}"
+                raise ValueError(msg)
+        if not isinstance(self.max_children, int) or self.max_children < 1:
+            msg = f"agent {self.agent_id!r}: max_children must be >= 1, got {self.max_children!r}"
+            raise ValueError(msg)
+        if not self.model_tiers:
+            msg = f"agent {self.agent_id!r} needs at least one model tier"
+            raise ValueError(msg)
+
+    @property
+    def default(self) -> str:
+        """The skill that runs when a spawn names none."""
+        return self.default_skill or next(iter(self.skills))
+
+    @property
+    def main(self) -> str:
+        """The skill that runs a Main's message cycles."""
+        return self.main_skill or self.default
+
+    def ttl_for(self, kind: SessionKind) -> float | None:
+        """The default TTL of ``kind`` for this agent."""
+        if kind in self.ttls:
+            return self.ttls[kind]
+        return _DEFAULT_TTLS[kind]

@@ -1,0 +1,1089 @@
+"""The Cortex: the one actor that decides every change of the session tree.
+
+Every spawn, state change and result goes through its mailbox, so the tree
+index (ids, parent, children, kind, state, deadlines) is consistent by
+construction. Session actors get their orders from the Cortex only; skill
+threads report to it. Handlers never block: they tell, never ask.
+
+A handler that raises means the index can no longer be trusted: the node
+fails loudly (every waiting caller gets ``NodeClosedError`` naming the cause)
+instead of running headless.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pykka
+
+from sessiontree.actors import (
+    Activity,
+    CancelSignal,
+    Clock,
+    ComputeSlots,
+    CycleDone,
+    Deliver,
+    EventLoopThread,
+    ForceStop,
+    Inbound,
+    Reply,
+    ResumeSignal,
+    RunEnd,
+    SessionActorLogic,
+    SessionCore,
+    SessionHost,
+    Start,
+    StepExecutor,
+    SuspendSignal,
+    TimerHandle,
+    actor_class,
+    is_async_skill,
+    post,
+    start_actor,
+)
+from sessiontree.actors._mailbox import Counted, handler_scope
+from sessiontree.protocol import (
+    CancelCmd,
+    ErrorCode,
+    ErrorInfo,
+    NodeClosedError,
+    Outcome,
+    RejectedInputError,
+    ResumeCmd,
+    SendCmd,
+    SessionInfo,
+    SessionKey,
+    SessionKind,
+    SessionResult,
+    SessionState,
+    SpawnCmd,
+    SpawnSpec,
+    SuspendCmd,
+    Timings,
+    UnknownSessionError,
+    is_legal_transition,
+)
+from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._events import Event, EventBus, EventKind
+from sessiontree.supervision._rules import Capacity, ParentView, check_spawn, resolve_ttl
+
+__all__ = ["Call", "CortexLogic", "Entry", "Runtime", "SpawnAnswer"]
+
+log = logging.getLogger("sessiontree.cortex")
+
+
+# -- messages ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A request: run ``op_<name>(*args)`` and answer on ``reply``."""
+
+    name: str
+    args: tuple[Any, ...]
+    reply: Reply | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    session_id: uuid.UUID
+    end: RunEnd
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    session_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    session_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    session_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    session_ids: tuple[uuid.UUID, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    session_id: uuid.UUID
+    note: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    session_id: uuid.UUID
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The periodic check: stuck sessions and memory pressure."""
+
+
+# -- state ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnAnswer:
+    """The Cortex's answer to a spawn: a session id or an error; ``existing`` for a
+    repeated ``request_id``."""
+
+    session_id: uuid.UUID | None
+    error: ErrorInfo | None
+    existing: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Entry:
+    """The Cortex's record of one session (the tree index is a dict of these)."""
+
+    core: SessionCore
+    agent: Agent
+    skill: Callable[[Any], Any]
+    is_async: bool
+    parent: Entry | None
+    ref: pykka.ActorRef[Any] | None = None
+    children: dict[uuid.UUID, None] = field(default_factory=dict)
+    live_children: int = 0
+    requests: dict[str, uuid.UUID] = field(default_factory=dict)
+    cancel_code: ErrorCode | None = None
+    suspend_requested: bool = False
+    ttl_timer: TimerHandle | None = None
+    grant: Callable[[], None] | None = None
+    result: SessionResult | None = None
+    waiters: list[Reply] = field(default_factory=list)
+    last_progress: tuple[str, dict[str, Any]] | None = None
+    started_at: float | None = None
+    zombie: bool = False
+    shutdown_park: bool = False
+
+    @property
+    def session_id(self) -> uuid.UUID:
+        return self.core.session_id
+
+    @property
+    def info(self) -> SessionInfo:
+        return self.core.info
+
+    @property
+    def state(self) -> SessionState:
+        return self.core.state
+
+    @property
+    def kind(self) -> SessionKind:
+        return self.core.info.kind
+
+    @property
+    def needs_thread(self) -> bool:
+        return not self.is_async and self.kind is not SessionKind.MAIN
+
+
+@dataclass
+class Runtime:
+    """The pieces of a node the Cortex drives (built by ``Node``)."""
+
+    config: NodeConfig
+    clock: Clock
+    activity: Activity
+    slots: ComputeSlots
+    executor: StepExecutor
+    loop: Callable[[], EventLoopThread]
+    events: EventBus
+    host: SessionHost
+    agents: dict[str, Agent]
+    on_fatal: Callable[[BaseException], None]
+    on_failed: Callable[[BaseException], None]
+    counters: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+# -- the actor ----------------------------------------------------------------
+
+
+class CortexLogic:
+    """Message handling of the Cortex; combined with a pykka base by ``actor_class``."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__()
+        self.rt = runtime
+        self.entries: dict[uuid.UUID, Entry] = {}
+        self.mains: dict[tuple[str, str], uuid.UUID] = {}
+        self.terminal: collections.deque[uuid.UUID] = collections.deque()
+        self.live = 0
+        self.sync_threads = 0
+        self.zombies = 0
+        self.closing = False
+        self.failed: BaseException | None = None
+        self.shutdown_waiters: list[Reply] = []
+        self.self_ref: pykka.ActorRef[Any] | None = None
+        self.session_class = actor_class(SessionActorLogic, runtime.config.actor_type)
+        self.tick_timer: TimerHandle | None = None
+
+    # -- pykka hooks --------------------------------------------------------
+
+    def on_start(self) -> None:
+        """Runs on the Cortex thread before any message; arms the periodic check."""
+        self.self_ref = self.actor_ref  # type: ignore[attr-defined]
+        self._arm_tick()
+
+    def on_failure(self, *exc_info: Any) -> None:
+        """Runs on the Cortex thread if it dies: the node fails loudly."""
+        error = exc_info[1] if len(exc_info) > 1 else None
+        self.rt.on_failed(error or RuntimeError("cortex died"))
+
+    def on_receive(self, message: Any) -> Any:
+        """Handle one message. Unknown messages are counted and refused; a raise
+        inside a handler fails the node loudly (see the module docstring)."""
+        counted = isinstance(message, Counted)
+        body = message.message if counted else message
+        try:
+            with handler_scope():
+                return self._dispatch(body)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            self.rt.on_fatal(exc)
+            return None
+        except Exception as exc:
+            log.critical("cortex handler for %r raised; the node fails", body, exc_info=True)
+            if isinstance(body, Call) and body.reply is not None:
+                body.reply.fail(NodeClosedError(f"cortex failed: {exc!r}"))
+            self._fail(exc)
+            return None
+        finally:
+            if counted:
+                self.rt.activity.end()
+
+    def _dispatch(self, body: Any) -> Any:
+        match body:
+            case Call(name=name, args=args, reply=reply):
+                op = getattr(self, f"op_{name}", None)
+                if op is None:
+                    self._reject(body)
+                    if reply is not None:
+                        reply.fail(RejectedInputError(f"the cortex has no operation {name!r}"))
+                    return None
+                if self.failed is not None:
+                    if reply is not None:
+                        reply.fail(NodeClosedError(f"node failed: {self.failed!r}"))
+                    return None
+                value = op(*args)
+                if reply is not None and value is not _DEFERRED:
+                    reply.set(value)
+            case RunEnded(session_id=sid, end=end):
+                self._run_ended(sid, end)
+            case Granted(session_id=sid):
+                self._granted(sid)
+            case Parked(session_id=sid):
+                self._parked(sid)
+            case Expire(session_id=sid):
+                self._expire(sid)
+            case Deadline(session_ids=ids):
+                self._deadline(ids)
+            case Progress(session_id=sid, note=note, data=data):
+                self._progress(sid, note, data)
+            case Refused(session_id=sid, what=what):
+                self.rt.counters["refused_after_fence"] += 1
+                self._emit(EventKind.REFUSED, self.entries.get(sid), data={"what": what})
+            case Tick():
+                self._tick()
+            case SpawnCmd() | SendCmd() | CancelCmd() | SuspendCmd() | ResumeCmd():
+                return self.op_control(body)
+            case _:
+                self._reject(body)
+                return ErrorInfo(
+                    code=ErrorCode.REJECTED_INPUT,
+                    message=f"the cortex does not take {type(body).__name__}",
+                )
+        return None
+
+    def _reject(self, body: object) -> None:
+        self.rt.counters["rejected_messages"] += 1
+        log.warning("cortex refused a message of type %s", type(body).__name__)
+
+    # -- helpers --------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self.rt.clock.time()
+
+    def _emit(
+        self,
+        kind: EventKind,
+        entry: Entry | None,
+        *,
+        previous: SessionState | None = None,
+        code: ErrorCode | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        self.rt.events.emit(
+            Event(
+                kind=kind,
+                at=self._now(),
+                session_id=entry.session_id if entry else None,
+                parent_id=entry.info.parent_id if entry else None,
+                state=entry.state.value if entry else None,
+                previous=previous.value if previous else None,
+                code=code.value if code else None,
+                data=data or {},
+            )
+        )
+
+    def _post(self, entry: Entry, message: object) -> None:
+        if entry.ref is not None:
+            post(entry.ref, message, self.rt.activity)
+
+    def _set_state(self, entry: Entry, new: SessionState, code: ErrorCode | None = None) -> None:
+        old = entry.state
+        if not is_legal_transition(old, new):
+            msg = f"session {entry.session_id}: {old} -> {new} is not a legal transition"
+            raise AssertionError(msg)
+        with entry.core.cond:
+            entry.core.state = new
+        self._emit(EventKind.TRANSITION, entry, previous=old, code=code)
+
+    def _lookup(self, session_id: uuid.UUID) -> Entry:
+        entry = self.entries.get(session_id)
+        if entry is None:
+            msg = f"unknown session {session_id}"
+            raise UnknownSessionError(msg, session_id=session_id)
+        return entry
+
+    def _descendants(self, entry: Entry) -> Iterator[Entry]:
+        stack = [entry]
+        while stack:
+            current = stack.pop()
+            for child_id in current.children:
+                child = self.entries.get(child_id)
+                if child is not None and not child.state.is_terminal:
+                    yield child
+                    stack.append(child)
+
+    def _arm_tick(self) -> None:
+        ref = self.self_ref
+        if ref is None:
+            return
+        activity = self.rt.activity
+
+        def fire() -> None:
+            post(ref, Tick(), activity)
+
+        self.tick_timer = self.rt.clock.call_later(self.rt.config.check_interval, fire)
+
+    # -- creating sessions ----------------------------------------------------
+
+    def _new_entry(
+        self,
+        agent: Agent,
+        kind: SessionKind,
+        parent: Entry | None,
+        spec: SpawnSpec,
+        ttl: float | None,
+        key: str | None,
+    ) -> Entry:
+        now = self._now()
+        skill_name = agent.main if kind is SessionKind.MAIN else (spec.skill or agent.default)
+        skill = agent.skills[skill_name]
+        if spec.model_tier is not None:
+            tier: str | None = spec.model_tier
+        elif kind is SessionKind.WORKER:
+            tier = agent.model_tiers[0]
+        elif parent is not None:
+            tier = parent.info.model_tier
+        else:
+            tier = agent.model_tiers[-1]
+        info = SessionInfo(
+            session_id=uuid.uuid4(),
+            agent_id=agent.agent_id,
+            parent_id=parent.session_id if parent else None,
+            kind=kind,
+            state=SessionState.ACTIVE if kind is SessionKind.MAIN else SessionState.PENDING,
+            depth=parent.info.depth + 1 if parent else 0,
+            created_at=now,
+            ttl=ttl,
+            deadline=None if ttl is None else now + ttl,
+            task=spec.task,
+            context_summary=spec.context_summary,
+            model_tier=tier,
+            skill=skill_name,
+            key=key,
+            request_id=spec.request_id,
+            metadata=dict(spec.metadata),
+        )
+        core = SessionCore(
+            info,
+            clock=self.rt.clock,
+            activity=self.rt.activity,
+            slots=self.rt.slots,
+            max_results=self.rt.config.max_retained_results,
+        )
+        entry = Entry(
+            core=core, agent=agent, skill=skill, is_async=is_async_skill(skill), parent=parent
+        )
+        entry.ref = start_actor(
+            self.session_class,  # type: ignore[arg-type]
+            core,
+            self.rt.host,
+            skill,
+            entry.is_async,
+            self.rt.executor,
+            self.rt.loop,
+            self.rt.activity,
+            self._rejected_by_session,
+            self.rt.on_fatal,
+        )
+        self.entries[info.session_id] = entry
+        self.live += 1
+        if entry.needs_thread:
+            self.sync_threads += 1
+        if ttl is not None:
+            self._arm_ttl(entry, ttl)
+        self._emit(EventKind.SPAWNED, entry, data={"kind": kind.value, "skill": skill_name})
+        return entry
+
+    def _rejected_by_session(self, body: object) -> None:
+        self.rt.counters["rejected_messages"] += 1
+
+    def _arm_ttl(self, entry: Entry, ttl: float) -> None:
+        ref, activity, sid = self.self_ref, self.rt.activity, entry.session_id
+        if ref is None:
+            return
+
+        def fire() -> None:
+            post(ref, Expire(sid), activity)
+
+        entry.ttl_timer = self.rt.clock.call_later(ttl, fire)
+
+    def op_main(self, agent_id: str, key: str) -> uuid.UUID:
+        """Get or create the one Main of ``agent_id`` for session ``key``."""
+        if self.closing:
+            msg = "node is shutting down; no new main sessions"
+            raise NodeClosedError(msg)
+        agent = self.rt.agents.get(agent_id)
+        if agent is None:
+            msg = f"unknown agent {agent_id!r}; registered: {sorted(self.rt.agents)}"
+            raise RejectedInputError(msg, field="agent_id")
+        key = str(SessionKey.parse(key))
+        existing = self.mains.get((agent_id, key))
+        if existing is not None and existing in self.entries:
+            entry = self.entries[existing]
+            if not entry.state.is_terminal:
+                return existing
+        ttl = agent.ttl_for(SessionKind.MAIN)
+        spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
+        entry = self._new_entry(agent, SessionKind.MAIN, None, spec, ttl, key)
+        self.mains[(agent_id, key)] = entry.session_id
+        entry.started_at = self._now()
+        self._post(entry, Start())
+        return entry.session_id
+
+    def op_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec) -> SpawnAnswer:
+        """Validate and create a child; never raises for a refused spawn."""
+        if self.closing:
+            return SpawnAnswer(
+                None, ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
+            )
+        parent = self.entries.get(parent_id)
+        if parent is not None and spec.request_id is not None:
+            first = parent.requests.get(spec.request_id)
+            if first is not None:
+                return SpawnAnswer(first, None, existing=True)
+        view = None
+        if parent is not None:
+            view = ParentView(
+                session_id=parent.session_id,
+                kind=parent.kind,
+                state=parent.state,
+                depth=parent.info.depth,
+                live_children=parent.live_children,
+                cancelling=parent.cancel_code is not None,
+            )
+        agent = parent.agent if parent is not None else None
+        skill = None
+        if agent is not None:
+            skill = agent.skills.get(spec.skill or agent.default)
+        capacity = Capacity(
+            live_sessions=self.live,
+            zombies=self.zombies,
+            sync_threads=self.sync_threads + self.zombies,
+            needs_thread=skill is not None and not is_async_skill(skill),
+        )
+        error = check_spawn(view, spec, agent, self.rt.config, capacity)
+        if error is not None:
+            self.rt.counters[f"rejected_{error.code.value}"] += 1
+            self.rt.events.emit(
+                Event(
+                    kind=EventKind.REJECTED,
+                    at=self._now(),
+                    parent_id=parent_id,
+                    code=error.code.value,
+                    data={"kind": spec.kind.value, "message": error.message},
+                )
+            )
+            return SpawnAnswer(None, error)
+        assert parent is not None and agent is not None
+        entry = self._new_entry(agent, spec.kind, parent, spec, resolve_ttl(spec, agent), None)
+        parent.children[entry.session_id] = None
+        parent.live_children += 1
+        if spec.request_id is not None:
+            parent.requests[spec.request_id] = entry.session_id
+        self._want_slot(entry)
+        return SpawnAnswer(entry.session_id, None)
+
+    def _want_slot(self, entry: Entry) -> None:
+        ref, activity, sid = self.self_ref, self.rt.activity, entry.session_id
+        assert ref is not None
+
+        def granted() -> None:
+            post(ref, Granted(sid), activity)
+
+        if self.rt.slots.acquire_or_queue(granted):
+            self._activate(entry)
+        else:
+            entry.grant = granted
+
+    def _granted(self, session_id: uuid.UUID) -> None:
+        entry = self.entries.get(session_id)
+        if entry is None or entry.state is not SessionState.PENDING:
+            self.rt.slots.release()  # the session ended while it queued
+            return
+        entry.grant = None
+        self._activate(entry)
+
+    def _activate(self, entry: Entry) -> None:
+        entry.core.take_slot()
+        entry.started_at = self._now()
+        with entry.core.cond:
+            entry.core.started_at = entry.started_at
+        self._set_state(entry, SessionState.ACTIVE)
+        self._post(entry, Start())
+
+    # -- endings --------------------------------------------------------------
+
+    def _run_ended(self, session_id: uuid.UUID, end: RunEnd) -> None:
+        entry = self.entries.get(session_id)
+        if entry is None:
+            return
+        if entry.zombie:
+            entry.zombie = False
+            self.zombies -= 1
+        if entry.state.is_terminal:
+            if end.outcome is not None or end.error is not None:
+                self.rt.counters["refused_after_fence"] += 1
+                self._emit(EventKind.REFUSED, entry, data={"what": "result"})
+            return
+        if entry.kind is SessionKind.MAIN and entry.cancel_code is None:
+            self._emit(
+                EventKind.CYCLE_ENDED,
+                entry,
+                code=end.error.code if end.error else None,
+                data={"cycle": end.cycle, **({"error": end.error.message} if end.error else {})},
+            )
+            if end.error is not None:
+                self.rt.counters["main_cycles_failed"] += 1
+            self._post(entry, CycleDone())
+        elif entry.cancel_code is not None:
+            self._finish(entry, SessionState.CANCELLED, entry.cancel_code, end.outcome)
+        elif end.error is not None:
+            self._finish(entry, SessionState.FAILED, end.error.code, None, error=end.error)
+        elif end.cancelled:
+            self._finish(entry, SessionState.CANCELLED, ErrorCode.CANCELLED, None)
+        else:
+            self._finish(entry, SessionState.COMPLETED, None, end.outcome)
+        if end.fatal is not None:
+            self.rt.on_fatal(end.fatal)
+
+    def _finish(
+        self,
+        entry: Entry,
+        state: SessionState,
+        code: ErrorCode | None,
+        outcome: Outcome | None,
+        *,
+        error: ErrorInfo | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Make ``entry`` terminal, deliver its one result, then clean up its subtree."""
+        now = self._now()
+        if code is not None and error is None:
+            error = ErrorInfo(
+                code=code, message=message or _ENDING_MESSAGES[code].format(entry.session_id)
+            )
+        if entry.ttl_timer is not None:
+            entry.ttl_timer.cancel()
+        if entry.grant is not None and not self.rt.slots.forget(entry.grant):
+            pass  # the Granted message is in flight; _granted releases the slot
+        entry.grant = None
+        self._set_state(entry, state, code)
+        entry.core.release_slot()
+        self.live -= 1
+        if entry.needs_thread:
+            self.sync_threads -= 1
+            if entry.core.skill_running:
+                entry.zombie = True
+                self.zombies += 1
+        outcome = outcome or Outcome()
+        result = SessionResult(
+            session_id=entry.session_id,
+            status=state,
+            parent_id=entry.info.parent_id,
+            kind=entry.kind,
+            summary=outcome.summary,
+            artifacts=dict(outcome.artifacts),
+            memory_ids=tuple(outcome.memory_ids),
+            error=error,
+            timings=Timings(
+                created_at=entry.info.created_at, started_at=entry.started_at, ended_at=now
+            ),
+        )
+        entry.result = result
+        for reply in entry.waiters:
+            reply.set(result)
+        entry.waiters.clear()
+        self._deliver(entry, result)
+        if entry.ref is not None:
+            entry.ref.stop(block=False)
+        self.terminal.append(entry.session_id)
+        self._evict()
+        self._cleanup_children(entry)
+        if self.shutdown_waiters:
+            self._check_shutdown()
+
+    def _deliver(self, entry: Entry, result: SessionResult) -> None:
+        parent = entry.parent
+        if parent is None:
+            return
+        parent.live_children -= 1
+        if parent.state.is_terminal:
+            parent.core.add_result(result)  # filed on the parent's record
+        else:
+            self._post(parent, Deliver(result))
+        self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
+
+    def _evict(self) -> None:
+        while len(self.terminal) > self.rt.config.retain_terminal:
+            old = self.entries.get(self.terminal.popleft())
+            if old is None or old.zombie:
+                continue
+            del self.entries[old.session_id]
+            parent = old.parent
+            if parent is not None:
+                parent.children.pop(old.session_id, None)
+                if old.info.request_id is not None:
+                    parent.requests.pop(old.info.request_id, None)
+            old.parent = None
+            if old.info.key is not None:
+                self.mains.pop((old.agent.agent_id, old.info.key), None)
+
+    def _cleanup_children(self, entry: Entry) -> None:
+        if entry.live_children == 0:
+            return
+        group = [child for child in self._descendants(entry) if child.cancel_code is None]
+        self._cancel_group(group, ErrorCode.PARENT_TERMINATED)
+
+    # -- cancellation -----------------------------------------------------------
+
+    def _cancel_group(
+        self, group: list[Entry], code: ErrorCode, first: Entry | None = None
+    ) -> None:
+        """Request cancellation of ``group`` (``first`` gets ``code``, the rest
+        ``parent_terminated``) with one deadline for all of them."""
+        grace = self.rt.config.grace
+        running: list[Entry] = []
+        for entry in group:
+            entry_code = code if (first is None or entry is first) else ErrorCode.PARENT_TERMINATED
+            entry.cancel_code = entry_code
+            self._emit(EventKind.CANCEL_REQUESTED, entry, code=entry_code)
+            if entry.state is SessionState.PENDING:
+                self._finish(
+                    entry,
+                    SessionState.CANCELLED,
+                    entry_code,
+                    None,
+                    message=f"session {entry.session_id} was cancelled before it ran",
+                )
+                continue
+            if entry.kind is SessionKind.MAIN:
+                with entry.core.cond:
+                    idle = not entry.core.skill_running
+                    entry.core.fenced = idle  # a cycle racing this cancel stops at once
+                if idle:
+                    self._post(entry, CancelSignal(entry_code))
+                    self._finish(entry, SessionState.CANCELLED, entry_code, None)
+                    continue
+            self._post(entry, CancelSignal(entry_code))
+            running.append(entry)
+        if not running:
+            return
+        ids = tuple(e.session_id for e in running)
+        if grace <= 0:
+            self._deadline(ids)
+            return
+        ref, activity = self.self_ref, self.rt.activity
+        assert ref is not None
+
+        def fire() -> None:
+            post(ref, Deadline(ids), activity)
+
+        self.rt.clock.call_later(grace, fire)
+
+    def _deadline(self, session_ids: tuple[uuid.UUID, ...]) -> None:
+        for sid in session_ids:
+            entry = self.entries.get(sid)
+            if entry is None or entry.state.is_terminal:
+                continue
+            self._post(entry, ForceStop(ErrorCode.TERMINATED_BY_FORCE))
+            with entry.core.cond:
+                entry.core.fenced = True
+            self._finish(entry, SessionState.CANCELLED, ErrorCode.TERMINATED_BY_FORCE, None)
+
+    def op_cancel(self, session_id: uuid.UUID) -> ErrorInfo | None:
+        """Cancel a session and its whole subtree, with one deadline."""
+        entry = self._lookup(session_id)
+        if entry.state.is_terminal:
+            return ErrorInfo(
+                code=ErrorCode.INVALID_TRANSITION,
+                message=f"session {session_id} already ended ({entry.state.value})",
+            )
+        if entry.cancel_code is not None:
+            return None  # one request, one deadline: a second cancel changes nothing
+        group = [entry, *(d for d in self._descendants(entry) if d.cancel_code is None)]
+        self._cancel_group(group, ErrorCode.CANCELLED, first=entry)
+        return None
+
+    def _expire(self, session_id: uuid.UUID) -> None:
+        entry = self.entries.get(session_id)
+        if entry is None or entry.state.is_terminal:
+            return
+        self._post(entry, ForceStop(ErrorCode.TTL_EXPIRED))
+        with entry.core.cond:
+            entry.core.fenced = True
+        summary, data = entry.last_progress or ("", {})
+        outcome = Outcome(summary=summary, artifacts={"progress": data} if data else {})
+        self._finish(entry, SessionState.EXPIRED, ErrorCode.TTL_EXPIRED, outcome)
+
+    # -- suspension ---------------------------------------------------------------
+
+    def op_suspend(self, session_id: uuid.UUID) -> ErrorInfo | None:
+        """Ask a Branch to park at its next checkpoint."""
+        entry = self._lookup(session_id)
+        if entry.kind is not SessionKind.BRANCH:
+            return ErrorInfo(
+                code=ErrorCode.INVALID_TRANSITION,
+                message=f"session {session_id} is a {entry.kind.value}; only branches suspend",
+            )
+        if entry.state is not SessionState.ACTIVE or entry.cancel_code is not None:
+            return ErrorInfo(
+                code=ErrorCode.INVALID_TRANSITION,
+                message=f"session {session_id} is {entry.state.value}; only active branches "
+                "suspend",
+            )
+        if not entry.suspend_requested:
+            entry.suspend_requested = True
+            self._emit(EventKind.SUSPEND_REQUESTED, entry)
+            self._post(entry, SuspendSignal())
+        return None
+
+    def _parked(self, session_id: uuid.UUID) -> None:
+        entry = self.entries.get(session_id)
+        if entry is None or not entry.suspend_requested or entry.state is not SessionState.ACTIVE:
+            return
+        if entry.cancel_code is not None:
+            return
+        self._set_state(entry, SessionState.SUSPENDED)
+        if self.shutdown_waiters:
+            self._check_shutdown()
+
+    def op_resume(self, session_id: uuid.UUID) -> ErrorInfo | None:
+        """Resume a suspended Branch (or withdraw a suspension not yet taken)."""
+        entry = self._lookup(session_id)
+        if entry.kind is not SessionKind.BRANCH or not entry.suspend_requested:
+            return ErrorInfo(
+                code=ErrorCode.INVALID_TRANSITION,
+                message=f"session {session_id} ({entry.kind.value}, {entry.state.value}) is not "
+                "suspended",
+            )
+        if self.closing:
+            return ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
+        entry.suspend_requested = False
+        if entry.state is SessionState.SUSPENDED:
+            self._set_state(entry, SessionState.ACTIVE)
+        self._post(entry, ResumeSignal())
+        return None
+
+    # -- messages, progress, periodic checks -------------------------------------
+
+    def op_send(self, session_id: uuid.UUID, message: Any) -> ErrorInfo | None:
+        """Queue an inbound message for a Main (one message cycle)."""
+        entry = self._lookup(session_id)
+        if entry.kind is not SessionKind.MAIN:
+            return ErrorInfo(
+                code=ErrorCode.NOT_ALLOWED,
+                message=f"session {session_id} is a {entry.kind.value}; only mains take "
+                "messages (context reaches children only at spawn)",
+            )
+        if entry.state.is_terminal or entry.cancel_code is not None:
+            return ErrorInfo(
+                code=ErrorCode.PARENT_NOT_ACTIVE,
+                message=f"session {session_id} is stopping or ended ({entry.state.value}); "
+                "the message was not delivered",
+            )
+        if self.closing:
+            return ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
+        self._post(entry, Inbound(message))
+        return None
+
+    def _progress(self, session_id: uuid.UUID, note: str, data: dict[str, Any]) -> None:
+        entry = self.entries.get(session_id)
+        if entry is None or entry.state.is_terminal:
+            return
+        entry.last_progress = (note, data)
+        self._emit(EventKind.PROGRESS, entry, data={"note": note, **data})
+
+    def _tick(self) -> None:
+        config = self.rt.config
+        now = self.rt.clock.monotonic()
+        pressure = config.memory_pressure
+        candidates: list[Entry] = []
+        for entry in self.entries.values():
+            core = entry.core
+            if entry.state is not SessionState.ACTIVE:
+                continue
+            if core.skill_running and not core.blocked and not core.stuck:
+                if now - core.last_checkpoint >= config.stuck_after:
+                    core.stuck = True
+                    self.rt.counters["stuck_flagged"] += 1
+                    self._emit(
+                        EventKind.STUCK,
+                        entry,
+                        data={"since_checkpoint_s": now - core.last_checkpoint},
+                    )
+            if (
+                pressure is not None
+                and entry.kind is SessionKind.BRANCH
+                and not entry.suspend_requested
+                and entry.cancel_code is None
+            ):
+                candidates.append(entry)
+        if pressure is not None and candidates and not self.closing:
+            try:
+                under_pressure = pressure()
+            except Exception:
+                log.exception("memory-pressure probe raised; treated as no pressure")
+                under_pressure = False
+            if under_pressure:
+                victim = min(candidates, key=lambda e: e.core.last_checkpoint)
+                self._emit(EventKind.MEMORY_PRESSURE, victim)
+                self.op_suspend(victim.session_id)
+        if not self.closing:
+            self._arm_tick()
+
+    # -- queries ------------------------------------------------------------------
+
+    def op_info(self, session_id: uuid.UUID) -> SessionInfo:
+        """The session's identity with its current state."""
+        entry = self._lookup(session_id)
+        return _with_state(entry)
+
+    def op_result(self, session_id: uuid.UUID, reply: Reply) -> object:
+        """Answer ``reply`` with the session's result once it has one."""
+        entry = self._lookup(session_id)
+        if entry.result is not None:
+            return entry.result
+        entry.waiters.append(reply)
+        return _DEFERRED
+
+    def op_results(self, session_id: uuid.UUID) -> list[SessionResult]:
+        """The results this session has received (most recent ``max_retained_results``)."""
+        entry = self._lookup(session_id)
+        with entry.core.cond:
+            return list(entry.core.received)
+
+    def op_tree(self, session_id: uuid.UUID) -> dict[str, Any]:
+        """The subtree under ``session_id`` as nested dicts (info, result, children)."""
+        root = self._lookup(session_id)
+
+        def node(entry: Entry) -> dict[str, Any]:
+            children = [self.entries[c] for c in entry.children if c in self.entries]
+            return {
+                "info": _with_state(entry),
+                "result": entry.result,
+                "children": [node(c) for c in children],
+            }
+
+        return node(root)
+
+    def op_sessions(
+        self, state: SessionState | None, kind: SessionKind | None
+    ) -> list[SessionInfo]:
+        """Every session the index holds, optionally filtered."""
+        return [
+            _with_state(e)
+            for e in self.entries.values()
+            if (state is None or e.state is state) and (kind is None or e.kind is kind)
+        ]
+
+    def op_stuck(self) -> list[SessionInfo]:
+        """Sessions flagged as stuck (no checkpoint for ``stuck_after``)."""
+        return [_with_state(e) for e in self.entries.values() if e.core.stuck]
+
+    def op_stats(self) -> dict[str, int]:
+        """Counters and gauges of the tree."""
+        stats = dict(self.rt.counters)
+        stats.update(
+            live_sessions=self.live,
+            indexed_sessions=len(self.entries),
+            zombies=self.zombies,
+            sync_threads=self.sync_threads,
+            slots_in_use=self.rt.slots.in_use,
+            slots_waiting=self.rt.slots.waiting,
+        )
+        return stats
+
+    def op_control(self, command: object) -> object:
+        """Apply one decoded control command (see ``protocol.ControlMessage``)."""
+        match command:
+            case SpawnCmd(parent_id=parent_id, spec=spec):
+                return self.op_spawn(parent_id, spec)
+            case SendCmd(session_id=sid, message=message):
+                return self.op_send(sid, message)
+            case CancelCmd(session_id=sid):
+                return self.op_cancel(sid)
+            case SuspendCmd(session_id=sid):
+                return self.op_suspend(sid)
+            case ResumeCmd(session_id=sid):
+                return self.op_resume(sid)
+        msg = f"not a control command: {type(command).__name__}"
+        raise RejectedInputError(msg)
+
+    # -- shutdown and failure ------------------------------------------------------
+
+    def op_begin_shutdown(self, grace: float, reply: Reply) -> object:
+        """Stop taking work; suspend running branches, cancel workers (with grace),
+        keep mains. Answers ``reply`` once that has settled or the grace ran out."""
+        self.closing = True
+        if self.tick_timer is not None:
+            self.tick_timer.cancel()
+        workers: list[Entry] = []
+        for entry in list(self.entries.values()):
+            if entry.state.is_terminal:
+                continue
+            if entry.kind is SessionKind.WORKER and entry.cancel_code is None:
+                workers.append(entry)
+            elif (
+                entry.kind is SessionKind.BRANCH
+                and entry.state is SessionState.ACTIVE
+                and entry.cancel_code is None
+                and not entry.suspend_requested
+            ):
+                entry.suspend_requested = True
+                entry.shutdown_park = True
+                self._post(entry, SuspendSignal())
+        if workers:
+            self._cancel_group(workers, ErrorCode.CANCELLED)
+        self.shutdown_waiters.append(reply)
+        ref, activity = self.self_ref, self.rt.activity
+        assert ref is not None
+
+        def give_up() -> None:
+            post(ref, Call("shutdown_deadline", ()), activity)
+
+        if grace > 0:
+            self.rt.clock.call_later(grace, give_up)
+            self._check_shutdown()
+        else:
+            self.op_shutdown_deadline()
+        return _DEFERRED
+
+    def _check_shutdown(self) -> None:
+        for entry in self.entries.values():
+            if entry.state.is_terminal:
+                continue
+            if entry.kind is SessionKind.WORKER:
+                return
+            if entry.shutdown_park and entry.state is SessionState.ACTIVE:
+                return
+        self._settle_shutdown()
+
+    def op_shutdown_deadline(self) -> None:
+        """The shutdown grace ran out: fence branches that never parked, then settle."""
+        for entry in self.entries.values():
+            if entry.shutdown_park and entry.state is SessionState.ACTIVE:
+                self._post(entry, ForceStop(ErrorCode.NODE_CLOSED))
+        self._settle_shutdown()
+
+    def op_force_workers(self) -> None:
+        """Force every worker still running (a shutdown that ran out of real time)."""
+        ids = tuple(
+            e.session_id
+            for e in self.entries.values()
+            if e.kind is SessionKind.WORKER and not e.state.is_terminal
+        )
+        self._deadline(ids)
+
+    def _settle_shutdown(self) -> None:
+        waiters, self.shutdown_waiters = self.shutdown_waiters, []
+        stats = {
+            state.value: sum(1 for e in self.entries.values() if e.state is state)
+            for state in SessionState
+        }
+        for reply in waiters:
+            reply.set(stats)
+
+    def op_stop_all(self) -> int:
+        """Stop every session actor still running (last step of a shutdown)."""
+        stopped = 0
+        for entry in self.entries.values():
+            if entry.ref is not None and entry.ref.is_alive():
+                entry.ref.stop(block=False)
+                stopped += 1
+        if self.tick_timer is not None:
+            self.tick_timer.cancel()
+        return stopped
+
+    def _fail(self, error: BaseException) -> None:
+        if self.failed is not None:
+            return
+        self.failed = error
+        self.closing = True
+        for entry in self.entries.values():
+            for reply in entry.waiters:
+                reply.fail(NodeClosedError(f"node failed: {error!r}"))
+            entry.waiters.clear()
+        for reply in self.shutdown_waiters:
+            reply.fail(NodeClosedError(f"node failed: {error!r}"))
+        self.shutdown_waiters.clear()
+        self.rt.events.emit(
+            Event(kind=EventKind.NODE_FAILED, at=self._now(), data={"error": repr(error)})
+        )
+        self.rt.on_failed(error)
+
+
+_DEFERRED = object()
+
+_ENDING_MESSAGES: dict[ErrorCode, str] = {
+    ErrorCode.CANCELLED: "session {} was cancelled",
+    ErrorCode.PARENT_TERMINATED: "session {} was cancelled because its parent ended",
+    ErrorCode.TERMINATED_BY_FORCE: "session {} was still running at its deadline and was "
+    "terminated by force",
+    ErrorCode.TTL_EXPIRED: "session {} outlived its ttl",
+    ErrorCode.NODE_RESTARTED: "session {} was running when the node stopped",
+    ErrorCode.NODE_CLOSED: "session {} was stopped with the node",
+}
+
+
+def _with_state(entry: Entry) -> SessionInfo:
+    info = entry.info
+    if info.state is entry.state:
+        return info
+    return msgspec.structs.replace(info, state=entry.state)

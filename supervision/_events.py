@@ -1,0 +1,77 @@
+"""Every transition as one event, fanned out to observers (store, metrics, logs)."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+__all__ = ["Event", "EventBus", "EventKind"]
+
+log = logging.getLogger("sessiontree.events")
+
+
+class EventKind(enum.StrEnum):
+    """What happened."""
+
+    SPAWNED = "spawned"
+    REJECTED = "rejected"
+    TRANSITION = "transition"
+    CANCEL_REQUESTED = "cancel_requested"
+    SUSPEND_REQUESTED = "suspend_requested"
+    RESULT_DELIVERED = "result_delivered"
+    CYCLE_ENDED = "cycle_ended"
+    PROGRESS = "progress"
+    STUCK = "stuck"
+    REFUSED = "refused"
+    MEMORY_PRESSURE = "memory_pressure"
+    NODE_FAILED = "node_failed"
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing that happened to one session (or to the node, ``session_id`` None)."""
+
+    kind: EventKind
+    at: float
+    session_id: uuid.UUID | None = None
+    parent_id: uuid.UUID | None = None
+    state: str | None = None
+    previous: str | None = None
+    code: str | None = None
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class EventBus:
+    """Observers called in order, on the Cortex thread, for every event.
+
+    An observer that raises is logged and skipped; it never stops the Cortex.
+    Observers must be quick: they run inside the Cortex's message handling.
+    """
+
+    def __init__(self) -> None:
+        self._observers: list[Callable[[Event], None]] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, observer: Callable[[Event], None]) -> Callable[[], None]:
+        """Add an observer; returns a function that removes it."""
+        with self._lock:
+            self._observers = [*self._observers, observer]
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._observers = [o for o in self._observers if o is not observer]
+
+        return unsubscribe
+
+    def emit(self, event: Event) -> None:
+        """Hand ``event`` to every observer."""
+        for observer in self._observers:
+            try:
+                observer(event)
+            except Exception:
+                log.exception("event observer %r raised on %s", observer, event.kind)

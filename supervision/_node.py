@@ -1,0 +1,550 @@
+"""The embedded facade: ``Node``, ``SessionRef`` and ``Spawned``.
+
+A ``Node`` owns one Cortex, the step executor, the event loop for async
+skills and a clock. Its blocking methods have awaitable twins (``a``-prefixed)
+so asyncio applications embed it without threads of their own. Predictable
+failures come back as values (``Spawned.error``, ``SessionResult.error``,
+``ErrorInfo``); exceptions are for programming errors and a closed node.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sessiontree.actors import (
+    Activity,
+    Clock,
+    ComputeSlots,
+    EventLoopThread,
+    RealClock,
+    Reply,
+    RunEnd,
+    SessionCore,
+    StepExecutor,
+    actor_class,
+    post,
+    start_actor,
+)
+from sessiontree.actors._mailbox import AskTimeoutError
+from sessiontree.protocol import (
+    ControlMessage,
+    ErrorCode,
+    ErrorInfo,
+    NodeClosedError,
+    SessionInfo,
+    SessionKind,
+    SessionResult,
+    SessionState,
+    SpawnSpec,
+    decode_control,
+    make_spec,
+)
+from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._cortex import (
+    Call,
+    CortexLogic,
+    Parked,
+    Progress,
+    Refused,
+    RunEnded,
+    Runtime,
+    SpawnAnswer,
+)
+from sessiontree.supervision._events import Event, EventBus
+from sessiontree.supervision._memory import InMemorySpace, MemorySpace
+
+__all__ = ["Node", "SessionRef", "Spawned"]
+
+log = logging.getLogger("sessiontree.node")
+log.addHandler(logging.NullHandler())
+
+_NIL = uuid.UUID(int=0)
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """The answer to a spawn: the new session's ``ref``, or the ``error`` that refused it.
+
+    ``existing`` is True when a repeated ``request_id`` returned the first session.
+    """
+
+    ref: SessionRef | None
+    error: ErrorInfo | None
+    existing: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when a session exists (new or, for a repeated request_id, the first)."""
+        return self.ref is not None
+
+    @property
+    def session_id(self) -> uuid.UUID | None:
+        """The session's id, or None when refused."""
+        return self.ref.session_id if self.ref is not None else None
+
+
+class SessionRef:
+    """The outside handle of one session. Blocking methods have ``a``-prefixed twins."""
+
+    __slots__ = ("_node", "session_id")
+
+    def __init__(self, node: Node, session_id: uuid.UUID) -> None:
+        self._node = node
+        self.session_id = session_id
+
+    def __repr__(self) -> str:
+        return f"<SessionRef {self.session_id}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SessionRef) and other.session_id == self.session_id
+
+    def __hash__(self) -> int:
+        return hash(self.session_id)
+
+    def info(self) -> SessionInfo:
+        """Identity and current state; ``UnknownSessionError`` if the node forgot it."""
+        return self._node.get(self.session_id)
+
+    @property
+    def state(self) -> SessionState:
+        """The current state."""
+        return self.info().state
+
+    def wait(self, timeout: float | None = None) -> SessionResult | None:
+        """Block until the session ends and return its result; None if ``timeout``
+        (real seconds) passes first."""
+        return self._node.wait(self.session_id, timeout)
+
+    def result(self) -> SessionResult | None:
+        """The result if the session has ended, else None (does not wait)."""
+        return self._node.wait(self.session_id, 0.0)
+
+    def results(self) -> list[SessionResult]:
+        """The results this session received from its children."""
+        return self._node.results(self.session_id)
+
+    def cancel(self) -> ErrorInfo | None:
+        """Cancel this session and its subtree; see ``Node.cancel``."""
+        return self._node.cancel(self.session_id)
+
+    def suspend(self) -> ErrorInfo | None:
+        """Suspend (branches only); see ``Node.suspend``."""
+        return self._node.suspend(self.session_id)
+
+    def resume(self) -> ErrorInfo | None:
+        """Resume (branches only); see ``Node.resume``."""
+        return self._node.resume(self.session_id)
+
+    def send(self, message: Any) -> ErrorInfo | None:
+        """Send an inbound message (mains only); see ``Node.send``."""
+        return self._node.send(self.session_id, message)
+
+    def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> Spawned:
+        """Spawn a child under this session; see ``Node.spawn``."""
+        return self._node.spawn(self.session_id, spec, **fields)
+
+    def run(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SessionResult | None:
+        """Spawn a fresh child under this session and wait; see ``Node.run``."""
+        return self._node.run(self.session_id, spec, **fields)
+
+    async def ainfo(self) -> SessionInfo:
+        return await self._node.aget(self.session_id)
+
+    async def await_result(self, timeout: float | None = None) -> SessionResult | None:
+        """Awaitable ``wait``."""
+        return await self._node.await_result(self.session_id, timeout)
+
+    async def acancel(self) -> ErrorInfo | None:
+        return await self._node.acancel(self.session_id)
+
+    async def asuspend(self) -> ErrorInfo | None:
+        return await self._node.asuspend(self.session_id)
+
+    async def aresume(self) -> ErrorInfo | None:
+        return await self._node.aresume(self.session_id)
+
+    async def asend(self, message: Any) -> ErrorInfo | None:
+        return await self._node.asend(self.session_id, message)
+
+
+class _Host:
+    """The ``SessionHost`` a node gives its sessions: everything goes to the Cortex."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def _answer(self, answer: SpawnAnswer) -> Spawned:
+        ref = SessionRef(self.node, answer.session_id) if answer.session_id else None
+        return Spawned(ref, answer.error, answer.existing)
+
+    def spawn(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
+        return self._answer(self.node._call("spawn", parent.session_id, spec))
+
+    async def spawn_async(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
+        return self._answer(await self.node._acall("spawn", parent.session_id, spec))
+
+    def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
+        return self.node.memory.put(core.info.agent_id, core.session_id, key, value)
+
+    def memory_get(self, core: SessionCore, key: str) -> Any:
+        return self.node.memory.get(core.info.agent_id, key)
+
+    def progress(self, core: SessionCore, note: str, data: dict[str, Any]) -> None:
+        self.node._tell(Progress(core.session_id, note, dict(data)))
+
+    def parked(self, core: SessionCore) -> None:
+        self.node._tell(Parked(core.session_id))
+
+    def run_ended(self, core: SessionCore, end: RunEnd) -> None:
+        self.node._tell(RunEnded(core.session_id, end))
+
+    def refused(self, core: SessionCore, what: str) -> None:
+        self.node._tell(Refused(core.session_id, what))
+
+
+class Node:
+    """One supervision node, embedded: agents, a Cortex, and the sessions it owns.
+
+    Use it as a context manager (``with Node(agents) as node:``) or call
+    ``shutdown()``. Methods raise ``NodeClosedError`` once the node is shut
+    down or has failed; ``AskTimeoutError`` if the Cortex does not answer
+    within ``config.ask_timeout``.
+    """
+
+    def __init__(
+        self,
+        agents: Iterable[Agent] = (),
+        config: NodeConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        memory: MemorySpace | None = None,
+    ) -> None:
+        self.config = config or NodeConfig()
+        self._own_clock = clock is None
+        self.clock: Clock = clock or RealClock()
+        self.memory: MemorySpace = memory or InMemorySpace()
+        self.activity = Activity()
+        self.events = EventBus()
+        self.fatal_error: BaseException | None = None
+        self.failure: BaseException | None = None
+        self._state = "open"
+        self._state_lock = threading.Lock()
+        self._loop: EventLoopThread | None = None
+        self._loop_lock = threading.Lock()
+        self._executor = StepExecutor(self.config.max_step_threads)
+        agents_by_id: dict[str, Agent] = {}
+        for agent in agents:
+            if agent.agent_id in agents_by_id:
+                msg = f"agent {agent.agent_id!r} is registered twice"
+                raise ValueError(msg)
+            agents_by_id[agent.agent_id] = agent
+        self._runtime = Runtime(
+            config=self.config,
+            clock=self.clock,
+            activity=self.activity,
+            slots=ComputeSlots(self.config.max_running_skills),
+            executor=self._executor,
+            loop=self._event_loop,
+            events=self.events,
+            host=_Host(self),
+            agents=agents_by_id,
+            on_fatal=self._on_fatal,
+            on_failed=self._on_failed,
+        )
+        cortex_class = actor_class(CortexLogic, self.config.actor_type)
+        self._cortex = start_actor(cortex_class, self._runtime)
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _event_loop(self) -> EventLoopThread:
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = EventLoopThread()
+            return self._loop
+
+    def _check_open(self) -> None:
+        if self.failure is not None:
+            msg = f"node failed: {self.failure!r}"
+            raise NodeClosedError(msg)
+        if self._state != "open":
+            msg = f"node is {self._state}"
+            raise NodeClosedError(msg)
+
+    def _tell(self, message: object) -> None:
+        if not post(self._cortex, message, self.activity):
+            log.warning("cortex is gone; dropped %s", type(message).__name__)
+
+    def _send_call(self, name: str, args: tuple[Any, ...], reply: Reply) -> None:
+        if not post(self._cortex, Call(name, args, reply), self.activity):
+            msg = "the cortex is not running"
+            raise NodeClosedError(msg)
+
+    def _call(self, name: str, *args: Any, timeout: float | None = None, check: bool = True) -> Any:
+        if check:
+            self._check_open()
+        reply = Reply()
+        self._send_call(name, args, reply)
+        return reply.get(self.config.ask_timeout if timeout is None else timeout)
+
+    async def _acall(self, name: str, *args: Any) -> Any:
+        self._check_open()
+        reply = Reply()
+        self._send_call(name, args, reply)
+        return await reply.get_async(self.config.ask_timeout)
+
+    def _on_fatal(self, error: BaseException) -> None:
+        """A KeyboardInterrupt/SystemExit inside the runtime: shut down in order."""
+        if self.fatal_error is not None:
+            return
+        self.fatal_error = error
+        log.critical("%r inside the runtime; shutting the node down", error)
+        threading.Thread(target=self.shutdown, name="sessiontree-fatal", daemon=True).start()
+
+    def _on_failed(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+            log.critical("the cortex failed (%r); the node refuses all further work", error)
+
+    @property
+    def closed(self) -> bool:
+        """True once a shutdown began or the node failed."""
+        return self._state != "open" or self.failure is not None
+
+    def ref(self, session_id: uuid.UUID) -> SessionRef:
+        """A handle for ``session_id`` (not checked until used)."""
+        return SessionRef(self, session_id)
+
+    def subscribe(self, observer: Callable[[Event], None]) -> Callable[[], None]:
+        """Call ``observer`` for every event (on the Cortex thread); returns an unsubscribe."""
+        return self.events.subscribe(observer)
+
+    # -- sessions -----------------------------------------------------------------
+
+    def main(self, agent_id: str, key: str = "internal:main:main") -> SessionRef:
+        """The one Main of ``agent_id`` for session ``key`` (created on first use).
+
+        Raises ``RejectedInputError`` for an unknown agent or a malformed key.
+        """
+        return SessionRef(self, self._call("main", agent_id, key))
+
+    def spawn(
+        self, parent: uuid.UUID | SessionRef, spec: SpawnSpec | None = None, /, **fields: Any
+    ) -> Spawned:
+        """Spawn a child of ``parent``; a refused spawn comes back as ``Spawned.error``."""
+        spec = make_spec(spec, **fields)
+        answer: SpawnAnswer = self._call("spawn", _sid(parent), spec)
+        ref = SessionRef(self, answer.session_id) if answer.session_id else None
+        return Spawned(ref, answer.error, answer.existing)
+
+    def run(
+        self,
+        parent: uuid.UUID | SessionRef,
+        spec: SpawnSpec | None = None,
+        /,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> SessionResult | None:
+        """Spawn a fresh session and wait for its result (never reuses a session).
+
+        A refused spawn returns a ``failed`` result carrying the refusal's
+        error (its ``session_id`` is the nil UUID); None only if ``timeout``
+        (real seconds) passes first.
+        """
+        spawned = self.spawn(parent, make_spec(spec, **fields))
+        if spawned.ref is None:
+            return _refused(spawned.error)
+        return spawned.ref.wait(timeout)
+
+    def get(self, session_id: uuid.UUID | SessionRef) -> SessionInfo:
+        """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
+        info: SessionInfo = self._call("info", _sid(session_id), check=False)
+        return info
+
+    def sessions(
+        self, state: SessionState | None = None, kind: SessionKind | None = None
+    ) -> list[SessionInfo]:
+        """Every session the node holds, optionally filtered by state and kind."""
+        sessions: list[SessionInfo] = self._call("sessions", state, kind, check=False)
+        return sessions
+
+    def tree(self, root: uuid.UUID | SessionRef) -> dict[str, Any]:
+        """The subtree under ``root``: ``{"info", "result", "children": [...]}``."""
+        tree: dict[str, Any] = self._call("tree", _sid(root), check=False)
+        return tree
+
+    def cancel(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
+        """Cancel a session and its subtree (one deadline: now + grace); None when accepted."""
+        return self._call("cancel", _sid(session_id))  # type: ignore[no-any-return]
+
+    def suspend(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
+        """Park a Branch at its next checkpoint; ``invalid_transition`` for other kinds."""
+        return self._call("suspend", _sid(session_id))  # type: ignore[no-any-return]
+
+    def resume(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
+        """Resume a suspended Branch."""
+        return self._call("resume", _sid(session_id))  # type: ignore[no-any-return]
+
+    def send(self, session_id: uuid.UUID | SessionRef, message: Any) -> ErrorInfo | None:
+        """Send a Main an inbound message (one message cycle); an error if it cannot take it."""
+        return self._call("send", _sid(session_id), message)  # type: ignore[no-any-return]
+
+    def control(self, data: bytes, *, fmt: str = "json") -> object:
+        """Decode one untrusted control command and apply it.
+
+        Raises ``RejectedInputError`` (naming the field) for bad input; the
+        node counts nothing else and goes on.
+        """
+        command: ControlMessage = decode_control(data, fmt=fmt)
+        return self._call("control", command)
+
+    def wait(
+        self, session_id: uuid.UUID | SessionRef, timeout: float | None = None
+    ) -> SessionResult | None:
+        """The session's result once it ends; None if ``timeout`` real seconds pass first."""
+        reply = Reply()
+        self._send_call("result", (_sid(session_id), reply), reply)
+        try:
+            return reply.get(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
+        except AskTimeoutError:
+            return None
+
+    def results(self, session_id: uuid.UUID | SessionRef) -> list[SessionResult]:
+        """The child results a session has received (most recent ones)."""
+        return self._call("results", _sid(session_id), check=False)  # type: ignore[no-any-return]
+
+    def stuck(self) -> list[SessionInfo]:
+        """Sessions flagged as stuck."""
+        return self._call("stuck", check=False)  # type: ignore[no-any-return]
+
+    def stats(self) -> dict[str, int]:
+        """Counters and gauges: live sessions, zombies, refusals, slots…"""
+        return self._call("stats", check=False)  # type: ignore[no-any-return]
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until every mailbox is empty and every skill is blocked at a
+        checkpoint, parked or finished; False if ``timeout`` real seconds pass."""
+        return self.activity.wait_idle(timeout)
+
+    # -- awaitable twins ------------------------------------------------------------
+
+    async def amain(self, agent_id: str, key: str = "internal:main:main") -> SessionRef:
+        return SessionRef(self, await self._acall("main", agent_id, key))
+
+    async def aspawn(
+        self, parent: uuid.UUID | SessionRef, spec: SpawnSpec | None = None, /, **fields: Any
+    ) -> Spawned:
+        answer: SpawnAnswer = await self._acall("spawn", _sid(parent), make_spec(spec, **fields))
+        ref = SessionRef(self, answer.session_id) if answer.session_id else None
+        return Spawned(ref, answer.error, answer.existing)
+
+    async def arun(
+        self,
+        parent: uuid.UUID | SessionRef,
+        spec: SpawnSpec | None = None,
+        /,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> SessionResult | None:
+        spawned = await self.aspawn(parent, make_spec(spec, **fields))
+        if spawned.ref is None:
+            return _refused(spawned.error)
+        return await self.await_result(spawned.ref, timeout)
+
+    async def aget(self, session_id: uuid.UUID | SessionRef) -> SessionInfo:
+        return await self._acall("info", _sid(session_id))  # type: ignore[no-any-return]
+
+    async def acancel(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
+        return await self._acall("cancel", _sid(session_id))  # type: ignore[no-any-return]
+
+    async def asuspend(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
+        return await self._acall("suspend", _sid(session_id))  # type: ignore[no-any-return]
+
+    async def aresume(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
+        return await self._acall("resume", _sid(session_id))  # type: ignore[no-any-return]
+
+    async def asend(self, session_id: uuid.UUID | SessionRef, message: Any) -> ErrorInfo | None:
+        return await self._acall("send", _sid(session_id), message)  # type: ignore[no-any-return]
+
+    async def await_result(
+        self, session_id: uuid.UUID | SessionRef, timeout: float | None = None
+    ) -> SessionResult | None:
+        reply = Reply()
+        self._send_call("result", (_sid(session_id), reply), reply)
+        try:
+            return await reply.get_async(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
+        except AskTimeoutError:
+            return None
+
+    async def await_idle(self, timeout: float = 10.0) -> bool:
+        """Awaitable ``wait_idle`` (runs the wait on a helper thread)."""
+        import asyncio
+
+        return await asyncio.to_thread(self.activity.wait_idle, timeout)
+
+    async def ashutdown(self, grace: float | None = None, timeout: float | None = None) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.shutdown, grace, timeout)
+
+    # -- shutdown -----------------------------------------------------------------------
+
+    def shutdown(self, grace: float | None = None, timeout: float | None = None) -> None:
+        """Stop the node as DESIGN.md §3 says: Mains kept, running Branches suspended
+        within the grace, Workers cancelled with grace (their parents told); then
+        every actor, the executor and the loop stop. Idempotent.
+
+        ``grace`` defaults to ``config.grace`` on the node's clock; ``timeout``
+        bounds the real time spent waiting (default: grace + 5 s with the real
+        clock, 5 s with another) — past it, what has not settled is forced.
+        """
+        with self._state_lock:
+            if self._state != "open":
+                return
+            self._state = "closing"
+        grace = self.config.grace if grace is None else grace
+        if timeout is None:
+            timeout = grace + 5.0 if isinstance(self.clock, RealClock) else 5.0
+        try:
+            if self.failure is None:
+                reply = Reply()
+                self._send_call("begin_shutdown", (grace, reply), reply)
+                try:
+                    reply.get(timeout)
+                except AskTimeoutError:
+                    log.warning("shutdown did not settle in %.1f s; forcing", timeout)
+                    self._call("shutdown_deadline", check=False)
+                    self._call("force_workers", check=False)
+                self._call("stop_all", check=False)
+        except NodeClosedError:
+            pass
+        finally:
+            self._cortex.stop(block=False)
+            self._executor.close()
+            if self._loop is not None:
+                self._loop.close()
+            if self._own_clock and isinstance(self.clock, RealClock):
+                self.clock.close()
+            self._state = "closed"
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _sid(value: uuid.UUID | SessionRef) -> uuid.UUID:
+    return value.session_id if isinstance(value, SessionRef) else value
+
+
+def _refused(error: ErrorInfo | None) -> SessionResult:
+    return SessionResult(
+        session_id=_NIL,
+        status=SessionState.FAILED,
+        error=error or ErrorInfo(code=ErrorCode.REJECTED_INPUT, message="spawn refused"),
+    )

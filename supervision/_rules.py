@@ -1,0 +1,142 @@
+"""Spawn validation as a pure function: the first failing check is the answer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionState, SpawnSpec
+from sessiontree.supervision._config import Agent, NodeConfig
+
+__all__ = [
+    "MAX_BRANCH_DEPTH",
+    "MAX_WORKER_DEPTH",
+    "Capacity",
+    "ParentView",
+    "check_spawn",
+    "resolve_ttl",
+]
+
+MAX_BRANCH_DEPTH = 3
+MAX_WORKER_DEPTH = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ParentView:
+    """What the rules need to know of a would-be parent."""
+
+    session_id: object
+    kind: SessionKind
+    state: SessionState
+    depth: int
+    live_children: int
+    cancelling: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """The node's counters that the capacity check reads."""
+
+    live_sessions: int
+    zombies: int
+    sync_threads: int
+    needs_thread: bool
+
+
+def _error(code: ErrorCode, message: str, **detail: object) -> ErrorInfo:
+    return ErrorInfo(code=code, message=message, detail=dict(detail))
+
+
+def resolve_ttl(spec: SpawnSpec, agent: Agent) -> float | None:
+    """The TTL a spawn gets: its own, or the agent's default for the kind."""
+    return spec.ttl if spec.ttl is not None else agent.ttl_for(spec.kind)
+
+
+def check_spawn(
+    parent: ParentView | None,
+    spec: SpawnSpec,
+    agent: Agent | None,
+    config: NodeConfig,
+    capacity: Capacity,
+) -> ErrorInfo | None:
+    """Validate a spawn in the order of DESIGN.md §4; ``None`` means allowed.
+
+    Order: unknown_session, parent_not_active, worker_cannot_spawn,
+    depth_exceeded, children_exceeded, invalid_ttl, unknown_skill,
+    capacity_exceeded. Every message names the session and the limit.
+    """
+    if parent is None or agent is None:
+        return _error(ErrorCode.UNKNOWN_SESSION, "parent session does not exist")
+    pid = parent.session_id
+    if parent.state not in (SessionState.PENDING, SessionState.ACTIVE) or parent.cancelling:
+        why = "cancellation requested" if parent.cancelling else parent.state.value
+        return _error(
+            ErrorCode.PARENT_NOT_ACTIVE,
+            f"parent {pid} is not active ({why})",
+            parent_state=parent.state.value,
+        )
+    if parent.kind is SessionKind.WORKER:
+        return _error(
+            ErrorCode.WORKER_CANNOT_SPAWN, f"parent {pid} is a worker; workers never spawn"
+        )
+    depth = parent.depth + 1
+    if spec.kind is SessionKind.MAIN:
+        return _error(
+            ErrorCode.DEPTH_EXCEEDED, "a main session lives at depth 0 only; it is never spawned"
+        )
+    limit = MAX_BRANCH_DEPTH if spec.kind is SessionKind.BRANCH else MAX_WORKER_DEPTH
+    if depth > limit:
+        return _error(
+            ErrorCode.DEPTH_EXCEEDED,
+            f"a {spec.kind.value} under {pid} would be at depth {depth}; the limit is {limit}",
+            depth=depth,
+            limit=limit,
+        )
+    if parent.live_children >= agent.max_children:
+        return _error(
+            ErrorCode.CHILDREN_EXCEEDED,
+            f"parent {pid} already has {parent.live_children} live children; "
+            f"the limit is {agent.max_children}",
+            limit=agent.max_children,
+        )
+    ttl = resolve_ttl(spec, agent)
+    if ttl is not None and (
+        not isinstance(ttl, int | float)
+        or not math.isfinite(ttl)
+        or ttl <= 0
+        or ttl > config.max_ttl
+    ):
+        return _error(
+            ErrorCode.INVALID_TTL,
+            f"ttl {ttl!r} must be a finite number of seconds in (0, {config.max_ttl}]",
+            ttl=repr(ttl),
+            max_ttl=config.max_ttl,
+        )
+    skill = spec.skill or agent.default
+    if skill not in agent.skills:
+        return _error(
+            ErrorCode.UNKNOWN_SKILL,
+            f"agent {agent.agent_id!r} has no skill {skill!r}",
+            skills=sorted(agent.skills),
+        )
+    if capacity.live_sessions >= config.max_sessions:
+        return _error(
+            ErrorCode.CAPACITY_EXCEEDED,
+            f"the node holds {capacity.live_sessions} live sessions; max_sessions is "
+            f"{config.max_sessions}",
+            limit="max_sessions",
+        )
+    if capacity.zombies >= config.max_zombies:
+        return _error(
+            ErrorCode.CAPACITY_EXCEEDED,
+            f"{capacity.zombies} abandoned skill threads; max_zombies is {config.max_zombies}",
+            limit="max_zombies",
+        )
+    if capacity.needs_thread and capacity.sync_threads >= config.max_step_threads:
+        return _error(
+            ErrorCode.CAPACITY_EXCEEDED,
+            f"all {config.max_step_threads} step threads are taken by sync skills "
+            "(use async skills for many waiting sessions)",
+            limit="max_step_threads",
+        )
+    return None
