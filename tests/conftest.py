@@ -24,7 +24,8 @@ def make_node(clock: VirtualClock) -> Iterator[Callable[..., Node]]:
     nodes: list[Node] = []
 
     def make(*agents: Agent, **config: Any) -> Node:
-        node = Node(list(agents), NodeConfig(**config), clock=config.pop("clock", clock))
+        node_clock = config.pop("clock", clock)
+        node = Node(list(agents), NodeConfig(**config), clock=node_clock)
         nodes.append(node)
         return node
 
