@@ -204,6 +204,15 @@ class Session(_Base):
         self.checkpoint()
         return self._collected(wanted)
 
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on the session's clock (a checkpoint before and after).
+
+        Cancellation or suspension interrupts the wait at once.
+        """
+        self.checkpoint()
+        self._core.block_until(lambda: False, seconds)
+        self.checkpoint()
+
     def memory_put(self, key: str, value: Any) -> str:
         """Write shared memory; returns a memory id for ``Outcome.memory_ids``.
 
@@ -268,6 +277,12 @@ class AsyncSession(_Base):
         await self._core.block_until_async(lambda: self._claim_ready(wanted), timeout)
         await self.checkpoint()
         return self._collected(wanted)
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on the session's clock; see ``Session.sleep``."""
+        await self.checkpoint()
+        await self._core.block_until_async(lambda: False, seconds)
+        await self.checkpoint()
 
     async def memory_put(self, key: str, value: Any) -> str:
         """Write shared memory; see ``Session.memory_put``."""
