@@ -1,0 +1,295 @@
+"""Spawn validation: limits, the order of checks, TTLs, capacity, request ids."""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from typing import Any
+
+import pytest
+
+from sessiontree.protocol import (
+    ErrorCode,
+    RejectedInputError,
+    SessionKind,
+    SessionState,
+    SpawnSpec,
+)
+from sessiontree.supervision import Agent, NodeConfig, check_spawn
+from sessiontree.supervision._rules import Capacity, ParentView
+from tests.conftest import WAIT, settle
+
+
+def idle_main(session: Any) -> None:
+    return None
+
+
+def waits(session: Any) -> str:
+    session.sleep(10_000)
+    return "done"
+
+
+async def waits_async(session: Any) -> str:
+    await session.sleep(10_000)
+    return "done"
+
+
+def quick(session: Any) -> str:
+    return "ok"
+
+
+AGENT = Agent(
+    "agent",
+    {"main": idle_main, "waits": waits, "waits_async": waits_async, "quick": quick},
+    default_skill="waits",
+    main_skill="main",
+    model_tiers=("cheap", "mid", "best"),
+)
+
+
+@pytest.fixture
+def node(make_node: Any) -> Any:
+    return make_node(AGENT, grace=0.0)
+
+
+def chain(node: Any, depth: int) -> Any:
+    """A Main with branches down to ``depth``; returns the deepest ref."""
+    ref = node.main("agent")
+    for _ in range(depth):
+        spawned = ref.spawn(kind="branch")
+        assert spawned.ok, spawned.error
+        ref = spawned.ref
+    return ref
+
+
+def test_branches_reach_depth_three_and_no_further(node: Any) -> None:
+    deepest = chain(node, 3)
+    assert deepest.info().depth == 3
+    refused = deepest.spawn(kind="branch")
+    assert refused.error.code is ErrorCode.DEPTH_EXCEEDED
+    assert "depth 4" in refused.error.message
+    assert refused.error.detail == {"depth": 4, "limit": 3}
+
+
+def test_workers_reach_depth_four_and_never_spawn(node: Any) -> None:
+    worker = chain(node, 3).spawn(kind="worker")
+    assert worker.ok
+    assert worker.ref.info().depth == 4
+    for kind in ("worker", "branch"):
+        refused = worker.ref.spawn(kind=kind)
+        assert refused.error.code is ErrorCode.WORKER_CANNOT_SPAWN
+        assert str(worker.session_id) in refused.error.message
+
+
+def test_a_main_is_never_spawned(node: Any) -> None:
+    refused = node.main("agent").spawn(kind="main")
+    assert refused.error.code is ErrorCode.DEPTH_EXCEEDED
+
+
+def test_unknown_parent_is_unknown_session(node: Any) -> None:
+    refused = node.spawn(uuid.uuid4(), kind="branch")
+    assert refused.error.code is ErrorCode.UNKNOWN_SESSION
+    assert not refused.ok
+
+
+def test_terminal_parent_is_parent_not_active_and_nothing_is_created(node: Any) -> None:
+    main = node.main("agent")
+    done = main.spawn(kind="branch", skill="quick").ref
+    assert done.wait(WAIT).status is SessionState.COMPLETED
+    before = node.stats()["live_sessions"]
+    refused = done.spawn(kind="worker")
+    assert refused.error.code is ErrorCode.PARENT_NOT_ACTIVE
+    assert "completed" in refused.error.message
+    assert node.stats()["live_sessions"] == before
+
+
+def test_terminal_worker_parent_reports_the_earlier_check(node: Any) -> None:
+    worker = node.main("agent").spawn(kind="worker", skill="quick").ref
+    worker.wait(WAIT)
+    assert worker.spawn(kind="worker").error.code is ErrorCode.PARENT_NOT_ACTIVE
+
+
+def test_ninth_live_child_is_refused_until_one_ends(node: Any) -> None:
+    main = node.main("agent")
+    children = [main.spawn(kind="branch") for _ in range(8)]
+    assert all(c.ok for c in children)
+    refused = main.spawn(kind="branch")
+    assert refused.error.code is ErrorCode.CHILDREN_EXCEEDED
+    assert "8" in refused.error.message
+    children[0].ref.cancel()
+    children[0].ref.wait(WAIT)
+    assert main.spawn(kind="branch").ok
+
+
+def test_max_children_is_per_agent(make_node: Any) -> None:
+    agent = Agent("small", {"main": idle_main, "waits": waits}, max_children=2)
+    node = make_node(agent)
+    main = node.main("small")
+    assert main.spawn(kind="branch", skill="waits").ok
+    assert main.spawn(kind="branch", skill="waits").ok
+    assert main.spawn(kind="branch", skill="waits").error.code is ErrorCode.CHILDREN_EXCEEDED
+
+
+@pytest.mark.parametrize("ttl", [0.0, -1.0, math.nan, math.inf, -math.inf, 8 * 24 * 3600.0])
+def test_bad_ttls_are_invalid_ttl(node: Any, ttl: float) -> None:
+    refused = node.main("agent").spawn(kind="branch", ttl=ttl)
+    assert refused.error.code is ErrorCode.INVALID_TTL
+    assert "ttl" in refused.error.message
+
+
+def test_ttl_of_the_wrong_type_is_rejected_not_coerced(node: Any) -> None:
+    with pytest.raises(RejectedInputError) as caught:
+        node.main("agent").spawn(kind="branch", ttl="5")
+    assert caught.value.field == "ttl"
+
+
+def test_unknown_field_and_unknown_kind_are_rejected(node: Any) -> None:
+    main = node.main("agent")
+    with pytest.raises(RejectedInputError):
+        main.spawn(kind="branch", colour="red")
+    with pytest.raises(RejectedInputError) as caught:
+        main.spawn(kind="robot")
+    assert caught.value.field == "kind"
+
+
+def test_default_ttls_are_thirty_minutes_for_branches_and_five_for_workers(node: Any) -> None:
+    main = node.main("agent")
+    assert main.info().ttl is None
+    assert main.spawn(kind="branch").ref.info().ttl == 1800.0
+    worker = main.spawn(kind="worker").ref.info()
+    assert worker.ttl == 300.0
+    assert worker.deadline == worker.created_at + 300.0
+
+
+def test_unknown_skill_is_refused_by_name(node: Any) -> None:
+    refused = node.main("agent").spawn(kind="branch", skill="nope")
+    assert refused.error.code is ErrorCode.UNKNOWN_SKILL
+    assert "nope" in refused.error.message
+
+
+def test_children_inherit_agent_and_tiers_follow_the_rules(node: Any) -> None:
+    main = node.main("agent")
+    assert main.info().model_tier == "best"
+    branch = main.spawn(kind="branch").ref
+    assert branch.info().model_tier == "best"
+    assert branch.info().agent_id == "agent"
+    assert branch.spawn(kind="worker").ref.info().model_tier == "cheap"
+    mid = branch.spawn(kind="branch", model_tier="mid").ref
+    assert mid.info().model_tier == "mid"
+    assert mid.spawn(kind="branch").ref.info().model_tier == "mid"
+
+
+def test_repeated_request_id_returns_the_first_session(node: Any) -> None:
+    main = node.main("agent")
+    first = main.spawn(kind="branch", request_id="req-1")
+    again = main.spawn(kind="branch", request_id="req-1")
+    assert again.existing
+    assert again.session_id == first.session_id
+    assert len(node.tree(main)["children"]) == 1
+    other = main.spawn(kind="branch", request_id="req-2")
+    assert other.session_id != first.session_id
+
+
+def test_run_makes_a_fresh_session_every_time(node: Any) -> None:
+    main = node.main("agent")
+    first = node.run(main, kind="worker", skill="quick", timeout=WAIT)
+    second = node.run(main, kind="worker", skill="quick", timeout=WAIT)
+    assert first.ok
+    assert second.ok
+    assert first.session_id != second.session_id
+
+
+def test_run_returns_a_refusal_as_a_failed_result(node: Any) -> None:
+    result = node.run(uuid.uuid4(), kind="worker")
+    assert result.status is SessionState.FAILED
+    assert result.error.code is ErrorCode.UNKNOWN_SESSION
+
+
+def test_past_max_sessions_spawns_are_capacity_exceeded(make_node: Any) -> None:
+    node = make_node(AGENT, max_sessions=3)
+    main = node.main("agent")
+    assert main.spawn(kind="branch").ok
+    assert main.spawn(kind="branch").ok
+    refused = main.spawn(kind="branch")
+    assert refused.error.code is ErrorCode.CAPACITY_EXCEEDED
+    assert refused.error.detail["limit"] == "max_sessions"
+
+
+def test_past_the_step_thread_cap_sync_spawns_are_refused_but_async_ones_run(
+    make_node: Any,
+) -> None:
+    node = make_node(AGENT, max_step_threads=2)
+    main = node.main("agent")
+    assert main.spawn(kind="branch", skill="waits").ok
+    assert main.spawn(kind="branch", skill="waits").ok
+    refused = main.spawn(kind="branch", skill="waits")
+    assert refused.error.code is ErrorCode.CAPACITY_EXCEEDED
+    assert refused.error.detail["limit"] == "max_step_threads"
+    assert main.spawn(kind="branch", skill="waits_async").ok
+    settle(node)
+    assert threading.active_count() < 50
+
+
+def test_sessions_beyond_the_compute_slots_wait_as_pending(make_node: Any) -> None:
+    gate = threading.Event()
+
+    def busy(session: Any) -> str:
+        gate.wait(WAIT)  # holds its compute slot: no checkpoint
+        return "busy done"
+
+    agent = Agent("agent", {"main": idle_main, "busy": busy, "quick": quick})
+    node = make_node(agent, max_running_skills=1)
+    main = node.main("agent")
+    first = main.spawn(kind="branch", skill="busy").ref
+    second = main.spawn(kind="branch", skill="quick").ref
+    assert second.state is SessionState.PENDING
+    gate.set()
+    assert first.wait(WAIT).ok
+    assert second.wait(WAIT).ok
+
+
+def test_check_order_is_the_documented_one() -> None:
+    config = NodeConfig(max_sessions=1, max_zombies=1, max_step_threads=1)
+    full = Capacity(live_sessions=5, zombies=5, sync_threads=5, needs_thread=True)
+    terminal_worker_at_4 = ParentView(
+        session_id="p", kind=SessionKind.WORKER, state=SessionState.FAILED, depth=4,
+        live_children=99, cancelling=False,
+    )
+    bad = SpawnSpec(kind=SessionKind.BRANCH, ttl=-1.0, skill="nope")
+    order = [check_spawn(None, bad, None, config, full).code]
+    order.append(check_spawn(terminal_worker_at_4, bad, AGENT, config, full).code)
+    active = ParentView(
+        session_id="p", kind=SessionKind.WORKER, state=SessionState.ACTIVE, depth=4,
+        live_children=99, cancelling=False,
+    )
+    order.append(check_spawn(active, bad, AGENT, config, full).code)
+    branch3 = ParentView(
+        session_id="p", kind=SessionKind.BRANCH, state=SessionState.ACTIVE, depth=3,
+        live_children=99, cancelling=False,
+    )
+    order.append(check_spawn(branch3, bad, AGENT, config, full).code)
+    branch2 = ParentView(
+        session_id="p", kind=SessionKind.BRANCH, state=SessionState.ACTIVE, depth=2,
+        live_children=99, cancelling=False,
+    )
+    order.append(check_spawn(branch2, bad, AGENT, config, full).code)
+    roomy = ParentView(
+        session_id="p", kind=SessionKind.BRANCH, state=SessionState.ACTIVE, depth=2,
+        live_children=0, cancelling=False,
+    )
+    order.append(check_spawn(roomy, bad, AGENT, config, full).code)
+    good_ttl = SpawnSpec(kind=SessionKind.BRANCH, skill="nope")
+    order.append(check_spawn(roomy, good_ttl, AGENT, config, full).code)
+    good = SpawnSpec(kind=SessionKind.BRANCH, skill="waits")
+    order.append(check_spawn(roomy, good, AGENT, config, full).code)
+    assert order == [
+        ErrorCode.UNKNOWN_SESSION,
+        ErrorCode.PARENT_NOT_ACTIVE,
+        ErrorCode.WORKER_CANNOT_SPAWN,
+        ErrorCode.DEPTH_EXCEEDED,
+        ErrorCode.CHILDREN_EXCEEDED,
+        ErrorCode.INVALID_TTL,
+        ErrorCode.UNKNOWN_SKILL,
+        ErrorCode.CAPACITY_EXCEEDED,
+    ]
