@@ -31,6 +31,7 @@ __all__ = [
     "RunEnd",
     "StepExecutor",
     "crash_info",
+    "finish_run",
     "is_async_skill",
     "run_async",
     "run_sync",
@@ -222,7 +223,8 @@ class EventLoopThread:
         self._thread.join(timeout=timeout)
 
 
-def _finish(host: SessionHost, core: SessionCore, end: RunEnd) -> None:
+def finish_run(host: SessionHost, core: SessionCore, end: RunEnd) -> None:
+    """Report a run's end exactly once: slot back, flag off, host told, activity down."""
     core.release_slot()
     with core.cond:
         core.skill_running = False
@@ -254,7 +256,7 @@ def run_sync(
         end = RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
     except BaseException as exc:
         end = RunEnd(error=crash_info(exc), cycle=cycle)
-    _finish(host, core, end)
+    finish_run(host, core, end)
 
 
 async def run_async(
@@ -278,4 +280,4 @@ async def run_async(
         end = RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
     except BaseException as exc:
         end = RunEnd(error=crash_info(exc), cycle=cycle)
-    _finish(host, core, end)
+    finish_run(host, core, end)

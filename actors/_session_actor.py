@@ -19,7 +19,15 @@ from typing import Any
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._core import SessionCore
-from sessiontree.actors._execution import EventLoopThread, StepExecutor, run_async, run_sync
+from sessiontree.actors._execution import (
+    EventLoopThread,
+    RunEnd,
+    StepExecutor,
+    crash_info,
+    finish_run,
+    run_async,
+    run_sync,
+)
 from sessiontree.actors._host import SessionHost
 from sessiontree.actors._mailbox import Counted, handler_scope
 from sessiontree.actors._session import AsyncSession, Session
@@ -31,6 +39,7 @@ __all__ = [
     "Deliver",
     "ForceStop",
     "Inbound",
+    "Inspect",
     "ResumeSignal",
     "SessionActorLogic",
     "Start",
@@ -84,6 +93,17 @@ class ForceStop:
 
 
 @dataclass(frozen=True, slots=True)
+class Inspect:
+    """Run ``probe(core)`` on the actor's thread and answer with its value (an ask).
+
+    An exception the probe raises is answered to the asker; the session
+    keeps running.
+    """
+
+    probe: Callable[[SessionCore], Any]
+
+
+@dataclass(frozen=True, slots=True)
 class CycleDone:
     """A Main's message cycle ended; start the next one if any is queued."""
 
@@ -134,6 +154,8 @@ class SessionActorLogic:
             self.on_fatal(exc)
             return None
         except Exception:
+            if isinstance(body, Inspect):
+                raise  # pykka answers the asker with it; the actor lives on
             log.exception("session %s: handler for %r raised", self.core.session_id, body)
             self.on_rejected(body)
             return None
@@ -174,6 +196,8 @@ class SessionActorLogic:
                     core.wake()
             case ForceStop(code=code):
                 self._force(code)
+            case Inspect(probe=probe):
+                return probe(core)
             case _:
                 self.on_rejected(body)
                 return ErrorInfo(
@@ -209,10 +233,20 @@ class SessionActorLogic:
             self._submit(item, self.cycles)
 
     def _submit(self, message: Any, cycle: int) -> None:
-        core, host, skill = self.core, self.host, self.skill
+        """Hand one run to the executor or the loop; a run that cannot start
+        (no thread, a closed loop) ends at once as ``crashed``."""
+        core, host = self.core, self.host
         self.activity.begin()  # the run counts as busy until it ends or blocks
         with core.cond:
             core.skill_running = True
+        try:
+            self._start_run(message, cycle)
+        except Exception as exc:
+            log.exception("session %s: its run could not start", core.session_id)
+            finish_run(host, core, RunEnd(error=crash_info(exc), cycle=cycle))
+
+    def _start_run(self, message: Any, cycle: int) -> None:
+        core, host, skill = self.core, self.host, self.skill
         if self.is_async:
             handle = AsyncSession(core, host, message=message, cycle=cycle)
             loop_thread = self.loop()

@@ -28,6 +28,7 @@ class ErrorCode(enum.StrEnum):
     CHILDREN_EXCEEDED = "children_exceeded"
     WORKER_CANNOT_SPAWN = "worker_cannot_spawn"
     PARENT_NOT_ACTIVE = "parent_not_active"
+    SESSION_NOT_ACTIVE = "session_not_active"
     UNKNOWN_SESSION = "unknown_session"
     UNKNOWN_AGENT = "unknown_agent"
     UNKNOWN_SKILL = "unknown_skill"

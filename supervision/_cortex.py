@@ -62,6 +62,7 @@ from sessiontree.protocol import (
     SessionKind,
     SessionResult,
     SessionState,
+    SessionTreeError,
     SpawnCmd,
     SpawnSpec,
     SuspendCmd,
@@ -278,7 +279,13 @@ class CortexLogic:
                     if reply is not None:
                         reply.fail(NodeClosedError(f"node failed: {self.failed!r}"))
                     return None
-                value = op(*args)
+                try:
+                    value = op(*args)
+                except SessionTreeError as exc:  # a caller's mistake, not a broken index
+                    if reply is None:
+                        raise
+                    reply.fail(exc)
+                    return None
                 if reply is not None and value is not _DEFERRED:
                     reply.set(value)
             case RunEnded(session_id=sid, end=end):
@@ -834,7 +841,7 @@ class CortexLogic:
             )
         if entry.state.is_terminal or entry.cancel_code is not None:
             return ErrorInfo(
-                code=ErrorCode.PARENT_NOT_ACTIVE,
+                code=ErrorCode.SESSION_NOT_ACTIVE,
                 message=f"session {session_id} is stopping or ended ({entry.state.value}); "
                 "the message was not delivered",
             )
@@ -932,6 +939,10 @@ class CortexLogic:
             for e in self.entries.values()
             if (state is None or e.state is state) and (kind is None or e.kind is kind)
         ]
+
+    def op_actor_ref(self, session_id: uuid.UUID) -> pykka.ActorRef[Any] | None:
+        """The session's actor (None once it ended), for diagnostics and tests."""
+        return self._lookup(session_id).ref
 
     def op_stuck(self) -> list[SessionInfo]:
         """Sessions flagged as stuck (no checkpoint for ``stuck_after``)."""
@@ -1033,12 +1044,9 @@ class CortexLogic:
 
     def _settle_shutdown(self) -> None:
         waiters, self.shutdown_waiters = self.shutdown_waiters, []
-        stats = {
-            state.value: sum(1 for e in self.entries.values() if e.state is state)
-            for state in SessionState
-        }
+        final = [_with_state(e) for e in self.entries.values()]
         for reply in waiters:
-            reply.set(stats)
+            reply.set(final)
 
     def op_stop_all(self) -> int:
         """Stop every session actor still running (last step of a shutdown)."""

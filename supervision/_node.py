@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import pykka
+
 from sessiontree.actors import (
     Activity,
     Clock,
@@ -30,9 +32,11 @@ from sessiontree.actors import (
     post,
     start_actor,
 )
-from sessiontree.actors._mailbox import AskTimeoutError
+from sessiontree.actors import Inspect, in_actor_handler
+from sessiontree.actors._mailbox import AskTimeoutError, Counted
 from sessiontree.protocol import (
     ControlMessage,
+    DeadlockError,
     ErrorCode,
     ErrorInfo,
     NodeClosedError,
@@ -41,6 +45,7 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
     SpawnSpec,
+    UnknownSessionError,
     decode_control,
     make_spec,
 )
@@ -231,6 +236,8 @@ class Node:
         self.activity = Activity()
         self.events = EventBus()
         self.fatal_error: BaseException | None = None
+        self.final_sessions: list[SessionInfo] = []
+        """Every session as the shutdown left it (filled in by ``shutdown``)."""
         self.failure: BaseException | None = None
         self._state = "open"
         self._state_lock = threading.Lock()
@@ -425,6 +432,34 @@ class Node:
         """Counters and gauges: live sessions, zombies, refusals, slots…"""
         return self._call("stats", check=False)  # type: ignore[no-any-return]
 
+    def inspect(
+        self,
+        session_id: uuid.UUID | SessionRef,
+        probe: Callable[[SessionCore], Any],
+        timeout: float | None = None,
+    ) -> Any:
+        """Run ``probe(core)`` on the session's actor thread and return its value.
+
+        For diagnostics and tests. An exception the probe raises reaches the
+        caller and the session keeps running. Raises ``UnknownSessionError``
+        when the session has no running actor, ``DeadlockError`` when called
+        inside an actor handler, ``pykka.Timeout`` past ``timeout``.
+        """
+        if in_actor_handler():
+            msg = "an actor handler may not block on an ask (deadlock); tell instead"
+            raise DeadlockError(msg)
+        ref = self._call("actor_ref", _sid(session_id), check=False)
+        if ref is None or not ref.is_alive():
+            msg = f"session {_sid(session_id)} has no running actor"
+            raise UnknownSessionError(msg, session_id=_sid(session_id))
+        self.activity.begin()
+        try:
+            return ref.ask(Counted(Inspect(probe)), timeout=timeout or self.config.ask_timeout)
+        except pykka.ActorDeadError as exc:
+            self.activity.end()
+            msg = f"session {_sid(session_id)} stopped before answering"
+            raise UnknownSessionError(msg, session_id=_sid(session_id)) from exc
+
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until every mailbox is empty and every skill is blocked at a
         checkpoint, parked or finished; False if ``timeout`` real seconds pass."""
@@ -519,6 +554,7 @@ class Node:
                     log.warning("shutdown did not settle in %.1f s; forcing", timeout)
                     self._call("shutdown_deadline", check=False)
                     self._call("force_workers", check=False)
+                self.final_sessions = self._call("sessions", None, None, check=False)
                 self._call("stop_all", check=False)
         except NodeClosedError:
             pass
