@@ -25,17 +25,24 @@ log = logging.getLogger("sessiontree.clock")
 class TimerHandle:
     """A scheduled callback; ``cancel()`` makes sure it never fires."""
 
-    __slots__ = ("callback", "cancelled", "when")
+    __slots__ = ("callback", "cancelled", "heap", "when")
 
-    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+    def __init__(
+        self, when: float, callback: Callable[[], None], heap: _TimerHeap | None = None
+    ) -> None:
         self.when = when
         self.callback: Callable[[], None] | None = callback
         self.cancelled = False
+        self.heap = heap
 
     def cancel(self) -> None:
         """Cancel the timer (idempotent, safe from any thread)."""
+        if self.cancelled:
+            return
         self.cancelled = True
         self.callback = None
+        if self.heap is not None:
+            self.heap.cancelled += 1
 
 
 class Clock(Protocol):
@@ -59,13 +66,21 @@ class _TimerHeap:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, TimerHandle]] = []
         self._seq = itertools.count()
+        self.cancelled = 0  # approximate: bumped by TimerHandle.cancel from any thread
 
     def push(self, handle: TimerHandle) -> None:
+        # Cancelled timers (a TTL whose session ended) would pile up until due:
+        # rebuild once they are most of the heap, so memory follows live timers.
+        if self.cancelled > 64 and self.cancelled * 2 > len(self._heap):
+            self._heap = [item for item in self._heap if not item[2].cancelled]
+            heapq.heapify(self._heap)
+            self.cancelled = 0
         heapq.heappush(self._heap, (handle.when, next(self._seq), handle))
 
     def next_when(self) -> float | None:
         while self._heap and self._heap[0][2].cancelled:
             heapq.heappop(self._heap)
+            self.cancelled = max(0, self.cancelled - 1)
         return self._heap[0][0] if self._heap else None
 
     def pop_due(self, now: float) -> TimerHandle | None:
@@ -79,6 +94,7 @@ class _TimerHeap:
 
 
 def _fire(handle: TimerHandle) -> None:
+    handle.heap = None  # already off the heap: not a cancelled entry left behind
     callback = handle.callback
     handle.cancel()
     if callback is None:
@@ -108,7 +124,7 @@ class RealClock:
         return self.call_at(self.monotonic() + delay, callback)
 
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
-        handle = TimerHandle(when, callback)
+        handle = TimerHandle(when, callback, self._heap)
         with self._cond:
             self._heap.push(handle)
             if self._thread is None and not self._closed:
@@ -168,7 +184,7 @@ class VirtualClock:
         return self.call_at(self._mono + delay, callback)
 
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
-        handle = TimerHandle(when, callback)
+        handle = TimerHandle(when, callback, self._heap)
         with self._lock:
             self._heap.push(handle)
         return handle

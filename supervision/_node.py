@@ -240,6 +240,7 @@ class Node:
         """Every session as the shutdown left it (filled in by ``shutdown``)."""
         self.failure: BaseException | None = None
         self._state = "open"
+        self._stopped = threading.Event()
         self._state_lock = threading.Lock()
         self._loop: EventLoopThread | None = None
         self._loop_lock = threading.Lock()
@@ -566,6 +567,11 @@ class Node:
             if self._own_clock and isinstance(self.clock, RealClock):
                 self.clock.close()
             self._state = "closed"
+            self._stopped.set()
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Block until a shutdown (asked for, or after a fatal error) has finished."""
+        return self._stopped.wait(timeout)
 
     def __enter__(self) -> Node:
         return self
