@@ -10,7 +10,7 @@ force or expired) gets ``Cancelled`` every time.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
@@ -181,12 +181,26 @@ class Session(_Base):
             self._spawned.append(spawned.session_id)
         return spawned
 
+    def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """Checkpoint, then block until ``ready()`` (True) or the timeout (False).
+
+        A suspension parks the skill and the wait goes on after resume.
+        """
+        core = self._core
+        deadline = None if timeout is None else core.clock.monotonic() + timeout
+        while True:
+            self.checkpoint()
+            if ready():
+                return True
+            remaining = None if deadline is None else deadline - core.clock.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            core.block_until(ready, remaining)
+
     def wait(self, child: uuid.UUID, timeout: float | None = None) -> SessionResult | None:
         """Wait for one child's result; ``None`` if ``timeout`` (clock seconds) passes first."""
-        self.checkpoint()
         core = self._core
-        core.block_until(lambda: child in core.unclaimed, timeout)
-        self.checkpoint()
+        self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
             return core.claim(child)
 
@@ -199,9 +213,7 @@ class Session(_Base):
         gives a ``timed_out`` entry and keeps running.
         """
         wanted = self._wanted(children)
-        self.checkpoint()
-        self._core.block_until(lambda: self._claim_ready(wanted), timeout)
-        self.checkpoint()
+        self._wait_for(lambda: self._claim_ready(wanted), timeout)
         return self._collected(wanted)
 
     def sleep(self, seconds: float) -> None:
@@ -209,8 +221,7 @@ class Session(_Base):
 
         Cancellation or suspension interrupts the wait at once.
         """
-        self.checkpoint()
-        self._core.block_until(lambda: False, seconds)
+        self._wait_for(lambda: False, seconds)
         self.checkpoint()
 
     def memory_put(self, key: str, value: Any) -> str:
@@ -259,12 +270,23 @@ class AsyncSession(_Base):
             self._spawned.append(spawned.session_id)
         return spawned
 
+    async def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """``Session._wait_for`` without holding a thread."""
+        core = self._core
+        deadline = None if timeout is None else core.clock.monotonic() + timeout
+        while True:
+            await self.checkpoint()
+            if ready():
+                return True
+            remaining = None if deadline is None else deadline - core.clock.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            await core.block_until_async(ready, remaining)
+
     async def wait(self, child: uuid.UUID, timeout: float | None = None) -> SessionResult | None:
         """Wait for one child's result; see ``Session.wait``."""
-        await self.checkpoint()
         core = self._core
-        await core.block_until_async(lambda: child in core.unclaimed, timeout)
-        await self.checkpoint()
+        await self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
             return core.claim(child)
 
@@ -273,15 +295,12 @@ class AsyncSession(_Base):
     ) -> list[Collected]:
         """Wait for children and take their results; see ``Session.collect``."""
         wanted = self._wanted(children)
-        await self.checkpoint()
-        await self._core.block_until_async(lambda: self._claim_ready(wanted), timeout)
-        await self.checkpoint()
+        await self._wait_for(lambda: self._claim_ready(wanted), timeout)
         return self._collected(wanted)
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the session's clock; see ``Session.sleep``."""
-        await self.checkpoint()
-        await self._core.block_until_async(lambda: False, seconds)
+        await self._wait_for(lambda: False, seconds)
         await self.checkpoint()
 
     async def memory_put(self, key: str, value: Any) -> str:
