@@ -172,8 +172,9 @@ def test_a_skill_without_checkpoints_is_flagged_stuck_never_killed(
 ) -> None:
     events: list[Any] = []
     node.subscribe(events.append)
-    ref = node.main("agent").spawn(kind="branch", skill="blocks").ref
     waiting = node.main("agent").spawn(kind="branch", skill="waits").ref
+    settle(node)
+    ref = node.main("agent").spawn(kind="branch", skill="blocks").ref
     clock.advance(70.0)
     assert [s.session_id for s in node.stuck()] == [ref.session_id]  # waiting is not stuck
     assert any(e.kind is EventKind.STUCK and e.session_id == ref.session_id for e in events)

@@ -1,0 +1,98 @@
+"""The ``sessiontree`` command: a click group and its commands.
+
+The library never configures logging; this module does, for the command
+line only: log records go to stderr, so stdout carries nothing but the
+command's own output (``--json`` documents stay parseable).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from sessiontree.cli._demo import DEMO_GRACE, DemoError, DemoReport, run_demo
+from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
+
+__all__ = ["configure_logging", "main"]
+
+_LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)
+
+
+def configure_logging(verbosity: int) -> None:
+    """Send log records to stderr: warnings by default, ``-v`` info, ``-vv`` debug."""
+    level = _LEVELS[min(max(verbosity, 0), len(_LEVELS) - 1)]
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=level,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        force=True,
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="sessiontree", prog_name="sessiontree")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """sessiontree: a supervision runtime for AI-agent session trees."""
+    configure_logging(verbose)
+
+
+@main.command()
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print only the final sessions and refused spawns as JSON on stdout (logs: stderr).",
+)
+@click.option(
+    "--store",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help=(
+        "Directory for the node's store. Used once the persistence issue lands (there is "
+        "no store yet); without it the demo uses a temporary directory, so every run "
+        "starts clean."
+    ),
+)
+def demo(as_json: bool, store: Path | None) -> None:
+    """Run a fixed, deterministic scenario on simulated skills (a few seconds).
+
+    A Main fans a research task out to branches and workers: a worker crashes,
+    a branch overruns its TTL, spawns past the depth and children limits are
+    refused, and a branch completes while two workers still run: one wraps up
+    within the grace, the other is terminated by force. Prints the tree as it
+    evolves, then the final tree and the refused spawns.
+    """
+    if as_json:
+        report = _run(store, printer=None)
+        click.echo(json.dumps(report.to_json(), indent=2))
+        return
+    click.echo(
+        "sessiontree demo: a research task on simulated skills "
+        f"(real clock, grace {DEMO_GRACE} s)\n"
+    )
+    report = _run(store, printer=EventPrinter(click.echo))
+    click.echo("\nFinal tree:")
+    for line in render_tree(report.sessions):
+        click.echo(f"  {line}")
+    click.echo("\nRefused spawns:")
+    for line in render_rejections(report.rejections, report.sessions):
+        click.echo(f"  {line}")
+    refused_late = report.stats.get("refused_after_fence", 0)
+    if refused_late:
+        click.echo(
+            f"\nLate calls refused from fenced sessions (terminated or expired): {refused_late}"
+        )
+    click.echo(f"\n{render_summary(report.sessions, report.rejections)}")
+    click.echo(f"Finished in {report.elapsed:.2f} s.")
+
+
+def _run(store: Path | None, printer: EventPrinter | None) -> DemoReport:
+    try:
+        return run_demo(store=store, on_event=printer)
+    except DemoError as exc:
+        raise click.ClickException(str(exc)) from exc
