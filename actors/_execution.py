@@ -249,6 +249,7 @@ def run_sync(
     try:
         if not core.holds_slot:
             core.acquire_slot_blocking()
+        core.touch()  # stuck detection counts from the start of the run
         end = _end_of(skill(handle), cycle)
     except Cancelled:
         end = RunEnd(cancelled=True, cycle=cycle)
@@ -271,6 +272,7 @@ async def run_async(
     try:
         if not core.holds_slot:
             await core.acquire_slot_async()
+        core.touch()
         end = _end_of(await skill(handle), cycle)
     except Cancelled:
         end = RunEnd(cancelled=True, cycle=cycle)

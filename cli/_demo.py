@@ -384,7 +384,7 @@ def _rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
         row["result"] = {
             "status": result.status.value,
             "summary": result.summary,
-            "error": None if error is None else {"code": error.code.value, "message": error.message},
+            "error": None if error is None else {"code": error.code, "message": error.message},
         }
     rows = [row]
     for child in tree["children"]:

@@ -54,9 +54,7 @@ class EventPrinter:
     def line(self, node: Node, event: Event) -> str | None:
         """The text for ``event`` (without the timestamp), or None to skip it."""
         if event.kind is EventKind.REJECTED:
-            depth, parent = (
-                self._describe(node, event.parent_id) if event.parent_id else (0, "?")
-            )
+            depth, parent = self._describe(node, event.parent_id) if event.parent_id else (0, "?")
             kind = event.data.get("kind", "session")
             message = event.data.get("message", "")
             return (
@@ -97,6 +95,8 @@ def _row_line(row: Mapping[str, Any]) -> str:
             text += f" [{error['code']}]"
         if result.get("summary"):
             text += f"  -- {result['summary']}"
+        elif error is not None and error["code"] == "crashed":
+            text += f"  -- {error['message']}"
     return text
 
 
