@@ -203,7 +203,7 @@ class EventLoopThread:
         def run() -> None:
             try:
                 fut.set_result(fn())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - handed to the caller as is
                 fut.set_exception(exc)
 
         self.loop.call_soon_threadsafe(run)
@@ -255,7 +255,7 @@ def run_sync(
         end = RunEnd(cancelled=True, cycle=cycle)
     except (KeyboardInterrupt, SystemExit) as exc:
         end = RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - any other raise is the skill's crash
         end = RunEnd(error=crash_info(exc), cycle=cycle)
     finish_run(host, core, end)
 
@@ -280,6 +280,6 @@ async def run_async(
         end = RunEnd(cancelled=True, cycle=cycle)
     except (KeyboardInterrupt, SystemExit) as exc:
         end = RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - any other raise is the skill's crash
         end = RunEnd(error=crash_info(exc), cycle=cycle)
     finish_run(host, core, end)

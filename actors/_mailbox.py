@@ -165,7 +165,7 @@ class Reply:
         fut: asyncio.Future[None] = loop.create_future()
 
         def wake() -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+            loop.call_soon_threadsafe(_set_done, fut)
 
         with self._lock:
             if not self._done.is_set():
@@ -178,3 +178,8 @@ class Reply:
             msg = f"no answer within {timeout} s"
             raise AskTimeoutError(msg) from None
         return self._result()
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

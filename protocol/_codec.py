@@ -87,9 +87,11 @@ def decode_strict(
 def decode_control(data: bytes, *, fmt: str = "json") -> ControlMessage:
     """Decode one control command (JSON or msgpack); see ``decode_strict`` for errors."""
     if fmt == "json":
-        return decode_strict(data, _json_control)
+        command: ControlMessage = decode_strict(data, _json_control)
+        return command
     if fmt == "msgpack":
-        return decode_strict(data, _msgpack_control)
+        command = decode_strict(data, _msgpack_control)
+        return command
     msg = f"unknown format {fmt!r} (json or msgpack)"
     raise RejectedInputError(msg, field="fmt")
 

@@ -18,33 +18,33 @@ class _Command(
     pass
 
 
-class SpawnCmd(_Command, tag="spawn"):
+class SpawnCmd(_Command, frozen=True, tag="spawn"):
     """Spawn a child under ``parent_id``."""
 
     parent_id: uuid.UUID
     spec: SpawnSpec
 
 
-class SendCmd(_Command, tag="send"):
+class SendCmd(_Command, frozen=True, tag="send"):
     """Send an inbound message to a Main session (it starts one message cycle)."""
 
     session_id: uuid.UUID
     message: Any
 
 
-class CancelCmd(_Command, tag="cancel"):
+class CancelCmd(_Command, frozen=True, tag="cancel"):
     """Cancel a session and its whole subtree (one deadline for all)."""
 
     session_id: uuid.UUID
 
 
-class SuspendCmd(_Command, tag="suspend"):
+class SuspendCmd(_Command, frozen=True, tag="suspend"):
     """Suspend a Branch at its next checkpoint."""
 
     session_id: uuid.UUID
 
 
-class ResumeCmd(_Command, tag="resume"):
+class ResumeCmd(_Command, frozen=True, tag="resume"):
     """Resume a suspended Branch."""
 
     session_id: uuid.UUID

@@ -102,9 +102,9 @@ class Agent:
             if not callable(skill):
                 msg = f"agent {self.agent_id!r}: skill {name!r} is not callable"
                 raise TypeError(msg)
-        for name in (self.default_skill, self.main_skill):
-            if name is not None and name not in self.skills:
-                msg = f"agent {self.agent_id!r} has no skill {name!r}"
+        for chosen in (self.default_skill, self.main_skill):
+            if chosen is not None and chosen not in self.skills:
+                msg = f"agent {self.agent_id!r} has no skill {chosen!r}"
                 raise ValueError(msg)
         if not isinstance(self.max_children, int) or self.max_children < 1:
             msg = f"agent {self.agent_id!r}: max_children must be >= 1, got {self.max_children!r}"

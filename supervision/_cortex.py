@@ -438,7 +438,7 @@ class CortexLogic:
             core=core, agent=agent, skill=skill, is_async=is_async_skill(skill), parent=parent
         )
         entry.ref = start_actor(
-            self.session_class,  # type: ignore[arg-type]
+            self.session_class,
             core,
             self.rt.host,
             skill,
@@ -538,7 +538,8 @@ class CortexLogic:
                 )
             )
             return SpawnAnswer(None, error)
-        assert parent is not None and agent is not None
+        assert parent is not None
+        assert agent is not None
         entry = self._new_entry(agent, spec.kind, parent, spec, resolve_ttl(spec, agent), None)
         parent.children[entry.session_id] = None
         parent.live_children += 1
@@ -866,15 +867,17 @@ class CortexLogic:
             core = entry.core
             if entry.state is not SessionState.ACTIVE:
                 continue
-            if core.skill_running and not core.blocked and not core.stuck:
-                if now - core.last_checkpoint >= config.stuck_after:
-                    core.stuck = True
-                    self.rt.counters["stuck_flagged"] += 1
-                    self._emit(
-                        EventKind.STUCK,
-                        entry,
-                        data={"since_checkpoint_s": now - core.last_checkpoint},
-                    )
+            if (
+                core.skill_running
+                and not core.blocked
+                and not core.stuck
+                and now - core.last_checkpoint >= config.stuck_after
+            ):
+                core.stuck = True
+                self.rt.counters["stuck_flagged"] += 1
+                self._emit(
+                    EventKind.STUCK, entry, data={"since_checkpoint_s": now - core.last_checkpoint}
+                )
             if (
                 pressure is not None
                 and entry.kind is SessionKind.BRANCH

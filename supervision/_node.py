@@ -9,6 +9,7 @@ failures come back as values (``Spawned.error``, ``SessionResult.error``,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import uuid
@@ -23,16 +24,17 @@ from sessiontree.actors import (
     Clock,
     ComputeSlots,
     EventLoopThread,
+    Inspect,
     RealClock,
     Reply,
     RunEnd,
     SessionCore,
     StepExecutor,
     actor_class,
+    in_actor_handler,
     post,
     start_actor,
 )
-from sessiontree.actors import Inspect, in_actor_handler
 from sessiontree.actors._mailbox import AskTimeoutError, Counted
 from sessiontree.protocol import (
     ControlMessage,
@@ -518,13 +520,10 @@ class Node:
 
     async def await_idle(self, timeout: float = 10.0) -> bool:
         """Awaitable ``wait_idle`` (runs the wait on a helper thread)."""
-        import asyncio
-
         return await asyncio.to_thread(self.activity.wait_idle, timeout)
 
     async def ashutdown(self, grace: float | None = None, timeout: float | None = None) -> None:
-        import asyncio
-
+        """Awaitable ``shutdown``."""
         await asyncio.to_thread(self.shutdown, grace, timeout)
 
     # -- shutdown -----------------------------------------------------------------------

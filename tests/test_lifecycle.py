@@ -243,9 +243,7 @@ def test_one_cancel_request_fixes_one_deadline_for_the_whole_subtree(
     release.set()
 
 
-def test_parent_result_goes_up_before_its_children_are_cleaned_up(
-    node: Any, flavour: str
-) -> None:
+def test_parent_result_goes_up_before_its_children_are_cleaned_up(node: Any, flavour: str) -> None:
     events: list[Any] = []
     node.subscribe(events.append)
     parent = spawn(node, "spawns_wrapper_and_returns" + flavour)

@@ -127,9 +127,7 @@ def test_cancelled_is_not_an_exception() -> None:
     assert issubclass(RejectedInputError, SessionTreeError)
 
 
-@pytest.mark.parametrize(
-    "package", ["protocol", "actors", "supervision", "store", "cli"]
-)
+@pytest.mark.parametrize("package", ["protocol", "actors", "supervision", "store", "cli"])
 def test_each_package_exports_a_sorted_all_that_resolves(package: str) -> None:
     module = importlib.import_module(f"sessiontree.{package}")
     exported = module.__all__

@@ -347,9 +347,7 @@ def test_ttl_runs_on_the_monotonic_clock(node: Node, clock: VirtualClock) -> Non
 
 
 # 18. The Cortex itself dies → the node fails loudly
-def test_a_broken_cortex_fails_the_node_loudly(
-    node: Node, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_broken_cortex_fails_the_node_loudly(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     main = node.main("agent")
     waiting = main.spawn(kind="branch", skill="waits").ref
     settle(node)
@@ -403,7 +401,10 @@ def test_control_commands_are_decoded_strictly(node: Node) -> None:
         (b'{"type":"cancel"}', None),
         (b'{"type":"cancel","session_id":42}', "session_id"),
         (b'{"type":"launch","session_id":"x"}', None),
-        (f'{{"type":"spawn","parent_id":"{main.session_id}","spec":{{"kind":"worker","ttl":"5"}}}}'.encode(), "spec.ttl"),
+        (
+            f'{{"type":"spawn","parent_id":"{main.session_id}","spec":{{"kind":"worker","ttl":"5"}}}}'.encode(),
+            "spec.ttl",
+        ),
         (b"not json", None),
     ]:
         with pytest.raises(RejectedInputError) as caught:

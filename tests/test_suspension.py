@@ -39,8 +39,13 @@ def make_agent(gate: threading.Event) -> Agent:
 
     return Agent(
         "agent",
-        {"main": idle_main, "steps": steps, "steps_async": steps_async, "waits": waits,
-         "blocks": blocks},
+        {
+            "main": idle_main,
+            "steps": steps,
+            "steps_async": steps_async,
+            "waits": waits,
+            "blocks": blocks,
+        },
     )
 
 
@@ -144,9 +149,7 @@ def test_memory_pressure_suspends_the_least_recently_active_branch(
     make_node: Any, clock: VirtualClock, gate: threading.Event
 ) -> None:
     pressure = threading.Event()
-    node = make_node(
-        make_agent(gate), check_interval=1.0, memory_pressure=pressure.is_set
-    )
+    node = make_node(make_agent(gate), check_interval=1.0, memory_pressure=pressure.is_set)
     main = node.main("agent")
     older = main.spawn(kind="branch", skill="waits").ref
     settle(node)
