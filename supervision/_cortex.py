@@ -913,6 +913,16 @@ class CortexLogic:
         entry.waiters.append(reply)
         return _DEFERRED
 
+    def op_result_now(self, session_id: uuid.UUID) -> SessionResult | None:
+        """The session's result if it has ended, else None."""
+        return self._lookup(session_id).result
+
+    def op_forget_waiter(self, session_id: uuid.UUID, reply: Reply) -> None:
+        """Drop a waiter whose caller gave up (its timeout passed)."""
+        entry = self.entries.get(session_id)
+        if entry is not None and reply in entry.waiters:
+            entry.waiters.remove(reply)
+
     def op_results(self, session_id: uuid.UUID) -> list[SessionResult]:
         """The results this session has received (most recent ``max_retained_results``)."""
         entry = self._lookup(session_id)
@@ -961,6 +971,7 @@ class CortexLogic:
             sync_threads=self.sync_threads,
             slots_in_use=self.rt.slots.in_use,
             slots_waiting=self.rt.slots.waiting,
+            result_waiters=sum(len(e.waiters) for e in self.entries.values()),
         )
         return stats
 

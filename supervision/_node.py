@@ -129,7 +129,7 @@ class SessionRef:
 
     def result(self) -> SessionResult | None:
         """The result if the session has ended, else None (does not wait)."""
-        return self._node.wait(self.session_id, 0.0)
+        return self._node.result(self.session_id)
 
     def results(self) -> list[SessionResult]:
         """The results this session received from its children."""
@@ -416,12 +416,18 @@ class Node:
         self, session_id: uuid.UUID | SessionRef, timeout: float | None = None
     ) -> SessionResult | None:
         """The session's result once it ends; None if ``timeout`` real seconds pass first."""
+        sid = _sid(session_id)
         reply = Reply()
-        self._send_call("result", (_sid(session_id), reply), reply)
+        self._send_call("result", (sid, reply), reply)
         try:
             return reply.get(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
         except AskTimeoutError:
+            self._tell(Call("forget_waiter", (sid, reply)))
             return None
+
+    def result(self, session_id: uuid.UUID | SessionRef) -> SessionResult | None:
+        """The session's result if it has ended, else None (never waits)."""
+        return self._call("result_now", _sid(session_id), check=False)  # type: ignore[no-any-return]
 
     def results(self, session_id: uuid.UUID | SessionRef) -> list[SessionResult]:
         """The child results a session has received (most recent ones)."""
@@ -511,12 +517,28 @@ class Node:
     async def await_result(
         self, session_id: uuid.UUID | SessionRef, timeout: float | None = None
     ) -> SessionResult | None:
+        sid = _sid(session_id)
         reply = Reply()
-        self._send_call("result", (_sid(session_id), reply), reply)
+        self._send_call("result", (sid, reply), reply)
         try:
             return await reply.get_async(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
         except AskTimeoutError:
+            self._tell(Call("forget_waiter", (sid, reply)))
             return None
+
+    async def aresults(self, session_id: uuid.UUID | SessionRef) -> list[SessionResult]:
+        return await self._acall("results", _sid(session_id))  # type: ignore[no-any-return]
+
+    async def atree(self, root: uuid.UUID | SessionRef) -> dict[str, Any]:
+        return await self._acall("tree", _sid(root))  # type: ignore[no-any-return]
+
+    async def asessions(
+        self, state: SessionState | None = None, kind: SessionKind | None = None
+    ) -> list[SessionInfo]:
+        return await self._acall("sessions", state, kind)  # type: ignore[no-any-return]
+
+    async def astats(self) -> dict[str, int]:
+        return await self._acall("stats")  # type: ignore[no-any-return]
 
     async def await_idle(self, timeout: float = 10.0) -> bool:
         """Awaitable ``wait_idle`` (runs the wait on a helper thread)."""

@@ -213,3 +213,37 @@ def test_node_as_context_manager_shuts_down(clock: Any) -> None:
         node.main("agent").send("hello")
         assert node.wait_idle(WAIT)
     assert node.closed
+
+
+def test_polling_and_timed_out_waits_leave_no_waiters_behind(make_node: Any) -> None:
+    def waits(session: Session) -> str:
+        session.sleep(10_000)
+        return "done"
+
+    node = make_node(Agent("agent", {"main": main_skill, "waits": waits}))
+    ref = node.main("agent").spawn(kind="branch", skill="waits").ref
+    for _ in range(20):
+        assert ref.result() is None
+        assert ref.wait(0.001) is None
+    settle(node)
+    assert node.stats()["result_waiters"] == 0
+    ref.cancel()
+    assert ref.wait(WAIT).status is SessionState.CANCELLED
+
+
+def test_async_listing_twins(node: Node) -> None:
+    async def scenario() -> tuple[Any, ...]:
+        main = await node.amain("agent")
+        await node.arun(main, kind="worker", skill="writer", timeout=WAIT)
+        return (
+            await node.aresults(main),
+            await node.atree(main),
+            await node.asessions(kind=SessionKind.WORKER),
+            await node.astats(),
+        )
+
+    results, tree, workers, stats = asyncio.run(scenario())
+    assert len(results) == 1
+    assert len(tree["children"]) == 1
+    assert len(workers) == 1
+    assert stats["live_sessions"] == 1
