@@ -1,0 +1,38 @@
+"""The README's embedding example runs and prints what the README says it prints."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+
+
+def test_readme_quick_start_is_exactly_two_make_commands() -> None:
+    blocks = re.findall(
+        r"## Quick start\n+```sh\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL
+    )
+    assert blocks == ["make demo\nmake test\n"]
+
+
+def test_readme_embedding_example_prints_what_it_promises(tmp_path: Path) -> None:
+    (example,) = python_blocks()
+    promised = [line.split("# -> ", 1)[1] for line in example.splitlines() if "# -> " in line]
+    script = tmp_path / "example.py"
+    script.write_text(example, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=45,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == promised
