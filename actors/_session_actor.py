@@ -63,7 +63,7 @@ class Inbound:
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
-    """A child's result."""
+    """A child's result, already filed on the session: a Main runs a cycle for it."""
 
     result: SessionResult
 
@@ -172,8 +172,7 @@ class SessionActorLogic:
             case Inbound(message=msg):
                 self.inputs.append(msg)
                 self._next_cycle()
-            case Deliver(result=result):
-                core.add_result(result)
+            case Deliver(result=result):  # already filed by the Cortex
                 if core.info.kind is SessionKind.MAIN:
                     self.inputs.append(_ResultInput(result.session_id))
                     self._next_cycle()

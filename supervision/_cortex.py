@@ -672,9 +672,10 @@ class CortexLogic:
         if parent is None:
             return
         parent.live_children -= 1
-        if parent.state.is_terminal:
-            parent.core.add_result(result)  # filed on the parent's record
-        else:
+        # Filed at once (so results() and a waiting skill see it now); a live
+        # Main also gets it in its mailbox, where it starts a message cycle.
+        parent.core.add_result(result)
+        if parent.kind is SessionKind.MAIN and not parent.state.is_terminal:
             self._post(parent, Deliver(result))
         self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
 

@@ -116,7 +116,7 @@ def test_a_main_runs_one_cycle_per_message_and_one_per_child_result(node: Node) 
     settle(node)
     assert [c for c, _ in SEEN] == [1, 2, 3]
     assert SEEN[0] == (1, "hello")
-    cycle, message = SEEN[2]
+    _cycle, message = SEEN[2]
     assert isinstance(message, SessionResult)
     assert message.status is SessionState.COMPLETED
     assert message.summary.startswith("read 1 fact(s); worker session")
