@@ -86,14 +86,15 @@ def decode_strict(
 
 def decode_control(data: bytes, *, fmt: str = "json") -> ControlMessage:
     """Decode one control command (JSON or msgpack); see ``decode_strict`` for errors."""
+    decoder: msgspec.json.Decoder[ControlMessage] | msgspec.msgpack.Decoder[ControlMessage]
     if fmt == "json":
-        command: ControlMessage = decode_strict(data, _json_control)
-        return command
-    if fmt == "msgpack":
-        command = decode_strict(data, _msgpack_control)
-        return command
-    msg = f"unknown format {fmt!r} (json or msgpack)"
-    raise RejectedInputError(msg, field="fmt")
+        decoder = _json_control
+    elif fmt == "msgpack":
+        decoder = _msgpack_control
+    else:
+        msg = f"unknown format {fmt!r} (json or msgpack)"
+        raise RejectedInputError(msg, field="fmt")
+    return decode_strict(data, decoder)
 
 
 def encode_json(value: Any) -> bytes:
