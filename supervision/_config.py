@@ -27,7 +27,8 @@ class NodeConfig:
     either, spawns are refused with ``capacity_exceeded``. ``stuck_after``: a
     running skill with no checkpoint for that long is flagged (never killed).
     ``memory_pressure``: a probe; while it returns True the Cortex suspends the
-    least recently active branch every ``pressure_check_interval``.
+    least recently active branch every ``check_interval`` (which also paces the
+    stuck check).
     """
 
     grace: float = 30.0
