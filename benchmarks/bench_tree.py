@@ -20,8 +20,10 @@ stdout line is one JSON object):
   ``wait`` returns that worker's ``failed`` result.
 * ``linear_scaling_ratio`` — t(10,000 spawn-and-finish cycles) /
   (10 x t(1,000)), sequential ``node.run`` of a worker whose async skill
-  returns at once, on a fresh node (so the 10,000 run also crosses
-  ``retain_terminal`` and exercises eviction).
+  returns at once (under a Branch that never claims them), each timed on a
+  fresh node after a 200-cycle warm-up (so the 10,000 run crosses
+  ``retain_terminal`` and exercises eviction); medians over the repetitions.
+  Full garbage collections during the 10,000 run are reported on stderr.
 
 All skills are ``async def`` (one event-loop thread for all of them; each
 session is still one actor). Nothing here busy-waits: workers block in
@@ -30,7 +32,8 @@ wakes them), crash workers additionally race an asyncio future the benchmark
 completes.
 
 ``--quick`` keeps the 4681-session tree and the 200 crashes and cuts the
-repetitions (one tree of each kind, one scaling pass).
+repetitions: one tree of each kind, three t(1,000) and one t(10,000) (full:
+three of each tree, five t(1,000), three t(10,000)).
 """
 
 from __future__ import annotations
@@ -46,7 +49,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +89,37 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+class GcWatch:
+    """Full (generation 2) garbage collections while the block runs: count and longest pause."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._t = 0.0
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.pauses.append((time.perf_counter() - self._t) * 1000.0)
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
+
+    def summary(self) -> str:
+        if not self.pauses:
+            return "no full gc"
+        return (
+            f"{len(self.pauses)} full gc, {sum(self.pauses):.0f} ms in all, "
+            f"longest {max(self.pauses):.0f} ms"
+        )
+
+
 class CrashError(RuntimeError):
     """What a crash worker raises."""
 
@@ -100,9 +133,7 @@ class TreeState:
 
     loop: asyncio.AbstractEventLoop | None = None
     #: crash worker id -> (its parent id, the future that makes it crash)
-    triggers: dict[uuid.UUID, tuple[uuid.UUID, asyncio.Future[None]]] = field(
-        default_factory=dict
-    )
+    triggers: dict[uuid.UUID, tuple[uuid.UUID, asyncio.Future[None]]] = field(default_factory=dict)
     crash_at: dict[uuid.UUID, float] = field(default_factory=dict)
     received_at: dict[uuid.UUID, float] = field(default_factory=dict)
     #: child id -> set by the parent right after it got that child's result
@@ -126,9 +157,7 @@ def make_agent(state: TreeState) -> Agent:
             # Workers: the first child of every depth-3 branch can be made to crash.
             await spawn_and_wait(s, "worker", "worker", first_skill="crash_worker")
 
-    async def spawn_and_wait(
-        s: Any, kind: str, skill: str, first_skill: str | None = None
-    ) -> None:
+    async def spawn_and_wait(s: Any, kind: str, skill: str, first_skill: str | None = None) -> None:
         kids: list[uuid.UUID] = []
         for i in range(FANOUT):
             name = first_skill if (i == 0 and first_skill) else skill
@@ -268,25 +297,28 @@ def build_tree(node: Node, watcher: Watcher, timeout: float = 300.0) -> tuple[An
     return main, t1 - t0
 
 
-def cascade_cancel(node: Node, watcher: Watcher, main: Any, timeout: float = 120.0) -> dict[str, Any]:
+def cascade_cancel(
+    node: Node, watcher: Watcher, main: Any, timeout: float = 120.0
+) -> dict[str, Any]:
     """Cancel the Main; seconds until every live session of the node is terminal."""
     live = node.stats()["live_sessions"]
     watcher.expect_empty()
     gc.collect()
-    t0 = time.perf_counter()
-    err = node.cancel(main)
-    if err is not None:
-        raise RuntimeError(f"cancel refused: {err}")
-    t_accepted = time.perf_counter()
-    if not watcher.empty.wait(timeout):
-        raise RuntimeError(f"cascade cancel not done after {timeout} s: {watcher.live} live")
+    with GcWatch() as gcw:
+        t0 = time.perf_counter()
+        err = node.cancel(main)
+        if err is not None:
+            raise RuntimeError(f"cancel refused: {err}")
+        t_accepted = time.perf_counter()
+        if not watcher.empty.wait(timeout):
+            raise RuntimeError(f"cascade cancel not done after {timeout} s: {watcher.live} live")
     elapsed = watcher.empty_at - t0
     codes = dict(watcher.codes)
     watcher.watch_empty = False
     node.wait_idle(30.0)
     log(
         f"  cascade cancel: {live} sessions terminal in {elapsed:.3f} s "
-        f"(cancel call returned after {t_accepted - t0:.3f} s); endings {codes}"
+        f"(cancel call returned after {t_accepted - t0:.3f} s; {gcw.summary()}); endings {codes}"
     )
     return {"sessions": live, "seconds": elapsed, "call_s": t_accepted - t0, "codes": codes}
 
@@ -338,34 +370,58 @@ def timed_cycles(node: Node, parent: Any, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def linear_scaling(reps: int) -> dict[str, Any]:
+def scaling_node() -> tuple[Node, Any]:
+    node = Node([scaling_agent()], node_config())
+    main = node.main("scale")
+    holder = node.spawn(main, kind="branch", task="holder", skill="holder")
+    if holder.ref is None:
+        node.shutdown(grace=0)
+        raise RuntimeError(f"holder refused: {holder.error}")
+    timed_cycles(node, holder.ref, 200)  # warm-up
+    return node, holder.ref
+
+
+def linear_scaling(small_reps: int, big_reps: int) -> dict[str, Any]:
+    """t(1,000) and t(10,000) each from a fresh node (after a 200-cycle warm-up),
+    alternating; after each 10,000 run one more t(1,000) on the same node (does a
+    history of 10,200 cycles make a cycle dearer?)."""
     t1k: list[float] = []
     t10k: list[float] = []
-    for rep in range(reps):
-        node = Node([scaling_agent()], node_config())
-        try:
-            main = node.main("scale")
-            holder = node.spawn(main, kind="branch", task="holder", skill="holder")
-            if holder.ref is None:
-                raise RuntimeError(f"holder refused: {holder.error}")
-            timed_cycles(node, holder.ref, 200)  # warm-up
-            a = timed_cycles(node, holder.ref, 1_000)
-            b = timed_cycles(node, holder.ref, 10_000)
-            c = timed_cycles(node, holder.ref, 1_000)  # after 11,200 cycles: history cost?
-            t1k += [a, c]
-            t10k.append(b)
+    t1k_after: list[float] = []
+    for rep in range(max(small_reps, big_reps)):
+        if rep < small_reps:
+            node, holder = scaling_node()
+            try:
+                with GcWatch() as gcw:
+                    t1k.append(timed_cycles(node, holder, 1_000))
+            finally:
+                node.shutdown(grace=0)
             log(
-                f"  scaling rep {rep + 1}: t(1k)={a:.3f} s, t(10k)={b:.3f} s, "
-                f"t(1k after)={c:.3f} s -> ratio {b / (10 * a):.3f} "
-                f"({1000 / a:,.0f} cycles/s); stats {node.stats()}"
+                f"  t(1,000) = {t1k[-1]:.3f} s ({1000 / t1k[-1]:,.0f} cycles/s; "
+                f"{gcw.summary()}); threads={threading.active_count()}"
             )
-        finally:
-            node.shutdown(grace=0)
+        if rep < big_reps:
+            node, holder = scaling_node()
+            try:
+                with GcWatch() as gcw:
+                    t10k.append(timed_cycles(node, holder, 10_000))
+                t1k_after.append(timed_cycles(node, holder, 1_000))
+                stats = node.stats()
+            finally:
+                node.shutdown(grace=0)
+            log(
+                f"  t(10,000) = {t10k[-1]:.3f} s ({10_000 / t10k[-1]:,.0f} cycles/s; "
+                f"{gcw.summary()}), then t(1,000) = {t1k_after[-1]:.3f} s; "
+                f"indexed_sessions={stats['indexed_sessions']}"
+            )
     t_small = statistics.median(t1k)
     t_big = statistics.median(t10k)
     return {
         "t_1000_s": t_small,
         "t_10000_s": t_big,
+        "t_1000_after_s": statistics.median(t1k_after),
+        "t_1000_all": t1k,
+        "t_10000_all": t10k,
         "ratio": t_big / (10 * t_small),
         "cycles_per_s": 10_000 / t_big,
     }
@@ -406,11 +462,12 @@ def run_tree_reps(reps: int) -> dict[str, Any]:
             state.triggers.clear()
             main, built = build_tree(node, watcher)
             spawn_s.append(built)
-            lat = crash_rounds(node, state, CRASHES)
+            with GcWatch() as gcw:
+                lat = crash_rounds(node, state, CRASHES)
             crash_ms += lat
             log(
                 f"  crash-to-parent over {len(lat)} crashes: p50 {percentile(lat, 50):.3f} ms, "
-                f"p99 {percentile(lat, 99):.3f} ms, max {max(lat):.3f} ms"
+                f"p99 {percentile(lat, 99):.3f} ms, max {max(lat):.3f} ms ({gcw.summary()})"
             )
             out = cascade_cancel(node, watcher, main)
             crash_tree_cancel_s.append(out["seconds"])
@@ -436,14 +493,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute)")
     args = parser.parse_args(argv)
     tree_reps = 1 if args.quick else 3
-    scale_reps = 1 if args.quick else 3
+    small_reps, big_reps = (3, 1) if args.quick else (5, 3)
     started = time.perf_counter()
-    log(f"bench_tree: {TREE_SESSIONS}-session tree, {'quick' if args.quick else 'full'} run, "
-        f"pid {os.getpid()}, {os.cpu_count()} cpus")
+    log(
+        f"bench_tree: {TREE_SESSIONS}-session tree, {'quick' if args.quick else 'full'} run, "
+        f"pid {os.getpid()}, {os.cpu_count()} cpus"
+    )
 
     tree = run_tree_reps(tree_reps)
     log("linear scaling (sequential node.run of a no-op worker)")
-    scaling = linear_scaling(scale_reps)
+    scaling = linear_scaling(small_reps, big_reps)
 
     spawn_rates = [TREE_SESSIONS / s for s in tree["spawn_s"]]
     crash = tree["crash_ms"]
@@ -458,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "tree_builds": len(tree["spawn_s"]),
         "spawn_per_s_all": [round(r, 1) for r in spawn_rates],
+        "tree_build_s": round(statistics.median(tree["spawn_s"]), 3),
         "cascade_cancel_s_all": [round(s, 4) for s in tree["cancel_s"]],
         "cascade_cancel_call_s": round(statistics.median(tree["cancel_call_s"]), 4),
         "cascade_cancel_after_crashes_s": round(statistics.median(tree["crash_tree_cancel_s"]), 4),
@@ -466,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
         "crash_to_parent_max_ms": round(max(crash), 3),
         "t_1000_cycles_s": round(scaling["t_1000_s"], 4),
         "t_10000_cycles_s": round(scaling["t_10000_s"], 4),
+        "t_1000_cycles_after_11200_s": round(scaling["t_1000_after_s"], 4),
+        "t_1000_cycles_all_s": [round(t, 4) for t in scaling["t_1000_all"]],
+        "t_10000_cycles_all_s": [round(t, 4) for t in scaling["t_10000_all"]],
         "cycles_per_s": round(scaling["cycles_per_s"], 1),
         "peak_rss_bytes": tree["peak_rss"],
         "peak_threads": tree["peak_threads"],
