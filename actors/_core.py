@@ -154,7 +154,15 @@ class SessionCore:
         self.cond.notify_all()
         waiters, self._async_waiters = self._async_waiters, []
         for loop, fut in waiters:
-            loop.call_soon_threadsafe(_set_done, fut)
+            if not loop.is_closed():  # a node shutting down may have closed it already
+                loop.call_soon_threadsafe(_set_done, fut)
+
+    def request_cancel(self, code: ErrorCode) -> None:
+        """Mark cancellation as requested (the first reason stays) and wake the skill."""
+        with self.cond:
+            if self.cancel_code is None:
+                self.cancel_code = code
+            self.wake()
 
     def add_result(self, result: SessionResult) -> None:
         """File a child's result and wake the skill if it waits for it."""

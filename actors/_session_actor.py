@@ -180,10 +180,7 @@ class SessionActorLogic:
                 self.cycle_running = False
                 self._next_cycle()
             case CancelSignal(code=code):
-                with core.cond:
-                    if core.cancel_code is None:
-                        core.cancel_code = code
-                    core.wake()
+                core.request_cancel(code)
                 self.inputs.clear()
             case SuspendSignal():
                 with core.cond:
@@ -214,7 +211,7 @@ class SessionActorLogic:
             core.wake()
         self.inputs.clear()
         task, loop = core.task, core.task_loop
-        if task is not None and loop is not None:
+        if task is not None and loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(task.cancel)
 
     def _next_cycle(self) -> None:
