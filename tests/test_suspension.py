@@ -13,6 +13,9 @@ from sessiontree.supervision import Agent, EventKind, Node
 from tests.conftest import WAIT, settle
 
 
+STARTED = threading.Event()
+
+
 def idle_main(session: Any) -> None:
     return None
 
@@ -33,6 +36,8 @@ def make_agent(gate: threading.Event) -> Agent:
         return "done"
 
     def blocks(session: Any) -> str:
+        session.checkpoint()
+        STARTED.set()
         gate.wait(WAIT)  # no checkpoint while "in a model call"
         session.checkpoint()
         return "unblocked"
@@ -177,7 +182,9 @@ def test_a_skill_without_checkpoints_is_flagged_stuck_never_killed(
     node.subscribe(events.append)
     waiting = node.main("agent").spawn(kind="branch", skill="waits").ref
     settle(node)
+    STARTED.clear()
     ref = node.main("agent").spawn(kind="branch", skill="blocks").ref
+    assert STARTED.wait(WAIT)
     clock.advance(70.0)
     assert [s.session_id for s in node.stuck()] == [ref.session_id]  # waiting is not stuck
     assert any(e.kind is EventKind.STUCK and e.session_id == ref.session_id for e in events)
