@@ -2,7 +2,13 @@
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
-from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
+from sessiontree.actors._core import (
+    Cancelled,
+    ContextMessage,
+    SessionContext,
+    SessionCore,
+    wake_batch,
+)
 from sessiontree.actors._execution import (
     EventLoopThread,
     RunEnd,
@@ -21,6 +27,7 @@ from sessiontree.actors._mailbox import (
     in_actor_handler,
     post,
     start_actor,
+    stop_actor,
 )
 from sessiontree.actors._session import AsyncSession, Session
 from sessiontree.actors._session_actor import (
@@ -75,5 +82,7 @@ __all__ = [
     "is_async_skill",
     "post",
     "start_actor",
+    "stop_actor",
     "to_outcome",
+    "wake_batch",
 ]

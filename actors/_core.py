@@ -15,7 +15,16 @@ from sessiontree.actors._clock import Clock
 from sessiontree.actors._slots import ComputeSlots
 from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult
 
-__all__ = ["Cancelled", "ContextMessage", "SessionContext", "SessionCore"]
+__all__ = [
+    "AsyncWaiter",
+    "Cancelled",
+    "ContextMessage",
+    "SessionContext",
+    "SessionCore",
+    "wake_batch",
+]
+
+AsyncWaiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
 
 class Cancelled(BaseException):
@@ -93,7 +102,7 @@ class SessionCore:
         self.holds_slot = False
         self.skill_running = False
         self._blocked = False
-        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._async_waiters: list[AsyncWaiter] = []
         self.task: asyncio.Task[Any] | None = None
         self.task_loop: asyncio.AbstractEventLoop | None = None
 
@@ -146,23 +155,30 @@ class SessionCore:
             return True
         return not parking and self.suspend_requested and self.cancel_code is None
 
-    def wake(self) -> None:
-        """Wake the skill if it is blocked (call with ``cond`` held)."""
+    def wake(self, batch: list[AsyncWaiter] | None = None) -> None:
+        """Wake the skill if it is blocked (call with ``cond`` held).
+
+        Async waiters are woken through their loop, or added to ``batch`` for
+        :func:`wake_batch` (one loop wake-up for many sessions).
+        """
         if self._blocked:
             self._blocked = False
             self.activity.begin()
         self.cond.notify_all()
         waiters, self._async_waiters = self._async_waiters, []
+        if batch is not None:
+            batch.extend(waiters)
+            return
         for loop, fut in waiters:
             if not loop.is_closed():  # a node shutting down may have closed it already
                 loop.call_soon_threadsafe(_set_done, fut)
 
-    def request_cancel(self, code: ErrorCode) -> None:
+    def request_cancel(self, code: ErrorCode, batch: list[AsyncWaiter] | None = None) -> None:
         """Mark cancellation as requested (the first reason stays) and wake the skill."""
         with self.cond:
             if self.cancel_code is None:
                 self.cancel_code = code
-            self.wake()
+            self.wake(batch)
 
     def add_result(self, result: SessionResult) -> None:
         """File a child's result and wake the skill if it waits for it."""
@@ -283,3 +299,18 @@ class SessionCore:
 def _set_done(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _set_all(futures: list[asyncio.Future[None]]) -> None:
+    for fut in futures:
+        _set_done(fut)
+
+
+def wake_batch(batch: list[AsyncWaiter]) -> None:
+    """Wake the async waiters ``wake(batch)`` collected: one call per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for loop, fut in batch:
+        by_loop.setdefault(loop, []).append(fut)
+    for loop, futures in by_loop.items():
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_set_all, futures)

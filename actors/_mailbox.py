@@ -31,6 +31,7 @@ __all__ = [
     "in_actor_handler",
     "post",
     "start_actor",
+    "stop_actor",
 ]
 
 A = TypeVar("A", bound=pykka.Actor)
@@ -90,6 +91,21 @@ def post(ref: pykka.ActorRef[Any], message: object, activity: Activity) -> bool:
         activity.end()
         return False
     return True
+
+
+def stop_actor(ref: pykka.ActorRef[Any]) -> None:
+    """``ref.stop(block=False)`` without the reply future pykka would create for it.
+
+    The actor stops after the messages already in its inbox; messages posted
+    later get ``ActorDeadError`` (or are answered with it).
+    """
+    try:
+        ref.tell(_STOP)
+    except pykka.ActorDeadError:
+        pass
+
+
+_STOP = pykka.messages._ActorStop()  # noqa: SLF001 - what ActorRef.stop sends, minus the future
 
 
 def in_actor_handler() -> bool:

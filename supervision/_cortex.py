@@ -44,8 +44,10 @@ from sessiontree.actors import (
     TimerHandle,
     actor_class,
     is_async_skill,
+    wake_batch,
     post,
     start_actor,
+    stop_actor,
 )
 from sessiontree.actors._mailbox import Counted, handler_scope
 from sessiontree.protocol import (
@@ -232,6 +234,7 @@ class CortexLogic:
         self.self_ref: pykka.ActorRef[Any] | None = None
         self.session_class = actor_class(SessionActorLogic, runtime.config.actor_type)
         self.tick_timer: TimerHandle | None = None
+        self.to_stop: list[pykka.ActorRef[Any]] = []
 
     # -- pykka hooks --------------------------------------------------------
 
@@ -263,8 +266,22 @@ class CortexLogic:
             self._fail(exc)
             return None
         finally:
+            if self.to_stop and (len(self.to_stop) >= _STOP_BATCH or self._inbox_empty()):
+                self._stop_ended()
             if counted:
                 self.rt.activity.end()
+
+    def _inbox_empty(self) -> bool:
+        inbox = getattr(self, "actor_inbox", None)
+        return inbox is None or inbox.empty()
+
+    def _stop_ended(self) -> None:
+        """Stop the actors of ended sessions. Deferred until the Cortex's inbox is
+        empty (or a batch is full): waking thousands of actor threads to stop
+        must not hold up the state changes of a cascade."""
+        refs, self.to_stop = self.to_stop, []
+        for ref in refs:
+            stop_actor(ref)
 
     def _dispatch(self, body: Any) -> Any:
         match body:
@@ -660,7 +677,7 @@ class CortexLogic:
         entry.waiters.clear()
         self._deliver(entry, result)
         if entry.ref is not None:
-            entry.ref.stop(block=False)
+            self.to_stop.append(entry.ref)
         # Drop what an ended session no longer needs, so the retained record is
         # small for the garbage collector (its actor, task and timer are done).
         entry.ref = None
@@ -703,7 +720,9 @@ class CortexLogic:
                 self.mains.pop((old.agent.agent_id, old.info.key), None)
 
     def _cleanup_children(self, entry: Entry) -> None:
-        if entry.live_children == 0:
+        # A session that was itself cancelled had its whole subtree marked then
+        # (and could spawn nothing since), so there is nothing left to walk.
+        if entry.live_children == 0 or entry.cancel_code is not None:
             return
         group = [child for child in self._descendants(entry) if child.cancel_code is None]
         self._cancel_group(group, ErrorCode.PARENT_TERMINATED)
@@ -717,6 +736,7 @@ class CortexLogic:
         ``parent_terminated``) with one deadline for all of them."""
         grace = self.rt.config.grace
         running: list[Entry] = []
+        wakeups: list[Any] = []
         for entry in group:
             entry_code = code if (first is None or entry is first) else ErrorCode.PARENT_TERMINATED
             entry.cancel_code = entry_code
@@ -743,8 +763,9 @@ class CortexLogic:
             else:
                 # Straight onto the shared state: a mailbox hop per session made
                 # cancelling a 4,681-session tree cost a thread wake-up each.
-                entry.core.request_cancel(entry_code)
+                entry.core.request_cancel(entry_code, wakeups)
             running.append(entry)
+        wake_batch(wakeups)
         if not running:
             return
         ids = tuple(e.session_id for e in running)
@@ -1083,10 +1104,11 @@ class CortexLogic:
 
     def op_stop_all(self) -> int:
         """Stop every session actor still running (last step of a shutdown)."""
+        self._stop_ended()
         stopped = 0
         for entry in self.entries.values():
             if entry.ref is not None and entry.ref.is_alive():
-                entry.ref.stop(block=False)
+                stop_actor(entry.ref)
                 stopped += 1
         if self.tick_timer is not None:
             self.tick_timer.cancel()
@@ -1111,6 +1133,7 @@ class CortexLogic:
 
 
 _DEFERRED = object()
+_STOP_BATCH = 512
 
 _ENDING_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.CANCELLED: "session {} was cancelled",
