@@ -13,6 +13,7 @@ keeps its own index.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -99,13 +100,11 @@ def stop_actor(ref: pykka.ActorRef[Any]) -> None:
     The actor stops after the messages already in its inbox; messages posted
     later get ``ActorDeadError`` (or are answered with it).
     """
-    try:
+    with contextlib.suppress(pykka.ActorDeadError):
         ref.tell(_STOP)
-    except pykka.ActorDeadError:
-        pass
 
 
-_STOP = pykka.messages._ActorStop()  # noqa: SLF001 - what ActorRef.stop sends, minus the future
+_STOP = pykka.messages._ActorStop()
 
 
 def in_actor_handler() -> bool:

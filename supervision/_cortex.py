@@ -44,10 +44,10 @@ from sessiontree.actors import (
     TimerHandle,
     actor_class,
     is_async_skill,
-    wake_batch,
     post,
     start_actor,
     stop_actor,
+    wake_batch,
 )
 from sessiontree.actors._mailbox import Counted, handler_scope
 from sessiontree.protocol import (
