@@ -159,6 +159,10 @@ class SessionActorLogic:
             log.exception("session %s: handler for %r raised", self.core.session_id, body)
             self.on_rejected(body)
             return None
+        except BaseException:  # noqa: BLE001 - never let pykka's stop_all run
+            log.exception("session %s: handler for %r raised", self.core.session_id, body)
+            self.on_rejected(body)
+            return None
         finally:
             if counted:
                 self.activity.end()
