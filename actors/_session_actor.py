@@ -159,7 +159,7 @@ class SessionActorLogic:
             log.exception("session %s: handler for %r raised", self.core.session_id, body)
             self.on_rejected(body)
             return None
-        except BaseException:  # noqa: BLE001 - never let pykka's stop_all run
+        except BaseException:
             log.exception("session %s: handler for %r raised", self.core.session_id, body)
             self.on_rejected(body)
             return None

@@ -259,7 +259,7 @@ class CortexLogic:
         except (KeyboardInterrupt, SystemExit) as exc:
             self.rt.on_fatal(exc)
             return None
-        except BaseException as exc:  # noqa: BLE001 - anything else means the index is suspect
+        except BaseException as exc:
             log.critical("cortex handler for %r raised; the node fails", body, exc_info=True)
             if isinstance(body, Call) and body.reply is not None:
                 body.reply.fail(NodeClosedError(f"cortex failed: {exc!r}"))
