@@ -18,6 +18,7 @@ from sessiontree.protocol import (
     NodeClosedError,
     RejectedInputError,
     SessionKind,
+    SessionResult,
     SessionState,
     UnknownSessionError,
 )
@@ -383,8 +384,6 @@ def test_a_result_for_a_stranger_is_just_filed(node: Node) -> None:
     ref = node.main("agent").spawn(kind="branch", skill="waits").ref
     settle(node)
     actor = node._call("actor_ref", ref.session_id)
-    from sessiontree.protocol import SessionResult
-
     stray = SessionResult(session_id=uuid.uuid4(), status=SessionState.COMPLETED)
     post(actor, Deliver(stray), node.activity)
     settle(node)
@@ -394,8 +393,8 @@ def test_a_result_for_a_stranger_is_just_filed(node: Node) -> None:
 # 31. Wrong types, missing fields → rejected, not coerced
 def test_control_commands_are_decoded_strictly(node: Node) -> None:
     main = node.main("agent")
-    good = f'{{"type":"spawn","parent_id":"{main.session_id}","spec":{{"kind":"worker","skill":"quick"}}}}'
-    answer = node.control(good.encode())
+    spawn = f'{{"type":"spawn","parent_id":"{main.session_id}","spec":{{"kind":"worker",'
+    answer = node.control((spawn + '"skill":"quick"}}').encode())
     assert answer.error is None
     for bad, field in [
         (b'{"type":"cancel"}', None),

@@ -12,7 +12,6 @@ from sessiontree.protocol import ErrorCode, SessionState
 from sessiontree.supervision import Agent, EventKind, Node
 from tests.conftest import WAIT, settle
 
-
 STARTED = threading.Event()
 
 
