@@ -761,6 +761,9 @@ class CortexLogic:
             if entry.kind is SessionKind.MAIN:
                 self._post(entry, CancelSignal(entry_code))  # its actor also drops queued input
             else:
+                if entry.state is SessionState.SUSPENDED:  # it wakes to wrap up in grace
+                    entry.suspend_requested = False
+                    self._set_state(entry, SessionState.ACTIVE, entry_code)
                 # Straight onto the shared state: a mailbox hop per session made
                 # cancelling a 4,681-session tree cost a thread wake-up each.
                 entry.core.request_cancel(entry_code, wakeups)
