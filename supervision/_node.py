@@ -52,9 +52,10 @@ from sessiontree.protocol import (
     make_spec,
 )
 from sessiontree.supervision._config import Agent, NodeConfig
-from sessiontree.supervision._cortex import (
+from sessiontree.supervision._cortex import CortexLogic
+from sessiontree.supervision._events import Event, EventBus
+from sessiontree.supervision._index import (
     Call,
-    CortexLogic,
     Parked,
     Progress,
     Refused,
@@ -62,7 +63,6 @@ from sessiontree.supervision._cortex import (
     Runtime,
     SpawnAnswer,
 )
-from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
 
 __all__ = ["Node", "SessionRef", "Spawned"]

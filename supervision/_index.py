@@ -1,0 +1,182 @@
+"""The Cortex's index and mailbox vocabulary: its messages, its record of each
+session (``Entry``) and the runtime pieces it drives (``Runtime``)."""
+
+from __future__ import annotations
+
+import collections
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+
+from sessiontree.actors import (
+    Activity,
+    Clock,
+    ComputeSlots,
+    EventLoopThread,
+    Reply,
+    RunEnd,
+    SessionCore,
+    SessionHost,
+    StepExecutor,
+    TimerHandle,
+)
+from sessiontree.protocol import (
+    ErrorCode,
+    ErrorInfo,
+    SessionInfo,
+    SessionKind,
+    SessionResult,
+    SessionState,
+)
+from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._events import EventBus
+
+__all__ = [
+    "Call",
+    "Deadline",
+    "Entry",
+    "Expire",
+    "Granted",
+    "Parked",
+    "Progress",
+    "Refused",
+    "RunEnded",
+    "Runtime",
+    "SpawnAnswer",
+    "Tick",
+]
+
+
+# -- messages ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A request: run ``op_<name>(*args)`` and answer on ``reply``."""
+
+    name: str
+    args: tuple[Any, ...]
+    reply: Reply | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    session_id: uuid.UUID
+    end: RunEnd
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    session_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    session_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    session_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    session_ids: tuple[uuid.UUID, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    session_id: uuid.UUID
+    note: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    session_id: uuid.UUID
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The periodic check: stuck sessions and memory pressure."""
+
+
+# -- state ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnAnswer:
+    """The Cortex's answer to a spawn: a session id or an error; ``existing`` for a
+    repeated ``request_id``."""
+
+    session_id: uuid.UUID | None
+    error: ErrorInfo | None
+    existing: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Entry:
+    """The Cortex's record of one session (the tree index is a dict of these)."""
+
+    core: SessionCore
+    agent: Agent
+    skill: Callable[[Any], Any]
+    is_async: bool
+    parent: Entry | None
+    ref: pykka.ActorRef[Any] | None = None
+    children: dict[uuid.UUID, None] = field(default_factory=dict)
+    live_children: int = 0
+    requests: dict[str, uuid.UUID] = field(default_factory=dict)
+    cancel_code: ErrorCode | None = None
+    suspend_requested: bool = False
+    ttl_timer: TimerHandle | None = None
+    grant: Callable[[], None] | None = None
+    result: SessionResult | None = None
+    waiters: list[Reply] = field(default_factory=list)
+    last_progress: tuple[str, dict[str, Any]] | None = None
+    started_at: float | None = None
+    zombie: bool = False
+    shutdown_park: bool = False
+
+    @property
+    def session_id(self) -> uuid.UUID:
+        return self.core.session_id
+
+    @property
+    def info(self) -> SessionInfo:
+        return self.core.info
+
+    @property
+    def state(self) -> SessionState:
+        return self.core.state
+
+    @property
+    def kind(self) -> SessionKind:
+        return self.core.info.kind
+
+    @property
+    def needs_thread(self) -> bool:
+        return not self.is_async and self.kind is not SessionKind.MAIN
+
+
+@dataclass
+class Runtime:
+    """The pieces of a node the Cortex drives (built by ``Node``)."""
+
+    config: NodeConfig
+    clock: Clock
+    activity: Activity
+    slots: ComputeSlots
+    executor: StepExecutor
+    loop: Callable[[], EventLoopThread]
+    events: EventBus
+    host: SessionHost
+    agents: dict[str, Agent]
+    on_fatal: Callable[[BaseException], None]
+    on_failed: Callable[[BaseException], None]
+    counters: collections.Counter[str] = field(default_factory=collections.Counter)
