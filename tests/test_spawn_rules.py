@@ -249,60 +249,38 @@ def test_sessions_beyond_the_compute_slots_wait_as_pending(make_node: Any) -> No
     assert second.wait(WAIT).ok
 
 
+def view(**overrides: Any) -> ParentView:
+    fields: dict[str, Any] = {
+        "session_id": "p",
+        "kind": SessionKind.BRANCH,
+        "state": SessionState.ACTIVE,
+        "depth": 2,
+        "live_children": 0,
+        "cancelling": False,
+    }
+    return ParentView(**{**fields, **overrides})
+
+
 def test_check_order_is_the_documented_one() -> None:
+    """Each step fixes the previous failure; the next check is then the answer."""
     config = NodeConfig(max_sessions=1, max_zombies=1, max_step_threads=1)
     full = Capacity(live_sessions=5, zombies=5, sync_threads=5, needs_thread=True)
-    terminal_worker_at_4 = ParentView(
-        session_id="p",
-        kind=SessionKind.WORKER,
-        state=SessionState.FAILED,
-        depth=4,
-        live_children=99,
-        cancelling=False,
-    )
     bad = SpawnSpec(kind=SessionKind.BRANCH, ttl=-1.0, skill="nope")
-    order = [check_spawn(None, bad, None, config, full).code]
-    order.append(check_spawn(terminal_worker_at_4, bad, AGENT, config, full).code)
-    active = ParentView(
-        session_id="p",
-        kind=SessionKind.WORKER,
-        state=SessionState.ACTIVE,
-        depth=4,
-        live_children=99,
-        cancelling=False,
-    )
-    order.append(check_spawn(active, bad, AGENT, config, full).code)
-    branch3 = ParentView(
-        session_id="p",
-        kind=SessionKind.BRANCH,
-        state=SessionState.ACTIVE,
-        depth=3,
-        live_children=99,
-        cancelling=False,
-    )
-    order.append(check_spawn(branch3, bad, AGENT, config, full).code)
-    branch2 = ParentView(
-        session_id="p",
-        kind=SessionKind.BRANCH,
-        state=SessionState.ACTIVE,
-        depth=2,
-        live_children=99,
-        cancelling=False,
-    )
-    order.append(check_spawn(branch2, bad, AGENT, config, full).code)
-    roomy = ParentView(
-        session_id="p",
-        kind=SessionKind.BRANCH,
-        state=SessionState.ACTIVE,
-        depth=2,
-        live_children=0,
-        cancelling=False,
-    )
-    order.append(check_spawn(roomy, bad, AGENT, config, full).code)
-    good_ttl = SpawnSpec(kind=SessionKind.BRANCH, skill="nope")
-    order.append(check_spawn(roomy, good_ttl, AGENT, config, full).code)
-    good = SpawnSpec(kind=SessionKind.BRANCH, skill="waits")
-    order.append(check_spawn(roomy, good, AGENT, config, full).code)
+    worker = {"kind": SessionKind.WORKER, "depth": 4, "live_children": 99}
+    steps = [
+        (None, bad),
+        (view(**worker, state=SessionState.FAILED), bad),
+        (view(**worker), bad),
+        (view(depth=3, live_children=99), bad),
+        (view(live_children=99), bad),
+        (view(), bad),
+        (view(), SpawnSpec(kind=SessionKind.BRANCH, skill="nope")),
+        (view(), SpawnSpec(kind=SessionKind.BRANCH, skill="waits")),
+    ]
+    order = [
+        check_spawn(parent, spec, AGENT if parent else None, config, full).code
+        for parent, spec in steps
+    ]
     assert order == [
         ErrorCode.UNKNOWN_SESSION,
         ErrorCode.PARENT_NOT_ACTIVE,
