@@ -93,7 +93,7 @@ class SessionCore:
         self.cancel_raised = False
         self.suspend_requested = False
         self.parked = False
-        self.fenced = False
+        self.fence_code: ErrorCode | None = None
         self.resumed = False
         self.refused = 0
         self.started_at: float | None = None
@@ -144,6 +144,18 @@ class SessionCore:
         self.take_slot()
 
     # -- requests the actor sets ----------------------------------------------
+
+    @property
+    def fenced(self) -> bool:
+        """True once the session ended under a running skill: nothing it does counts."""
+        return self.fence_code is not None
+
+    def fence(self, code: ErrorCode) -> None:
+        """Fence the session (``terminated_by_force``, ``ttl_expired``…) and wake the skill."""
+        with self.cond:
+            if self.fence_code is None:
+                self.fence_code = code
+            self.wake()
 
     @property
     def interrupt_pending(self) -> bool:

@@ -110,13 +110,20 @@ class _Base:
 
     # -- checkpoint logic -------------------------------------------------------
 
-    def _raise_if_cancelled(self) -> bool:
-        """Raise ``Cancelled`` if due; return True if a suspension is pending."""
+    def _raise_if_cancelled(self, what: str = "checkpoint") -> bool:
+        """Raise ``Cancelled`` if due; return True if a suspension is pending.
+
+        A fenced session's call (``what``) is refused and counted every time.
+        """
         core = self._core
         core.touch()
         with core.cond:
-            if core.fenced:
-                raise Cancelled(core.cancel_code or ErrorCode.TERMINATED_BY_FORCE, core.session_id)
+            fenced = core.fenced
+        if fenced:
+            self._host.refused(core, what)
+        with core.cond:
+            if core.fence_code is not None:
+                raise Cancelled(core.fence_code, core.session_id)
             if core.cancel_code is not None:
                 if not core.cancel_raised:
                     core.cancel_raised = True
@@ -163,7 +170,10 @@ class Session(_Base):
 
     def checkpoint(self) -> None:
         """Raise ``Cancelled`` if cancellation is pending; park if suspension is."""
-        if self._raise_if_cancelled():
+        self._checkpoint("checkpoint")
+
+    def _checkpoint(self, what: str) -> None:
+        if self._raise_if_cancelled(what):
             self._host.parked(self._core)
             self._core.block_until(lambda: not self._core.suspend_requested, None, parking=True)
             self._after_park()
@@ -175,7 +185,7 @@ class Session(_Base):
         spawn); ``TypeError``/``msgspec.ValidationError`` for a malformed spec.
         """
         spec = make_spec(spec, **fields)
-        self.checkpoint()
+        self._checkpoint("spawn")
         spawned = self._host.spawn(self._core, spec)
         if spawned.session_id is not None and spawned.session_id not in self._spawned:
             self._spawned.append(spawned.session_id)
@@ -219,7 +229,8 @@ class Session(_Base):
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the session's clock (a checkpoint before and after).
 
-        Cancellation or suspension interrupts the wait at once.
+        A cancellation interrupts the wait at once (``Cancelled``); a suspension
+        parks the skill and the wait goes on after resume.
         """
         self._wait_for(lambda: False, seconds)
         self.checkpoint()
@@ -229,23 +240,23 @@ class Session(_Base):
 
         Raises ``NotAllowedError`` for workers (they never write memory).
         """
-        self.checkpoint()
+        self._checkpoint("memory_put")
         self._check_memory_write()
         return self._host.memory_put(self._core, key, value)
 
     def memory_get(self, key: str) -> Any:
         """Read shared memory; ``KeyError`` when the key is absent."""
-        self.checkpoint()
+        self._checkpoint("memory_get")
         return self._host.memory_get(self._core, key)
 
     def progress(self, note: str = "", **data: Any) -> None:
         """Report progress (an event; an expired session's result carries the last one)."""
-        self.checkpoint()
+        self._checkpoint("progress")
         self._host.progress(self._core, note, data)
 
     def add_message(self, role: str, content: Any, name: str | None = None) -> None:
         """Append a message to this session's working context."""
-        self.checkpoint()
+        self._checkpoint("add_message")
         self._core.context.messages.append(ContextMessage(role, content, name))
 
 
@@ -254,7 +265,10 @@ class AsyncSession(_Base):
 
     async def checkpoint(self) -> None:
         """Raise ``Cancelled`` if cancellation is pending; park if suspension is."""
-        if self._raise_if_cancelled():
+        await self._checkpoint("checkpoint")
+
+    async def _checkpoint(self, what: str) -> None:
+        if self._raise_if_cancelled(what):
             self._host.parked(self._core)
             await self._core.block_until_async(
                 lambda: not self._core.suspend_requested, None, parking=True
@@ -264,7 +278,7 @@ class AsyncSession(_Base):
     async def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SpawnedLike:
         """Spawn a child; see ``Session.spawn``."""
         spec = make_spec(spec, **fields)
-        await self.checkpoint()
+        await self._checkpoint("spawn")
         spawned = await self._host.spawn_async(self._core, spec)
         if spawned.session_id is not None and spawned.session_id not in self._spawned:
             self._spawned.append(spawned.session_id)
@@ -305,21 +319,21 @@ class AsyncSession(_Base):
 
     async def memory_put(self, key: str, value: Any) -> str:
         """Write shared memory; see ``Session.memory_put``."""
-        await self.checkpoint()
+        await self._checkpoint("memory_put")
         self._check_memory_write()
         return self._host.memory_put(self._core, key, value)
 
     async def memory_get(self, key: str) -> Any:
         """Read shared memory; see ``Session.memory_get``."""
-        await self.checkpoint()
+        await self._checkpoint("memory_get")
         return self._host.memory_get(self._core, key)
 
     async def progress(self, note: str = "", **data: Any) -> None:
         """Report progress; see ``Session.progress``."""
-        await self.checkpoint()
+        await self._checkpoint("progress")
         self._host.progress(self._core, note, data)
 
     async def add_message(self, role: str, content: Any, name: str | None = None) -> None:
         """Append a message to this session's working context."""
-        await self.checkpoint()
+        await self._checkpoint("add_message")
         self._core.context.messages.append(ContextMessage(role, content, name))

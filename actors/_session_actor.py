@@ -208,11 +208,7 @@ class SessionActorLogic:
 
     def _force(self, code: ErrorCode) -> None:
         core = self.core
-        with core.cond:
-            core.fenced = True
-            if core.cancel_code is None:
-                core.cancel_code = code
-            core.wake()
+        core.fence(code)
         self.inputs.clear()
         task, loop = core.task, core.task_loop
         if task is not None and loop is not None and not loop.is_closed():

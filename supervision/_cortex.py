@@ -628,8 +628,8 @@ class CortexLogic:
             if entry.kind is SessionKind.MAIN:
                 with entry.core.cond:
                     idle = not entry.core.skill_running
-                    entry.core.fenced = idle  # a cycle racing this cancel stops at once
                 if idle:
+                    entry.core.fence(entry_code)  # a cycle racing this cancel stops at once
                     self._post(entry, CancelSignal(entry_code))
                     self._finish(entry, SessionState.CANCELLED, entry_code, None)
                     continue
@@ -663,9 +663,8 @@ class CortexLogic:
             entry = self.entries.get(sid)
             if entry is None or entry.state.is_terminal:
                 continue
+            entry.core.fence(ErrorCode.TERMINATED_BY_FORCE)
             self._post(entry, ForceStop(ErrorCode.TERMINATED_BY_FORCE))
-            with entry.core.cond:
-                entry.core.fenced = True
             self._finish(entry, SessionState.CANCELLED, ErrorCode.TERMINATED_BY_FORCE, None)
 
     def op_cancel(self, session_id: uuid.UUID) -> ErrorInfo | None:
@@ -686,9 +685,8 @@ class CortexLogic:
         entry = self.entries.get(session_id)
         if entry is None or entry.state.is_terminal:
             return
+        entry.core.fence(ErrorCode.TTL_EXPIRED)
         self._post(entry, ForceStop(ErrorCode.TTL_EXPIRED))
-        with entry.core.cond:
-            entry.core.fenced = True
         summary, data = entry.last_progress or ("", {})
         outcome = Outcome(summary=summary, artifacts={"progress": data} if data else {})
         self._finish(entry, SessionState.EXPIRED, ErrorCode.TTL_EXPIRED, outcome)

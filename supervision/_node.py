@@ -185,15 +185,11 @@ class _Host:
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    def _answer(self, answer: SpawnAnswer) -> Spawned:
-        ref = SessionRef(self.node, answer.session_id) if answer.session_id else None
-        return Spawned(ref, answer.error, answer.existing)
-
     def spawn(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
-        return self._answer(self.node._call("spawn", parent.session_id, spec))
+        return self.node._spawned(self.node._call("spawn", parent.session_id, spec))
 
     async def spawn_async(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
-        return self._answer(await self.node._acall("spawn", parent.session_id, spec))
+        return self.node._spawned(await self.node._acall("spawn", parent.session_id, spec))
 
     def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
         return self.node.memory.put(core.info.agent_id, core.session_id, key, value)
@@ -346,8 +342,9 @@ class Node:
         self, parent: uuid.UUID | SessionRef, spec: SpawnSpec | None = None, /, **fields: Any
     ) -> Spawned:
         """Spawn a child of ``parent``; a refused spawn comes back as ``Spawned.error``."""
-        spec = make_spec(spec, **fields)
-        answer: SpawnAnswer = self._call("spawn", _sid(parent), spec)
+        return self._spawned(self._call("spawn", _sid(parent), make_spec(spec, **fields)))
+
+    def _spawned(self, answer: SpawnAnswer) -> Spawned:
         ref = SessionRef(self, answer.session_id) if answer.session_id else None
         return Spawned(ref, answer.error, answer.existing)
 
@@ -482,9 +479,7 @@ class Node:
     async def aspawn(
         self, parent: uuid.UUID | SessionRef, spec: SpawnSpec | None = None, /, **fields: Any
     ) -> Spawned:
-        answer: SpawnAnswer = await self._acall("spawn", _sid(parent), make_spec(spec, **fields))
-        ref = SessionRef(self, answer.session_id) if answer.session_id else None
-        return Spawned(ref, answer.error, answer.existing)
+        return self._spawned(await self._acall("spawn", _sid(parent), make_spec(spec, **fields)))
 
     async def arun(
         self,

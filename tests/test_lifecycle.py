@@ -267,3 +267,40 @@ def test_grace_zero_terminates_at_once(make_node: Any, release: threading.Event)
     result = ref.wait(WAIT)
     assert result.error.code is ErrorCode.TERMINATED_BY_FORCE
     release.set()
+
+
+def test_everything_a_fenced_skill_does_later_is_refused_and_counted(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    forced = threading.Event()
+    attempts: list[str] = []
+
+    def stubborn(session: Any) -> Any:
+        try:
+            session.sleep(10_000)
+        except Cancelled:
+            forced.wait(WAIT)  # past the deadline now: the session is fenced
+        for call in (
+            lambda: session.spawn(kind="worker"),
+            lambda: session.memory_put("k", 1),
+            lambda: session.progress("still here"),
+        ):
+            try:
+                call()
+            except Cancelled as exc:
+                attempts.append(exc.code.value)
+        return "too late"
+
+    node = make_node(Agent("agent", {"main": idle_main, "stubborn": stubborn}), grace=1.0)
+    ref = node.main("agent").spawn(kind="branch", skill="stubborn").ref
+    settle(node)
+    ref.cancel()
+    clock.advance(1.0)
+    assert ref.wait(WAIT).error.code is ErrorCode.TERMINATED_BY_FORCE
+    forced.set()
+    settle(node)
+    assert attempts == ["terminated_by_force"] * 3
+    stats = node.stats()
+    assert stats["refused_after_fence"] == 4  # three calls and the late result
+    assert stats["zombies"] == 0
+    assert len(node.tree(ref)["children"]) == 0
