@@ -74,8 +74,9 @@ def to_outcome(value: object) -> Outcome:
     """Turn a skill's return value into an ``Outcome``.
 
     ``str`` → summary; a mapping → artifacts; ``Outcome``/``SessionResult`` →
-    their fields; ``None`` → empty. Raises ``TypeError`` for anything else, or
-    for artifacts that are not JSON values.
+    their fields; ``None`` → empty. Artifacts are copied as plain JSON data.
+    Raises ``TypeError`` for anything else, or for artifacts that are not
+    JSON values.
     """
     if value is None:
         return Outcome()
@@ -96,11 +97,13 @@ def to_outcome(value: object) -> Outcome:
         )
         raise TypeError(msg)
     try:
-        msgspec.json.encode(outcome.artifacts)
-    except (TypeError, ValueError, OverflowError) as exc:
+        # A detached copy as plain JSON data: later mutation by the skill cannot
+        # reach the result, and tuples become lists as they will on the wire.
+        artifacts = msgspec.json.decode(msgspec.json.encode(outcome.artifacts))
+    except (TypeError, ValueError, OverflowError, msgspec.DecodeError) as exc:
         msg = f"artifacts must be JSON values: {exc}"
         raise TypeError(msg) from exc
-    return outcome
+    return Outcome(summary=outcome.summary, artifacts=artifacts, memory_ids=outcome.memory_ids)
 
 
 def _end_of(result: object, cycle: int) -> RunEnd:

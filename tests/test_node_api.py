@@ -247,3 +247,49 @@ def test_async_listing_twins(node: Node) -> None:
     assert len(tree["children"]) == 1
     assert len(workers) == 1
     assert stats["live_sessions"] == 1
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_collect_timeout_gives_timed_out_entries_and_the_child_keeps_running(
+    make_node: Any, clock: Any, flavour: str
+) -> None:
+    def slow(session: Session) -> str:
+        session.sleep(100.0)
+        return "slow done"
+
+    def gather(session: Session) -> dict[str, Any]:
+        slow_id = session.spawn(kind="worker", skill="slow").session_id
+        session.spawn(kind="worker", skill="writer")
+        entries = session.collect(timeout=5.0)
+        return {
+            "entries": [(e.session_id == slow_id, e.timed_out, e.result is None) for e in entries]
+        }
+
+    async def gather_async(session: Any) -> dict[str, Any]:
+        slow_id = (await session.spawn(kind="worker", skill="slow")).session_id
+        await session.spawn(kind="worker", skill="writer")
+        entries = await session.collect(timeout=5.0)
+        return {
+            "entries": [(e.session_id == slow_id, e.timed_out, e.result is None) for e in entries]
+        }
+
+    skills = {
+        "main": main_skill,
+        "slow": slow,
+        "writer": writer,
+        "gather": gather,
+        "gather_async": gather_async,
+    }
+    node = make_node(Agent("agent", skills))
+    skill = "gather" if flavour == "sync" else "gather_async"
+    branch = node.main("agent").spawn(kind="branch", skill=skill).ref
+    settle(node)
+    assert branch.state is SessionState.ACTIVE
+    clock.advance(5.0)
+    result = branch.wait(WAIT)
+    # the finished child first (completion order), then the one that timed out
+    assert result.artifacts["entries"] == [[False, False, False], [True, True, True]]
+    settle(node)
+    (slow_child,) = [c for c in node.tree(branch)["children"] if c["info"].skill == "slow"]
+    # it kept running until its parent ended, then it was cancelled like any orphan
+    assert node.wait(slow_child["info"].session_id, WAIT).error.code is ErrorCode.PARENT_TERMINATED
