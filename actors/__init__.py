@@ -37,10 +37,8 @@ from sessiontree.actors._session_actor import (
     ForceStop,
     Inbound,
     Inspect,
-    ResumeSignal,
     SessionActorLogic,
     Start,
-    SuspendSignal,
 )
 from sessiontree.actors._slots import ComputeSlots
 
@@ -62,7 +60,6 @@ __all__ = [
     "Inspect",
     "RealClock",
     "Reply",
-    "ResumeSignal",
     "RunEnd",
     "Session",
     "SessionActorLogic",
@@ -72,7 +69,6 @@ __all__ = [
     "SpawnedLike",
     "Start",
     "StepExecutor",
-    "SuspendSignal",
     "TimerHandle",
     "VirtualClock",
     "actor_class",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import uuid
 from collections.abc import Callable
@@ -132,7 +133,7 @@ class SessionCore:
         fut: asyncio.Future[None] = loop.create_future()
 
         def granted() -> None:
-            loop.call_soon_threadsafe(_set_done, fut)
+            call_soon(loop, _set_done, fut)
 
         if not self.slots.acquire_or_queue(granted):
             try:
@@ -182,8 +183,13 @@ class SessionCore:
             batch.extend(waiters)
             return
         for loop, fut in waiters:
-            if not loop.is_closed():  # a node shutting down may have closed it already
-                loop.call_soon_threadsafe(_set_done, fut)
+            call_soon(loop, _set_done, fut)
+
+    def request_suspend(self, wanted: bool) -> None:
+        """Ask the skill to park at its next checkpoint (True) or let it go (False)."""
+        with self.cond:
+            self.suspend_requested = wanted
+            self.wake()
 
     def request_cancel(self, code: ErrorCode, batch: list[AsyncWaiter] | None = None) -> None:
         """Mark cancellation as requested (the first reason stays) and wake the skill."""
@@ -313,6 +319,16 @@ def _set_done(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: Any) -> None:
+    """``loop.call_soon_threadsafe`` that does nothing once the loop is closed.
+
+    A node shutting down, or an application whose loop ended, must never make
+    the thread that wakes a waiter (the Cortex, an actor) raise.
+    """
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
+
+
 def _set_all(futures: list[asyncio.Future[None]]) -> None:
     for fut in futures:
         _set_done(fut)
@@ -324,5 +340,4 @@ def wake_batch(batch: list[AsyncWaiter]) -> None:
     for loop, fut in batch:
         by_loop.setdefault(loop, []).append(fut)
     for loop, futures in by_loop.items():
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(_set_all, futures)
+        call_soon(loop, _set_all, futures)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import inspect
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ import msgspec
 
 from sessiontree.actors._core import Cancelled, SessionCore
 from sessiontree.actors._host import SessionHost
-from sessiontree.protocol import ErrorCode, ErrorInfo, Outcome, SessionResult
+from sessiontree.protocol import ErrorCode, ErrorInfo, NodeClosedError, Outcome, SessionResult
 
 __all__ = [
     "EventLoopThread",
@@ -96,6 +95,16 @@ def to_outcome(value: object) -> Outcome:
             f"not {type(value).__name__}"
         )
         raise TypeError(msg)
+    if not isinstance(outcome.summary, str):
+        msg = f"summary must be a str, not {type(outcome.summary).__name__}"
+        raise TypeError(msg)
+    if not isinstance(outcome.artifacts, Mapping):
+        msg = f"artifacts must be a mapping, not {type(outcome.artifacts).__name__}"
+        raise TypeError(msg)
+    ids = outcome.memory_ids
+    if isinstance(ids, str) or not all(isinstance(i, str) for i in _iterable(ids)):
+        msg = f"memory_ids must be a sequence of str, not {ids!r}"
+        raise TypeError(msg)
     try:
         # A detached copy as plain JSON data: later mutation by the skill cannot
         # reach the result, and tuples become lists as they will on the wire.
@@ -103,7 +112,13 @@ def to_outcome(value: object) -> Outcome:
     except (TypeError, ValueError, OverflowError, msgspec.DecodeError) as exc:
         msg = f"artifacts must be JSON values: {exc}"
         raise TypeError(msg) from exc
-    return Outcome(summary=outcome.summary, artifacts=artifacts, memory_ids=outcome.memory_ids)
+    return Outcome(summary=outcome.summary, artifacts=artifacts, memory_ids=tuple(ids))
+
+
+def _iterable(value: object) -> tuple[object, ...]:
+    if isinstance(value, Iterable):
+        return tuple(value)
+    return (None,)
 
 
 def _end_of(result: object, cycle: int) -> RunEnd:
@@ -118,7 +133,9 @@ class StepExecutor:
 
     Threads are daemons so an abandoned (fenced) skill that never returns
     cannot hold the interpreter open. Work beyond the cap waits in the queue;
-    the Cortex refuses spawns before that can happen.
+    the Cortex refuses spawns of sync branches and workers before that can
+    happen. Main cycles run on a pool of their own, so they never hold the
+    threads their children need.
     """
 
     def __init__(self, max_threads: int, name: str = "sessiontree-step") -> None:
@@ -130,17 +147,12 @@ class StepExecutor:
         self._idle = 0
         self._closed = False
 
-    @property
-    def threads(self) -> int:
-        """Threads alive (busy or idle)."""
-        return self._threads
-
     def submit(self, work: Callable[[], None]) -> None:
         """Run ``work`` on an idle thread, a new one, or the next free one."""
         with self._cond:
             if self._closed:
                 msg = "step executor is closed"
-                raise RuntimeError(msg)
+                raise NodeClosedError(msg)
             self._queue.append(work)
             if self._idle > len(self._queue) - 1:
                 self._cond.notify()
@@ -197,21 +209,6 @@ class EventLoopThread:
         """Start ``make()`` as a task on the loop."""
         self.loop.call_soon_threadsafe(lambda: self.loop.create_task(make()))
 
-    def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-        """Run ``fn`` on the loop thread and return its value (bounded wait)."""
-        if threading.current_thread() is self._thread:
-            return fn()
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except Exception as exc:  # noqa: BLE001 - handed to the caller as is
-                fut.set_exception(exc)
-
-        self.loop.call_soon_threadsafe(run)
-        return fut.result(timeout=timeout)
-
     def close(self, timeout: float = 5.0) -> None:
         """Cancel every task still on the loop, stop it and join its thread."""
         if not self._thread.is_alive():
@@ -249,6 +246,9 @@ def run_sync(
 ) -> None:
     """Run a sync skill on the current thread and report its end."""
     end: RunEnd
+    if core.fenced:  # ended before its run began: nothing runs
+        finish_run(host, core, RunEnd(cancelled=True, cycle=cycle))
+        return
     try:
         if not core.holds_slot:
             core.acquire_slot_blocking()
@@ -272,6 +272,9 @@ async def run_async(
 ) -> None:
     """Run an async skill as a task and report its end (also when it is cancelled by force)."""
     end: RunEnd
+    if core.fenced:
+        finish_run(host, core, RunEnd(cancelled=True, cycle=cycle))
+        return
     try:
         if not core.holds_slot:
             await core.acquire_slot_async()

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import pykka
 
 from sessiontree.actors._activity import Activity
+from sessiontree.actors._core import _set_done, call_soon
 from sessiontree.protocol import DeadlockError, SessionTreeError
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "Counted",
     "Reply",
     "actor_class",
+    "drain_inbox",
     "in_actor_handler",
     "post",
     "start_actor",
@@ -107,6 +109,27 @@ def stop_actor(ref: pykka.ActorRef[Any]) -> None:
 _STOP = pykka.messages._ActorStop()
 
 
+def drain_inbox(actor: pykka.Actor, activity: Activity, refuse: Callable[[object], None]) -> None:
+    """Empty a stopping actor's inbox on its own thread (call from ``on_stop``).
+
+    pykka drops what a stopped actor still holds; here every counted message is
+    ended in ``activity`` and handed to ``refuse`` (which answers waiting
+    callers), and pykka asks get ``ActorDeadError`` — nobody waits in vain.
+    """
+    inbox = actor.actor_inbox
+    while not inbox.empty():
+        envelope = inbox.get()
+        message = envelope.message
+        if isinstance(message, Counted):
+            try:
+                refuse(message.message)
+            finally:
+                activity.end()
+        elif envelope.reply_to is not None and not isinstance(message, type(_STOP)):
+            error = pykka.ActorDeadError(f"{actor} stopped before handling the message")
+            envelope.reply_to.set_exception(exc_info=(type(error), error, None))
+
+
 def in_actor_handler() -> bool:
     """True on a thread that is inside an actor's message handler right now."""
     return getattr(_local, "handler", False)
@@ -135,6 +158,11 @@ class Reply:
         self._value: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def done(self) -> bool:
+        """True once answered."""
+        return self._done.is_set()
 
     def set(self, value: Any) -> None:
         """Answer with ``value`` (first answer wins)."""
@@ -180,7 +208,7 @@ class Reply:
         fut: asyncio.Future[None] = loop.create_future()
 
         def wake() -> None:
-            loop.call_soon_threadsafe(_set_done, fut)
+            call_soon(loop, _set_done, fut)
 
         with self._lock:
             if not self._done.is_set():
@@ -192,9 +220,8 @@ class Reply:
         except TimeoutError:
             msg = f"no answer within {timeout} s"
             raise AskTimeoutError(msg) from None
+        finally:
+            with self._lock:  # a caller that gave up (timeout, cancelled) leaves nothing
+                if wake in self._callbacks:
+                    self._callbacks.remove(wake)
         return self._result()
-
-
-def _set_done(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)

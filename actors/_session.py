@@ -38,6 +38,7 @@ class _Base:
         self._core = core
         self._host = host
         self._spawned: list[uuid.UUID] = []
+        self._taken: set[uuid.UUID] = set()
         self.message = message
         """For a Main: the inbound message (or child ``SessionResult``) of this cycle."""
         self.cycle = cycle
@@ -117,13 +118,11 @@ class _Base:
         """
         core = self._core
         core.touch()
-        with core.cond:
-            fenced = core.fenced
-        if fenced:
+        fence_code = core.fence_code
+        if fence_code is not None:
             self._host.refused(core, what)
+            raise Cancelled(fence_code, core.session_id)
         with core.cond:
-            if core.fence_code is not None:
-                raise Cancelled(core.fence_code, core.session_id)
             if core.cancel_code is not None:
                 if not core.cancel_raised:
                     core.cancel_raised = True
@@ -134,11 +133,16 @@ class _Base:
                 return True
             return False
 
-    def _after_park(self) -> None:
-        core = self._core
-        with core.cond:
-            core.parked = False
-        self._raise_if_cancelled()
+    def _unpark(self) -> None:
+        with self._core.cond:
+            self._core.parked = False
+
+    def _claim(self, child: uuid.UUID) -> SessionResult | None:
+        """Take a child's result (call with ``cond`` held); the run will not wait on it again."""
+        result = self._core.claim(child)
+        if result is not None:
+            self._taken.add(child)
+        return result
 
     def _claim_ready(self, wanted: Sequence[uuid.UUID]) -> bool:
         return all(c in self._core.unclaimed for c in wanted)
@@ -150,13 +154,13 @@ class _Base:
             arrived = {r.session_id: i for i, r in enumerate(core.unclaimed.values())}
             order = sorted(wanted, key=lambda c: arrived.get(c, len(arrived)))
             for child in order:
-                result = core.claim(child)
+                result = self._claim(child)
                 done.append(Collected(session_id=child, result=result, timed_out=result is None))
         return done
 
     def _wanted(self, children: Iterable[uuid.UUID] | None) -> list[uuid.UUID]:
-        if children is None:
-            return list(self._spawned)
+        if children is None:  # every child of this run whose result it has not taken
+            return [c for c in self._spawned if c not in self._taken]
         return list(children)
 
     def _check_memory_write(self) -> None:
@@ -173,16 +177,16 @@ class Session(_Base):
         self._checkpoint("checkpoint")
 
     def _checkpoint(self, what: str) -> None:
-        if self._raise_if_cancelled(what):
+        while self._raise_if_cancelled(what):  # parked again if suspended again
             self._host.parked(self._core)
             self._core.block_until(lambda: not self._core.suspend_requested, None, parking=True)
-            self._after_park()
+            self._unpark()
 
     def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SpawnedLike:
         """Spawn a child (a ``SpawnSpec`` or its fields as keywords).
 
         Returns the child's id or an ``ErrorInfo`` (never raises for a refused
-        spawn); ``TypeError``/``msgspec.ValidationError`` for a malformed spec.
+        spawn); ``RejectedInputError`` (naming the field) for a malformed spec.
         """
         spec = make_spec(spec, **fields)
         self._checkpoint("spawn")
@@ -212,12 +216,13 @@ class Session(_Base):
         core = self._core
         self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
-            return core.claim(child)
+            return self._claim(child)
 
     def collect(
         self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None
     ) -> list[Collected]:
-        """Wait for the given children (default: all this run spawned) and take their results.
+        """Wait for the given children (default: those this run spawned and has not
+        taken a result of yet) and take their results.
 
         Entries come in completion order; a child still running at the timeout
         gives a ``timed_out`` entry and keeps running.
@@ -268,12 +273,12 @@ class AsyncSession(_Base):
         await self._checkpoint("checkpoint")
 
     async def _checkpoint(self, what: str) -> None:
-        if self._raise_if_cancelled(what):
+        while self._raise_if_cancelled(what):
             self._host.parked(self._core)
             await self._core.block_until_async(
                 lambda: not self._core.suspend_requested, None, parking=True
             )
-            self._after_park()
+            self._unpark()
 
     async def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SpawnedLike:
         """Spawn a child; see ``Session.spawn``."""
@@ -302,7 +307,7 @@ class AsyncSession(_Base):
         core = self._core
         await self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
-            return core.claim(child)
+            return self._claim(child)
 
     async def collect(
         self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None

@@ -1,10 +1,10 @@
 """The session actor: one mailbox per session, never running skill code.
 
-It takes what the Cortex tells it — start, inbound messages, child results,
-cancel / suspend / resume requests, forced termination — applies each to the
-session's shared state at once (so a skill blocked for minutes in a model
-call never delays a cancel), and hands skill runs to the step executor or the
-event loop.
+It takes what the Cortex tells it — start, a Main's inbound messages and
+child results, a Main's cancel, forced termination — and hands skill runs to
+the step executor or the event loop. Cancel and suspend requests of branches
+and workers are set by the Cortex straight on the session's shared state, so
+a skill blocked for minutes in a model call never delays them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessiontree.actors._activity import Activity
-from sessiontree.actors._core import SessionCore
+from sessiontree.actors._core import SessionCore, call_soon
 from sessiontree.actors._execution import (
     EventLoopThread,
     RunEnd,
@@ -29,7 +29,7 @@ from sessiontree.actors._execution import (
     run_sync,
 )
 from sessiontree.actors._host import SessionHost
-from sessiontree.actors._mailbox import Counted, handler_scope
+from sessiontree.actors._mailbox import Counted, drain_inbox, handler_scope
 from sessiontree.actors._session import AsyncSession, Session
 from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionResult
 
@@ -40,10 +40,8 @@ __all__ = [
     "ForceStop",
     "Inbound",
     "Inspect",
-    "ResumeSignal",
     "SessionActorLogic",
     "Start",
-    "SuspendSignal",
 ]
 
 log = logging.getLogger("sessiontree.session")
@@ -73,16 +71,6 @@ class CancelSignal:
     """Cancellation was requested; ``code`` says why."""
 
     code: ErrorCode
-
-
-@dataclass(frozen=True, slots=True)
-class SuspendSignal:
-    """Park at the next checkpoint."""
-
-
-@dataclass(frozen=True, slots=True)
-class ResumeSignal:
-    """Leave the parked checkpoint (the Cortex already granted a compute slot)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +131,11 @@ class SessionActorLogic:
         self.cycle_running = False
         self.cycles = 0
 
+    def on_stop(self) -> None:
+        """Runs on the actor's thread as it stops: what is still queued is dropped
+        without leaving the node's activity count behind."""
+        drain_inbox(self, self.activity, lambda body: None)  # type: ignore[arg-type]
+
     def on_receive(self, message: Any) -> Any:
         """Dispatch one message; see the class docstring for failures."""
         counted = isinstance(message, Counted)
@@ -171,7 +164,7 @@ class SessionActorLogic:
         core = self.core
         match body:
             case Start():
-                if core.info.kind is not SessionKind.MAIN:
+                if core.info.kind is not SessionKind.MAIN and not core.fenced:
                     self._submit(None, 0)
             case Inbound(message=msg):
                 self.inputs.append(msg)
@@ -186,14 +179,6 @@ class SessionActorLogic:
             case CancelSignal(code=code):
                 core.request_cancel(code)
                 self.inputs.clear()
-            case SuspendSignal():
-                with core.cond:
-                    core.suspend_requested = True
-                    core.wake()
-            case ResumeSignal():
-                with core.cond:
-                    core.suspend_requested = False
-                    core.wake()
             case ForceStop(code=code):
                 self._force(code)
             case Inspect(probe=probe):
@@ -211,12 +196,14 @@ class SessionActorLogic:
         core.fence(code)
         self.inputs.clear()
         task, loop = core.task, core.task_loop
-        if task is not None and loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(task.cancel)
+        if task is not None and loop is not None:
+            call_soon(loop, task.cancel)
 
     def _next_cycle(self) -> None:
         core = self.core
-        while self.inputs and not self.cycle_running and core.cancel_code is None:
+        while (
+            self.inputs and not self.cycle_running and core.cancel_code is None and not core.fenced
+        ):
             item = self.inputs.popleft()
             if isinstance(item, _ResultInput):
                 with core.cond:

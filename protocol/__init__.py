@@ -17,6 +17,7 @@ from sessiontree.protocol._errors import (
     NotAllowedError,
     RejectedInputError,
     SessionTreeError,
+    UnknownAgentError,
     UnknownSessionError,
 )
 from sessiontree.protocol._ids import SessionId, SessionKey, new_session_id
@@ -68,6 +69,7 @@ __all__ = [
     "SpawnSpec",
     "SuspendCmd",
     "Timings",
+    "UnknownAgentError",
     "UnknownSessionError",
     "decode_control",
     "decode_strict",

@@ -17,6 +17,7 @@ __all__ = [
     "NotAllowedError",
     "RejectedInputError",
     "SessionTreeError",
+    "UnknownAgentError",
     "UnknownSessionError",
 ]
 
@@ -33,7 +34,6 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_AGENT = "unknown_agent"
     UNKNOWN_SKILL = "unknown_skill"
     INVALID_TTL = "invalid_ttl"
-    INVALID_SPEC = "invalid_spec"
     INVALID_TRANSITION = "invalid_transition"
     CAPACITY_EXCEEDED = "capacity_exceeded"
     CRASHED = "crashed"
@@ -92,6 +92,12 @@ class RejectedInputError(SessionTreeError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class UnknownAgentError(RejectedInputError):
+    """Raised when an agent id names no registered agent."""
+
+    code = ErrorCode.UNKNOWN_AGENT
 
 
 class NodeClosedError(SessionTreeError):

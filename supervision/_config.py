@@ -51,6 +51,9 @@ class NodeConfig:
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 msg = f"NodeConfig.{name} must be a finite number >= 0, got {value!r}"
                 raise ValueError(msg)
+        if self.check_interval < 0.01:  # a periodic check of 0 s would spin
+            msg = f"NodeConfig.check_interval must be >= 0.01 s, got {self.check_interval!r}"
+            raise ValueError(msg)
         for name in (
             "max_step_threads",
             "max_running_skills",
@@ -110,6 +113,12 @@ class Agent:
         if not isinstance(self.max_children, int) or self.max_children < 1:
             msg = f"agent {self.agent_id!r}: max_children must be >= 1, got {self.max_children!r}"
             raise ValueError(msg)
+        for kind, ttl in self.ttls.items():
+            if ttl is not None and (
+                not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl <= 0
+            ):
+                msg = f"agent {self.agent_id!r}: ttls[{kind!r}] must be None or a finite number > 0"
+                raise ValueError(msg)
         if not self.model_tiers:
             msg = f"agent {self.agent_id!r} needs at least one model tier"
             raise ValueError(msg)

@@ -28,12 +28,10 @@ from sessiontree.actors import (
     ForceStop,
     Inbound,
     Reply,
-    ResumeSignal,
     RunEnd,
     SessionActorLogic,
     SessionCore,
     Start,
-    SuspendSignal,
     TimerHandle,
     actor_class,
     is_async_skill,
@@ -42,11 +40,12 @@ from sessiontree.actors import (
     stop_actor,
     wake_batch,
 )
-from sessiontree.actors._mailbox import Counted, handler_scope
+from sessiontree.actors._mailbox import Counted, drain_inbox, handler_scope
 from sessiontree.protocol import (
     CancelCmd,
     ErrorCode,
     ErrorInfo,
+    InvalidTransitionError,
     NodeClosedError,
     Outcome,
     RejectedInputError,
@@ -57,11 +56,11 @@ from sessiontree.protocol import (
     SessionKind,
     SessionResult,
     SessionState,
-    SessionTreeError,
     SpawnCmd,
     SpawnSpec,
     SuspendCmd,
     Timings,
+    UnknownAgentError,
     UnknownSessionError,
     is_legal_transition,
 )
@@ -118,10 +117,19 @@ class CortexLogic:
         self.self_ref = self.actor_ref  # type: ignore[attr-defined]
         self._arm_tick()
 
+    def on_stop(self) -> None:
+        """Runs on the Cortex thread as it stops: callers still queued get
+        ``NodeClosedError`` instead of waiting for their timeout."""
+        drain_inbox(self, self.rt.activity, self._refuse_stopped)  # type: ignore[arg-type]
+
+    def _refuse_stopped(self, body: object) -> None:
+        if isinstance(body, Call) and body.reply is not None:
+            body.reply.fail(NodeClosedError("the node stopped before answering"))
+
     def on_failure(self, *exc_info: Any) -> None:
         """Runs on the Cortex thread if it dies: the node fails loudly."""
         error = exc_info[1] if len(exc_info) > 1 else None
-        self.rt.on_failed(error or RuntimeError("cortex died"))
+        self.rt.on_failed(error or NodeClosedError("the cortex died"))
 
     def on_receive(self, message: Any) -> Any:
         """Handle one message. Unknown messages are counted and refused; a raise
@@ -167,13 +175,13 @@ class CortexLogic:
                     if reply is not None:
                         reply.fail(RejectedInputError(f"the cortex has no operation {name!r}"))
                     return None
-                if self.failed is not None:
+                if self.failed is not None and name != "stop_all":
                     if reply is not None:
                         reply.fail(NodeClosedError(f"node failed: {self.failed!r}"))
                     return None
                 try:
                     value = op(*args)
-                except SessionTreeError as exc:  # a caller's mistake, not a broken index
+                except _CALLER_MISTAKES as exc:  # answered; the index is untouched
                     if reply is None:
                         raise
                     reply.fail(exc)
@@ -244,9 +252,9 @@ class CortexLogic:
 
     def _set_state(self, entry: Entry, new: SessionState, code: ErrorCode | None = None) -> None:
         old = entry.state
-        if not is_legal_transition(old, new):
+        if not is_legal_transition(old, new):  # a broken invariant: the node fails loudly
             msg = f"session {entry.session_id}: {old} -> {new} is not a legal transition"
-            raise AssertionError(msg)
+            raise InvalidTransitionError(msg, session_id=entry.session_id)
         with entry.core.cond:
             entry.core.state = new
         self._emit(EventKind.TRANSITION, entry, previous=old, code=code)
@@ -335,7 +343,7 @@ class CortexLogic:
             self.rt.host,
             skill,
             entry.is_async,
-            self.rt.executor,
+            self.rt.main_executor if kind is SessionKind.MAIN else self.rt.executor,
             self.rt.loop,
             self.rt.activity,
             self._rejected_by_session,
@@ -371,7 +379,7 @@ class CortexLogic:
         agent = self.rt.agents.get(agent_id)
         if agent is None:
             msg = f"unknown agent {agent_id!r}; registered: {sorted(self.rt.agents)}"
-            raise RejectedInputError(msg, field="agent_id")
+            raise UnknownAgentError(msg, field="agent_id")
         key = str(SessionKey.parse(key))
         existing = self.mains.get((agent_id, key))
         if existing is not None and existing in self.entries:
@@ -454,8 +462,10 @@ class CortexLogic:
 
     def _granted(self, session_id: uuid.UUID) -> None:
         entry = self.entries.get(session_id)
-        if entry is None or entry.state is not SessionState.PENDING:
-            self.rt.slots.release()  # the session ended while it queued
+        if entry is None or entry.state is not SessionState.PENDING or self.closing:
+            self.rt.slots.release()  # it ended while it queued, or the node is closing
+            if entry is not None:
+                entry.grant = None
             return
         entry.grant = None
         self._activate(entry)
@@ -521,17 +531,18 @@ class CortexLogic:
             )
         if entry.ttl_timer is not None:
             entry.ttl_timer.cancel()
-        if entry.grant is not None and not self.rt.slots.forget(entry.grant):
-            pass  # the Granted message is in flight; _granted releases the slot
-        entry.grant = None
+        if entry.grant is not None:
+            # False: the Granted message is in flight and _granted releases the slot
+            self.rt.slots.forget(entry.grant)
+            entry.grant = None
         self._set_state(entry, state, code)
         entry.core.release_slot()
         self.live -= 1
         if entry.needs_thread:
             self.sync_threads -= 1
-            if entry.core.skill_running:
-                entry.zombie = True
-                self.zombies += 1
+        if not entry.is_async and entry.core.skill_running:  # its thread is abandoned
+            entry.zombie = True
+            self.zombies += 1
         outcome = outcome or Outcome()
         result = SessionResult(
             session_id=entry.session_id,
@@ -580,9 +591,12 @@ class CortexLogic:
         self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
 
     def _evict(self) -> None:
-        while len(self.terminal) > self.rt.config.retain_terminal:
+        for _ in range(len(self.terminal) - self.rt.config.retain_terminal):
             old = self.entries.get(self.terminal.popleft())
-            if old is None or old.zombie:
+            if old is None:
+                continue
+            if old.zombie:  # its thread may still report: evict it on a later round
+                self.terminal.append(old.session_id)
                 continue
             del self.entries[old.session_id]
             parent = old.parent
@@ -591,8 +605,9 @@ class CortexLogic:
                 if old.info.request_id is not None:
                     parent.requests.pop(old.info.request_id, None)
             old.parent = None
-            if old.info.key is not None:
-                self.mains.pop((old.agent.agent_id, old.info.key), None)
+            key = (old.agent.agent_id, old.info.key or "")
+            if self.mains.get(key) == old.session_id:  # a newer Main may hold the key
+                del self.mains[key]
 
     def _cleanup_children(self, entry: Entry) -> None:
         # A session that was itself cancelled had its whole subtree marked then
@@ -605,11 +620,16 @@ class CortexLogic:
     # -- cancellation -----------------------------------------------------------
 
     def _cancel_group(
-        self, group: list[Entry], code: ErrorCode, first: Entry | None = None
+        self,
+        group: list[Entry],
+        code: ErrorCode,
+        first: Entry | None = None,
+        grace: float | None = None,
     ) -> None:
         """Request cancellation of ``group`` (``first`` gets ``code``, the rest
-        ``parent_terminated``) with one deadline for all of them."""
-        grace = self.rt.config.grace
+        ``parent_terminated``) with one deadline for all of them: now + ``grace``
+        (default: the node's)."""
+        grace = self.rt.config.grace if grace is None else grace
         running: list[Entry] = []
         wakeups: list[Any] = []
         for entry in group:
@@ -637,8 +657,8 @@ class CortexLogic:
                 self._post(entry, CancelSignal(entry_code))  # its actor also drops queued input
             else:
                 if entry.state is SessionState.SUSPENDED:  # it wakes to wrap up in grace
-                    entry.suspend_requested = False
                     self._set_state(entry, SessionState.ACTIVE, entry_code)
+                entry.suspend_requested = False
                 # Straight onto the shared state: a mailbox hop per session made
                 # cancelling a 4,681-session tree cost a thread wake-up each.
                 entry.core.request_cancel(entry_code, wakeups)
@@ -709,15 +729,17 @@ class CortexLogic:
             )
         if not entry.suspend_requested:
             entry.suspend_requested = True
+            entry.core.request_suspend(True)
             self._emit(EventKind.SUSPEND_REQUESTED, entry)
-            self._post(entry, SuspendSignal())
         return None
 
     def _parked(self, session_id: uuid.UUID) -> None:
         entry = self.entries.get(session_id)
         if entry is None or not entry.suspend_requested or entry.state is not SessionState.ACTIVE:
             return
-        if entry.cancel_code is not None:
+        with entry.core.cond:
+            parked = entry.core.parked  # False when a resume already let it go (stale)
+        if entry.cancel_code is not None or not parked:
             return
         self._set_state(entry, SessionState.SUSPENDED)
         if self.shutdown_waiters:
@@ -742,7 +764,7 @@ class CortexLogic:
         entry.suspend_requested = False
         if entry.state is SessionState.SUSPENDED:
             self._set_state(entry, SessionState.ACTIVE)
-        self._post(entry, ResumeSignal())
+        entry.core.request_suspend(False)
         return None
 
     # -- messages, progress, periodic checks -------------------------------------
@@ -910,8 +932,9 @@ class CortexLogic:
     # -- shutdown and failure ------------------------------------------------------
 
     def op_begin_shutdown(self, grace: float, reply: Reply) -> object:
-        """Stop taking work; suspend running branches, cancel workers (with grace),
-        keep mains. Answers ``reply`` once that has settled or the grace ran out."""
+        """Stop taking work; suspend running branches, cancel workers with ``grace``
+        (forced at its end, their parents told), keep mains. Answers ``reply`` with
+        every session once that has settled or the grace ran out."""
         self.closing = True
         if self.tick_timer is not None:
             self.tick_timer.cancel()
@@ -929,9 +952,10 @@ class CortexLogic:
             ):
                 entry.suspend_requested = True
                 entry.shutdown_park = True
-                self._post(entry, SuspendSignal())
+                entry.core.request_suspend(True)
+                self._emit(EventKind.SUSPEND_REQUESTED, entry, data={"why": "shutdown"})
         if workers:
-            self._cancel_group(workers, ErrorCode.CANCELLED)
+            self._cancel_group(workers, ErrorCode.CANCELLED, grace=grace)
         self.shutdown_waiters.append(reply)
         ref, activity = self.self_ref, self.rt.activity
         assert ref is not None
@@ -957,7 +981,9 @@ class CortexLogic:
         self._settle_shutdown()
 
     def op_shutdown_deadline(self) -> None:
-        """The shutdown grace ran out: fence branches that never parked, then settle."""
+        """The shutdown grace ran out: force workers still running, fence branches
+        that never parked, then settle."""
+        self.op_force_workers()
         for entry in self.entries.values():
             if entry.shutdown_park and entry.state is SessionState.ACTIVE:
                 self._post(entry, ForceStop(ErrorCode.NODE_CLOSED))
@@ -1009,6 +1035,9 @@ class CortexLogic:
 
 
 _DEFERRED = object()
+#: What an operation raises for a bad request (before it changes anything);
+#: anything else raised in a handler is a broken invariant and fails the node.
+_CALLER_MISTAKES = (UnknownSessionError, RejectedInputError, NodeClosedError)
 _STOP_BATCH = 512
 
 _ENDING_MESSAGES: dict[ErrorCode, str] = {

@@ -173,6 +173,7 @@ class Runtime:
     activity: Activity
     slots: ComputeSlots
     executor: StepExecutor
+    main_executor: StepExecutor
     loop: Callable[[], EventLoopThread]
     events: EventBus
     host: SessionHost

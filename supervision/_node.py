@@ -185,11 +185,21 @@ class _Host:
     def __init__(self, node: Node) -> None:
         self.node = node
 
+    # A skill spawning while the node shuts down (or after) gets node_closed
+    # back as a value, like any refused spawn.
     def spawn(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
-        return self.node._spawned(self.node._call("spawn", parent.session_id, spec))
+        try:
+            answer = self.node._call("spawn", parent.session_id, spec, check=False)
+        except NodeClosedError as exc:
+            return Spawned(None, exc.to_info())
+        return self.node._spawned(answer)
 
     async def spawn_async(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
-        return self.node._spawned(await self.node._acall("spawn", parent.session_id, spec))
+        try:
+            answer = await self.node._acall("spawn", parent.session_id, spec, check=False)
+        except NodeClosedError as exc:
+            return Spawned(None, exc.to_info())
+        return self.node._spawned(answer)
 
     def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
         return self.node.memory.put(core.info.agent_id, core.session_id, key, value)
@@ -243,6 +253,7 @@ class Node:
         self._loop: EventLoopThread | None = None
         self._loop_lock = threading.Lock()
         self._executor = StepExecutor(self.config.max_step_threads)
+        self._main_executor = StepExecutor(self.config.max_step_threads, "sessiontree-step-main")
         agents_by_id: dict[str, Agent] = {}
         for agent in agents:
             if agent.agent_id in agents_by_id:
@@ -255,6 +266,7 @@ class Node:
             activity=self.activity,
             slots=ComputeSlots(self.config.max_running_skills),
             executor=self._executor,
+            main_executor=self._main_executor,
             loop=self._event_loop,
             events=self.events,
             host=_Host(self),
@@ -297,8 +309,9 @@ class Node:
         self._send_call(name, args, reply)
         return reply.get(self.config.ask_timeout if timeout is None else timeout)
 
-    async def _acall(self, name: str, *args: Any) -> Any:
-        self._check_open()
+    async def _acall(self, name: str, *args: Any, check: bool = True) -> Any:
+        if check:
+            self._check_open()
         reply = Reply()
         self._send_call(name, args, reply)
         return await reply.get_async(self.config.ask_timeout)
@@ -419,8 +432,10 @@ class Node:
         try:
             return reply.get(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
         except AskTimeoutError:
-            self._tell(Call("forget_waiter", (sid, reply)))
             return None
+        finally:
+            if not reply.done:
+                self._tell(Call("forget_waiter", (sid, reply)))
 
     def result(self, session_id: uuid.UUID | SessionRef) -> SessionResult | None:
         """The session's result if it has ended, else None (never waits)."""
@@ -518,8 +533,10 @@ class Node:
         try:
             return await reply.get_async(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
         except AskTimeoutError:
-            self._tell(Call("forget_waiter", (sid, reply)))
             return None
+        finally:
+            if not reply.done:  # timed out or cancelled: the Cortex forgets the waiter
+                self._tell(Call("forget_waiter", (sid, reply)))
 
     async def aresults(self, session_id: uuid.UUID | SessionRef) -> list[SessionResult]:
         return await self._acall("results", _sid(session_id))  # type: ignore[no-any-return]
@@ -578,6 +595,7 @@ class Node:
         finally:
             self._cortex.stop(block=False)
             self._executor.close()
+            self._main_executor.close()
             if self._loop is not None:
                 self._loop.close()
             if self._own_clock and isinstance(self.clock, RealClock):

@@ -273,12 +273,14 @@ def test_everything_a_fenced_skill_does_later_is_refused_and_counted(
     make_node: Any, clock: VirtualClock
 ) -> None:
     forced = threading.Event()
+    caught = threading.Event()
     attempts: list[str] = []
 
     def stubborn(session: Any) -> Any:
         try:
             session.sleep(10_000)
         except Cancelled:
+            caught.set()
             forced.wait(WAIT)  # past the deadline now: the session is fenced
         for call in (
             lambda: session.spawn(kind="worker"),
@@ -295,6 +297,7 @@ def test_everything_a_fenced_skill_does_later_is_refused_and_counted(
     ref = node.main("agent").spawn(kind="branch", skill="stubborn").ref
     settle(node)
     ref.cancel()
+    assert caught.wait(WAIT)
     clock.advance(1.0)
     assert ref.wait(WAIT).error.code is ErrorCode.TERMINATED_BY_FORCE
     forced.set()

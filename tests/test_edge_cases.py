@@ -1,0 +1,228 @@
+"""Edge cases found in review: each once failed the node, hung, or leaked."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from sessiontree.actors import VirtualClock
+from sessiontree.protocol import ErrorCode, Outcome, SessionKind, SessionState
+from sessiontree.supervision import Agent, EventKind, Node, NodeConfig
+from tests.conftest import WAIT, settle
+
+
+def idle_main(session: Any) -> None:
+    return None
+
+
+def quick(session: Any) -> str:
+    return "ok"
+
+
+def waits(session: Any) -> str:
+    session.sleep(10_000)
+    return "done"
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Outcome(artifacts=[("not", "a mapping")]),  # type: ignore[arg-type]
+        Outcome(memory_ids=7),  # type: ignore[arg-type]
+        Outcome(summary=3),  # type: ignore[arg-type]
+    ],
+)
+def test_a_skill_returning_a_malformed_outcome_crashes_only_itself(
+    make_node: Any, outcome: Outcome
+) -> None:
+    node = make_node(Agent("agent", {"main": idle_main, "bad": lambda s: outcome}))
+    result = node.run(node.main("agent"), kind="worker", skill="bad", timeout=WAIT)
+    assert result.error.code is ErrorCode.CRASHED
+    assert result.error.detail["type"] == "builtins.TypeError"
+    assert node.failure is None
+    assert node.main("agent").state is SessionState.ACTIVE
+
+
+def test_an_abandoned_async_wait_leaves_nothing_behind_and_never_fails_the_node(
+    make_node: Any,
+) -> None:
+    node = make_node(Agent("agent", {"main": idle_main, "waits": waits}))
+    ref = node.main("agent").spawn(kind="branch", skill="waits").ref
+
+    async def give_up() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ref.await_result(), timeout=0.05)
+
+    asyncio.run(give_up())  # that loop is closed from here on
+    settle(node)
+    assert node.stats()["result_waiters"] == 0
+    ref.cancel()
+    assert ref.wait(WAIT).status is SessionState.CANCELLED
+    assert node.failure is None
+
+
+def test_a_sync_main_cycle_never_takes_the_thread_its_child_needs(make_node: Any) -> None:
+    heard: list[Any] = []
+
+    def lead(session: Any) -> None:
+        if session.message == "go":
+            child = session.spawn(kind="worker", skill="quick")
+            heard.append(session.wait(child.session_id).summary)
+
+    node = make_node(Agent("agent", {"lead": lead, "quick": quick}), max_step_threads=1)
+    node.main("agent").send("go")
+    settle(node)
+    assert heard == ["ok"]
+
+
+def test_evicting_an_ended_main_keeps_the_key_of_its_successor(make_node: Any) -> None:
+    node = make_node(Agent("agent", {"main": idle_main, "quick": quick}), retain_terminal=1)
+    first = node.main("agent", "telegram:dm:1")
+    first.cancel()
+    second = node.main("agent", "telegram:dm:1")
+    assert second != first
+    node.run(second, kind="worker", skill="quick", timeout=WAIT)  # evicts the first main
+    node.run(second, kind="worker", skill="quick", timeout=WAIT)
+    assert node.main("agent", "telegram:dm:1") == second
+
+
+def test_a_session_ended_before_its_run_began_never_runs(make_node: Any) -> None:
+    ran: list[str] = []
+
+    def work(session: Any) -> str:
+        ran.append(session.task)
+        return "ok"
+
+    node = make_node(Agent("agent", {"main": idle_main, "work": work}), grace=0.0)
+    main = node.main("agent")
+    refs = []
+    for i in range(30):
+        ref = main.spawn(kind="branch", skill="work", task=str(i)).ref
+        ref.cancel()
+        refs.append(ref)
+    settle(node)
+    for ref in refs:
+        result = ref.wait(WAIT)
+        if ref.info().task not in ran:  # it never ran: nothing was held for it
+            assert result.error.code is ErrorCode.TERMINATED_BY_FORCE
+    stats = node.stats()
+    assert (stats["slots_in_use"], stats["zombies"], stats["sync_threads"]) == (0, 0, 0)
+
+
+def test_the_shutdown_grace_applies_to_workers_and_their_parents_hear(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    release = threading.Event()
+
+    def stubborn(session: Any) -> str:
+        try:
+            session.sleep(10_000)
+        finally:
+            release.wait(WAIT)
+        return "late"
+
+    node = make_node(Agent("agent", {"main": idle_main, "stubborn": stubborn}), grace=600.0)
+    main = node.main("agent")
+    worker = main.spawn(kind="worker", skill="stubborn").ref
+    settle(node)
+    stopper = threading.Thread(target=lambda: node.shutdown(grace=2.0, timeout=WAIT))
+    stopper.start()
+    assert worker.wait(0.2) is None
+    clock.advance(2.0)  # the shutdown's grace, not the node's 600 s
+    stopper.join(WAIT)
+    final = {s.session_id: s.state for s in node.final_sessions}
+    assert final[worker.session_id] is SessionState.CANCELLED
+    release.set()
+
+
+def test_nothing_pending_starts_while_the_node_shuts_down(make_node: Any) -> None:
+    started: list[str] = []
+    go = threading.Event()
+
+    def work(session: Any) -> str:
+        started.append(session.task)
+        go.wait(WAIT)  # holds the only compute slot, no checkpoint
+        session.checkpoint()  # parks here when the shutdown asks
+        return "done"
+
+    node = make_node(Agent("agent", {"main": idle_main, "work": work}), max_running_skills=1)
+    main = node.main("agent")
+    first = main.spawn(kind="branch", skill="work", task="A").ref
+    second = main.spawn(kind="branch", skill="work", task="B").ref
+    asked = threading.Event()
+    node.subscribe(lambda e: e.kind is EventKind.SUSPEND_REQUESTED and asked.set())
+    stopper = threading.Thread(target=lambda: node.shutdown(grace=5.0, timeout=WAIT))
+    stopper.start()
+    assert asked.wait(WAIT)  # the shutdown asked A to park; now let it reach a checkpoint
+    go.set()
+    stopper.join(WAIT)
+    final = {s.session_id: s.state for s in node.final_sessions}
+    assert started == ["A"]
+    assert final[first.session_id] is SessionState.SUSPENDED
+    assert final[second.session_id] is SessionState.PENDING
+
+
+def test_a_second_collect_waits_only_for_children_not_yet_taken(make_node: Any) -> None:
+    def twice(session: Any) -> dict[str, Any]:
+        session.spawn(kind="worker", skill="quick")
+        first = session.collect()
+        session.spawn(kind="worker", skill="quick")
+        second = session.collect()
+        return {"first": len(first), "second": len(second), "ok": second[0].result.ok}
+
+    node = make_node(Agent("agent", {"main": idle_main, "twice": twice, "quick": quick}))
+    result = node.run(node.main("agent"), kind="branch", skill="twice", timeout=WAIT)
+    assert result.artifacts == {"first": 1, "second": 1, "ok": True}
+
+
+def test_zombies_are_evicted_once_their_thread_returns(make_node: Any) -> None:
+    release, started = threading.Event(), threading.Event()
+
+    def hang(session: Any) -> str:
+        started.set()
+        release.wait(WAIT)  # no checkpoint: forced termination abandons this thread
+        return "late"
+
+    agent = Agent("agent", {"main": idle_main, "hang": hang, "quick": quick})
+    node = make_node(agent, grace=0.0, retain_terminal=1)
+    main = node.main("agent")
+    zombie = main.spawn(kind="worker", skill="hang").ref
+    assert started.wait(WAIT)
+    zombie.cancel()
+    assert node.stats()["zombies"] == 1
+    for _ in range(3):
+        node.run(main, kind="worker", skill="quick", timeout=WAIT)
+    release.set()
+    settle(node)
+    for _ in range(3):
+        node.run(main, kind="worker", skill="quick", timeout=WAIT)
+    assert node.stats()["indexed_sessions"] == 2  # the main and the last ended worker
+
+
+def test_a_skill_spawning_after_shutdown_gets_node_closed_back(clock: VirtualClock) -> None:
+    entered, go, answered = threading.Event(), threading.Event(), threading.Event()
+    answers: list[Any] = []
+
+    def lead(session: Any) -> None:
+        entered.set()
+        go.wait(WAIT)
+        answers.append(session.spawn(kind="worker", skill="quick").error.code)
+        answered.set()
+
+    node = Node([Agent("agent", {"lead": lead, "quick": quick})], clock=clock)
+    node.main("agent").send("hi")
+    assert entered.wait(WAIT)
+    node.shutdown(grace=0, timeout=1.0)  # the cycle is still running: it is left behind
+    go.set()
+    assert answered.wait(WAIT)
+    assert answers == [ErrorCode.NODE_CLOSED]
+
+
+def test_nonsense_periodic_checks_and_agent_ttls_are_refused() -> None:
+    with pytest.raises(ValueError, match="check_interval"):
+        NodeConfig(check_interval=0.0)
+    with pytest.raises(ValueError, match="ttls"):
+        Agent("agent", {"main": idle_main}, ttls={SessionKind.MAIN: -1.0})
