@@ -33,8 +33,9 @@ class Cancelled(BaseException):
 
     It subclasses ``BaseException`` so that ``except Exception`` in skill code
     cannot swallow it. ``code`` says why: ``cancelled`` (an explicit cancel),
-    ``parent_terminated`` (the parent ended), ``ttl_expired`` or
-    ``terminated_by_force`` (the skill is fenced: nothing it does counts).
+    ``parent_terminated`` (the parent ended), or — once the skill is fenced and
+    nothing it does counts — ``terminated_by_force``, ``ttl_expired`` or
+    ``node_closed`` (a branch that never parked during a shutdown).
     """
 
     def __init__(self, code: ErrorCode, session_id: uuid.UUID) -> None:
@@ -64,10 +65,12 @@ class SessionContext:
 class SessionCore:
     """Everything about one live session that its actor and its skill share.
 
-    The Cortex thread decides ``state``; the session actor sets the request
-    flags and delivers results; the skill thread reads them at checkpoints.
-    All of it is guarded by ``cond``. Blocking waits release the compute slot
-    and count the skill as blocked for :class:`Activity`.
+    The Cortex thread decides ``state``, files child results and sets the
+    cancel, suspend and fence requests; the session actor starts runs; the
+    skill thread reads the requests at checkpoints. All of it is guarded by
+    ``cond``. Blocking waits release the compute slot and count the skill as
+    blocked for :class:`Activity`. ``resumed`` is set by recovery after a
+    restart (the persistence issue).
     """
 
     def __init__(
@@ -89,15 +92,12 @@ class SessionCore:
         self.context = SessionContext()
         self.received: collections.deque[SessionResult] = collections.deque(maxlen=max_results)
         self.unclaimed: dict[uuid.UUID, SessionResult] = {}
-        self.progress: list[dict[str, Any]] = []
         self.cancel_code: ErrorCode | None = None
         self.cancel_raised = False
         self.suspend_requested = False
         self.parked = False
         self.fence_code: ErrorCode | None = None
         self.resumed = False
-        self.refused = 0
-        self.started_at: float | None = None
         self.last_checkpoint = clock.monotonic()
         self.stuck = False
         self.holds_slot = False
@@ -157,11 +157,6 @@ class SessionCore:
             if self.fence_code is None:
                 self.fence_code = code
             self.wake()
-
-    @property
-    def interrupt_pending(self) -> bool:
-        """A checkpoint would raise or park right now."""
-        return self._interrupted(parking=False)
 
     def _interrupted(self, *, parking: bool) -> bool:
         if self.fenced or (self.cancel_code is not None and not self.cancel_raised):

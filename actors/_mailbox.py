@@ -31,6 +31,7 @@ __all__ = [
     "Reply",
     "actor_class",
     "drain_inbox",
+    "handler_scope",
     "in_actor_handler",
     "post",
     "start_actor",

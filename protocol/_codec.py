@@ -59,7 +59,7 @@ def decode_strict(
     """Decode untrusted ``data`` with ``decoder`` after checking its size.
 
     Raises ``RejectedInputError`` (naming the field where msgspec says which)
-    when the payload is too large, nested deeper than ``MAX_NESTING``,
+    when the payload is too large, (JSON) nested deeper than ``MAX_NESTING``,
     malformed, has unknown fields or fields of the wrong type. Nothing is
     coerced: ``"5"`` is not a float.
     """

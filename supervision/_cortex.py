@@ -23,6 +23,7 @@ import pykka
 
 from sessiontree.actors import (
     CancelSignal,
+    Counted,
     CycleDone,
     Deliver,
     ForceStop,
@@ -34,13 +35,14 @@ from sessiontree.actors import (
     Start,
     TimerHandle,
     actor_class,
+    drain_inbox,
+    handler_scope,
     is_async_skill,
     post,
     start_actor,
     stop_actor,
     wake_batch,
 )
-from sessiontree.actors._mailbox import Counted, drain_inbox, handler_scope
 from sessiontree.protocol import (
     CancelCmd,
     ErrorCode,
@@ -63,6 +65,7 @@ from sessiontree.protocol import (
     UnknownAgentError,
     UnknownSessionError,
     is_legal_transition,
+    new_session_id,
 )
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._events import Event, EventKind
@@ -167,6 +170,8 @@ class CortexLogic:
             stop_actor(ref)
 
     def _dispatch(self, body: Any) -> Any:
+        if self.failed is not None and not isinstance(body, Call):
+            return None  # the index is untrusted: nothing more is decided from it
         match body:
             case Call(name=name, args=args, reply=reply):
                 op = getattr(self, f"op_{name}", None)
@@ -310,7 +315,7 @@ class CortexLogic:
         else:
             tier = agent.model_tiers[-1]
         info = SessionInfo(
-            session_id=uuid.uuid4(),
+            session_id=new_session_id(),
             agent_id=agent.agent_id,
             parent_id=parent.session_id if parent else None,
             kind=kind,
@@ -440,7 +445,18 @@ class CortexLogic:
             return SpawnAnswer(None, error)
         assert parent is not None
         assert agent is not None
-        entry = self._new_entry(agent, spec.kind, parent, spec, resolve_ttl(spec, agent), None)
+        try:
+            entry = self._new_entry(agent, spec.kind, parent, spec, resolve_ttl(spec, agent), None)
+        except RuntimeError as exc:  # "can't start new thread": nothing was registered
+            self.rt.counters["rejected_capacity_exceeded"] += 1
+            return SpawnAnswer(
+                None,
+                ErrorInfo(
+                    code=ErrorCode.CAPACITY_EXCEEDED,
+                    message=f"no actor could be started for a child of {parent_id}: {exc}",
+                    detail={"limit": "threads"},
+                ),
+            )
         parent.children[entry.session_id] = None
         parent.live_children += 1
         if spec.request_id is not None:
@@ -473,8 +489,6 @@ class CortexLogic:
     def _activate(self, entry: Entry) -> None:
         entry.core.take_slot()
         entry.started_at = self._now()
-        with entry.core.cond:
-            entry.core.started_at = entry.started_at
         self._set_state(entry, SessionState.ACTIVE)
         self._post(entry, Start())
 

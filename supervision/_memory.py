@@ -11,6 +11,8 @@ import threading
 import uuid
 from typing import Any, Protocol
 
+from sessiontree.protocol import RejectedInputError
+
 __all__ = ["InMemorySpace", "MemorySpace"]
 
 
@@ -41,7 +43,7 @@ class InMemorySpace:
     def put(self, agent_id: str, session_id: uuid.UUID, key: str, value: Any) -> str:
         if not isinstance(key, str) or not key or len(key) > 512:
             msg = f"memory key must be a non-empty string of at most 512 characters: {key!r}"
-            raise ValueError(msg)
+            raise RejectedInputError(msg, field="key")
         memory_id = f"mem-{uuid.uuid4()}"
         with self._lock:
             self._values[(agent_id, key)] = (memory_id, value)

@@ -42,6 +42,7 @@ from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
     NodeClosedError,
+    RejectedInputError,
     SessionInfo,
     SessionKind,
     SessionResult,
@@ -244,6 +245,7 @@ class Node:
         self.activity = Activity()
         self.events = EventBus()
         self.fatal_error: BaseException | None = None
+        self.rejected_input = 0
         self.final_sessions: list[SessionInfo] = []
         """Every session as the shutdown left it (filled in by ``shutdown``)."""
         self.failure: BaseException | None = None
@@ -416,10 +418,15 @@ class Node:
     def control(self, data: bytes, *, fmt: str = "json") -> object:
         """Decode one untrusted control command and apply it.
 
-        Raises ``RejectedInputError`` (naming the field) for bad input; the
-        node counts nothing else and goes on.
+        Raises ``RejectedInputError`` (naming the field) for bad input, which
+        is counted (``stats()["rejected_input"]``); the node goes on.
         """
-        command: ControlMessage = decode_control(data, fmt=fmt)
+        try:
+            command: ControlMessage = decode_control(data, fmt=fmt)
+        except RejectedInputError:
+            with self._state_lock:
+                self.rejected_input += 1
+            raise
         return self._call("control", command)
 
     def wait(
@@ -451,7 +458,9 @@ class Node:
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges: live sessions, zombies, refusals, slots…"""
-        return self._call("stats", check=False)  # type: ignore[no-any-return]
+        stats: dict[str, int] = self._call("stats", check=False)
+        stats["rejected_input"] = self.rejected_input
+        return stats
 
     def inspect(
         self,

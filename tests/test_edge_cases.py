@@ -9,8 +9,15 @@ from typing import Any
 import pytest
 
 from sessiontree.actors import VirtualClock
-from sessiontree.protocol import ErrorCode, Outcome, SessionKind, SessionState
+from sessiontree.protocol import (
+    ErrorCode,
+    Outcome,
+    RejectedInputError,
+    SessionKind,
+    SessionState,
+)
 from sessiontree.supervision import Agent, EventKind, Node, NodeConfig
+from sessiontree.supervision import _cortex as cortex_module
 from tests.conftest import WAIT, settle
 
 
@@ -226,3 +233,40 @@ def test_nonsense_periodic_checks_and_agent_ttls_are_refused() -> None:
         NodeConfig(check_interval=0.0)
     with pytest.raises(ValueError, match="ttls"):
         Agent("agent", {"main": idle_main}, ttls={SessionKind.MAIN: -1.0})
+
+
+def test_rejected_control_input_is_counted(make_node: Any) -> None:
+    node = make_node(Agent("agent", {"main": idle_main}))
+    for bad in (b"{", b'{"type":"nope"}', b"[]"):
+        with pytest.raises(RejectedInputError):
+            node.control(bad)
+    assert node.stats()["rejected_input"] == 3
+
+
+def test_a_spawn_whose_actor_cannot_start_is_capacity_exceeded(
+    make_node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node(Agent("agent", {"main": idle_main, "quick": quick}))
+    main = node.main("agent")
+
+    def no_thread(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(cortex_module, "start_actor", no_thread)
+    refused = main.spawn(kind="worker", skill="quick")
+    assert refused.error.code is ErrorCode.CAPACITY_EXCEEDED
+    assert "can't start new thread" in refused.error.message
+    assert node.stats()["live_sessions"] == 1
+    assert node.failure is None
+
+
+def test_a_bad_memory_key_is_refused_by_name(make_node: Any) -> None:
+    def writes(session: Any) -> str:
+        session.memory_put("", 1)
+        return "wrote"
+
+    node = make_node(Agent("agent", {"main": idle_main, "writes": writes}))
+    result = node.run(node.main("agent"), kind="branch", skill="writes", timeout=WAIT)
+    assert result.error.code is ErrorCode.CRASHED
+    assert "memory key" in result.error.message
+    assert result.error.detail["type"].endswith("RejectedInputError")
