@@ -1052,7 +1052,7 @@ _DEFERRED = object()
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.
 _CALLER_MISTAKES = (UnknownSessionError, RejectedInputError, NodeClosedError)
-_STOP_BATCH = 512
+_STOP_BATCH = 4096  # ended actors stopped at once past this, else when the inbox empties
 
 _ENDING_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.CANCELLED: "session {} was cancelled",
