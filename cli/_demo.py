@@ -33,7 +33,6 @@ import logging
 import queue
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessiontree.actors import AsyncSession, Cancelled, Session
+from sessiontree.actors import AsyncSession, Cancelled, RealClock, Session
 from sessiontree.protocol import (
     ErrorCode,
     Outcome,
@@ -106,15 +105,17 @@ class _Gates:
 
 def _wait_gate(session: Session, *gates: threading.Event) -> None:
     """Wait for ``gates`` at checkpoints (cancellation still gets through); bounded."""
-    deadline = time.monotonic() + _GATE_LIMIT
-    while not all(g.is_set() for g in gates) and time.monotonic() < deadline:
+    for _ in range(int(_GATE_LIMIT / _POLL)):
+        if all(g.is_set() for g in gates):
+            return
         session.sleep(_POLL)
 
 
 async def _await_gate(session: AsyncSession, gate: threading.Event) -> None:
     """``_wait_gate`` for async skills: waits on the session's clock, holding no thread."""
-    deadline = time.monotonic() + _GATE_LIMIT
-    while not gate.is_set() and time.monotonic() < deadline:
+    for _ in range(int(_GATE_LIMIT / _POLL)):
+        if gate.is_set():
+            return
         await session.sleep(_POLL)
 
 
@@ -315,13 +316,14 @@ def run_demo(
     exist; today the run keeps everything in memory. Raises ``DemoError`` if
     the scenario does not settle within 15 s.
     """
-    started = time.monotonic()
+    clock = RealClock()  # the node's, and the demo's stopwatch
+    started = clock.monotonic()
     gates = _Gates()
     scenario = _Scenario(gates)
     watch = _Watch(_MAIN_CYCLES)
     with _store_dir(store) as where:
         log.info("demo store directory: %s (unused until persistence lands)", where)
-        node = Node([scenario.agent()], NodeConfig(grace=DEMO_GRACE))
+        node = Node([scenario.agent()], NodeConfig(grace=DEMO_GRACE), clock=clock)
         try:
             node.subscribe(watch)
             main = node.main(AGENT_ID, MAIN_KEY)
@@ -330,28 +332,29 @@ def run_demo(
                 raise DemoError(f"the main session refused the question: {error.message}")
             deadline = started + _SETTLE_TIMEOUT
             while not watch.settled():
-                if time.monotonic() > deadline:
+                if clock.monotonic() > deadline:
                     raise DemoError(f"the scenario did not settle in {_SETTLE_TIMEOUT:.0f} s")
-                _drain(watch, node, on_event, started, block=0.05)
+                _drain(watch, node, on_event, lambda: clock.monotonic() - started, block=0.05)
             gates.release.set()  # the stubborn worker was terminated; let its thread end
             if not node.wait_idle(5.0):
                 log.warning("the node was not idle 5 s after the scenario settled")
-            _drain(watch, node, on_event, started, block=None)
+            _drain(watch, node, on_event, lambda: clock.monotonic() - started, block=None)
             sessions = _rows(node.tree(main))
             stats = node.stats()
         finally:
             gates.release.set()
             node.shutdown(grace=DEMO_GRACE, timeout=5.0)
-        _drain(watch, node, on_event, started, block=None)
+            clock.close()
+        _drain(watch, node, on_event, lambda: clock.monotonic() - started, block=None)
     rejections = [_rejection(event) for event in watch.rejections]
-    return DemoReport(sessions, rejections, time.monotonic() - started, stats)
+    return DemoReport(sessions, rejections, clock.monotonic() - started, stats)
 
 
 def _drain(
     watch: _Watch,
     node: Node,
     on_event: Callable[[Node, Event, float], None] | None,
-    started: float,
+    elapsed: Callable[[], float],
     block: float | None,
 ) -> None:
     """Hand queued events to ``on_event``; wait up to ``block`` seconds for the first."""
@@ -362,7 +365,7 @@ def _drain(
             return
         block = None
         if on_event is not None:
-            on_event(node, event, time.monotonic() - started)
+            on_event(node, event, elapsed())
 
 
 def _rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
