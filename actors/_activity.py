@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 __all__ = ["Activity"]
 
@@ -20,6 +21,9 @@ class Activity:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._busy = 0
+        self.on_idle: Callable[[], None] | None = None
+        """Called (on the thread that ended the last piece of work) when nothing is
+        left in flight; it must be quick and must not raise."""
 
     def begin(self) -> None:
         """One more message or running skill."""
@@ -30,8 +34,11 @@ class Activity:
         """One fewer; wakes ``wait_idle`` when nothing is left."""
         with self._cond:
             self._busy -= 1
-            if self._busy <= 0:
+            idle = self._busy <= 0
+            if idle:
                 self._cond.notify_all()
+        if idle and self.on_idle is not None:
+            self.on_idle()
 
     @property
     def busy(self) -> int:

@@ -77,6 +77,7 @@ from sessiontree.supervision._index import (
     Granted,
     Parked,
     Progress,
+    Reap,
     Refused,
     RunEnded,
     Runtime,
@@ -118,6 +119,7 @@ class CortexLogic:
     def on_start(self) -> None:
         """Runs on the Cortex thread before any message; arms the periodic check."""
         self.self_ref = self.actor_ref  # type: ignore[attr-defined]
+        self.rt.activity.on_idle = self.on_idle
         self._arm_tick()
 
     def on_stop(self) -> None:
@@ -152,22 +154,27 @@ class CortexLogic:
             self._fail(exc)
             return None
         finally:
-            if self.to_stop and (len(self.to_stop) >= _STOP_BATCH or self._inbox_empty()):
+            if len(self.to_stop) >= _STOP_BATCH:
                 self._stop_ended()
             if counted:
                 self.rt.activity.end()
 
-    def _inbox_empty(self) -> bool:
-        inbox = getattr(self, "actor_inbox", None)
-        return inbox is None or inbox.empty()
-
     def _stop_ended(self) -> None:
-        """Stop the actors of ended sessions. Deferred until the Cortex's inbox is
-        empty (or a batch is full): waking thousands of actor threads to stop
-        must not hold up the state changes of a cascade."""
+        """Stop the actors of ended sessions. Deferred until the node is idle (a
+        ``Reap``), the periodic check, or a full batch: waking thousands of actor
+        threads to stop must not hold up the state changes of a cascade."""
         refs, self.to_stop = self.to_stop, []
         for ref in refs:
             stop_actor(ref)
+
+    def on_idle(self) -> None:
+        """``Activity.on_idle``: ask for a ``Reap`` if ended actors wait to stop.
+
+        Runs on whichever thread finished the last piece of work; it only posts.
+        """
+        ref = self.self_ref
+        if self.to_stop and ref is not None and self.failed is None:
+            post(ref, Reap(), self.rt.activity)
 
     def _dispatch(self, body: Any) -> Any:
         if self.failed is not None and not isinstance(body, Call):
@@ -209,7 +216,10 @@ class CortexLogic:
                 self.rt.counters["refused_after_fence"] += 1
                 self._emit(EventKind.REFUSED, self.entries.get(sid), data={"what": what})
             case Tick():
+                self._stop_ended()
                 self._tick()
+            case Reap():
+                self._stop_ended()
             case SpawnCmd() | SendCmd() | CancelCmd() | SuspendCmd() | ResumeCmd():
                 return self.op_control(body)
             case _:
@@ -1052,7 +1062,7 @@ _DEFERRED = object()
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.
 _CALLER_MISTAKES = (UnknownSessionError, RejectedInputError, NodeClosedError)
-_STOP_BATCH = 4096  # ended actors stopped at once past this, else when the inbox empties
+_STOP_BATCH = 4096  # ended actors waiting to stop: past this they stop at once
 
 _ENDING_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.CANCELLED: "session {} was cancelled",

@@ -42,6 +42,7 @@ __all__ = [
     "Granted",
     "Parked",
     "Progress",
+    "Reap",
     "Refused",
     "RunEnded",
     "Runtime",
@@ -104,6 +105,11 @@ class Refused:
 @dataclass(frozen=True, slots=True)
 class Tick:
     """The periodic check: stuck sessions and memory pressure."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reap:
+    """The node went idle: stop the actors of sessions that ended meanwhile."""
 
 
 # -- state ------------------------------------------------------------------
