@@ -1,5 +1,7 @@
 """The wire and storage types: msgspec Structs, enums, errors and codecs."""
 
+import logging
+
 from sessiontree.protocol._codec import (
     MAX_CONTROL_BYTES,
     MAX_NESTING,
@@ -38,6 +40,9 @@ from sessiontree.protocol._states import (
     SessionState,
     is_legal_transition,
 )
+
+# The library never configures logging; applications (and the CLI) do.
+logging.getLogger("sessiontree").addHandler(logging.NullHandler())
 
 __all__ = [
     "MAX_CONTROL_BYTES",

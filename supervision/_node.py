@@ -69,7 +69,6 @@ from sessiontree.supervision._memory import InMemorySpace, MemorySpace
 __all__ = ["Node", "SessionRef", "Spawned"]
 
 log = logging.getLogger("sessiontree.node")
-log.addHandler(logging.NullHandler())
 
 _NIL = uuid.UUID(int=0)
 
