@@ -34,11 +34,14 @@ class Activity:
         """One fewer; wakes ``wait_idle`` when nothing is left."""
         with self._cond:
             self._busy -= 1
-            idle = self._busy <= 0
-            if idle:
+            if self._busy > 0:
+                return
+        hook = self.on_idle
+        if hook is not None:
+            hook()  # it may hand on more work (begin): then we are not idle after all
+        with self._cond:
+            if self._busy <= 0:
                 self._cond.notify_all()
-        if idle and self.on_idle is not None:
-            self.on_idle()
 
     @property
     def busy(self) -> int:

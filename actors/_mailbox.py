@@ -126,7 +126,7 @@ def drain_inbox(actor: pykka.Actor, activity: Activity, refuse: Callable[[object
                 refuse(message.message)
             finally:
                 activity.end()
-        elif envelope.reply_to is not None and not isinstance(message, type(_STOP)):
+        if envelope.reply_to is not None and not isinstance(message, type(_STOP)):
             error = pykka.ActorDeadError(f"{actor} stopped before handling the message")
             envelope.reply_to.set_exception(exc_info=(type(error), error, None))
 

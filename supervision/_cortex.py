@@ -106,6 +106,7 @@ class CortexLogic:
         self.live = 0
         self.sync_threads = 0
         self.zombies = 0
+        self.main_zombies = 0
         self.closing = False
         self.failed: BaseException | None = None
         self.shutdown_waiters: list[Reply] = []
@@ -113,6 +114,7 @@ class CortexLogic:
         self.session_class = actor_class(SessionActorLogic, runtime.config.actor_type)
         self.tick_timer: TimerHandle | None = None
         self.to_stop: list[pykka.ActorRef[Any]] = []
+        self.stopped = False
 
     # -- pykka hooks --------------------------------------------------------
 
@@ -123,9 +125,20 @@ class CortexLogic:
         self._arm_tick()
 
     def on_stop(self) -> None:
-        """Runs on the Cortex thread as it stops: callers still queued get
-        ``NodeClosedError`` instead of waiting for their timeout."""
+        """Runs on the Cortex thread as it stops: ended actors are stopped, and
+        callers still queued or waiting get ``NodeClosedError`` instead of
+        waiting for their timeout."""
+        self.stopped = True
+        self.rt.activity.on_idle = None
+        self._stop_ended()
+        self._fail_waiters(NodeClosedError("the node stopped before the session ended"))
         drain_inbox(self, self.rt.activity, self._refuse_stopped)  # type: ignore[arg-type]
+
+    def _fail_waiters(self, error: NodeClosedError) -> None:
+        for entry in self.entries.values():
+            for reply in entry.waiters:
+                reply.fail(error)
+            entry.waiters.clear()
 
     def _refuse_stopped(self, body: object) -> None:
         if isinstance(body, Call) and body.reply is not None:
@@ -154,15 +167,22 @@ class CortexLogic:
             self._fail(exc)
             return None
         finally:
-            if len(self.to_stop) >= _STOP_BATCH:
+            if len(self.to_stop) >= _STOP_BATCH or (
+                len(self.to_stop) >= _STOP_WHEN_QUIET and self._inbox_empty()
+            ):
                 self._stop_ended()
             if counted:
                 self.rt.activity.end()
 
+    def _inbox_empty(self) -> bool:
+        inbox = getattr(self, "actor_inbox", None)
+        return inbox is None or inbox.empty()
+
     def _stop_ended(self) -> None:
-        """Stop the actors of ended sessions. Deferred until the node is idle (a
-        ``Reap``), the periodic check, or a full batch: waking thousands of actor
-        threads to stop must not hold up the state changes of a cascade."""
+        """Stop the actors of ended sessions. Deferred to when the node is idle (a
+        ``Reap``), the periodic check, a quiet inbox with a batch waiting, or a
+        full batch: waking thousands of actor threads to stop must not hold up
+        the state changes of a cascade, nor may ended threads pile up."""
         refs, self.to_stop = self.to_stop, []
         for ref in refs:
             stop_actor(ref)
@@ -173,7 +193,7 @@ class CortexLogic:
         Runs on whichever thread finished the last piece of work; it only posts.
         """
         ref = self.self_ref
-        if self.to_stop and ref is not None and self.failed is None:
+        if self.to_stop and ref is not None and not self.stopped and ref.is_alive():
             post(ref, Reap(), self.rt.activity)
 
     def _dispatch(self, body: Any) -> Any:
@@ -436,7 +456,7 @@ class CortexLogic:
             skill = agent.skills.get(spec.skill or agent.default)
         capacity = Capacity(
             live_sessions=self.live,
-            zombies=self.zombies,
+            zombies=self.zombies + self.main_zombies,
             sync_threads=self.sync_threads + self.zombies,
             needs_thread=skill is not None and not is_async_skill(skill),
         )
@@ -510,7 +530,10 @@ class CortexLogic:
             return
         if entry.zombie:
             entry.zombie = False
-            self.zombies -= 1
+            if entry.kind is SessionKind.MAIN:
+                self.main_zombies -= 1
+            else:
+                self.zombies -= 1
         if entry.state.is_terminal:
             if end.outcome is not None or end.error is not None:
                 self.rt.counters["refused_after_fence"] += 1
@@ -566,7 +589,10 @@ class CortexLogic:
             self.sync_threads -= 1
         if not entry.is_async and entry.core.skill_running:  # its thread is abandoned
             entry.zombie = True
-            self.zombies += 1
+            if entry.kind is SessionKind.MAIN:
+                self.main_zombies += 1  # a thread of the Main pool, not the step pool
+            else:
+                self.zombies += 1
         outcome = outcome or Outcome()
         result = SessionResult(
             session_id=entry.session_id,
@@ -752,10 +778,19 @@ class CortexLogic:
                 "suspend",
             )
         if not entry.suspend_requested:
-            entry.suspend_requested = True
-            entry.core.request_suspend(True)
+            self._request_suspend(entry)
             self._emit(EventKind.SUSPEND_REQUESTED, entry)
         return None
+
+    def _request_suspend(self, entry: Entry) -> None:
+        entry.suspend_requested = True
+        core = entry.core
+        with core.cond:
+            core.suspend_requested = True
+            still_parked = core.parked  # resumed a moment ago, not yet off its checkpoint
+            core.wake()
+        if still_parked:  # it stays parked and will not report again: suspended now
+            self._set_state(entry, SessionState.SUSPENDED)
 
     def _parked(self, session_id: uuid.UUID) -> None:
         entry = self.entries.get(session_id)
@@ -929,7 +964,7 @@ class CortexLogic:
         stats.update(
             live_sessions=self.live,
             indexed_sessions=len(self.entries),
-            zombies=self.zombies,
+            zombies=self.zombies + self.main_zombies,
             sync_threads=self.sync_threads,
             slots_in_use=self.rt.slots.in_use,
             slots_waiting=self.rt.slots.waiting,
@@ -974,9 +1009,8 @@ class CortexLogic:
                 and entry.cancel_code is None
                 and not entry.suspend_requested
             ):
-                entry.suspend_requested = True
                 entry.shutdown_park = True
-                entry.core.request_suspend(True)
+                self._request_suspend(entry)
                 self._emit(EventKind.SUSPEND_REQUESTED, entry, data={"why": "shutdown"})
         if workers:
             self._cancel_group(workers, ErrorCode.CANCELLED, grace=grace)
@@ -1045,10 +1079,7 @@ class CortexLogic:
             return
         self.failed = error
         self.closing = True
-        for entry in self.entries.values():
-            for reply in entry.waiters:
-                reply.fail(NodeClosedError(f"node failed: {error!r}"))
-            entry.waiters.clear()
+        self._fail_waiters(NodeClosedError(f"node failed: {error!r}"))
         for reply in self.shutdown_waiters:
             reply.fail(NodeClosedError(f"node failed: {error!r}"))
         self.shutdown_waiters.clear()
@@ -1063,6 +1094,7 @@ _DEFERRED = object()
 #: anything else raised in a handler is a broken invariant and fails the node.
 _CALLER_MISTAKES = (UnknownSessionError, RejectedInputError, NodeClosedError)
 _STOP_BATCH = 4096  # ended actors waiting to stop: past this they stop at once
+_STOP_WHEN_QUIET = 256  # ...and past this whenever the inbox is empty
 
 _ENDING_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.CANCELLED: "session {} was cancelled",

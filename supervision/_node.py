@@ -35,7 +35,7 @@ from sessiontree.actors import (
     post,
     start_actor,
 )
-from sessiontree.actors._mailbox import AskTimeoutError, Counted
+from sessiontree.actors._mailbox import AskTimeoutError
 from sessiontree.protocol import (
     ControlMessage,
     DeadlockError,
@@ -481,11 +481,9 @@ class Node:
         if ref is None or not ref.is_alive():
             msg = f"session {_sid(session_id)} has no running actor"
             raise UnknownSessionError(msg, session_id=_sid(session_id))
-        self.activity.begin()
-        try:
-            return ref.ask(Counted(Inspect(probe)), timeout=timeout or self.config.ask_timeout)
+        try:  # not counted in activity: a diagnostic read, never work of the tree
+            return ref.ask(Inspect(probe), timeout=timeout or self.config.ask_timeout)
         except pykka.ActorDeadError as exc:
-            self.activity.end()
             msg = f"session {_sid(session_id)} stopped before answering"
             raise UnknownSessionError(msg, session_id=_sid(session_id)) from exc
 

@@ -270,3 +270,47 @@ def test_a_bad_memory_key_is_refused_by_name(make_node: Any) -> None:
     assert result.error.code is ErrorCode.CRASHED
     assert "memory key" in result.error.message
     assert result.error.detail["type"].endswith("RejectedInputError")
+
+
+def test_resume_then_suspend_of_a_parked_branch_leaves_it_suspended(make_node: Any) -> None:
+    node = make_node(Agent("agent", {"main": idle_main, "waits": waits}))
+    ref = node.main("agent").spawn(kind="branch", skill="waits").ref
+    settle(node)
+    for _ in range(20):
+        assert ref.suspend() is None
+        settle(node)
+        assert ref.state is SessionState.SUSPENDED
+        assert ref.resume() is None
+        assert ref.suspend() is None  # before the parked skill saw the resume, or after
+        settle(node)
+        assert ref.state is SessionState.SUSPENDED
+        assert node.inspect(ref, lambda core: core.parked) is True
+        assert ref.resume() is None
+        settle(node)
+        assert ref.state is SessionState.ACTIVE
+
+
+def test_waiting_callers_are_told_when_the_node_stops_without_the_session_ending(
+    make_node: Any,
+) -> None:
+    node = make_node(Agent("agent", {"main": idle_main, "waits": waits}))
+    main = node.main("agent")
+    branch = main.spawn(kind="branch", skill="waits").ref
+    settle(node)
+    errors: list[BaseException] = []
+
+    def wait_forever(ref: Any) -> None:
+        try:
+            ref.wait()
+        except Exception as exc:
+            errors.append(exc)
+
+    waiters = [threading.Thread(target=wait_forever, args=(r,)) for r in (main, branch)]
+    for thread in waiters:
+        thread.start()
+    settle(node)
+    node.shutdown(grace=1.0, timeout=WAIT)
+    for thread in waiters:
+        thread.join(WAIT)
+        assert not thread.is_alive()
+    assert [type(e).__name__ for e in errors] == ["NodeClosedError", "NodeClosedError"]
