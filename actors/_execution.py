@@ -205,6 +205,10 @@ class EventLoopThread:
         finally:
             self.loop.close()
 
+    def is_current(self) -> bool:
+        """True on the loop's own thread."""
+        return threading.current_thread() is self._thread
+
     def submit(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Start ``make()`` as a task on the loop."""
         self.loop.call_soon_threadsafe(lambda: self.loop.create_task(make()))

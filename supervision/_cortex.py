@@ -80,6 +80,7 @@ from sessiontree.supervision._index import (
     Reap,
     Refused,
     RunEnded,
+    RunsEnded,
     Runtime,
     SpawnAnswer,
     Tick,
@@ -222,6 +223,9 @@ class CortexLogic:
                     reply.set(value)
             case RunEnded(session_id=sid, end=end):
                 self._run_ended(sid, end)
+            case RunsEnded(ends=ends):
+                for ended in ends:
+                    self._run_ended(ended.session_id, ended.end)
             case Granted(session_id=sid):
                 self._granted(sid)
             case Parked(session_id=sid):

@@ -45,6 +45,7 @@ __all__ = [
     "Reap",
     "Refused",
     "RunEnded",
+    "RunsEnded",
     "Runtime",
     "SpawnAnswer",
     "Tick",
@@ -67,6 +68,13 @@ class Call:
 class RunEnded:
     session_id: uuid.UUID
     end: RunEnd
+
+
+@dataclass(frozen=True, slots=True)
+class RunsEnded:
+    """Runs that ended in one pass of the event loop, reported together."""
+
+    ends: tuple[RunEnded, ...]
 
 
 @dataclass(frozen=True, slots=True)

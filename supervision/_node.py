@@ -61,6 +61,7 @@ from sessiontree.supervision._index import (
     Progress,
     Refused,
     RunEnded,
+    RunsEnded,
     Runtime,
     SpawnAnswer,
 )
@@ -184,6 +185,7 @@ class _Host:
 
     def __init__(self, node: Node) -> None:
         self.node = node
+        self._ended: list[RunEnded] = []  # touched on the event loop thread only
 
     # A skill spawning while the node shuts down (or after) gets node_closed
     # back as a value, like any refused spawn.
@@ -214,7 +216,23 @@ class _Host:
         self.node._tell(Parked(core.session_id))
 
     def run_ended(self, core: SessionCore, end: RunEnd) -> None:
-        self.node._tell(RunEnded(core.session_id, end))
+        loop = self.node._loop
+        if loop is None or not loop.is_current():
+            self.node._tell(RunEnded(core.session_id, end))
+            return
+        # Async runs ending in one pass of the loop go to the Cortex as one
+        # message: a cancel cascade ends thousands at once, and a thread
+        # hand-off per session was most of its cost.
+        self.node.activity.begin()  # counted until the batch is posted
+        self._ended.append(RunEnded(core.session_id, end))
+        if len(self._ended) == 1:
+            loop.loop.call_soon(self._flush_ended)
+
+    def _flush_ended(self) -> None:
+        batch, self._ended = self._ended, []
+        self.node._tell(RunsEnded(tuple(batch)))
+        for _ in batch:
+            self.node.activity.end()
 
     def refused(self, core: SessionCore, what: str) -> None:
         self.node._tell(Refused(core.session_id, what))
