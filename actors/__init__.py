@@ -42,6 +42,7 @@ from sessiontree.actors._session_actor import (
     Inspect,
     SessionActorLogic,
     Start,
+    StopSession,
 )
 from sessiontree.actors._slots import ComputeSlots
 
@@ -73,6 +74,7 @@ __all__ = [
     "SpawnedLike",
     "Start",
     "StepExecutor",
+    "StopSession",
     "TimerHandle",
     "VirtualClock",
     "actor_class",

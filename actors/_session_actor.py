@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pykka
+
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._core import SessionCore, call_soon
 from sessiontree.actors._execution import (
@@ -42,6 +44,7 @@ __all__ = [
     "Inspect",
     "SessionActorLogic",
     "Start",
+    "StopSession",
 ]
 
 log = logging.getLogger("sessiontree.session")
@@ -89,6 +92,11 @@ class Inspect:
     """
 
     probe: Callable[[SessionCore], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class StopSession:
+    """The session ended: stop this actor (after what is already queued)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +191,10 @@ class SessionActorLogic:
                 self._force(code)
             case Inspect(probe=probe):
                 return probe(core)
+            case StopSession():
+                # Stop now, on this message, so the stop is counted in activity
+                # until done (wait_idle then sees no ended actor still winding down).
+                pykka.Actor._stop(self)  # type: ignore[arg-type]
             case _:
                 self.on_rejected(body)
                 return ErrorInfo(

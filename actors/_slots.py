@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Callable
 
@@ -19,7 +18,9 @@ class ComputeSlots:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._free = limit
-        self._waiters: collections.deque[Callable[[], None]] = collections.deque()
+        # An insertion-ordered dict, not a deque: forgetting a waiter (a pending
+        # session cancelled in a cascade) must be O(1), not a scan of the queue.
+        self._waiters: dict[Callable[[], None], None] = {}
         self._lock = threading.Lock()
 
     @property
@@ -38,16 +39,15 @@ class ComputeSlots:
             if self._free > 0 and not self._waiters:
                 self._free -= 1
                 return True
-            self._waiters.append(granted)
+            self._waiters[granted] = None
             return False
 
     def forget(self, granted: Callable[[], None]) -> bool:
         """Drop a queued waiter; False if it was already served (it then holds a slot)."""
         with self._lock:
-            try:
-                self._waiters.remove(granted)
-            except ValueError:
+            if granted not in self._waiters:
                 return False
+            del self._waiters[granted]
             return True
 
     def acquire_blocking(self) -> None:
@@ -60,7 +60,8 @@ class ComputeSlots:
         """Give a slot back, straight to the first waiter if there is one."""
         with self._lock:
             if self._waiters:
-                granted = self._waiters.popleft()
+                granted = next(iter(self._waiters))
+                del self._waiters[granted]
             else:
                 self._free += 1
                 return

@@ -33,6 +33,7 @@ from sessiontree.actors import (
     SessionActorLogic,
     SessionCore,
     Start,
+    StopSession,
     TimerHandle,
     actor_class,
     drain_inbox,
@@ -186,7 +187,7 @@ class CortexLogic:
         the state changes of a cascade, nor may ended threads pile up."""
         refs, self.to_stop = self.to_stop, []
         for ref in refs:
-            stop_actor(ref)
+            post(ref, StopSession(), self.rt.activity)
 
     def on_idle(self) -> None:
         """``Activity.on_idle``: ask for a ``Reap`` if ended actors wait to stop.
