@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessiontree.actors._activity import Activity
-from sessiontree.actors._clock import Clock
+from sessiontree.actors._clock import Clock, TimerHandle
 from sessiontree.actors._slots import ComputeSlots
 from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult
 
@@ -144,7 +144,7 @@ class SessionCore:
                 raise
         self.take_slot()
 
-    # -- requests the actor sets ----------------------------------------------
+    # -- requests the Cortex sets ----------------------------------------------
 
     @property
     def fenced(self) -> bool:
@@ -216,26 +216,31 @@ class SessionCore:
             self._blocked = False
             self.activity.begin()
 
-    def block_until(
-        self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
-    ) -> bool:
-        """Block the skill thread until ``ready()`` (True), an interrupt (True) or the
-        timeout on the session's clock (False). Releases the compute slot while
-        blocked and takes one again before returning.
-        """
-        timed_out = False
+    def _timeout(self, timeout: float | None) -> tuple[list[bool], TimerHandle | None]:
+        """A flag set (and the skill woken) when ``timeout`` passes on the clock."""
+        fired = [False]
 
         def on_timeout() -> None:
-            nonlocal timed_out
             with self.cond:
-                timed_out = True
+                fired[0] = True
                 self.wake()
 
         timer = None if timeout is None else self.clock.call_later(timeout, on_timeout)
+        return fired, timer
+
+    def block_until(
+        self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
+    ) -> None:
+        """Block the skill thread until ``ready()``, an interrupt (cancel, fence, or a
+        suspension unless ``parking``) or ``timeout`` on the session's clock.
+        Releases the compute slot while blocked and takes one again before
+        returning (unless fenced); the caller checks what happened.
+        """
+        fired, timer = self._timeout(timeout)
         released = False
         try:
             with self.cond:
-                while not (ready() or self._interrupted(parking=parking) or timed_out):
+                while not (ready() or self._interrupted(parking=parking) or fired[0]):
                     if self.holds_slot:
                         self.holds_slot = False
                         released = True
@@ -248,7 +253,6 @@ class SessionCore:
                     self._mark_blocked()
                     self.cond.wait()
                 self._unmark_blocked()
-                return not timed_out or ready()
         finally:
             if timer is not None:
                 timer.cancel()
@@ -257,26 +261,16 @@ class SessionCore:
 
     async def block_until_async(
         self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
-    ) -> bool:
+    ) -> None:
         """``block_until`` for async skills: parks the task, never a thread."""
         loop = asyncio.get_running_loop()
-        timed_out = False
-
-        def on_timeout() -> None:
-            nonlocal timed_out
-            with self.cond:
-                timed_out = True
-                self.wake()
-
-        timer = None if timeout is None else self.clock.call_later(timeout, on_timeout)
+        fired, timer = self._timeout(timeout)
         released = False
         try:
             while True:
                 fut: asyncio.Future[None] | None = None
                 with self.cond:
-                    if ready() or self._interrupted(parking=parking) or timed_out:
-                        self._unmark_blocked()
-                        outcome = not timed_out or ready()
+                    if ready() or self._interrupted(parking=parking) or fired[0]:
                         break
                     if self.holds_slot:
                         self.holds_slot = False
@@ -296,7 +290,6 @@ class SessionCore:
                 self._unmark_blocked()
         if released and not self.fenced:
             await self.acquire_slot_async()
-        return outcome
 
     @property
     def blocked(self) -> bool:

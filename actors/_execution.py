@@ -121,6 +121,17 @@ def _iterable(value: object) -> tuple[object, ...]:
     return (None,)
 
 
+def _end_by(exc: BaseException, cycle: int) -> RunEnd:
+    """How a raise ends a run: ``Cancelled`` (or a forced task's ``CancelledError``)
+    is a cancellation, ``KeyboardInterrupt``/``SystemExit`` a crash that also stops
+    the node, anything else a crash."""
+    if isinstance(exc, Cancelled | asyncio.CancelledError):
+        return RunEnd(cancelled=True, cycle=cycle)
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
+    return RunEnd(error=crash_info(exc), cycle=cycle)
+
+
 def _end_of(result: object, cycle: int) -> RunEnd:
     try:
         return RunEnd(outcome=to_outcome(result), cycle=cycle)
@@ -258,12 +269,8 @@ def run_sync(
             core.acquire_slot_blocking()
         core.touch()  # stuck detection counts from the start of the run
         end = _end_of(skill(handle), cycle)
-    except Cancelled:
-        end = RunEnd(cancelled=True, cycle=cycle)
-    except (KeyboardInterrupt, SystemExit) as exc:
-        end = RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
-    except BaseException as exc:  # noqa: BLE001 - any other raise is the skill's crash
-        end = RunEnd(error=crash_info(exc), cycle=cycle)
+    except BaseException as exc:  # noqa: BLE001 - every raise ends the run somehow
+        end = _end_by(exc, cycle)
     finish_run(host, core, end)
 
 
@@ -284,12 +291,6 @@ async def run_async(
             await core.acquire_slot_async()
         core.touch()
         end = _end_of(await skill(handle), cycle)
-    except Cancelled:
-        end = RunEnd(cancelled=True, cycle=cycle)
-    except asyncio.CancelledError:
-        end = RunEnd(cancelled=True, cycle=cycle)
-    except (KeyboardInterrupt, SystemExit) as exc:
-        end = RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
-    except BaseException as exc:  # noqa: BLE001 - any other raise is the skill's crash
-        end = RunEnd(error=crash_info(exc), cycle=cycle)
+    except BaseException as exc:  # noqa: BLE001 - every raise ends the run somehow
+        end = _end_by(exc, cycle)
     finish_run(host, core, end)

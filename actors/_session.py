@@ -195,8 +195,8 @@ class Session(_Base):
             self._spawned.append(spawned.session_id)
         return spawned
 
-    def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> bool:
-        """Checkpoint, then block until ``ready()`` (True) or the timeout (False).
+    def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> None:
+        """Checkpoint, then block until ``ready()`` or the timeout; the caller looks.
 
         A suspension parks the skill and the wait goes on after resume.
         """
@@ -205,10 +205,10 @@ class Session(_Base):
         while True:
             self.checkpoint()
             if ready():
-                return True
+                return
             remaining = None if deadline is None else deadline - core.clock.monotonic()
             if remaining is not None and remaining <= 0:
-                return False
+                return
             core.block_until(ready, remaining)
 
     def wait(self, child: uuid.UUID, timeout: float | None = None) -> SessionResult | None:
@@ -289,17 +289,17 @@ class AsyncSession(_Base):
             self._spawned.append(spawned.session_id)
         return spawned
 
-    async def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+    async def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> None:
         """``Session._wait_for`` without holding a thread."""
         core = self._core
         deadline = None if timeout is None else core.clock.monotonic() + timeout
         while True:
             await self.checkpoint()
             if ready():
-                return True
+                return
             remaining = None if deadline is None else deadline - core.clock.monotonic()
             if remaining is not None and remaining <= 0:
-                return False
+                return
             await core.block_until_async(ready, remaining)
 
     async def wait(self, child: uuid.UUID, timeout: float | None = None) -> SessionResult | None:

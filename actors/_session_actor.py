@@ -78,9 +78,8 @@ class CancelSignal:
 
 @dataclass(frozen=True, slots=True)
 class ForceStop:
-    """The deadline passed or the TTL ran out: fence the skill and stop its task."""
-
-    code: ErrorCode
+    """The session ended under its running skill (already fenced by the Cortex):
+    drop queued input and cancel an async skill's task."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +186,8 @@ class SessionActorLogic:
             case CancelSignal(code=code):
                 core.request_cancel(code)
                 self.inputs.clear()
-            case ForceStop(code=code):
-                self._force(code)
+            case ForceStop():
+                self._force()
             case Inspect(probe=probe):
                 return probe(core)
             case StopSession():
@@ -203,9 +202,8 @@ class SessionActorLogic:
                 )
         return None
 
-    def _force(self, code: ErrorCode) -> None:
+    def _force(self) -> None:
         core = self.core
-        core.fence(code)
         self.inputs.clear()
         task, loop = core.task, core.task_loop
         if task is not None and loop is not None:

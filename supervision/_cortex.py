@@ -738,9 +738,14 @@ class CortexLogic:
             entry = self.entries.get(sid)
             if entry is None or entry.state.is_terminal:
                 continue
-            entry.core.fence(ErrorCode.TERMINATED_BY_FORCE)
-            self._post(entry, ForceStop(ErrorCode.TERMINATED_BY_FORCE))
+            self._fence(entry, ErrorCode.TERMINATED_BY_FORCE)
             self._finish(entry, SessionState.CANCELLED, ErrorCode.TERMINATED_BY_FORCE, None)
+
+    def _fence(self, entry: Entry, code: ErrorCode) -> None:
+        """Nothing the skill does counts from now on; its actor drops queued
+        input and an async task is cancelled."""
+        entry.core.fence(code)
+        self._post(entry, ForceStop())
 
     def op_cancel(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Cancel a session and its whole subtree, with one deadline."""
@@ -760,8 +765,7 @@ class CortexLogic:
         entry = self.entries.get(session_id)
         if entry is None or entry.state.is_terminal:
             return
-        entry.core.fence(ErrorCode.TTL_EXPIRED)
-        self._post(entry, ForceStop(ErrorCode.TTL_EXPIRED))
+        self._fence(entry, ErrorCode.TTL_EXPIRED)
         summary, data = entry.last_progress or ("", {})
         outcome = Outcome(summary=summary, artifacts={"progress": data} if data else {})
         self._finish(entry, SessionState.EXPIRED, ErrorCode.TTL_EXPIRED, outcome)
@@ -1049,7 +1053,7 @@ class CortexLogic:
         self.op_force_workers()
         for entry in self.entries.values():
             if entry.shutdown_park and entry.state is SessionState.ACTIVE:
-                self._post(entry, ForceStop(ErrorCode.NODE_CLOSED))
+                self._fence(entry, ErrorCode.NODE_CLOSED)
         self._settle_shutdown()
 
     def op_force_workers(self) -> None:
