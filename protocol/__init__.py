@@ -11,6 +11,7 @@ from sessiontree.protocol._codec import (
     make_spec,
 )
 from sessiontree.protocol._errors import (
+    CorruptRecordError,
     DeadlockError,
     ErrorCode,
     ErrorInfo,
@@ -19,6 +20,9 @@ from sessiontree.protocol._errors import (
     NotAllowedError,
     RejectedInputError,
     SessionTreeError,
+    StoreError,
+    StoreFullError,
+    StoreLockedError,
     UnknownAgentError,
     UnknownSessionError,
 )
@@ -53,6 +57,7 @@ __all__ = [
     "CancelCmd",
     "Collected",
     "ControlMessage",
+    "CorruptRecordError",
     "DeadlockError",
     "ErrorCode",
     "ErrorInfo",
@@ -72,6 +77,9 @@ __all__ = [
     "SessionTreeError",
     "SpawnCmd",
     "SpawnSpec",
+    "StoreError",
+    "StoreFullError",
+    "StoreLockedError",
     "SuspendCmd",
     "Timings",
     "UnknownAgentError",

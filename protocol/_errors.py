@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "CorruptRecordError",
     "DeadlockError",
     "ErrorCode",
     "ErrorInfo",
@@ -17,6 +18,9 @@ __all__ = [
     "NotAllowedError",
     "RejectedInputError",
     "SessionTreeError",
+    "StoreError",
+    "StoreFullError",
+    "StoreLockedError",
     "UnknownAgentError",
     "UnknownSessionError",
 ]
@@ -45,9 +49,13 @@ class ErrorCode(enum.StrEnum):
     NODE_CLOSED = "node_closed"
     REJECTED_INPUT = "rejected_input"
     NOT_ALLOWED = "not_allowed"
+    STORE_FULL = "store_full"
+    STORE_FAILED = "store_failed"
+    STORE_LOCKED = "store_locked"
+    CORRUPT_RECORD = "corrupt_record"
 
 
-class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     """A structured error: a machine-readable ``code``, a sentence, and details."""
 
     code: ErrorCode
@@ -116,3 +124,35 @@ class DeadlockError(SessionTreeError):
     """Raised when an actor handler would block on an ask (to itself or in a cycle)."""
 
     code = ErrorCode.NOT_ALLOWED
+
+
+class StoreError(SessionTreeError):
+    """Raised when the store cannot do a write (nothing of it was acknowledged)."""
+
+    code = ErrorCode.STORE_FAILED
+
+
+class StoreFullError(StoreError):
+    """Raised when a write does not fit the store's map; the whole transaction
+    rolled back and earlier data is intact (grow the map with ``Store.grow``)."""
+
+    code = ErrorCode.STORE_FULL
+
+
+class StoreLockedError(StoreError):
+    """Raised when a store directory is already held by another node or opened
+    twice in one process."""
+
+    code = ErrorCode.STORE_LOCKED
+
+
+class CorruptRecordError(StoreError):
+    """Raised when a stored value cannot be decoded or has an unknown schema
+    version; ``key`` names it (recovery quarantines it instead)."""
+
+    code = ErrorCode.CORRUPT_RECORD
+
+    def __init__(self, message: str, *, db: str, key: bytes) -> None:
+        super().__init__(message)
+        self.db = db
+        self.key = key

@@ -1,6 +1,48 @@
-"""LMDB persistence (snapshots, tree index, outbox): built by the persistence issue.
+"""LMDB persistence: session snapshots, the tree index, Mains by key, the
+result outbox, inbound messages, shared memory and export/import.
 
-Nothing is exported yet; the runtime keeps its state in memory until then.
+One ``Store`` per node directory; every write goes through its one writer
+thread with group commit. Records are msgspec msgpack with a schema version.
 """
 
-__all__: list[str] = []
+from sessiontree.store._env import DATABASES, DEFAULT_MAP_SIZE, DEFAULT_MAX_READERS
+from sessiontree.store._io import StoreIO
+from sessiontree.store._records import (
+    SCHEMA_VERSION,
+    ContextEntry,
+    ContextRecord,
+    InboxRecord,
+    MemoryIdRecord,
+    MemoryRecord,
+    MetaRecord,
+    OutboxRecord,
+    QuarantineRecord,
+    ReceivedRecord,
+    SessionRecord,
+    decode_record,
+    encode_record,
+)
+from sessiontree.store._store import Store
+from sessiontree.store._writer import WriteBatch
+
+__all__ = [
+    "DATABASES",
+    "DEFAULT_MAP_SIZE",
+    "DEFAULT_MAX_READERS",
+    "SCHEMA_VERSION",
+    "ContextEntry",
+    "ContextRecord",
+    "InboxRecord",
+    "MemoryIdRecord",
+    "MemoryRecord",
+    "MetaRecord",
+    "OutboxRecord",
+    "QuarantineRecord",
+    "ReceivedRecord",
+    "SessionRecord",
+    "Store",
+    "StoreIO",
+    "WriteBatch",
+    "decode_record",
+    "encode_record",
+]

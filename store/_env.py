@@ -1,0 +1,170 @@
+"""Opening an LMDB environment safely: one per path per process, one writer
+node per directory (a lock file), stale reader slots cleared, fork-aware.
+
+The traps (DESIGN.md §6): a second ``lmdb.open`` of the same path in one
+process breaks its locks; an environment must never be used across
+``fork()``; readers left by killed processes hold pages until
+``reader_check()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import pathlib
+import threading
+from dataclasses import dataclass
+
+import lmdb
+
+from sessiontree.protocol import StoreError, StoreLockedError
+
+__all__ = [
+    "DATABASES",
+    "DEFAULT_MAP_SIZE",
+    "DEFAULT_MAX_READERS",
+    "Opened",
+    "close_env",
+    "open_env",
+]
+
+DEFAULT_MAP_SIZE = 16 << 30  # sparse: the file grows with the data, not the map
+DEFAULT_MAX_READERS = 512  # LMDB's default of 126 is too few for a busy node and its CLI readers
+
+#: The named databases of one store.
+DATABASES = (
+    "sessions",  # session id -> SessionRecord
+    "children",  # parent id + child id -> b"" (the tree index)
+    "mains",  # agent id NUL session key -> Main session id
+    "messages",  # conversation messages (the conversations issue)
+    "memory",  # agent id NUL key -> MemoryRecord
+    "memory_ids",  # memory id -> MemoryIdRecord
+    "outbox",  # child id -> OutboxRecord (a result owed to the parent)
+    "received",  # parent id + child id -> ReceivedRecord (a result filed on the parent)
+    "inbox",  # main id + seq -> InboxRecord (acknowledged, not yet run)
+    "meta",  # b"meta" -> MetaRecord
+    "quarantine",  # db NUL key -> QuarantineRecord
+)
+
+_LOCK_FILE = "writer.lock"
+_open_paths: dict[str, int] = {}  # real path -> pid that opened it
+_open_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    # The child inherits the parent's bookkeeping but must never use its
+    # environments: it may open the path afresh.
+    _open_paths.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+@dataclass
+class Opened:
+    """An open environment with its named databases and, for a writer, its lock."""
+
+    env: lmdb.Environment
+    dbs: dict[str, lmdb._Database]
+    path: str
+    readonly: bool
+    lock_fd: int | None
+    pid: int
+    stale_readers: int
+
+
+def open_env(
+    path: str | os.PathLike[str],
+    *,
+    readonly: bool,
+    map_size: int,
+    max_readers: int,
+    sync: bool,
+) -> Opened:
+    """Open (creating for a writer) the store at ``path``.
+
+    Raises ``StoreLockedError`` when another node holds the directory or this
+    process already has it open, ``StoreError`` when LMDB refuses to open it.
+    """
+    directory = pathlib.Path(path)
+    if not readonly:
+        directory.mkdir(parents=True, exist_ok=True)
+    elif not (directory / "data.mdb").exists():
+        msg = f"no store at {directory} (no data.mdb)"
+        raise StoreError(msg)
+    real = str(directory.resolve())
+    with _open_lock:
+        if real in _open_paths:
+            msg = (
+                f"store {real} is already open in this process; open it once and share "
+                "the Store (a second LMDB environment on one path breaks its locks)"
+            )
+            raise StoreLockedError(msg)
+        _open_paths[real] = os.getpid()
+    lock_fd = None
+    try:
+        if not readonly:
+            lock_fd = _take_writer_lock(directory)
+        env = lmdb.open(
+            real,
+            map_size=0 if readonly else map_size,
+            max_dbs=len(DATABASES) + 2,
+            max_readers=max_readers,
+            readonly=readonly,
+            sync=sync,
+            metasync=sync,
+            lock=True,
+        )
+    except lmdb.Error as exc:
+        _release(real, lock_fd)
+        msg = f"cannot open store {real}: {exc}"
+        raise StoreError(msg) from exc
+    except BaseException:
+        _release(real, lock_fd)
+        raise
+    stale = 0 if readonly else env.reader_check()
+    dbs: dict[str, lmdb._Database] = {}
+    for name in DATABASES:
+        try:
+            dbs[name] = env.open_db(name.encode(), create=not readonly)
+        except lmdb.NotFoundError:  # a read-only open of a store written before this db existed
+            continue
+    return Opened(env, dbs, real, readonly, lock_fd, os.getpid(), stale)
+
+
+def _take_writer_lock(directory: pathlib.Path) -> int:
+    fd = os.open(directory / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        msg = (
+            f"store {directory} is held by another node (pid {holder}); "
+            "one node writes a store at a time — read it with a read-only open"
+        )
+        raise StoreLockedError(msg) from exc
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _release(real: str, lock_fd: int | None) -> None:
+    if lock_fd is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
+    with _open_lock:
+        _open_paths.pop(real, None)
+
+
+def close_env(opened: Opened) -> None:
+    """Close the environment and release the directory (idempotent per ``Opened``)."""
+    if opened.pid == os.getpid():
+        opened.env.close()
+        _release(opened.path, opened.lock_fd)
+    # After a fork the child must not touch the parent's environment or lock.

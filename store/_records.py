@@ -1,0 +1,168 @@
+"""What the store keeps: msgspec Structs encoded as msgpack, each with its schema version.
+
+Evolution rules (msgspec's): a new version only adds fields with defaults, a
+type never changes, unknown fields are skipped on decode (a record written by
+newer code still reads), and a record whose ``v`` is above
+``SCHEMA_VERSION`` is refused as unknown (recovery quarantines it).
+
+Versions: 1 — the first layout; 2 — ``SessionRecord.resume`` (default False).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TypeVar
+
+import msgspec
+
+from sessiontree.protocol import CorruptRecordError, SessionInfo, SessionResult
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ContextEntry",
+    "ContextRecord",
+    "InboxRecord",
+    "MemoryIdRecord",
+    "MemoryRecord",
+    "MetaRecord",
+    "OutboxRecord",
+    "QuarantineRecord",
+    "ReceivedRecord",
+    "SessionRecord",
+    "decode_record",
+    "encode_record",
+]
+
+SCHEMA_VERSION = 2
+
+
+class ContextEntry(msgspec.Struct, kw_only=True):
+    """One message of a session's working context."""
+
+    role: str
+    content: Any
+    name: str | None = None
+
+
+class ContextRecord(msgspec.Struct, kw_only=True):
+    """A session's working context: the ADR's messages, tool results and system prompt."""
+
+    system_prompt: str = ""
+    messages: list[ContextEntry] = msgspec.field(default_factory=list)
+    tool_results: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+class SessionRecord(msgspec.Struct, kw_only=True):
+    """One session as stored. ``info.state`` is its state at the write.
+
+    Mains carry their context (written after every message cycle), branches
+    theirs on suspend and completion, workers none (only identity and state).
+    ``resume``: a branch parked by a shutdown, to run again by itself after
+    a restart (an explicitly suspended one waits for ``resume``).
+    """
+
+    v: int = SCHEMA_VERSION
+    info: SessionInfo
+    context: ContextRecord | None = None
+    result: SessionResult | None = None
+    updated_at: float = 0.0
+    resume: bool = False
+
+
+class OutboxRecord(msgspec.Struct, kw_only=True):
+    """A result owed to ``parent_id``: written with the child's terminal state,
+    removed in the transaction that records the parent's receipt."""
+
+    v: int = SCHEMA_VERSION
+    parent_id: uuid.UUID
+    result: SessionResult
+
+
+class ReceivedRecord(msgspec.Struct, kw_only=True):
+    """A child result filed on its parent's record (received, or owed to a parent
+    that had already ended)."""
+
+    v: int = SCHEMA_VERSION
+    result: SessionResult
+
+
+class InboxRecord(msgspec.Struct, kw_only=True):
+    """An inbound message a Main acknowledged and has not yet run a cycle for."""
+
+    v: int = SCHEMA_VERSION
+    session_id: uuid.UUID
+    seq: int
+    message: Any
+    received_at: float
+
+
+class MemoryRecord(msgspec.Struct, kw_only=True):
+    """The latest value under one shared-memory key of an agent."""
+
+    v: int = SCHEMA_VERSION
+    agent_id: str
+    key: str
+    memory_id: str
+    value: Any
+    session_id: uuid.UUID
+    written_at: float
+
+
+class MemoryIdRecord(msgspec.Struct, kw_only=True):
+    """Where a memory id points (the value itself lives in ``MemoryRecord``)."""
+
+    v: int = SCHEMA_VERSION
+    agent_id: str
+    key: str
+
+
+class MetaRecord(msgspec.Struct, kw_only=True):
+    """The store's identity: the schema version it was written with and its node."""
+
+    v: int = SCHEMA_VERSION
+    node_id: str
+    created_at: float
+
+
+class QuarantineRecord(msgspec.Struct, kw_only=True):
+    """A stored value recovery could not read, kept aside with the reason."""
+
+    v: int = SCHEMA_VERSION
+    db: str
+    key: bytes
+    raw: bytes
+    reason: str
+    at: float
+
+
+R = TypeVar("R", bound=msgspec.Struct)
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODERS: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
+
+
+def encode_record(record: msgspec.Struct) -> bytes:
+    """msgpack bytes of ``record``; ``TypeError``/``msgspec.EncodeError`` for a
+    value msgpack cannot hold."""
+    return _ENCODER.encode(record)
+
+
+def decode_record(kind: type[R], raw: bytes, *, db: str, key: bytes) -> R:
+    """Decode one stored value; ``CorruptRecordError`` naming ``db`` and ``key``
+    when it does not decode or carries an unknown schema version."""
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        decoder = _DECODERS[kind] = msgspec.msgpack.Decoder(kind)
+    try:
+        record: R = decoder.decode(raw)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        msg = f"{db} record {key.hex()} does not decode as {kind.__name__}: {exc}"
+        raise CorruptRecordError(msg, db=db, key=key) from exc
+    version = getattr(record, "v", None)
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        msg = (
+            f"{db} record {key.hex()} has schema version {version!r}; "
+            f"this code reads 1..{SCHEMA_VERSION}"
+        )
+        raise CorruptRecordError(msg, db=db, key=key)
+    return record

@@ -1,0 +1,408 @@
+"""``Store``: one LMDB environment per node — its writer thread and its reads."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import lmdb
+import msgspec
+
+from sessiontree.protocol import (
+    CorruptRecordError,
+    SessionResult,
+    StoreError,
+)
+from sessiontree.store._env import (
+    DEFAULT_MAP_SIZE,
+    DEFAULT_MAX_READERS,
+    close_env,
+    open_env,
+)
+from sessiontree.store._io import StoreIO
+from sessiontree.store._records import (
+    InboxRecord,
+    MemoryIdRecord,
+    MemoryRecord,
+    MetaRecord,
+    OutboxRecord,
+    QuarantineRecord,
+    ReceivedRecord,
+    SessionRecord,
+    decode_record,
+)
+from sessiontree.store._writer import WriteBatch, Writer, main_key, memory_key
+
+__all__ = ["Store"]
+
+log = logging.getLogger("sessiontree.store")
+
+R = TypeVar("R", bound=msgspec.Struct)
+
+_SCAN_CHUNK = 1024  # records per read transaction when scanning: no long readers
+
+
+class Store:
+    """The LMDB store of one node.
+
+    Open it for writing (one node per directory: a second is refused with
+    ``StoreLockedError``) or ``readonly=True`` (the CLI beside a live node).
+    Every write goes through ``submit``/``write`` to the one writer thread;
+    reads run on the caller's thread in short read transactions. After a
+    ``fork()`` the child must open its own ``Store`` (this one raises
+    ``StoreError`` there). Close it with ``close()`` or a ``with`` block.
+
+    ``sync`` (default on): a commit returns only once fsync'd. ``group_commit``
+    (default on): batches queued together share one commit; off, every batch
+    is its own transaction (the naive baseline of ``bench_store``).
+    ``long_read_warn``: a read transaction open longer than this is counted
+    and logged (it pins old pages, so the file grows). ``io``: the I/O layer
+    (tests inject faults with a subclass).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        map_size: int = DEFAULT_MAP_SIZE,
+        max_readers: int = DEFAULT_MAX_READERS,
+        sync: bool = True,
+        io: StoreIO | None = None,
+        long_read_warn: float = 60.0,
+        group_commit: bool = True,
+    ) -> None:
+        self._opened = open_env(
+            path, readonly=readonly, map_size=map_size, max_readers=max_readers, sync=sync
+        )
+        self.path = self._opened.path
+        self.readonly = readonly
+        self.sync = sync
+        self.long_read_warn = long_read_warn
+        self.quarantined = 0
+        self.long_reads = 0
+        self._readers: dict[int, float] = {}
+        self._reader_lock = threading.Condition()
+        self._growing = False
+        self._closed = False
+        self._writer: Writer | None = None
+        if not readonly:
+            self._writer = Writer(
+                self._opened.env,
+                self._opened.dbs,
+                io or StoreIO(),
+                "sessiontree-store-writer",
+                group_commit=group_commit,
+            )
+            self._writer.on_commit = self._check_readers
+            self.meta: MetaRecord | None = self._meta_or_create()
+        else:
+            self.meta = self._read_meta()
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._opened.pid != os.getpid():
+            msg = (
+                f"store {self.path} was opened in process {self._opened.pid}; after fork() "
+                "open a new Store in this process"
+            )
+            raise StoreError(msg)
+        if self._closed:
+            msg = f"store {self.path} is closed"
+            raise StoreError(msg)
+
+    def close(self) -> None:
+        """Commit what is queued, stop the writer, close the environment (idempotent)."""
+        if self._closed:
+            return
+        if self._writer is not None and self._opened.pid == os.getpid():
+            self._writer.close()
+        self._closed = True
+        with self._reader_lock:
+            self._reader_lock.wait_for(lambda: not self._readers, timeout=30.0)
+        close_env(self._opened)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stale_readers_cleared(self) -> int:
+        """Reader slots of dead processes that ``reader_check()`` freed on open."""
+        return self._opened.stale_readers
+
+    @property
+    def writer_thread(self) -> threading.Thread | None:
+        return self._writer.thread if self._writer is not None else None
+
+    # -- writing ----------------------------------------------------------------------
+
+    def batch(self) -> WriteBatch:
+        """A new, empty batch of writes that commit together."""
+        return WriteBatch()
+
+    def submit(self, batch: WriteBatch) -> concurrent.futures.Future[None]:
+        """Queue ``batch`` for the writer; the future resolves once it is durably
+        committed, or fails with ``StoreFullError``/``StoreError``."""
+        self._check_usable()
+        if self._writer is None:
+            msg = f"store {self.path} is open read-only"
+            raise StoreError(msg)
+        return self._writer.submit(batch)
+
+    async def awrite(self, batch: WriteBatch) -> None:
+        """Awaitable ``write`` (the event loop is never blocked)."""
+        await asyncio.wrap_future(self.submit(batch))
+
+    def write(self, batch: WriteBatch, timeout: float | None = 60.0) -> None:
+        """``submit`` and wait: returns once durable; raises ``StoreFullError`` or
+        ``StoreError`` when nothing of it was written."""
+        self.submit(batch).result(timeout)
+
+    def flush(self, timeout: float | None = 60.0) -> None:
+        """Wait until everything submitted before this call is committed."""
+        self.write(WriteBatch(), timeout)
+
+    def grow(self, map_size: int, timeout: float | None = 60.0) -> None:
+        """Grow the map to ``map_size`` bytes. Runs on the writer between
+        transactions once no read transaction of this process is open (the
+        only safe moment for ``set_mapsize``); new reads wait meanwhile."""
+        self._check_usable()
+        if self._writer is None:
+            msg = f"store {self.path} is open read-only"
+            raise StoreError(msg)
+        if map_size <= self._opened.env.info()["map_size"]:
+            msg = f"map_size {map_size} is not larger than the current map"
+            raise ValueError(msg)
+
+        def resize() -> None:
+            with self._reader_lock:
+                self._growing = True
+                try:
+                    self._reader_lock.wait_for(lambda: not self._readers)
+                    self._opened.env.set_mapsize(map_size)
+                finally:
+                    self._growing = False
+                    self._reader_lock.notify_all()
+
+        self._writer.run_alone(resize).result(timeout)
+
+    # -- reading ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[lmdb.Transaction]:
+        self._check_usable()
+        with self._reader_lock:
+            self._reader_lock.wait_for(lambda: not self._growing)
+            token = object()
+            self._readers[id(token)] = time.monotonic()
+        try:
+            txn = self._opened.env.begin(buffers=False)
+            try:
+                yield txn
+            finally:
+                txn.abort()
+        finally:
+            with self._reader_lock:
+                del self._readers[id(token)]
+                self._reader_lock.notify_all()
+
+    def _check_readers(self) -> None:
+        """After a commit: count read transactions open longer than
+        ``long_read_warn`` (they pin old pages, so the file grows)."""
+        if not self._readers:
+            return
+        oldest = min(self._readers.values(), default=None)
+        if oldest is not None and time.monotonic() - oldest > self.long_read_warn:
+            self.long_reads += 1
+            if self.long_reads == 1 or self.long_reads % 1000 == 0:
+                log.warning(
+                    "a read transaction on %s has been open for %.0f s; the file grows "
+                    "while it holds old pages",
+                    self.path,
+                    time.monotonic() - oldest,
+                )
+
+    def oldest_read_s(self) -> float:
+        """Age of the oldest read transaction this process has open (0 when none)."""
+        with self._reader_lock:
+            if not self._readers:
+                return 0.0
+            return time.monotonic() - min(self._readers.values())
+
+    def _db(self, name: str) -> Any:
+        return self._opened.dbs.get(name)
+
+    def _get(self, kind: type[R], db: str, key: bytes) -> R | None:
+        handle = self._db(db)
+        if handle is None:
+            return None
+        with self._read() as txn:
+            raw = txn.get(key, db=handle)
+        if raw is None:
+            return None
+        return decode_record(kind, bytes(raw), db=db, key=key)
+
+    def scan(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, raw value) of ``db`` under ``prefix``, in key order, read in
+        short transactions of ``_SCAN_CHUNK`` records (so a long scan never pins
+        old pages while the writer works)."""
+        handle = self._db(db)
+        if handle is None:
+            return
+        start = prefix
+        first = True
+        while True:
+            chunk: list[tuple[bytes, bytes]] = []
+            with self._read() as txn, txn.cursor(db=handle) as cursor:
+                found = cursor.set_range(start)
+                if found and not first and cursor.key() == start:
+                    found = cursor.next()
+                while found and len(chunk) < _SCAN_CHUNK:
+                    key = bytes(cursor.key())
+                    if not key.startswith(prefix):
+                        break
+                    chunk.append((key, bytes(cursor.value())))
+                    found = cursor.next()
+            yield from chunk
+            if len(chunk) < _SCAN_CHUNK:
+                return
+            start, first = chunk[-1][0], False
+
+    def decoded(
+        self, kind: type[R], db: str, prefix: bytes = b""
+    ) -> Iterator[R | CorruptRecordError]:
+        """``scan`` decoded: each record, or the ``CorruptRecordError`` naming a bad one."""
+        for key, raw in self.scan(db, prefix):
+            try:
+                yield decode_record(kind, raw, db=db, key=key)
+            except CorruptRecordError as exc:
+                yield exc
+
+    def session(self, session_id: uuid.UUID) -> SessionRecord | None:
+        """The stored record of a session, or None; ``CorruptRecordError`` if unreadable."""
+        return self._get(SessionRecord, "sessions", session_id.bytes)
+
+    def sessions(self) -> Iterator[SessionRecord | CorruptRecordError]:
+        """Every session record (bad ones as ``CorruptRecordError``)."""
+        return self.decoded(SessionRecord, "sessions")
+
+    def children(self, parent_id: uuid.UUID) -> list[uuid.UUID]:
+        """The children the tree index holds for ``parent_id``, in id order."""
+        return [uuid.UUID(bytes=key[16:]) for key, _ in self.scan("children", parent_id.bytes)]
+
+    def main_of(self, agent_id: str, key: str) -> uuid.UUID | None:
+        """The Main recorded for (agent, session key), or None."""
+        handle = self._db("mains")
+        if handle is None:
+            return None
+        with self._read() as txn:
+            raw = txn.get(main_key(agent_id, key), db=handle)
+        return None if raw is None else uuid.UUID(bytes=bytes(raw))
+
+    def outbox(self) -> Iterator[OutboxRecord | CorruptRecordError]:
+        """Every result still owed to a parent."""
+        return self.decoded(OutboxRecord, "outbox")
+
+    def received(self, parent_id: uuid.UUID) -> list[SessionResult]:
+        """Results filed on ``parent_id``'s record (unreadable ones skipped and logged)."""
+        results = []
+        for item in self.decoded(ReceivedRecord, "received", parent_id.bytes):
+            if isinstance(item, CorruptRecordError):
+                log.error("%s", item)
+                continue
+            results.append(item.result)
+        return results
+
+    def inbox(self, session_id: uuid.UUID) -> list[InboxRecord]:
+        """A Main's acknowledged inbound messages not yet run, in order."""
+        records = []
+        for item in self.decoded(InboxRecord, "inbox", session_id.bytes):
+            if isinstance(item, CorruptRecordError):
+                log.error("%s", item)
+                continue
+            records.append(item)
+        return records
+
+    def memory(self, agent_id: str, key: str) -> MemoryRecord | None:
+        """The latest shared-memory write of ``agent_id`` under ``key``."""
+        return self._get(MemoryRecord, "memory", memory_key(agent_id, key))
+
+    def memory_by_id(self, memory_id: str) -> MemoryRecord | None:
+        """The write a memory id names, or None (unknown, or overwritten since)."""
+        where = self._get(MemoryIdRecord, "memory_ids", memory_id.encode())
+        if where is None:
+            return None
+        record = self.memory(where.agent_id, where.key)
+        if record is None or record.memory_id != memory_id:
+            return None
+        return record
+
+    def quarantine_list(self) -> list[QuarantineRecord]:
+        """Values recovery set aside."""
+        return [
+            item
+            for item in self.decoded(QuarantineRecord, "quarantine")
+            if not isinstance(item, CorruptRecordError)
+        ]
+
+    def count(self, db: str) -> int:
+        """Entries in ``db``."""
+        handle = self._db(db)
+        if handle is None:
+            return 0
+        with self._read() as txn:
+            return int(txn.stat(handle)["entries"])
+
+    # -- identity and figures ------------------------------------------------------------
+
+    def _read_meta(self) -> MetaRecord | None:
+        return self._get(MetaRecord, "meta", b"meta")
+
+    def _meta_or_create(self) -> MetaRecord:
+        meta = self._read_meta()
+        if meta is not None:
+            return meta
+        meta = MetaRecord(node_id=str(uuid.uuid4()), created_at=time.time())
+        batch = WriteBatch()
+        batch._put("meta", b"meta", meta)
+        self.write(batch)
+        return meta
+
+    def stats(self) -> dict[str, Any]:
+        """Figures of the store: entries per database, commits, errors, map use."""
+        self._check_usable()
+        info = self._opened.env.info()
+        stat = self._opened.env.stat()
+        figures: dict[str, Any] = {
+            "path": self.path,
+            "map_size": info["map_size"],
+            "used_bytes": (info["last_pgno"] + 1) * stat["psize"],
+            "readers": info["num_readers"],
+            "max_readers": info["max_readers"],
+            "stale_readers_cleared": self._opened.stale_readers,
+            "oldest_read_s": self.oldest_read_s(),
+            "long_reads": self.long_reads,
+            "quarantined": self.quarantined,
+        }
+        if self._writer is not None:
+            figures.update(
+                commits=self._writer.commits,
+                batches=self._writer.batches,
+                write_errors=self._writer.errors,
+                store_full=self._writer.full,
+            )
+        for name in self._opened.dbs:
+            figures[f"entries_{name}"] = self.count(name)
+        return figures

@@ -1,0 +1,337 @@
+"""The one writer thread: every write transaction of a store, with group commit.
+
+Callers hand a ``WriteBatch`` to ``Writer.submit`` and get a
+``concurrent.futures.Future``; the writer takes every batch queued at that
+moment into one transaction and one (synced) commit, then resolves their
+futures. A batch is acknowledged only once that commit returned, yet
+concurrent writers share it, so durable writes per second far exceed the
+disk's fsync rate. Batches commit in submission order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+import msgspec
+
+from sessiontree.protocol import RejectedInputError, SessionResult, StoreError, StoreFullError
+from sessiontree.store._io import StoreIO
+from sessiontree.store._records import (
+    InboxRecord,
+    MemoryIdRecord,
+    MemoryRecord,
+    OutboxRecord,
+    QuarantineRecord,
+    ReceivedRecord,
+    SessionRecord,
+    encode_record,
+)
+
+__all__ = ["WriteBatch", "Writer", "inbox_key", "memory_key", "pair_key"]
+
+log = logging.getLogger("sessiontree.store")
+
+_MAX_GROUP = 2048  # batches in one transaction
+_MAX_GROUP_BYTES = 32 << 20
+
+Op = tuple[str, str, bytes, bytes]  # (put | delete | delete_prefix, db, key, value)
+
+
+def pair_key(first: uuid.UUID, second: uuid.UUID) -> bytes:
+    return first.bytes + second.bytes
+
+
+def inbox_key(session_id: uuid.UUID, seq: int) -> bytes:
+    return session_id.bytes + seq.to_bytes(8, "big")
+
+
+def memory_key(agent_id: str, key: str) -> bytes:
+    return f"{agent_id}\x00{key}".encode()
+
+
+def main_key(agent_id: str, key: str) -> bytes:
+    return f"{agent_id}\x00{key}".encode()
+
+
+@dataclass
+class WriteBatch:
+    """Writes that commit together or not at all. Values are encoded as they
+    are added (on the caller's thread); a value msgpack cannot hold raises
+    ``RejectedInputError`` there, before anything is queued."""
+
+    ops: list[Op] = field(default_factory=list)
+    size: int = 0
+
+    def _put(self, db: str, key: bytes, record: msgspec.Struct) -> None:
+        try:
+            value = encode_record(record)
+        except (TypeError, msgspec.EncodeError) as exc:
+            msg = f"cannot store a {type(record).__name__}: {exc}"
+            raise RejectedInputError(msg, field="value") from exc
+        self.ops.append(("put", db, key, value))
+        self.size += len(key) + len(value)
+
+    def _delete(self, db: str, key: bytes, *, prefix: bool = False) -> None:
+        self.ops.append(("delete_prefix" if prefix else "delete", db, key, b""))
+
+    def __bool__(self) -> bool:
+        return bool(self.ops)
+
+    # -- sessions and the tree ------------------------------------------------
+
+    def session(self, record: SessionRecord) -> WriteBatch:
+        """Write (or overwrite) a session's record."""
+        self._put("sessions", record.info.session_id.bytes, record)
+        return self
+
+    def link(self, parent_id: uuid.UUID, child_id: uuid.UUID) -> WriteBatch:
+        """Add ``child_id`` under ``parent_id`` in the tree index."""
+        self.ops.append(("put", "children", pair_key(parent_id, child_id), b""))
+        return self
+
+    def main(self, agent_id: str, key: str, session_id: uuid.UUID) -> WriteBatch:
+        """Point (agent, session key) at its Main."""
+        self.ops.append(("put", "mains", main_key(agent_id, key), session_id.bytes))
+        return self
+
+    def forget_session(self, session_id: uuid.UUID) -> WriteBatch:
+        """Delete a session's record, its links to children and its filed results."""
+        self._delete("sessions", session_id.bytes)
+        self._delete("children", session_id.bytes, prefix=True)
+        self._delete("received", session_id.bytes, prefix=True)
+        self._delete("inbox", session_id.bytes, prefix=True)
+        return self
+
+    def unlink(self, parent_id: uuid.UUID, child_id: uuid.UUID) -> WriteBatch:
+        self._delete("children", pair_key(parent_id, child_id))
+        return self
+
+    # -- results ------------------------------------------------------------------
+
+    def owe(self, parent_id: uuid.UUID, result: SessionResult) -> WriteBatch:
+        """Put a result owed to ``parent_id`` in the outbox."""
+        self._put(
+            "outbox", result.session_id.bytes, OutboxRecord(parent_id=parent_id, result=result)
+        )
+        return self
+
+    def receipt(self, child_id: uuid.UUID) -> WriteBatch:
+        """The parent has recorded the child's result: drop it from the outbox."""
+        self._delete("outbox", child_id.bytes)
+        return self
+
+    def file(self, parent_id: uuid.UUID, result: SessionResult) -> WriteBatch:
+        """File a child's result on its parent's record."""
+        self._put("received", pair_key(parent_id, result.session_id), ReceivedRecord(result=result))
+        return self
+
+    # -- a Main's inbound messages ---------------------------------------------
+
+    def inbox(self, record: InboxRecord) -> WriteBatch:
+        self._put("inbox", inbox_key(record.session_id, record.seq), record)
+        return self
+
+    def consumed(self, session_id: uuid.UUID, seq: int) -> WriteBatch:
+        self._delete("inbox", inbox_key(session_id, seq))
+        return self
+
+    def clear_inbox(self, session_id: uuid.UUID) -> WriteBatch:
+        self._delete("inbox", session_id.bytes, prefix=True)
+        return self
+
+    # -- shared memory, quarantine, raw ---------------------------------------------
+
+    def memory(self, record: MemoryRecord) -> WriteBatch:
+        self._put("memory", memory_key(record.agent_id, record.key), record)
+        self._put(
+            "memory_ids",
+            record.memory_id.encode(),
+            MemoryIdRecord(agent_id=record.agent_id, key=record.key),
+        )
+        return self
+
+    def quarantine(self, record: QuarantineRecord) -> WriteBatch:
+        """Move an unreadable value aside (and delete it where it was)."""
+        self._put("quarantine", record.db.encode() + b"\x00" + record.key, record)
+        self._delete(record.db, record.key)
+        return self
+
+    def raw(self, db: str, key: bytes, value: bytes) -> WriteBatch:
+        """Put bytes as they are (import, tests); the caller vouches for them."""
+        self.ops.append(("put", db, key, value))
+        self.size += len(key) + len(value)
+        return self
+
+
+@dataclass
+class _Job:
+    ops: list[Op]
+    size: int
+    future: concurrent.futures.Future[None]
+    action: Callable[[], None] | None = None  # run alone, with no transaction open
+
+
+class Writer:
+    """The writer thread of one store. ``submit`` may be called from any thread."""
+
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        dbs: dict[str, lmdb._Database],
+        io: StoreIO,
+        name: str,
+        *,
+        group_commit: bool = True,
+    ) -> None:
+        self._env = env
+        self._max_group = _MAX_GROUP if group_commit else 1
+        self._dbs = dbs
+        self._io = io
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.commits = 0
+        self.batches = 0
+        self.errors = 0
+        self.full = 0
+        self.on_commit: Callable[[], None] | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def submit(self, batch: WriteBatch) -> concurrent.futures.Future[None]:
+        """Queue ``batch``; the future resolves once it is durably committed, or
+        fails with ``StoreFullError`` / ``StoreError`` (nothing of it written)."""
+        return self._enqueue(_Job(list(batch.ops), batch.size, concurrent.futures.Future()))
+
+    def run_alone(self, action: Callable[[], None]) -> concurrent.futures.Future[None]:
+        """Run ``action`` on the writer thread between transactions (e.g. growing the map)."""
+        return self._enqueue(_Job([], 0, concurrent.futures.Future(), action))
+
+    def _enqueue(self, job: _Job) -> concurrent.futures.Future[None]:
+        with self._close_lock:
+            if self._closed:
+                job.future.set_exception(StoreError("the store is closed"))
+                return job.future
+            self._queue.put(job)
+        return job.future
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Commit what is queued, then stop the thread (idempotent)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
+        self._thread.join(timeout)
+
+    # -- the thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            job = self._queue.get()
+            if job is None:
+                break
+            if job.action is not None:
+                self._run_action(job)
+                continue
+            group, size, pending = [job], job.size, None
+            while len(group) < self._max_group and size < _MAX_GROUP_BYTES:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                if more.action is not None:
+                    pending = more
+                    break
+                group.append(more)
+                size += more.size
+            self._commit(group)
+            if pending is not None:
+                self._run_action(pending)
+
+    def _run_action(self, job: _Job) -> None:
+        assert job.action is not None
+        try:
+            job.action()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, the writer goes on
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(None)
+
+    def _commit(self, group: list[_Job]) -> None:
+        try:
+            self._transact(group)
+        except lmdb.MapFullError:
+            if len(group) > 1:  # find the batch that does not fit; the others may
+                for job in group:
+                    self._commit([job])
+                return
+            self.full += 1
+            self.errors += 1
+            group[0].future.set_exception(
+                StoreFullError(
+                    "the store's map is full; the write was rolled back whole "
+                    "(grow it with Store.grow, see the README)"
+                )
+            )
+            return
+        except (OSError, lmdb.Error) as exc:
+            self.errors += 1
+            log.error("store commit failed (%d batches not acknowledged): %r", len(group), exc)
+            error = StoreError(f"the store could not commit: {exc!r}")
+            for job in group:
+                job.future.set_exception(error)
+            return
+        self.commits += 1
+        self.batches += len(group)
+        for job in group:
+            job.future.set_result(None)
+        if self.on_commit is not None:
+            self.on_commit()
+
+    def _transact(self, group: list[_Job]) -> None:
+        io, dbs = self._io, self._dbs
+        txn = io.begin(self._env)
+        try:
+            for job in group:
+                for kind, db_name, key, value in job.ops:
+                    db = dbs[db_name]
+                    if kind == "put":
+                        io.put(txn, db, key, value)
+                    elif kind == "delete":
+                        io.delete(txn, db, key)
+                    else:
+                        _delete_prefix(io, txn, db, key)
+            io.commit(txn)
+        except BaseException:
+            txn.abort()
+            raise
+
+
+def _delete_prefix(io: StoreIO, txn: lmdb.Transaction, db: Any, prefix: bytes) -> None:
+    with txn.cursor(db=db) as cursor:
+        keys = []
+        if cursor.set_range(prefix):
+            for key in cursor.iternext(keys=True, values=False):
+                key = bytes(key)
+                if not key.startswith(prefix):
+                    break
+                keys.append(key)
+    for key in keys:
+        io.delete(txn, db, key)
