@@ -69,8 +69,9 @@ class SessionCore:
     cancel, suspend and fence requests; the session actor starts runs; the
     skill thread reads the requests at checkpoints. All of it is guarded by
     ``cond``. Blocking waits release the compute slot and count the skill as
-    blocked for :class:`Activity`. ``resumed`` is set by recovery after a
-    restart (the persistence issue).
+    blocked for :class:`Activity`. ``resumed`` is set when a session comes
+    back from the store after a restart; ``input_seq`` is the stored inbox
+    number of the message a Main's current cycle runs.
     """
 
     def __init__(
@@ -98,6 +99,7 @@ class SessionCore:
         self.parked = False
         self.fence_code: ErrorCode | None = None
         self.resumed = False
+        self.input_seq: int | None = None
         self.last_checkpoint = clock.monotonic()
         self.stuck = False
         self.holds_slot = False

@@ -42,7 +42,11 @@ class SessionHost(Protocol):
         ...
 
     def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
-        """Write shared memory; returns the memory id."""
+        """Write shared memory; returns the memory id once the write is durable."""
+        ...
+
+    async def memory_put_async(self, core: SessionCore, key: str, value: Any) -> str:
+        """``memory_put`` without blocking the event loop."""
         ...
 
     def memory_get(self, core: SessionCore, key: str) -> Any:

@@ -13,12 +13,15 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import msgspec
+
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
 from sessiontree.protocol import (
     Collected,
     ErrorCode,
     NotAllowedError,
+    RejectedInputError,
     SessionInfo,
     SessionKind,
     SessionResult,
@@ -260,9 +263,13 @@ class Session(_Base):
         self._host.progress(self._core, note, data)
 
     def add_message(self, role: str, content: Any, name: str | None = None) -> None:
-        """Append a message to this session's working context."""
+        """Append a message to this session's working context (persisted with it).
+
+        Raises ``RejectedInputError`` (field ``content``) for content that is
+        not a JSON value, so nothing unstorable enters the context.
+        """
         self._checkpoint("add_message")
-        self._core.context.messages.append(ContextMessage(role, content, name))
+        self._core.context.messages.append(_message(role, content, name))
 
 
 class AsyncSession(_Base):
@@ -326,7 +333,7 @@ class AsyncSession(_Base):
         """Write shared memory; see ``Session.memory_put``."""
         await self._checkpoint("memory_put")
         self._check_memory_write()
-        return self._host.memory_put(self._core, key, value)
+        return await self._host.memory_put_async(self._core, key, value)
 
     async def memory_get(self, key: str) -> Any:
         """Read shared memory; see ``Session.memory_get``."""
@@ -339,6 +346,18 @@ class AsyncSession(_Base):
         self._host.progress(self._core, note, data)
 
     async def add_message(self, role: str, content: Any, name: str | None = None) -> None:
-        """Append a message to this session's working context."""
+        """Append a message to this session's working context; see ``Session.add_message``."""
         await self._checkpoint("add_message")
-        self._core.context.messages.append(ContextMessage(role, content, name))
+        self._core.context.messages.append(_message(role, content, name))
+
+
+def _message(role: str, content: Any, name: str | None) -> ContextMessage:
+    if not isinstance(role, str) or not role:
+        msg = f"a context message needs a role string, got {role!r}"
+        raise RejectedInputError(msg, field="role")
+    try:
+        content = msgspec.json.decode(msgspec.json.encode(content))  # a plain JSON copy
+    except (TypeError, msgspec.EncodeError) as exc:
+        msg = f"context message content must be a JSON value: {exc}"
+        raise RejectedInputError(msg, field="content") from exc
+    return ContextMessage(role, content, name)

@@ -57,9 +57,11 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Inbound:
-    """An inbound message for a Main: queued, then one message cycle."""
+    """An inbound message for a Main: queued, then one message cycle. ``seq``
+    numbers it in the Main's stored inbox (None without a store)."""
 
     message: Any
+    seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +175,8 @@ class SessionActorLogic:
             case Start():
                 if core.info.kind is not SessionKind.MAIN and not core.fenced:
                     self._submit(None, 0)
-            case Inbound(message=msg):
-                self.inputs.append(msg)
+            case Inbound():
+                self.inputs.append(body)
                 self._next_cycle()
             case Deliver(result=result):  # already filed by the Cortex
                 if core.info.kind is SessionKind.MAIN:
@@ -220,7 +222,11 @@ class SessionActorLogic:
                     result = core.claim(item.child)
                 if result is None:  # a collect in an earlier cycle already took it
                     continue
+                core.input_seq = None
                 item = result
+            else:
+                core.input_seq = item.seq  # read by the Cortex when the cycle ends
+                item = item.message
             self.cycles += 1
             self.cycle_running = True
             self._submit(item, self.cycles)

@@ -328,8 +328,8 @@ def _delete_prefix(io: StoreIO, txn: lmdb.Transaction, db: Any, prefix: bytes) -
     with txn.cursor(db=db) as cursor:
         keys = []
         if cursor.set_range(prefix):
-            for key in cursor.iternext(keys=True, values=False):
-                key = bytes(key)
+            for raw in cursor.iternext(keys=True, values=False):
+                key = bytes(raw)
                 if not key.startswith(prefix):
                     break
                 keys.append(key)

@@ -13,9 +13,10 @@ instead of running headless.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -68,9 +69,11 @@ from sessiontree.protocol import (
     is_legal_transition,
     new_session_id,
 )
+from sessiontree.store import SessionRecord
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._index import (
+    AfterWrite,
     Call,
     Deadline,
     Entry,
@@ -86,6 +89,8 @@ from sessiontree.supervision._index import (
     SpawnAnswer,
     Tick,
 )
+from sessiontree.supervision._persist import context_from_record
+from sessiontree.supervision._recovery import Recovered
 from sessiontree.supervision._rules import Capacity, ParentView, check_spawn, resolve_ttl
 
 __all__ = ["CortexLogic"]
@@ -117,6 +122,9 @@ class CortexLogic:
         self.tick_timer: TimerHandle | None = None
         self.to_stop: list[pykka.ActorRef[Any]] = []
         self.stopped = False
+        self.persist = runtime.persist
+        self.store = runtime.persist.store
+        self.dormant: dict[uuid.UUID, SessionRecord] = {}
 
     # -- pykka hooks --------------------------------------------------------
 
@@ -124,6 +132,9 @@ class CortexLogic:
         """Runs on the Cortex thread before any message; arms the periodic check."""
         self.self_ref = self.actor_ref  # type: ignore[attr-defined]
         self.rt.activity.on_idle = self.on_idle
+        if self.rt.recovered is not None:
+            self._bring_back(self.rt.recovered)
+            self.rt.recovered = None
         self._arm_tick()
 
     def on_stop(self) -> None:
@@ -214,7 +225,7 @@ class CortexLogic:
                         reply.fail(NodeClosedError(f"node failed: {self.failed!r}"))
                     return None
                 try:
-                    value = op(*args)
+                    value = op(*args, reply=reply) if name in _TAKES_REPLY else op(*args)
                 except _CALLER_MISTAKES as exc:  # answered; the index is untouched
                     if reply is None:
                         raise
@@ -222,6 +233,8 @@ class CortexLogic:
                     return None
                 if reply is not None and value is not _DEFERRED:
                     reply.set(value)
+            case AfterWrite(then=then, error=error):
+                then(error)
             case RunEnded(session_id=sid, end=end):
                 self._run_ended(sid, end)
             case RunsEnded(ends=ends):
@@ -246,7 +259,7 @@ class CortexLogic:
             case Reap():
                 self._stop_ended()
             case SpawnCmd() | SendCmd() | CancelCmd() | SuspendCmd() | ResumeCmd():
-                return self.op_control(body)
+                return self.op_control(body, reply=None)
             case _:
                 self._reject(body)
                 return ErrorInfo(
@@ -298,9 +311,13 @@ class CortexLogic:
         with entry.core.cond:
             entry.core.state = new
         self._emit(EventKind.TRANSITION, entry, previous=old, code=code)
+        if new is SessionState.SUSPENDED or old is SessionState.SUSPENDED:
+            # a Branch's context is written on suspend (it may come back after
+            # a restart); a resume is written so a crash then fails it instead
+            self.persist.snapshot(entry, self._now(), resume=entry.shutdown_park)
 
     def _lookup(self, session_id: uuid.UUID) -> Entry:
-        entry = self.entries.get(session_id)
+        entry = self._entry(session_id)
         if entry is None:
             msg = f"unknown session {session_id}"
             raise UnknownSessionError(msg, session_id=session_id)
@@ -340,7 +357,6 @@ class CortexLogic:
     ) -> Entry:
         now = self._now()
         skill_name = agent.main if kind is SessionKind.MAIN else (spec.skill or agent.default)
-        skill = agent.skills[skill_name]
         if spec.model_tier is not None:
             tier: str | None = spec.model_tier
         elif kind is SessionKind.WORKER:
@@ -367,6 +383,14 @@ class CortexLogic:
             request_id=spec.request_id,
             metadata=dict(spec.metadata),
         )
+        return self._register(agent, info, parent, ttl)
+
+    def _register(
+        self, agent: Agent, info: SessionInfo, parent: Entry | None, ttl: float | None
+    ) -> Entry:
+        """Index a session and start its actor (its first TTL timer: ``ttl`` s)."""
+        skill = agent.skills[info.skill]
+        kind = info.kind
         core = SessionCore(
             info,
             clock=self.rt.clock,
@@ -394,8 +418,8 @@ class CortexLogic:
         if entry.needs_thread:
             self.sync_threads += 1
         if ttl is not None:
-            self._arm_ttl(entry, ttl)
-        self._emit(EventKind.SPAWNED, entry, data={"kind": kind.value, "skill": skill_name})
+            self._arm_ttl(entry, max(ttl, 0.0))
+        self._emit(EventKind.SPAWNED, entry, data={"kind": kind.value, "skill": info.skill})
         return entry
 
     def _rejected_by_session(self, body: object) -> None:
@@ -411,8 +435,9 @@ class CortexLogic:
 
         entry.ttl_timer = self.rt.clock.call_later(ttl, fire)
 
-    def op_main(self, agent_id: str, key: str) -> uuid.UUID:
-        """Get or create the one Main of ``agent_id`` for session ``key``."""
+    def op_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
+        """Get or create the one Main of ``agent_id`` for session ``key`` (answered
+        once its record is durable)."""
         if self.closing:
             msg = "node is shutting down; no new main sessions"
             raise NodeClosedError(msg)
@@ -422,29 +447,53 @@ class CortexLogic:
             raise UnknownAgentError(msg, field="agent_id")
         key = str(SessionKey.parse(key))
         existing = self.mains.get((agent_id, key))
+        if existing is not None and existing in self.dormant:
+            return existing  # it comes back when a message reaches it
         if existing is not None and existing in self.entries:
             entry = self.entries[existing]
             if not entry.state.is_terminal:
-                return existing
+                return self._answer_when_persisted(entry, reply, existing)
         ttl = agent.ttl_for(SessionKind.MAIN)
         spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
         entry = self._new_entry(agent, SessionKind.MAIN, None, spec, ttl, key)
         self.mains[(agent_id, key)] = entry.session_id
         entry.started_at = self._now()
         self._post(entry, Start())
-        return entry.session_id
+        self._persist_new(entry)
+        return self._answer_when_persisted(entry, reply, entry.session_id)
 
-    def op_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec) -> SpawnAnswer:
-        """Validate and create a child; never raises for a refused spawn."""
+    def _answer_when_persisted(self, entry: Entry, reply: Reply | None, value: object) -> object:
+        if entry.persisted:
+            return value
+
+        def answer(error: BaseException | None) -> None:
+            if reply is None:
+                return
+            if error is None:
+                reply.set(value)
+            else:
+                reply.fail(error)
+
+        entry.on_persisted.append(answer)
+        return _DEFERRED
+
+    def op_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, reply: Reply | None = None) -> object:
+        """Validate and create a child; never raises for a refused spawn. With a
+        store, the child starts (and ``reply`` is answered) once its record is
+        durable; a failed write answers the store's error and leaves no child."""
         if self.closing:
             return SpawnAnswer(
                 None, ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
             )
-        parent = self.entries.get(parent_id)
+        parent = self._entry(parent_id)
         if parent is not None and spec.request_id is not None:
             first = parent.requests.get(spec.request_id)
             if first is not None:
-                return SpawnAnswer(first, None, existing=True)
+                answer = SpawnAnswer(first, None, existing=True)
+                entry = self.entries.get(first)
+                if entry is None:
+                    return answer
+                return self._answer_when_persisted(entry, reply, answer)
         view = None
         if parent is not None:
             view = ParentView(
@@ -496,8 +545,174 @@ class CortexLogic:
         parent.live_children += 1
         if spec.request_id is not None:
             parent.requests[spec.request_id] = entry.session_id
+        if not self._persist_new(entry):
+            self._want_slot(entry)
+            return SpawnAnswer(entry.session_id, None)
+
+        def written(error: BaseException | None) -> None:
+            if error is None and entry.state is SessionState.PENDING:
+                self._want_slot(entry)
+            if reply is None:
+                return
+            if error is None or entry.state.is_terminal:
+                reply.set(SpawnAnswer(entry.session_id, None))
+            else:
+                reply.set(SpawnAnswer(None, _store_error(error, entry.session_id)))
+
+        entry.on_persisted.insert(0, written)
+        return _DEFERRED
+
+    # -- persistence ----------------------------------------------------------------
+
+    def _when_written(
+        self,
+        future: concurrent.futures.Future[None] | None,
+        then: Callable[[BaseException | None], None],
+    ) -> None:
+        """Run ``then(error)`` on this thread once the store write ``future``
+        finished (at once without a store). The write counts as activity."""
+        if future is None:
+            then(None)
+            return
+        ref, activity = self.self_ref, self.rt.activity
+        activity.begin()
+
+        def done(finished: concurrent.futures.Future[None]) -> None:
+            try:
+                if ref is None or not post(ref, AfterWrite(then, finished.exception()), activity):
+                    log.warning("a store write finished after the cortex stopped")
+            finally:
+                activity.end()
+
+        future.add_done_callback(done)
+
+    def _persist_new(self, entry: Entry) -> bool:
+        """Write a new session's record; False when there is no store. Until the
+        write is durable, ``entry.on_persisted`` collects who waits for it; if it
+        fails, the session is taken out again as if never created."""
+        future = self.persist.created(entry, self._now())
+        if future is None:
+            return False
+        entry.persisted = False
+
+        def written(error: BaseException | None) -> None:
+            entry.persisted = True
+            if error is not None:
+                self._store_failed(error)
+                self._discard(entry)
+            waiting, entry.on_persisted = entry.on_persisted, []
+            for then in waiting:
+                then(error)
+
+        self._when_written(future, written)
+        return True
+
+    def _store_failed(self, error: BaseException) -> None:
+        self.rt.counters["store_write_errors"] += 1
+        self._emit(EventKind.STORE_ERROR, None, data={"error": repr(error)})
+
+    def _discard(self, entry: Entry) -> None:
+        """Take out a session whose record could not be written (nobody has its id
+        yet); one that already ended keeps its ending."""
+        if entry.state.is_terminal:
+            return
+        if entry.ttl_timer is not None:
+            entry.ttl_timer.cancel()
+        if entry.grant is not None:
+            self.rt.slots.forget(entry.grant)
+            entry.grant = None
+        entry.core.fence(ErrorCode.STORE_FAILED)
+        entry.core.release_slot()
+        self.entries.pop(entry.session_id, None)
+        self.live -= 1
+        if entry.needs_thread:
+            self.sync_threads -= 1
+        parent = entry.parent
+        if parent is not None:
+            parent.children.pop(entry.session_id, None)
+            parent.live_children -= 1
+            if entry.info.request_id is not None:
+                parent.requests.pop(entry.info.request_id, None)
+        key = (entry.agent.agent_id, entry.info.key or "")
+        if self.mains.get(key) == entry.session_id:
+            del self.mains[key]
+        if entry.ref is not None:
+            self.to_stop.append(entry.ref)
+            entry.ref = None
+
+    def _entry(self, session_id: uuid.UUID | None) -> Entry | None:
+        """The index entry of ``session_id``, bringing a dormant Main back first."""
+        if session_id is None:
+            return None
+        entry = self.entries.get(session_id)
+        if entry is None and session_id in self.dormant:
+            entry = self._restore(self.dormant.pop(session_id))
+        return entry
+
+    def _restore(self, record: SessionRecord) -> Entry:
+        """Bring a stored Main or suspended Branch back into the index, with its
+        context, its filed results and ``resumed`` set. A Main takes messages at
+        once; a Branch stays suspended until resumed (its skill then runs again)."""
+        info = record.info
+        agent = self.rt.agents[info.agent_id]
+        if info.kind is SessionKind.MAIN and info.skill != agent.main:
+            info = msgspec.structs.replace(info, skill=agent.main)
+        parent = self._entry(info.parent_id)
+        ttl = None if info.deadline is None else info.deadline - self._now()
+        entry = self._register(agent, info, parent, ttl)
+        core = entry.core
+        core.context = context_from_record(record.context)
+        core.resumed = True
+        if self.store is not None:
+            for result in self.store.received(info.session_id):
+                core.received.append(result)
+            for child_id in self.store.children(info.session_id):
+                entry.children[child_id] = None
+        if parent is not None:
+            parent.children[info.session_id] = None
+            parent.live_children += 1
+        if info.kind is SessionKind.MAIN:
+            entry.started_at = self._now()
+            self._post(entry, Start())
+        else:
+            entry.suspend_requested = True
+            entry.rerun = True
+        self._emit(EventKind.RESTORED, entry)
+        return entry
+
+    def _bring_back(self, plan: Recovered) -> None:
+        """Apply recovery's plan (on start): dormant Mains, suspended branches,
+        results owed to them, the Mains' acknowledged inbound messages."""
+        self.dormant = plan.dormant
+        self.mains.update(plan.mains)
+        rerun = []
+        for record in plan.suspended:
+            entry = self._restore(record)  # recovery brought its parent back first
+            if record.resume:
+                rerun.append(entry)
+        for parent_id, results in plan.deliveries.items():
+            parent = self._entry(parent_id)
+            if parent is None:
+                continue
+            for result in results:
+                parent.core.add_result(result)
+                parent.receipts.append(result)
+                if parent.kind is SessionKind.MAIN:
+                    self._post(parent, Deliver(result))
+        for session_id, messages in plan.inbox.items():
+            main = self._entry(session_id)
+            if main is None:
+                continue
+            for message in messages:
+                self._post(main, Inbound(message.message, message.seq))
+                main.next_seq = max(main.next_seq, message.seq + 1)
+        for entry in rerun:
+            self._rerun(entry)
+
+    def _rerun(self, entry: Entry) -> None:
+        """Run a restored Branch's skill again (it waits for a slot like a spawn)."""
+        entry.suspend_requested = False
         self._want_slot(entry)
-        return SpawnAnswer(entry.session_id, None)
 
     def _want_slot(self, entry: Entry) -> None:
         ref, activity, sid = self.self_ref, self.rt.activity, entry.session_id
@@ -513,7 +728,8 @@ class CortexLogic:
 
     def _granted(self, session_id: uuid.UUID) -> None:
         entry = self.entries.get(session_id)
-        if entry is None or entry.state is not SessionState.PENDING or self.closing:
+        wanted = entry is not None and (entry.state is SessionState.PENDING or entry.rerun)
+        if entry is None or not wanted or entry.state.is_terminal or self.closing:
             self.rt.slots.release()  # it ended while it queued, or the node is closing
             if entry is not None:
                 entry.grant = None
@@ -522,6 +738,7 @@ class CortexLogic:
         self._activate(entry)
 
     def _activate(self, entry: Entry) -> None:
+        entry.rerun = False
         entry.core.take_slot()
         entry.started_at = self._now()
         self._set_state(entry, SessionState.ACTIVE)
@@ -553,6 +770,7 @@ class CortexLogic:
             )
             if end.error is not None:
                 self.rt.counters["main_cycles_failed"] += 1
+            self.persist.snapshot(entry, self._now(), consumed=entry.core.input_seq)
             self._post(entry, CycleDone())
         elif entry.cancel_code is not None:
             self._finish(entry, SessionState.CANCELLED, entry.cancel_code, end.outcome)
@@ -613,8 +831,11 @@ class CortexLogic:
             ),
         )
         entry.result = result
+        entry.final_write = self.persist.ended(entry, result, now)
+        if entry.final_write is not None:
+            entry.final_write.add_done_callback(self._count_failed_write)
         for reply in entry.waiters:
-            reply.set(result)
+            self._answer_durable(entry, reply)
         entry.waiters.clear()
         self._deliver(entry, result)
         if entry.ref is not None:
@@ -633,10 +854,34 @@ class CortexLogic:
         if self.shutdown_waiters:
             self._check_shutdown()
 
+    def _count_failed_write(self, future: concurrent.futures.Future[None]) -> None:
+        # on the writer thread: only counted here; the waiters get the error
+        if future.exception() is not None:
+            self.rt.counters["store_write_errors"] += 1
+
+    def _answer_durable(self, entry: Entry, reply: Reply) -> None:
+        """Answer ``reply`` with the ended session's result once its terminal
+        write is durable (the store's error if that write failed)."""
+        result, future = entry.result, entry.final_write
+        if future is None:
+            reply.set(result)
+            return
+
+        def answer(finished: concurrent.futures.Future[None]) -> None:
+            error = finished.exception()
+            if error is None:
+                reply.set(result)
+            else:
+                reply.fail(error)
+
+        future.add_done_callback(answer)
+
     def _deliver(self, entry: Entry, result: SessionResult) -> None:
         parent = entry.parent
         if parent is None:
             return
+        if self.store is not None and not parent.state.is_terminal:
+            parent.receipts.append(result)  # its next snapshot records the receipt
         parent.live_children -= 1
         # Filed at once (so results() and a waiting skill see it now); a live
         # Main also gets it in its mailbox, where it starts a message cycle.
@@ -691,7 +936,7 @@ class CortexLogic:
             entry_code = code if (first is None or entry is first) else ErrorCode.PARENT_TERMINATED
             entry.cancel_code = entry_code
             self._emit(EventKind.CANCEL_REQUESTED, entry, code=entry_code)
-            if entry.state is SessionState.PENDING:
+            if entry.state is SessionState.PENDING or entry.rerun:  # nothing runs to wrap up
                 self._finish(
                     entry,
                     SessionState.CANCELLED,
@@ -829,6 +1074,9 @@ class CortexLogic:
             )
         if self.closing:
             return ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
+        if entry.rerun:
+            self._rerun(entry)
+            return None
         entry.suspend_requested = False
         if entry.state is SessionState.SUSPENDED:
             self._set_state(entry, SessionState.ACTIVE)
@@ -837,8 +1085,9 @@ class CortexLogic:
 
     # -- messages, progress, periodic checks -------------------------------------
 
-    def op_send(self, session_id: uuid.UUID, message: Any) -> ErrorInfo | None:
-        """Queue an inbound message for a Main (one message cycle)."""
+    def op_send(self, session_id: uuid.UUID, message: Any, reply: Reply | None = None) -> object:
+        """Queue an inbound message for a Main (one message cycle). With a store it
+        is written to the Main's inbox first and accepted once durable."""
         entry = self._lookup(session_id)
         if entry.kind is not SessionKind.MAIN:
             return ErrorInfo(
@@ -854,8 +1103,33 @@ class CortexLogic:
             )
         if self.closing:
             return ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
-        self._post(entry, Inbound(message))
-        return None
+        seq = entry.next_seq
+        try:
+            future = self.persist.inbound(entry, seq, message, self._now())
+        except RejectedInputError as exc:
+            raise RejectedInputError(str(exc), field="message") from exc
+        if future is None:
+            self._post(entry, Inbound(message))
+            return None
+        entry.next_seq += 1
+
+        def written(error: BaseException | None) -> None:
+            answer: ErrorInfo | None = None
+            if error is not None:
+                self._store_failed(error)
+                answer = _store_error(error, session_id)
+            elif entry.state.is_terminal or entry.cancel_code is not None:
+                answer = ErrorInfo(
+                    code=ErrorCode.SESSION_NOT_ACTIVE,
+                    message=f"session {session_id} ended before the message was accepted",
+                )
+            else:
+                self._post(entry, Inbound(message, seq))
+            if reply is not None:
+                reply.set(answer)
+
+        self._when_written(future, written)
+        return _DEFERRED
 
     def _progress(self, session_id: uuid.UUID, note: str, data: dict[str, Any]) -> None:
         entry = self.entries.get(session_id)
@@ -906,22 +1180,43 @@ class CortexLogic:
 
     # -- queries ------------------------------------------------------------------
 
+    def _known(self, session_id: uuid.UUID) -> Entry | SessionRecord:
+        """What this node knows of a session, without waking a dormant Main: its
+        index entry, or its stored record (dormant, or ended before a restart
+        or eviction). ``UnknownSessionError`` when neither exists."""
+        entry = self.entries.get(session_id)
+        if entry is not None:
+            return entry
+        record = self.dormant.get(session_id)
+        if record is None and self.store is not None:
+            record = self.store.session(session_id)
+        if record is None:
+            msg = f"unknown session {session_id}"
+            raise UnknownSessionError(msg, session_id=session_id)
+        return record
+
     def op_info(self, session_id: uuid.UUID) -> SessionInfo:
         """The session's identity with its current state."""
-        entry = self._lookup(session_id)
-        return _with_state(entry)
+        known = self._known(session_id)
+        return known.info if isinstance(known, SessionRecord) else _with_state(known)
 
     def op_result(self, session_id: uuid.UUID, reply: Reply) -> object:
-        """Answer ``reply`` with the session's result once it has one."""
-        entry = self._lookup(session_id)
-        if entry.result is not None:
-            return entry.result
-        entry.waiters.append(reply)
+        """Answer ``reply`` with the session's result once it has one (and its
+        terminal write is durable)."""
+        known = self._known(session_id)
+        if isinstance(known, SessionRecord):
+            if known.result is not None:
+                return known.result
+            known = self._lookup(session_id)  # a dormant Main: it can still end
+        if known.result is not None:
+            self._answer_durable(known, reply)
+        else:
+            known.waiters.append(reply)
         return _DEFERRED
 
     def op_result_now(self, session_id: uuid.UUID) -> SessionResult | None:
         """The session's result if it has ended, else None."""
-        return self._lookup(session_id).result
+        return self._known(session_id).result
 
     def op_forget_waiter(self, session_id: uuid.UUID, reply: Reply) -> None:
         """Drop a waiter whose caller gave up (its timeout passed)."""
@@ -931,32 +1226,46 @@ class CortexLogic:
 
     def op_results(self, session_id: uuid.UUID) -> list[SessionResult]:
         """The results this session has received (most recent ``max_retained_results``)."""
-        entry = self._lookup(session_id)
-        with entry.core.cond:
-            return list(entry.core.received)
+        known = self._known(session_id)
+        if isinstance(known, SessionRecord):
+            return self.store.received(session_id) if self.store is not None else []
+        with known.core.cond:
+            return list(known.core.received)
 
     def op_tree(self, session_id: uuid.UUID) -> dict[str, Any]:
-        """The subtree under ``session_id`` as nested dicts (info, result, children)."""
-        root = self._lookup(session_id)
+        """The subtree under ``session_id`` as nested dicts (info, result, children);
+        sessions that ended before a restart come from the store."""
 
-        def node(entry: Entry) -> dict[str, Any]:
-            children = [self.entries[c] for c in entry.children if c in self.entries]
-            return {
-                "info": _with_state(entry),
-                "result": entry.result,
-                "children": [node(c) for c in children],
-            }
+        def node(known: Entry | SessionRecord) -> dict[str, Any]:
+            if isinstance(known, SessionRecord):
+                info, result = known.info, known.result
+                child_ids: list[uuid.UUID] = []
+            else:
+                info, result = _with_state(known), known.result
+                child_ids = list(known.children)
+            if self.store is not None:
+                seen = set(child_ids)
+                child_ids += [c for c in self.store.children(info.session_id) if c not in seen]
+            children = []
+            for child_id in child_ids:
+                try:
+                    children.append(node(self._known(child_id)))
+                except UnknownSessionError:  # pruned, or evicted without a store
+                    continue
+            return {"info": info, "result": result, "children": children}
 
-        return node(root)
+        return node(self._known(session_id))
 
     def op_sessions(
         self, state: SessionState | None, kind: SessionKind | None
     ) -> list[SessionInfo]:
-        """Every session the index holds, optionally filtered."""
+        """Every session the index holds (dormant Mains included), optionally filtered."""
+        infos = [_with_state(e) for e in self.entries.values()]
+        infos += [record.info for record in self.dormant.values()]
         return [
-            _with_state(e)
-            for e in self.entries.values()
-            if (state is None or e.state is state) and (kind is None or e.kind is kind)
+            info
+            for info in infos
+            if (state is None or info.state is state) and (kind is None or info.kind is kind)
         ]
 
     def op_actor_ref(self, session_id: uuid.UUID) -> pykka.ActorRef[Any] | None:
@@ -981,13 +1290,13 @@ class CortexLogic:
         )
         return stats
 
-    def op_control(self, command: object) -> object:
+    def op_control(self, command: object, reply: Reply | None = None) -> object:
         """Apply one decoded control command (see ``protocol.ControlMessage``)."""
         match command:
             case SpawnCmd(parent_id=parent_id, spec=spec):
-                return self.op_spawn(parent_id, spec)
+                return self.op_spawn(parent_id, spec, reply)
             case SendCmd(session_id=sid, message=message):
-                return self.op_send(sid, message)
+                return self.op_send(sid, message, reply)
             case CancelCmd(session_id=sid):
                 return self.op_cancel(sid)
             case SuspendCmd(session_id=sid):
@@ -1099,6 +1408,8 @@ class CortexLogic:
 
 
 _DEFERRED = object()
+#: Operations that answer their caller themselves (after a store write).
+_TAKES_REPLY = frozenset({"main", "spawn", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.
 _CALLER_MISTAKES = (UnknownSessionError, RejectedInputError, NodeClosedError)
@@ -1121,3 +1432,14 @@ def _with_state(entry: Entry) -> SessionInfo:
     if info.state is entry.state:
         return info
     return msgspec.structs.replace(info, state=entry.state)
+
+
+def _store_error(error: BaseException, session_id: uuid.UUID) -> ErrorInfo:
+    code = getattr(error, "code", ErrorCode.STORE_FAILED)
+    if not isinstance(code, ErrorCode):
+        code = ErrorCode.STORE_FAILED
+    return ErrorInfo(
+        code=code,
+        message=f"session {session_id}: the store refused the write: {error}",
+        detail={"session_id": str(session_id)},
+    )

@@ -31,6 +31,8 @@ class EventKind(enum.StrEnum):
     REFUSED = "refused"
     MEMORY_PRESSURE = "memory_pressure"
     NODE_FAILED = "node_failed"
+    RESTORED = "restored"
+    STORE_ERROR = "store_error"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):

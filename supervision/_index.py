@@ -4,10 +4,11 @@ session (``Entry``) and the runtime pieces it drives (``Runtime``)."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -34,7 +35,12 @@ from sessiontree.protocol import (
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._events import EventBus
 
+if TYPE_CHECKING:
+    from sessiontree.supervision._persist import Persister
+    from sessiontree.supervision._recovery import Recovered
+
 __all__ = [
+    "AfterWrite",
     "Call",
     "Deadline",
     "Entry",
@@ -111,6 +117,14 @@ class Refused:
 
 
 @dataclass(frozen=True, slots=True)
+class AfterWrite:
+    """A store write the Cortex waited on finished: run ``then(error)`` (None: durable)."""
+
+    then: Callable[[BaseException | None], None]
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """The periodic check: stuck sessions and memory pressure."""
 
@@ -156,6 +170,16 @@ class Entry:
     started_at: float | None = None
     zombie: bool = False
     shutdown_park: bool = False
+    # persistence: results got since the last snapshot (their receipts), the
+    # next inbox number, whether the creation is durable (and who waits for
+    # it), the terminal write, and whether resuming re-runs the skill (a
+    # branch that came back from the store)
+    receipts: list[SessionResult] = field(default_factory=list)
+    next_seq: int = 0
+    persisted: bool = True
+    on_persisted: list[Callable[[BaseException | None], None]] = field(default_factory=list)
+    final_write: concurrent.futures.Future[None] | None = None
+    rerun: bool = False
 
     @property
     def session_id(self) -> uuid.UUID:
@@ -194,4 +218,6 @@ class Runtime:
     agents: dict[str, Agent]
     on_fatal: Callable[[BaseException], None]
     on_failed: Callable[[BaseException], None]
+    persist: Persister
+    recovered: Recovered | None = None
     counters: collections.Counter[str] = field(default_factory=collections.Counter)

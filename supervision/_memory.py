@@ -1,8 +1,10 @@
 """Shared memory: the key/value space siblings coordinate through.
 
-This in-process space is the default; the persistence issue backs the same
-interface with LMDB. Each write returns a memory id that can travel in a
-``SessionResult.memory_ids``.
+``StoreMemory`` keeps it in the node's LMDB store (a write returns once
+durable); ``InMemorySpace`` is the default of a node without a store. Each
+write returns a memory id that can travel in a ``SessionResult.memory_ids``;
+reading a memory id returns that write's value (``KeyError`` once a later
+write to the same key replaced it).
 """
 
 from __future__ import annotations
@@ -11,9 +13,26 @@ import threading
 import uuid
 from typing import Any, Protocol
 
+from sessiontree.actors import Clock
 from sessiontree.protocol import RejectedInputError
+from sessiontree.store import MemoryRecord, Store, WriteBatch
 
-__all__ = ["InMemorySpace", "MemorySpace"]
+__all__ = ["InMemorySpace", "MemorySpace", "StoreMemory"]
+
+MAX_KEY_CHARS = 512
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_CHARS or "\x00" in key:
+        msg = (
+            f"memory key must be a non-empty string of at most {MAX_KEY_CHARS} characters "
+            f"without NUL: {key!r}"
+        )
+        raise RejectedInputError(msg, field="key")
+
+
+def _new_id() -> str:
+    return f"mem-{uuid.uuid4()}"
 
 
 class MemorySpace(Protocol):
@@ -23,17 +42,21 @@ class MemorySpace(Protocol):
         """Store ``value`` under ``key``; return the write's memory id."""
         ...
 
+    async def aput(self, agent_id: str, session_id: uuid.UUID, key: str, value: Any) -> str:
+        """``put`` without blocking an event loop."""
+        ...
+
     def get(self, agent_id: str, key: str) -> Any:
         """The latest value under ``key``; ``KeyError`` when absent."""
         ...
 
     def by_id(self, memory_id: str) -> Any:
-        """The value a memory id names; ``KeyError`` when unknown."""
+        """The value a memory id names; ``KeyError`` when unknown or overwritten."""
         ...
 
 
 class InMemorySpace:
-    """A dict per agent, guarded by a lock."""
+    """A dict per agent, guarded by a lock (lost with the process)."""
 
     def __init__(self) -> None:
         self._values: dict[tuple[str, str], tuple[str, Any]] = {}
@@ -41,14 +64,15 @@ class InMemorySpace:
         self._lock = threading.Lock()
 
     def put(self, agent_id: str, session_id: uuid.UUID, key: str, value: Any) -> str:
-        if not isinstance(key, str) or not key or len(key) > 512:
-            msg = f"memory key must be a non-empty string of at most 512 characters: {key!r}"
-            raise RejectedInputError(msg, field="key")
-        memory_id = f"mem-{uuid.uuid4()}"
+        _check_key(key)
+        memory_id = _new_id()
         with self._lock:
             self._values[(agent_id, key)] = (memory_id, value)
             self._ids[memory_id] = (agent_id, key)
         return memory_id
+
+    async def aput(self, agent_id: str, session_id: uuid.UUID, key: str, value: Any) -> str:
+        return self.put(agent_id, session_id, key, value)
 
     def get(self, agent_id: str, key: str) -> Any:
         with self._lock:
@@ -62,3 +86,52 @@ class InMemorySpace:
             msg = f"memory id {memory_id} was overwritten by a later write"
             raise KeyError(msg)
         return value
+
+
+class StoreMemory:
+    """Shared memory in the node's store. ``put`` returns once the write is
+    durable; it raises ``RejectedInputError`` (field ``key`` or ``value``) for
+    a bad key or a value msgpack cannot hold, ``StoreFullError``/``StoreError``
+    when the store refuses the write (nothing written)."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+
+    def _batch(
+        self, agent_id: str, session_id: uuid.UUID, key: str, value: Any
+    ) -> tuple[str, WriteBatch]:
+        _check_key(key)
+        memory_id = _new_id()
+        record = MemoryRecord(
+            agent_id=agent_id,
+            key=key,
+            memory_id=memory_id,
+            value=value,
+            session_id=session_id,
+            written_at=self.clock.time(),
+        )
+        return memory_id, WriteBatch().memory(record)
+
+    def put(self, agent_id: str, session_id: uuid.UUID, key: str, value: Any) -> str:
+        memory_id, batch = self._batch(agent_id, session_id, key, value)
+        self.store.write(batch)
+        return memory_id
+
+    async def aput(self, agent_id: str, session_id: uuid.UUID, key: str, value: Any) -> str:
+        memory_id, batch = self._batch(agent_id, session_id, key, value)
+        await self.store.awrite(batch)
+        return memory_id
+
+    def get(self, agent_id: str, key: str) -> Any:
+        record = self.store.memory(agent_id, key)
+        if record is None:
+            raise KeyError(key)
+        return record.value
+
+    def by_id(self, memory_id: str) -> Any:
+        record = self.store.memory_by_id(memory_id)
+        if record is None:
+            msg = f"memory id {memory_id} is unknown or was overwritten by a later write"
+            raise KeyError(msg)
+        return record.value

@@ -10,7 +10,9 @@ failures come back as values (``Spawned.error``, ``SessionResult.error``,
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable
@@ -47,11 +49,13 @@ from sessiontree.protocol import (
     SessionKind,
     SessionResult,
     SessionState,
+    SessionTreeError,
     SpawnSpec,
     UnknownSessionError,
     decode_control,
     make_spec,
 )
+from sessiontree.store import Store
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._cortex import CortexLogic
 from sessiontree.supervision._events import Event, EventBus
@@ -65,7 +69,9 @@ from sessiontree.supervision._index import (
     Runtime,
     SpawnAnswer,
 )
-from sessiontree.supervision._memory import InMemorySpace, MemorySpace
+from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
+from sessiontree.supervision._persist import Persister
+from sessiontree.supervision._recovery import recover
 
 __all__ = ["Node", "SessionRef", "Spawned"]
 
@@ -206,6 +212,9 @@ class _Host:
     def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
         return self.node.memory.put(core.info.agent_id, core.session_id, key, value)
 
+    async def memory_put_async(self, core: SessionCore, key: str, value: Any) -> str:
+        return await self.node.memory.aput(core.info.agent_id, core.session_id, key, value)
+
     def memory_get(self, core: SessionCore, key: str) -> Any:
         return self.node.memory.get(core.info.agent_id, key)
 
@@ -245,6 +254,13 @@ class Node:
     ``shutdown()``. Methods raise ``NodeClosedError`` once the node is shut
     down or has failed; ``AskTimeoutError`` if the Cortex does not answer
     within ``config.ask_timeout``.
+
+    ``store``: a ``Store`` (the caller closes it) or a directory (the node
+    opens and closes it). With one, sessions are durable: recovery runs in
+    the constructor (see ``recovery``; ``StoreLockedError`` if another node
+    holds the directory), and a spawn, a new Main, an accepted message, a
+    memory write and a result reach their caller only once written. Without
+    one, everything lives in memory.
     """
 
     def __init__(
@@ -254,11 +270,19 @@ class Node:
         *,
         clock: Clock | None = None,
         memory: MemorySpace | None = None,
+        store: Store | str | os.PathLike[str] | None = None,
     ) -> None:
         self.config = config or NodeConfig()
         self._own_clock = clock is None
         self.clock: Clock = clock or RealClock()
-        self.memory: MemorySpace = memory or InMemorySpace()
+        self._own_store = store is not None and not isinstance(store, Store)
+        if store is None or isinstance(store, Store):
+            self.store: Store | None = store
+        else:
+            self.store = Store(store)
+        if memory is None:
+            memory = InMemorySpace() if self.store is None else StoreMemory(self.store, self.clock)
+        self.memory: MemorySpace = memory
         self.activity = Activity()
         self.events = EventBus()
         self.fatal_error: BaseException | None = None
@@ -266,6 +290,9 @@ class Node:
         self.final_sessions: list[SessionInfo] = []
         """Every session as the shutdown left it (filled in by ``shutdown``)."""
         self.failure: BaseException | None = None
+        self.recovery: dict[str, int] = {}
+        """What recovery found on start (empty without a store): mains, suspended,
+        failed, quarantined, terminal, results owed, ``recovery_ms``…"""
         self._state = "open"
         self._stopped = threading.Event()
         self._state_lock = threading.Lock()
@@ -279,6 +306,15 @@ class Node:
                 msg = f"agent {agent.agent_id!r} is registered twice"
                 raise ValueError(msg)
             agents_by_id[agent.agent_id] = agent
+        counters: collections.Counter[str] = collections.Counter()
+        recovered = None
+        if self.store is not None:
+            try:
+                recovered = recover(self.store, agents_by_id, self.clock.time())
+            except BaseException:
+                self._close_owned()
+                raise
+            self.recovery = dict(recovered.figures)
         self._runtime = Runtime(
             config=self.config,
             clock=self.clock,
@@ -292,6 +328,9 @@ class Node:
             agents=agents_by_id,
             on_fatal=self._on_fatal,
             on_failed=self._on_failed,
+            persist=Persister(self.store, counters),
+            recovered=recovered,
+            counters=counters,
         )
         cortex_class = actor_class(CortexLogic, self.config.actor_type)
         self._cortex = start_actor(cortex_class, self._runtime)
@@ -477,6 +516,10 @@ class Node:
         """Counters and gauges: live sessions, zombies, refusals, slots…"""
         stats: dict[str, int] = self._call("stats", check=False)
         stats["rejected_input"] = self.rejected_input
+        if self.store is not None:
+            figures = self.store.stats()
+            for name in ("commits", "write_errors", "store_full", "quarantined", "long_reads"):
+                stats[f"store_{name}"] = int(figures.get(name, 0))
         return stats
 
     def inspect(
@@ -624,8 +667,22 @@ class Node:
                 self._loop.close()
             if self._own_clock and isinstance(self.clock, RealClock):
                 self.clock.close()
+            self._flush_store()
+            self._close_owned()
             self._state = "closed"
             self._stopped.set()
+
+    def _flush_store(self) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.flush()
+        except SessionTreeError as exc:
+            log.error("the store could not be flushed at shutdown: %s", exc)
+
+    def _close_owned(self) -> None:
+        if self._own_store and self.store is not None:
+            self.store.close()
 
     def wait_closed(self, timeout: float) -> bool:
         """Block until a shutdown (asked for, or after a fatal error) has finished."""

@@ -1,0 +1,185 @@
+"""What the Cortex writes to the store, and when (the ADR's persistence per kind).
+
+- Main: its record at creation, its full context after every message cycle
+  (with the inbound message that cycle consumed), its end.
+- Branch: a record at spawn, its full context on suspend and on its end.
+- Worker: only an index record (identity and state, no task, no context) at
+  spawn and at its end, so a restart can still fail it and tell its parent.
+
+A session's terminal record and the result owed to its parent go in one
+batch (the outbox); the parent's next snapshot files the result on the
+parent and drops it from the outbox (its receipt). Every method returns the
+write's future, or None when the node has no store (nothing to wait for).
+Writes are queued in the order the Cortex decides them and commit in that
+order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from typing import Any
+
+import msgspec
+
+from sessiontree.actors import ContextMessage, SessionContext
+from sessiontree.protocol import RejectedInputError, SessionKind, SessionResult
+from sessiontree.store import (
+    ContextEntry,
+    ContextRecord,
+    InboxRecord,
+    SessionRecord,
+    Store,
+    WriteBatch,
+)
+from sessiontree.supervision._index import Entry
+
+__all__ = ["Persister", "context_from_record"]
+
+log = logging.getLogger("sessiontree.persist")
+
+Future = concurrent.futures.Future[None]
+
+
+def _context_record(context: SessionContext) -> ContextRecord:
+    return ContextRecord(
+        system_prompt=context.system_prompt,
+        messages=[
+            ContextEntry(role=m.role, content=m.content, name=m.name) for m in context.messages
+        ],
+        tool_results=[dict(r) for r in context.tool_results],
+    )
+
+
+def context_from_record(record: ContextRecord | None) -> SessionContext:
+    """The working context a stored record holds (empty when it holds none)."""
+    if record is None:
+        return SessionContext()
+    return SessionContext(
+        system_prompt=record.system_prompt,
+        messages=[ContextMessage(m.role, m.content, m.name) for m in record.messages],
+        tool_results=[dict(r) for r in record.tool_results],
+    )
+
+
+class Persister:
+    """Builds and submits the Cortex's writes (called on the Cortex thread only)."""
+
+    def __init__(self, store: Store | None, counters: Any) -> None:
+        self.store = store
+        self.counters = counters
+
+    def _record(
+        self, entry: Entry, *, context: bool, now: float, resume: bool = False
+    ) -> SessionRecord:
+        info = entry.info
+        if info.state is not entry.state:
+            info = msgspec.structs.replace(info, state=entry.state)
+        if entry.kind is SessionKind.WORKER:  # identity and state only (the ADR)
+            info = msgspec.structs.replace(info, task="", context_summary="", metadata={})
+        return SessionRecord(
+            info=info,
+            context=_context_record(entry.core.context) if context else None,
+            result=entry.result,
+            updated_at=now,
+            resume=resume,
+        )
+
+    def _add_record(
+        self, batch: WriteBatch, entry: Entry, *, now: float, resume: bool = False
+    ) -> None:
+        wants_context = entry.kind is not SessionKind.WORKER
+        try:
+            batch.session(self._record(entry, context=wants_context, now=now, resume=resume))
+        except RejectedInputError:
+            # A skill put something msgpack cannot hold straight into its context:
+            # keep its state and result, count the context as unstorable.
+            self.counters["context_unstorable"] += 1
+            log.error(
+                "session %s: its context cannot be stored; saved without it", entry.session_id
+            )
+            batch.session(self._record(entry, context=False, now=now, resume=resume))
+
+    def _receipts(self, batch: WriteBatch, entry: Entry, *, ended: bool) -> None:
+        """File the results the session has taken since its last snapshot and drop
+        them from the outbox. While it lives, a result it has not yet taken (a
+        Main's cycle for it has not run) stays owed, so a restart delivers it."""
+        if not entry.receipts:
+            return
+        core = entry.core
+        with core.cond:
+            taken = [r for r in entry.receipts if ended or r.session_id not in core.unclaimed]
+        if len(taken) == len(entry.receipts):
+            entry.receipts.clear()
+        else:
+            kept = {r.session_id for r in taken}
+            entry.receipts[:] = [r for r in entry.receipts if r.session_id not in kept]
+        for result in taken:
+            batch.file(entry.session_id, result).receipt(result.session_id)
+
+    def _submit(self, batch: WriteBatch) -> Future | None:
+        assert self.store is not None
+        try:
+            return self.store.submit(batch)
+        except Exception as exc:  # noqa: BLE001 - a closed store: counted, never fails the Cortex
+            self.counters["store_write_errors"] += 1
+            future: Future = concurrent.futures.Future()
+            future.set_exception(exc)
+            return future
+
+    # -- the writes ------------------------------------------------------------------
+
+    def created(self, entry: Entry, now: float) -> Future | None:
+        """A new session: its record, its link under its parent, a Main's key."""
+        if self.store is None:
+            return None
+        batch = WriteBatch()
+        self._add_record(batch, entry, now=now)
+        info = entry.info
+        if info.parent_id is not None:
+            batch.link(info.parent_id, info.session_id)
+        if info.kind is SessionKind.MAIN and info.key is not None:
+            batch.main(info.agent_id, info.key, info.session_id)
+        return self._submit(batch)
+
+    def inbound(self, entry: Entry, seq: int, message: Any, now: float) -> Future | None:
+        """An inbound message a Main accepted (dropped by the cycle that runs it)."""
+        if self.store is None:
+            return None
+        batch = WriteBatch()
+        batch.inbox(
+            InboxRecord(session_id=entry.session_id, seq=seq, message=message, received_at=now)
+        )
+        return self._submit(batch)
+
+    def snapshot(
+        self, entry: Entry, now: float, *, consumed: int | None = None, resume: bool = False
+    ) -> Future | None:
+        """A live session's full state: a Main after a cycle, a Branch on suspend
+        or resume; with the receipts of the results it got since the last one."""
+        if self.store is None:
+            return None
+        batch = WriteBatch()
+        self._add_record(batch, entry, now=now, resume=resume)
+        if consumed is not None:
+            batch.consumed(entry.session_id, consumed)
+        self._receipts(batch, entry, ended=False)
+        return self._submit(batch)
+
+    def ended(self, entry: Entry, result: SessionResult, now: float) -> Future | None:
+        """A terminal state and, in the same batch, the result owed to the parent:
+        in the outbox if the parent lives, filed on its record if it has ended."""
+        if self.store is None:
+            return None
+        batch = WriteBatch()
+        self._add_record(batch, entry, now=now)
+        self._receipts(batch, entry, ended=True)
+        if entry.kind is SessionKind.MAIN:
+            batch.clear_inbox(entry.session_id)
+        parent = entry.parent
+        if parent is not None:
+            if parent.state.is_terminal:
+                batch.file(parent.session_id, result)
+            else:
+                batch.owe(parent.session_id, result)
+        return self._submit(batch)
