@@ -48,6 +48,7 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
 )
+from sessiontree.store import Store
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
 
 __all__ = ["DEMO_GRACE", "DemoError", "DemoReport", "run_demo"]
@@ -55,7 +56,7 @@ __all__ = ["DEMO_GRACE", "DemoError", "DemoReport", "run_demo"]
 log = logging.getLogger("sessiontree.cli.demo")
 
 AGENT_ID = "researcher"
-MAIN_KEY = "demo:main:research"
+MAIN_KEY_PREFIX = "demo:main:research-"  # + a run id: every run gets a Main of its own
 QUESTION = "research: how do agent runtimes supervise their sub-agents?"
 
 DEMO_GRACE = 0.5
@@ -84,6 +85,7 @@ class DemoReport:
     rejections: list[dict[str, Any]]
     elapsed: float
     stats: dict[str, int] = field(default_factory=dict)
+    store: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The document ``sessiontree demo --json`` prints."""
@@ -312,9 +314,11 @@ def run_demo(
 
     ``on_event(node, event, elapsed)`` is called for every event, in order, on
     the calling thread (never on the Cortex's), so it may ask the node
-    questions. ``store`` is where the node's store will live once stores
-    exist; today the run keeps everything in memory. Raises ``DemoError`` if
-    the scenario does not settle within 15 s.
+    questions. The node runs on an LMDB store in ``store`` (a temporary
+    directory when None); each run adds a Main of its own to it, and the
+    report's ``store`` says what the store holds afterwards (read back
+    through a read-only open). Raises ``DemoError`` if the scenario does not
+    settle within 15 s, ``StoreLockedError`` if another node holds ``store``.
     """
     clock = RealClock()  # the node's, and the demo's stopwatch
     started = clock.monotonic()
@@ -322,11 +326,11 @@ def run_demo(
     scenario = _Scenario(gates)
     watch = _Watch(_MAIN_CYCLES)
     with _store_dir(store) as where:
-        log.info("demo store directory: %s (unused until persistence lands)", where)
-        node = Node([scenario.agent()], NodeConfig(grace=DEMO_GRACE), clock=clock)
+        log.info("demo store directory: %s", where)
+        node = Node([scenario.agent()], NodeConfig(grace=DEMO_GRACE), clock=clock, store=where)
         try:
             node.subscribe(watch)
-            main = node.main(AGENT_ID, MAIN_KEY)
+            main = node.main(AGENT_ID, MAIN_KEY_PREFIX + uuid.uuid4().hex[:8])
             error = main.send(QUESTION)
             if error is not None:
                 raise DemoError(f"the main session refused the question: {error.message}")
@@ -346,8 +350,16 @@ def run_demo(
             node.shutdown(grace=DEMO_GRACE, timeout=5.0)
             clock.close()
         _drain(watch, node, on_event, lambda: clock.monotonic() - started, block=None)
+        with Store(where, readonly=True) as stored:
+            figures = {
+                "path": str(where),
+                "sessions": stored.count("sessions"),
+                "results_filed": stored.count("received"),
+                "results_owed": stored.count("outbox"),
+                "recovered": dict(node.recovery),
+            }
     rejections = [_rejection(event) for event in watch.rejections]
-    return DemoReport(sessions, rejections, clock.monotonic() - started, stats)
+    return DemoReport(sessions, rejections, clock.monotonic() - started, stats, figures)
 
 
 def _drain(

@@ -16,6 +16,7 @@ import click
 
 from sessiontree.cli._demo import DEMO_GRACE, DemoError, DemoReport, run_demo
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
+from sessiontree.cli._store_cmds import export_cmd, import_cmd
 
 __all__ = ["configure_logging", "main"]
 
@@ -53,9 +54,8 @@ def main(verbose: int) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help=(
-        "Directory for the node's store. Used once the persistence issue lands (there is "
-        "no store yet); without it the demo uses a temporary directory, so every run "
-        "starts clean."
+        "Directory of the node's LMDB store (created if missing; each run adds a Main of "
+        "its own). Without it the demo uses a temporary directory, removed afterwards."
     ),
 )
 def demo(as_json: bool, store: Path | None) -> None:
@@ -88,6 +88,13 @@ def demo(as_json: bool, store: Path | None) -> None:
             f"\nLate calls refused from fenced sessions (terminated or expired): {refused_late}"
         )
     click.echo(f"\n{render_summary(report.sessions, report.rejections)}")
+    stored = report.store
+    if stored:
+        click.echo(
+            f"Store {stored['path']}: {stored['sessions']} session records, "
+            f"{stored['results_filed']} results filed on their parents, "
+            f"{stored['results_owed']} still owed."
+        )
     click.echo(f"Finished in {report.elapsed:.2f} s.")
 
 
@@ -96,3 +103,7 @@ def _run(store: Path | None, printer: EventPrinter | None) -> DemoReport:
         return run_demo(store=store, on_event=printer)
     except DemoError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+main.add_command(export_cmd)
+main.add_command(import_cmd)

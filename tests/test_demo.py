@@ -157,11 +157,21 @@ def test_human_output_shows_the_tree_and_every_code(demo_text: str) -> None:
     assert "13 sessions" in demo_text
 
 
-def test_demo_help_says_when_the_store_is_used() -> None:
+def test_demo_help_names_the_store_option() -> None:
     result = CliRunner().invoke(main, ["demo", "--help"])
     assert result.exit_code == 0
     assert "--store" in result.output
-    assert "persistence" in result.output
+    assert "LMDB" in result.output
+
+
+def test_demo_runs_on_the_given_store_and_a_second_run_adds_its_own_main(tmp_path: Path) -> None:
+    first = sessiontree.cli.run_demo(store=tmp_path)
+    assert first.store["sessions"] == 13
+    assert first.store["results_owed"] == 0  # every result reached its parent
+    second = sessiontree.cli.run_demo(store=tmp_path)
+    assert second.store["recovered"]["mains"] == 1  # the first run's Main came back
+    assert second.store["sessions"] == 26
+    assert second.store["results_filed"] == 2 * first.store["results_filed"]
 
 
 def test_cli_exports_are_sorted_and_complete() -> None:
