@@ -6,6 +6,7 @@ thread with group commit. Records are msgspec msgpack with a schema version.
 """
 
 from sessiontree.store._env import DATABASES, DEFAULT_MAP_SIZE, DEFAULT_MAX_READERS
+from sessiontree.store._export import export_jsonl, import_jsonl
 from sessiontree.store._io import StoreIO
 from sessiontree.store._records import (
     SCHEMA_VERSION,
@@ -22,6 +23,7 @@ from sessiontree.store._records import (
     decode_record,
     encode_record,
 )
+from sessiontree.store._retention import prune
 from sessiontree.store._store import Store
 from sessiontree.store._writer import WriteBatch
 
@@ -45,4 +47,7 @@ __all__ = [
     "WriteBatch",
     "decode_record",
     "encode_record",
+    "export_jsonl",
+    "import_jsonl",
+    "prune",
 ]
