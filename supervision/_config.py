@@ -28,7 +28,11 @@ class NodeConfig:
     running skill with no checkpoint for that long is flagged (never killed).
     ``memory_pressure``: a probe; while it returns True the Cortex suspends the
     least recently active branch every ``check_interval`` (which also paces the
-    stuck check).
+    stuck check). With a store: ``export_path`` (a canonical JSONL export of
+    the store, rewritten every ``housekeeping_interval``) and ``prune_after``
+    (terminal sessions that ended longer ago are deleted from the store on
+    the same schedule, exported first when ``export_path`` is set); both off
+    by default.
     """
 
     grace: float = 30.0
@@ -44,13 +48,30 @@ class NodeConfig:
     ask_timeout: float = 30.0
     retain_terminal: int = 10_000
     max_retained_results: int = 1_000
+    export_path: str | None = None
+    prune_after: float | None = None
+    housekeeping_interval: float = 3600.0
 
     def __post_init__(self) -> None:
-        for name in ("grace", "max_ttl", "stuck_after", "check_interval", "ask_timeout"):
+        if self.prune_after is not None and (
+            not isinstance(self.prune_after, int | float)
+            or not math.isfinite(self.prune_after)
+            or self.prune_after <= 0
+        ):
+            msg = f"NodeConfig.prune_after must be None or a number > 0, got {self.prune_after!r}"
+            raise ValueError(msg)
+        if self.export_path is not None and not isinstance(self.export_path, str):
+            msg = f"NodeConfig.export_path must be None or a path string, got {self.export_path!r}"
+            raise ValueError(msg)
+        names = ("grace", "max_ttl", "stuck_after", "check_interval", "ask_timeout")
+        for name in (*names, "housekeeping_interval"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 msg = f"NodeConfig.{name} must be a finite number >= 0, got {value!r}"
                 raise ValueError(msg)
+        if self.housekeeping_interval < 0.01:
+            msg = "NodeConfig.housekeeping_interval must be >= 0.01 s, got "
+            raise ValueError(msg + repr(self.housekeeping_interval))
         if self.check_interval < 0.01:  # a periodic check of 0 s would spin
             msg = f"NodeConfig.check_interval must be >= 0.01 s, got {self.check_interval!r}"
             raise ValueError(msg)

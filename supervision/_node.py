@@ -59,6 +59,7 @@ from sessiontree.store import Store
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._cortex import CortexLogic
 from sessiontree.supervision._events import Event, EventBus
+from sessiontree.supervision._housekeeping import Housekeeper
 from sessiontree.supervision._index import (
     Call,
     Parked,
@@ -334,6 +335,10 @@ class Node:
         )
         cortex_class = actor_class(CortexLogic, self.config.actor_type)
         self._cortex = start_actor(cortex_class, self._runtime)
+        self._housekeeper: Housekeeper | None = None
+        if self.store is not None:
+            self._housekeeper = Housekeeper(self.store, self.config, self.clock)
+            self._housekeeper.start()
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -548,6 +553,16 @@ class Node:
             msg = f"session {_sid(session_id)} stopped before answering"
             raise UnknownSessionError(msg, session_id=_sid(session_id)) from exc
 
+    def housekeep(self) -> dict[str, Any]:
+        """Run the store's housekeeping now: the export to ``config.export_path``
+        and the pruning past ``config.prune_after`` (each only when configured).
+        Raises ``NodeClosedError`` without a store; ``OSError`` when the export
+        cannot be written (then nothing is pruned)."""
+        if self._housekeeper is None:
+            msg = "this node has no store to keep"
+            raise NodeClosedError(msg)
+        return self._housekeeper.run()
+
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until every mailbox is empty and every skill is blocked at a
         checkpoint, parked or finished; False if ``timeout`` real seconds pass."""
@@ -667,6 +682,8 @@ class Node:
                 self._loop.close()
             if self._own_clock and isinstance(self.clock, RealClock):
                 self.clock.close()
+            if self._housekeeper is not None:
+                self._housekeeper.stop()
             self._flush_store()
             self._close_owned()
             self._state = "closed"
