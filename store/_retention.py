@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from typing import IO
 
 from sessiontree.protocol import CorruptRecordError
 from sessiontree.store._export import export_jsonl
 from sessiontree.store._records import SessionRecord
 from sessiontree.store._store import Store
-from sessiontree.store._writer import WriteBatch, main_key
+from sessiontree.store._writer import WriteBatch
 
 __all__ = ["ended_at", "prune"]
 
@@ -106,9 +105,5 @@ def _forget(store: Store, batch: WriteBatch, record: SessionRecord) -> None:
     batch.forget_session(info.session_id)
     if info.parent_id is not None:
         batch.unlink(info.parent_id, info.session_id)
-    if info.key is not None and _points_at(store, info.agent_id, info.key, info.session_id):
-        batch._delete("mains", main_key(info.agent_id, info.key))
-
-
-def _points_at(store: Store, agent_id: str, key: str, session_id: uuid.UUID) -> bool:
-    return store.main_of(agent_id, key) == session_id
+    if info.key is not None:  # checked at commit: a newer Main may hold the key by then
+        batch.forget_main(info.agent_id, info.key, info.session_id)
