@@ -132,9 +132,6 @@ class CortexLogic:
         """Runs on the Cortex thread before any message; arms the periodic check."""
         self.self_ref = self.actor_ref  # type: ignore[attr-defined]
         self.rt.activity.on_idle = self.on_idle
-        if self.rt.recovered is not None:
-            self._bring_back(self.rt.recovered)
-            self.rt.recovered = None
         self._arm_tick()
 
     def on_stop(self) -> None:
@@ -680,8 +677,16 @@ class CortexLogic:
         self._emit(EventKind.RESTORED, entry)
         return entry
 
+    def op_bring_back(self) -> None:
+        """Apply recovery's plan: the first message the node sends (so sessions it
+        starts can report to a node that already knows its Cortex, and the work
+        counts for ``wait_idle``); a raise here fails the node loudly."""
+        plan, self.rt.recovered = self.rt.recovered, None
+        if plan is not None:
+            self._bring_back(plan)
+
     def _bring_back(self, plan: Recovered) -> None:
-        """Apply recovery's plan (on start): dormant Mains, suspended branches,
+        """Apply recovery's plan (see op_bring_back): dormant Mains, suspended branches,
         results owed to them, the Mains' acknowledged inbound messages."""
         self.dormant = plan.dormant
         self.mains.update(plan.mains)
@@ -771,7 +776,11 @@ class CortexLogic:
             if end.error is not None:
                 self.rt.counters["main_cycles_failed"] += 1
             self.persist.snapshot(entry, self._now(), consumed=entry.core.input_seq)
-            self._post(entry, CycleDone())
+            if not (self.closing and self.store is not None):
+                # Closing with a store: no new cycle starts, for one could end after
+                # the Cortex stops and then run again after the restart. What is
+                # queued stays in the stored inbox and outbox and runs once then.
+                self._post(entry, CycleDone())
         elif entry.cancel_code is not None:
             self._finish(entry, SessionState.CANCELLED, entry.cancel_code, end.outcome)
         elif end.error is not None:
@@ -885,8 +894,10 @@ class CortexLogic:
         parent.live_children -= 1
         # Filed at once (so results() and a waiting skill see it now); a live
         # Main also gets it in its mailbox, where it starts a message cycle.
+        # Closing with a store, it stays owed and runs after the restart (see _run_ended).
         parent.core.add_result(result)
-        if parent.kind is SessionKind.MAIN and not parent.state.is_terminal:
+        live_main = parent.kind is SessionKind.MAIN and not parent.state.is_terminal
+        if live_main and not (self.closing and self.store is not None):
             self._post(parent, Deliver(result))
         self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
 
@@ -895,7 +906,9 @@ class CortexLogic:
             old = self.entries.get(self.terminal.popleft())
             if old is None:
                 continue
-            if old.zombie:  # its thread may still report: evict it on a later round
+            unwritten = old.final_write is not None and not old.final_write.done()
+            if old.zombie or unwritten:  # its thread may still report, or the store
+                # still holds its old state (reads fall back to it): a later round
                 self.terminal.append(old.session_id)
                 continue
             del self.entries[old.session_id]
@@ -1269,8 +1282,10 @@ class CortexLogic:
         ]
 
     def op_actor_ref(self, session_id: uuid.UUID) -> pykka.ActorRef[Any] | None:
-        """The session's actor (None once it ended), for diagnostics and tests."""
-        return self._lookup(session_id).ref
+        """The session's actor (None once it ended, or while a Main is dormant: a
+        diagnostic never wakes one), for diagnostics and tests."""
+        known = self._known(session_id)
+        return None if isinstance(known, SessionRecord) else known.ref
 
     def op_stuck(self) -> list[SessionInfo]:
         """Sessions flagged as stuck (no checkpoint for ``stuck_after``)."""

@@ -335,6 +335,8 @@ class Node:
         )
         cortex_class = actor_class(CortexLogic, self.config.actor_type)
         self._cortex = start_actor(cortex_class, self._runtime)
+        if recovered is not None:  # sessions it starts report through self._cortex
+            self._tell(Call("bring_back", ()))
         self._housekeeper: Housekeeper | None = None
         if self.store is not None:
             self._housekeeper = Housekeeper(self.store, self.config, self.clock)
