@@ -1367,8 +1367,8 @@ class CortexLogic:
                 continue
             if entry.kind is SessionKind.WORKER:
                 return
-            if entry.shutdown_park and entry.state is SessionState.ACTIVE:
-                return
+            if entry.suspend_requested and entry.state is SessionState.ACTIVE:
+                return  # parked by the shutdown, or explicitly suspended: not parked yet
         self._settle_shutdown()
 
     def op_shutdown_deadline(self) -> None:
@@ -1376,7 +1376,7 @@ class CortexLogic:
         that never parked, then settle."""
         self.op_force_workers()
         for entry in self.entries.values():
-            if entry.shutdown_park and entry.state is SessionState.ACTIVE:
+            if entry.suspend_requested and entry.state is SessionState.ACTIVE:
                 self._fence(entry, ErrorCode.NODE_CLOSED)
         self._settle_shutdown()
 

@@ -46,7 +46,7 @@ from sessiontree.store import (
     WriteBatch,
     encode_record,
 )
-from sessiontree.supervision import Agent, Node, NodeConfig
+from sessiontree.supervision import Agent, Event, Node, NodeConfig
 from tests.conftest import WAIT, settle
 
 # -- fixtures and helpers -------------------------------------------------------
@@ -342,6 +342,56 @@ def test_a_suspended_branch_restored_but_cancelled_ends_without_running(
     settle(node)
     assert runs == [False]
     assert log.result_cycles(branch.session_id) == 1
+
+
+def test_a_branch_asked_to_suspend_before_the_shutdown_is_waited_for_and_stays_suspended(
+    open_node: Callable[..., Node], store_path: pathlib.Path
+) -> None:
+    started, gate = threading.Event(), threading.Event()
+
+    def blocks(session: Any) -> str:
+        if session.resumed:
+            return "resumed"
+        session.checkpoint()
+        started.set()
+        gate.wait(WAIT)  # "in a model call": the suspension waits for the next checkpoint
+        session.checkpoint()
+        return "never parked"
+
+    def wraps_up(session: Any) -> str:
+        try:
+            session.sleep(10_000)
+        except Cancelled:
+            return "partial"
+        return "finished"
+
+    agent = Agent("agent", {"main": MainLog(), "blocks": blocks, "wraps_up": wraps_up})
+    node = open_node(store_path, agent, grace=5.0)
+    main = node.main("agent")
+    branch = main.spawn(kind="branch", skill="blocks").ref
+    worker = main.spawn(kind="worker", skill="wraps_up").ref
+    assert started.wait(WAIT)
+    assert branch.suspend() is None
+
+    def release_when_closing(event: Event) -> None:
+        # The shutdown cancelled the worker; as it ends, the branch may go on to park.
+        if event.session_id == worker.session_id and event.state == "cancelled":
+            gate.set()
+
+    node.subscribe(release_when_closing)
+    try:
+        shut(node)
+    finally:
+        gate.set()
+    final = {info.session_id: info.state for info in node.final_sessions}
+    assert final[branch.session_id] is SessionState.SUSPENDED  # parked within the grace
+
+    node = open_node(store_path, agent, grace=5.0)
+    assert node.recovery["suspended"] == 1
+    settle(node)
+    assert node.get(branch.session_id).state is SessionState.SUSPENDED  # waits for resume
+    assert node.resume(branch.session_id) is None
+    assert node.wait(branch.session_id, WAIT).summary == "resumed"
 
 
 # -- 3. Results owed across a restart ------------------------------------------------
