@@ -525,8 +525,11 @@ class Node:
         stats["rejected_input"] = self.rejected_input
         if self.store is not None:
             figures = self.store.stats()
-            for name in ("commits", "write_errors", "store_full", "quarantined", "long_reads"):
+            # the writer's own figures; "store_write_errors" (the Cortex's count of
+            # writes it saw refused) stays as the Cortex counted it
+            for name in ("commits", "store_full", "quarantined", "long_reads"):
                 stats[f"store_{name}"] = int(figures.get(name, 0))
+            stats["store_failed_commits"] = int(figures.get("write_errors", 0))
         return stats
 
     def inspect(
