@@ -530,6 +530,7 @@ class Node:
             for name in ("commits", "store_full", "quarantined", "long_reads"):
                 stats[f"store_{name}"] = int(figures.get(name, 0))
             stats["store_failed_commits"] = int(figures.get("write_errors", 0))
+            stats.setdefault("store_write_errors", 0)
         return stats
 
     def inspect(
