@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import lmdb
 
-from sessiontree.protocol import StoreError, StoreLockedError
+from sessiontree.protocol import StoreError, StoreFullError, StoreLockedError
 
 __all__ = [
     "DATABASES",
@@ -51,12 +51,21 @@ DATABASES = (
 _LOCK_FILE = "writer.lock"
 _open_paths: dict[str, int] = {}  # real path -> pid that opened it
 _open_lock = threading.Lock()
+_lock_fds: set[int] = set()  # writer-lock descriptors this process holds
+_open_at_fork: set[str] = set()  # in a forked child: paths its parent had open
 
 
 def _forget_after_fork() -> None:
     # The child inherits the parent's bookkeeping but must never use its
-    # environments: it may open the path afresh.
+    # environments. Its copies of the writer-lock descriptors are closed: a
+    # forked worker that outlives a killed parent would otherwise keep the
+    # directory locked (closing a copy never releases the parent's flock).
+    _open_at_fork.update(_open_paths)
     _open_paths.clear()
+    for fd in _lock_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -120,17 +129,34 @@ def open_env(
     except lmdb.Error as exc:
         _release(real, lock_fd)
         msg = f"cannot open store {real}: {exc}"
+        if real in _open_at_fork:
+            msg += (
+                " (this process was forked while its parent had the store open, and "
+                "py-lmdb refuses to open those files again in the child; start workers "
+                "that need the store with exec, e.g. multiprocessing's 'spawn')"
+            )
         raise StoreError(msg) from exc
     except BaseException:
         _release(real, lock_fd)
         raise
-    stale = 0 if readonly else env.reader_check()
-    dbs: dict[str, lmdb._Database] = {}
-    for name in DATABASES:
-        try:
-            dbs[name] = env.open_db(name.encode(), create=not readonly)
-        except lmdb.NotFoundError:  # a read-only open of a store written before this db existed
-            continue
+    try:
+        stale = 0 if readonly else env.reader_check()
+        dbs: dict[str, lmdb._Database] = {}
+        for name in DATABASES:
+            try:
+                dbs[name] = env.open_db(name.encode(), create=not readonly)
+            except lmdb.NotFoundError:  # a read-only open of a store written before this db existed
+                continue
+    except BaseException as exc:
+        env.close()
+        _release(real, lock_fd)
+        if isinstance(exc, lmdb.MapFullError):
+            msg = f"cannot open store {real}: map_size is too small to hold its databases"
+            raise StoreFullError(msg) from exc
+        if isinstance(exc, lmdb.Error):
+            msg = f"cannot open store {real}: {exc}"
+            raise StoreError(msg) from exc
+        raise
     return Opened(env, dbs, real, readonly, lock_fd, os.getpid(), stale)
 
 
@@ -150,11 +176,13 @@ def _take_writer_lock(directory: pathlib.Path) -> int:
         raise StoreLockedError(msg) from exc
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _lock_fds.add(fd)
     return fd
 
 
 def _release(real: str, lock_fd: int | None) -> None:
     if lock_fd is not None:
+        _lock_fds.discard(lock_fd)
         with contextlib.suppress(OSError):
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
         os.close(lock_fd)

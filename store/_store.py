@@ -94,18 +94,22 @@ class Store:
         self._growing = False
         self._closed = False
         self._writer: Writer | None = None
-        if not readonly:
-            self._writer = Writer(
-                self._opened.env,
-                self._opened.dbs,
-                io or StoreIO(),
-                "sessiontree-store-writer",
-                group_commit=group_commit,
-            )
-            self._writer.on_commit = self._check_readers
-            self.meta: MetaRecord | None = self._meta_or_create()
-        else:
-            self.meta = self._read_meta()
+        try:
+            if not readonly:
+                self._writer = Writer(
+                    self._opened.env,
+                    self._opened.dbs,
+                    io or StoreIO(),
+                    "sessiontree-store-writer",
+                    group_commit=group_commit,
+                )
+                self._writer.on_commit = self._check_readers
+                self.meta: MetaRecord | None = self._meta_or_create()
+            else:
+                self.meta = self._read_meta()
+        except BaseException:
+            self.close()  # a failed open leaves neither the path nor the lock held
+            raise
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -124,7 +128,12 @@ class Store:
         """Commit what is queued, stop the writer, close the environment (idempotent)."""
         if self._closed:
             return
-        if self._writer is not None and self._opened.pid == os.getpid():
+        if self._opened.pid != os.getpid():
+            # A forked child: the writer, the reads and the environment are the
+            # parent's (waiting on its reads here could only time out).
+            self._closed = True
+            return
+        if self._writer is not None:
             self._writer.close()
         self._closed = True
         with self._reader_lock:
@@ -208,7 +217,7 @@ class Store:
             token = object()
             self._readers[id(token)] = time.monotonic()
         try:
-            txn = self._opened.env.begin(buffers=False)
+            txn = self._begin_read(id(token))
             try:
                 yield txn
             finally:
@@ -217,6 +226,41 @@ class Store:
             with self._reader_lock:
                 del self._readers[id(token)]
                 self._reader_lock.notify_all()
+
+    def _begin_read(self, key: int) -> lmdb.Transaction:
+        try:
+            return self._opened.env.begin(buffers=False)
+        except lmdb.MapResizedError:
+            # Another process (the writer) grew the map past ours: adopt its size.
+            self._adopt_map_size(key)
+            return self._opened.env.begin(buffers=False)
+        except lmdb.ReadersFullError as exc:
+            msg = (
+                f"store {self.path}: every reader slot is taken (max_readers "
+                f"{self._opened.env.info()['max_readers']}); open it with a larger max_readers"
+            )
+            raise StoreError(msg) from exc
+
+    def _adopt_map_size(self, key: int) -> None:
+        """``set_mapsize(0)`` (take the size the writer set) once no read of
+        this process is open; the caller's read ``key`` steps aside meanwhile."""
+        with self._reader_lock:
+            since = self._readers.pop(key)
+            try:
+                if self._growing:  # another read is adopting it: wait for that
+                    self._reader_lock.wait_for(lambda: not self._growing)
+                    return
+                self._growing = True
+                try:
+                    if not self._reader_lock.wait_for(lambda: not self._readers, timeout=30.0):
+                        msg = f"store {self.path} grew, and reads stayed open too long to follow"
+                        raise StoreError(msg)
+                    self._opened.env.set_mapsize(0)
+                finally:
+                    self._growing = False
+                    self._reader_lock.notify_all()
+            finally:
+                self._readers[key] = since
 
     def _check_readers(self) -> None:
         """After a commit: count read transactions open longer than

@@ -291,7 +291,8 @@ class Writer:
                 )
             )
             return
-        except (OSError, lmdb.Error) as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, lmdb.Error, or a bug (an unknown db, a
+            # raising I/O layer): the batches fail, the writer thread must live on
             self.errors += 1
             log.error("store commit failed (%d batches not acknowledged): %r", len(group), exc)
             error = StoreError(f"the store could not commit: {exc!r}")
