@@ -485,6 +485,8 @@ class CortexLogic:
         parent = self._entry(parent_id)
         if parent is not None and spec.request_id is not None:
             first = parent.requests.get(spec.request_id)
+            if first is None and parent.core.resumed:
+                first = self._stored_request(parent, spec.request_id)
             if first is not None:
                 answer = SpawnAnswer(first, None, existing=True)
                 entry = self.entries.get(first)
@@ -560,6 +562,22 @@ class CortexLogic:
         return _DEFERRED
 
     # -- persistence ----------------------------------------------------------------
+
+    def _stored_request(self, parent: Entry, request_id: str) -> uuid.UUID | None:
+        """The child a session spawned with ``request_id`` before a restart (its
+        request map starts empty when it comes back from the store)."""
+        if self.store is None:
+            return None
+        for child_id in parent.children:
+            child = self.entries.get(child_id)
+            info = child.info if child is not None else None
+            if info is None:
+                record = self.store.session(child_id)
+                info = record.info if record is not None else None
+            if info is not None and info.request_id == request_id:
+                parent.requests[request_id] = child_id
+                return child_id
+        return None
 
     def _when_written(
         self,

@@ -1593,3 +1593,28 @@ def test_lifecycle_shutdown_keeps_mains_parks_branches_and_cancels_workers(
         with Store(life.store.path) as store:
             states = {sid: store.session(sid).info.state for sid in final}
         assert states == final
+
+
+def test_a_repeated_request_id_after_a_restart_returns_the_first_session(
+    tmp_path: pathlib.Path,
+) -> None:
+    def main(session: Any) -> None:
+        return None
+
+    def work(session: Any) -> None:
+        session.sleep(60.0)
+
+    agents = [Agent("req", {"main": main, "work": work}, default_skill="work", main_skill="main")]
+    first_node = Node(agents, NodeConfig(grace=1.0), clock=VirtualClock(), store=tmp_path)
+    main_ref = first_node.main("req")
+    first = first_node.spawn(main_ref, kind=SessionKind.BRANCH, request_id="r1")
+    assert first.ok
+    assert first_node.wait_idle(WAIT)
+    first_node.shutdown()
+    second_node = Node(agents, NodeConfig(grace=1.0), clock=VirtualClock(), store=tmp_path)
+    try:
+        again = second_node.spawn(main_ref.session_id, kind=SessionKind.BRANCH, request_id="r1")
+        assert again.existing
+        assert again.session_id == first.session_id
+    finally:
+        second_node.shutdown()
