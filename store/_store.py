@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import logging
@@ -163,21 +162,28 @@ class Store:
 
     def submit(self, batch: WriteBatch) -> concurrent.futures.Future[None]:
         """Queue ``batch`` for the writer; the future resolves once it is durably
-        committed, or fails with ``StoreFullError``/``StoreError``."""
+        committed, or fails with ``StoreFullError``/``StoreError``. Cancelling
+        it before the writer takes the batch withdraws the batch."""
+        return self._usable_writer().submit(batch)
+
+    def _usable_writer(self) -> Writer:
         self._check_usable()
         if self._writer is None:
             msg = f"store {self.path} is open read-only"
             raise StoreError(msg)
-        return self._writer.submit(batch)
+        return self._writer
 
     async def awrite(self, batch: WriteBatch) -> None:
-        """Awaitable ``write`` (the event loop is never blocked)."""
-        await asyncio.wrap_future(self.submit(batch))
+        """Awaitable ``write`` (the event loop is never blocked; the writer wakes
+        it once per commit for all its writes). Cancelling the caller stops the
+        wait only: the batch may still commit."""
+        await self._usable_writer().awrite(batch)
 
     def write(self, batch: WriteBatch, timeout: float | None = 60.0) -> None:
         """``submit`` and wait: returns once durable; raises ``StoreFullError`` or
-        ``StoreError`` when nothing of it was written."""
-        self.submit(batch).result(timeout)
+        ``StoreError`` when nothing of it was written, ``TimeoutError`` after
+        ``timeout`` seconds (the batch may still commit)."""
+        self._usable_writer().write(batch, timeout)
 
     def flush(self, timeout: float | None = 60.0) -> None:
         """Wait until everything submitted before this call is committed."""

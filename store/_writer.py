@@ -1,16 +1,26 @@
 """The one writer thread: every write transaction of a store, with group commit.
 
-Callers hand a ``WriteBatch`` to ``Writer.submit`` and get a
-``concurrent.futures.Future``; the writer takes every batch queued at that
-moment into one transaction and one (synced) commit, then resolves their
-futures. A batch is acknowledged only once that commit returned, yet
-concurrent writers share it, so durable writes per second far exceed the
-disk's fsync rate. Batches commit in submission order.
+Callers hand a ``WriteBatch`` to ``Writer.submit`` (a
+``concurrent.futures.Future``), ``Writer.write`` (blocks) or ``Writer.awrite``
+(awaits); the writer takes every batch queued at that moment into one
+transaction and one (synced) commit, then acknowledges them. A batch is
+acknowledged only once that commit returned, yet concurrent writers share
+it, so durable writes per second far exceed the disk's fsync rate. Batches
+commit, and are acknowledged, in submission order.
+
+Speed (``benchmarks/bench_store.py``): under load the acknowledgments of
+one commit go out after the next group's puts, right before its commit, so
+the woken callers run while that fsync is in flight (each put drops the
+GIL, and woken callers grabbing it there made puts slow); ``write`` waits on
+a bare lock instead of a Future; ``awrite`` wakes each event loop once per
+commit (one ``call_soon_threadsafe`` for all its batches), not per batch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -42,7 +52,7 @@ log = logging.getLogger("sessiontree.store")
 _MAX_GROUP = 2048  # batches in one transaction
 _MAX_GROUP_BYTES = 32 << 20
 
-Op = tuple[str, str, bytes, bytes]  # (put | delete | delete_prefix, db, key, value)
+Op = tuple[str, str, bytes, bytes]  # (put | delete | delete_if | delete_prefix, db, key, value)
 
 
 def pair_key(first: uuid.UUID, second: uuid.UUID) -> bytes:
@@ -100,6 +110,12 @@ class WriteBatch:
     def main(self, agent_id: str, key: str, session_id: uuid.UUID) -> WriteBatch:
         """Point (agent, session key) at its Main."""
         self.ops.append(("put", "mains", main_key(agent_id, key), session_id.bytes))
+        return self
+
+    def forget_main(self, agent_id: str, key: str, session_id: uuid.UUID) -> WriteBatch:
+        """Drop (agent, session key) -> Main, unless by commit time it names another
+        Main (a newer one took the key meanwhile)."""
+        self.ops.append(("delete_if", "mains", main_key(agent_id, key), session_id.bytes))
         return self
 
     def forget_session(self, session_id: uuid.UUID) -> WriteBatch:
@@ -171,12 +187,36 @@ class WriteBatch:
         return self
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
+    """One queued batch and the way its caller is told: ``future`` (``submit``,
+    ``run_alone``), ``done`` (``write``: a lock released once settled, with
+    ``error`` set on failure) or ``waiter`` on ``loop`` (``awrite``)."""
+
     ops: list[Op]
     size: int
-    future: concurrent.futures.Future[None]
+    future: concurrent.futures.Future[None] | None = None
     action: Callable[[], None] | None = None  # run alone, with no transaction open
+    done: threading.Lock | None = None
+    waiter: asyncio.Future[None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    error: BaseException | None = None
+
+    def take(self) -> bool:
+        """The writer takes the batch: False if its future was cancelled (then
+        nothing of it is written); once taken it cannot be cancelled."""
+        return self.future is None or self.future.set_running_or_notify_cancel()
+
+
+def _wake(jobs: list[_Job], error: BaseException | None) -> None:
+    """On an event loop: resolve the ``awrite`` waiters of one commit."""
+    for job in jobs:
+        waiter = job.waiter
+        if waiter is not None and not waiter.done():  # done: the caller was cancelled
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
 
 
 class Writer:
@@ -212,20 +252,47 @@ class Writer:
 
     def submit(self, batch: WriteBatch) -> concurrent.futures.Future[None]:
         """Queue ``batch``; the future resolves once it is durably committed, or
-        fails with ``StoreFullError`` / ``StoreError`` (nothing of it written)."""
-        return self._enqueue(_Job(list(batch.ops), batch.size, concurrent.futures.Future()))
+        fails with ``StoreFullError`` / ``StoreError`` (nothing of it written).
+        Cancelling the future before the writer takes the batch withdraws it."""
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._enqueue(_Job(list(batch.ops), batch.size, future))
+        return future
+
+    def write(self, batch: WriteBatch, timeout: float | None) -> None:
+        """Queue ``batch`` and block until it is durably committed; raise
+        ``StoreFullError`` / ``StoreError`` (nothing of it written), or
+        ``TimeoutError`` after ``timeout`` seconds (it may still commit)."""
+        done = threading.Lock()
+        done.acquire()
+        job = _Job(list(batch.ops), batch.size, done=done)
+        self._enqueue(job)
+        if not done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            msg = f"the store did not acknowledge the write within {timeout} s"
+            raise TimeoutError(msg)
+        if job.error is not None:
+            raise job.error
+
+    async def awrite(self, batch: WriteBatch) -> None:
+        """``write`` for a coroutine (the loop is never blocked). Cancelling the
+        caller stops its wait only: the batch may still commit."""
+        loop = asyncio.get_running_loop()
+        job = _Job(list(batch.ops), batch.size, waiter=loop.create_future(), loop=loop)
+        self._enqueue(job)
+        assert job.waiter is not None
+        await job.waiter
 
     def run_alone(self, action: Callable[[], None]) -> concurrent.futures.Future[None]:
         """Run ``action`` on the writer thread between transactions (e.g. growing the map)."""
-        return self._enqueue(_Job([], 0, concurrent.futures.Future(), action))
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._enqueue(_Job([], 0, future, action))
+        return future
 
-    def _enqueue(self, job: _Job) -> concurrent.futures.Future[None]:
+    def _enqueue(self, job: _Job) -> None:
         with self._close_lock:
             if self._closed:
-                job.future.set_exception(StoreError("the store is closed"))
-                return job.future
+                self._settle([job], StoreError("the store is closed"))
+                return
             self._queue.put(job)
-        return job.future
 
     def close(self, timeout: float = 30.0) -> None:
         """Commit what is queued, then stop the thread (idempotent)."""
@@ -239,13 +306,21 @@ class Writer:
     # -- the thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        committed: list[_Job] = []  # committed, not yet acknowledged (see _transact)
         stop = False
         while not stop:
-            job = self._queue.get()
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                self._acknowledge(committed)  # no next group to overlap with: tell them now
+                job = self._queue.get()
             if job is None:
                 break
             if job.action is not None:
+                self._acknowledge(committed)
                 self._run_action(job)
+                continue
+            if not job.take():
                 continue
             group, size, pending = [job], job.size, None
             while len(group) < self._max_group and size < _MAX_GROUP_BYTES:
@@ -259,14 +334,45 @@ class Writer:
                 if more.action is not None:
                     pending = more
                     break
-                group.append(more)
-                size += more.size
-            self._commit(group)
+                if more.take():
+                    group.append(more)
+                    size += more.size
+            committed = self._commit(group, committed)
             if pending is not None:
+                self._acknowledge(committed)
                 self._run_action(pending)
+        self._acknowledge(committed)
+
+    def _acknowledge(self, committed: list[_Job]) -> None:
+        """Tell the callers of committed batches (and empty the list)."""
+        if committed:
+            self._settle(committed, None)
+            committed.clear()
+
+    def _settle(self, jobs: list[_Job], error: BaseException | None) -> None:
+        """Tell each job's caller its outcome: ``error`` None = durably committed.
+        ``awrite`` callers are woken with one callback per event loop."""
+        loops: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        for job in jobs:
+            if job.loop is not None:
+                loops.setdefault(job.loop, []).append(job)
+            elif job.done is not None:
+                job.error = error
+                job.done.release()
+            elif job.future is not None:
+                if error is None:
+                    job.future.set_result(None)
+                else:
+                    job.future.set_exception(error)
+        for loop, waiting in loops.items():
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_wake, waiting, error)
 
     def _run_action(self, job: _Job) -> None:
         assert job.action is not None
+        assert job.future is not None
+        if not job.take():
+            return
         try:
             job.action()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, the writer goes on
@@ -274,42 +380,49 @@ class Writer:
         else:
             job.future.set_result(None)
 
-    def _commit(self, group: list[_Job]) -> None:
+    def _commit(self, group: list[_Job], committed: list[_Job]) -> list[_Job]:
+        """Commit ``group`` (``committed``, the previous commit's batches, are
+        acknowledged on the way, see ``_transact``); return the batches now
+        committed and not yet acknowledged. Failures are told at once."""
         try:
-            self._transact(group)
+            self._transact(group, committed)
         except lmdb.MapFullError:
             if len(group) > 1:  # find the batch that does not fit; the others may
                 for job in group:
-                    self._commit([job])
-                return
+                    committed = self._commit([job], committed)
+                return committed
             self.full += 1
             self.errors += 1
-            group[0].future.set_exception(
+            self._settle(
+                group,
                 StoreFullError(
                     "the store's map is full; the write was rolled back whole "
                     "(grow it with Store.grow, see the README)"
-                )
+                ),
             )
-            return
+            return []
         except Exception as exc:  # noqa: BLE001 - OSError, lmdb.Error, or a bug (an unknown db, a
             # raising I/O layer): the batches fail, the writer thread must live on
             self.errors += 1
             log.error("store commit failed (%d batches not acknowledged): %r", len(group), exc)
-            error = StoreError(f"the store could not commit: {exc!r}")
-            for job in group:
-                job.future.set_exception(error)
-            return
+            self._settle(group, StoreError(f"the store could not commit: {exc!r}"))
+            return []
         self.commits += 1
         self.batches += len(group)
-        for job in group:
-            job.future.set_result(None)
         if self.on_commit is not None:
             self.on_commit()
+        return group
 
-    def _transact(self, group: list[_Job]) -> None:
+    def _transact(self, group: list[_Job], committed: list[_Job]) -> None:
+        """One transaction for ``group``. ``committed`` (already durable) are
+        acknowledged after this group's puts, right before its commit: the
+        callers they wake then run while the fsync is in flight, not during the
+        puts (each drops the GIL, and woken callers took it from the writer
+        there). If this transaction fails they are acknowledged all the same."""
         io, dbs = self._io, self._dbs
-        txn = io.begin(self._env)
+        txn: lmdb.Transaction | None = None
         try:
+            txn = io.begin(self._env)
             for job in group:
                 for kind, db_name, key, value in job.ops:
                     db = dbs[db_name]
@@ -317,11 +430,17 @@ class Writer:
                         io.put(txn, db, key, value)
                     elif kind == "delete":
                         io.delete(txn, db, key)
+                    elif kind == "delete_if":  # only while it still holds ``value``
+                        if txn.get(key, db=db) == value:
+                            io.delete(txn, db, key)
                     else:
                         _delete_prefix(io, txn, db, key)
+            self._acknowledge(committed)
             io.commit(txn)
         except BaseException:
-            txn.abort()
+            self._acknowledge(committed)  # durable already, whatever becomes of this group
+            if txn is not None:
+                txn.abort()
             raise
 
 
