@@ -18,8 +18,12 @@ def idle_main(session: Any) -> None:
     return None
 
 
-def make_skills(release: threading.Event) -> dict[str, Any]:
-    """The same behaviours as sync and async skills (suffix ``_async``)."""
+def make_skills(release: threading.Event, caught: threading.Event | None = None) -> dict[str, Any]:
+    """The same behaviours as sync and async skills (suffix ``_async``).
+
+    ``ignores_cancel`` sets ``caught`` once it has taken its ``Cancelled``.
+    """
+    caught = caught or threading.Event()
 
     def returns(session: Any) -> Any:
         session.checkpoint()
@@ -65,6 +69,7 @@ def make_skills(release: threading.Event) -> dict[str, Any]:
         try:
             session.sleep(10_000)
         except Cancelled:
+            caught.set()
             release.wait(WAIT)  # keeps "working" past any grace
         return "too late"
 
@@ -72,6 +77,7 @@ def make_skills(release: threading.Event) -> dict[str, Any]:
         try:
             await session.sleep(10_000)
         except Cancelled:
+            caught.set()
             await asyncio.sleep(WAIT)
         return "too late"
 
@@ -83,7 +89,7 @@ def make_skills(release: threading.Event) -> dict[str, Any]:
         await session.spawn(kind="branch", skill="wraps_up_async", task="child")
         return "parent done"
 
-    return {k: v for k, v in locals().items() if callable(v) and k != "release"}
+    return {k: v for k, v in locals().items() if callable(v) and k not in ("release", "caught")}
 
 
 @pytest.fixture
@@ -94,8 +100,13 @@ def release() -> Any:
 
 
 @pytest.fixture
-def node(make_node: Any, release: threading.Event) -> Any:
-    agent = Agent("agent", {"main": idle_main, **make_skills(release)})
+def caught() -> threading.Event:
+    return threading.Event()
+
+
+@pytest.fixture
+def node(make_node: Any, release: threading.Event, caught: threading.Event) -> Any:
+    agent = Agent("agent", {"main": idle_main, **make_skills(release, caught)})
     return make_node(agent, grace=30.0)
 
 
@@ -176,11 +187,18 @@ def test_parent_ending_cancels_child_which_wraps_up_as_parent_terminated(
 
 
 def test_skill_still_running_at_the_deadline_is_terminated_by_force(
-    node: Any, clock: VirtualClock, flavour: str, release: threading.Event
+    node: Any,
+    clock: VirtualClock,
+    flavour: str,
+    release: threading.Event,
+    caught: threading.Event,
 ) -> None:
     ref = spawn(node, "ignores_cancel" + flavour)
     settle(node)
     ref.cancel()
+    # the skill takes its Cancelled in grace; were the deadline first, that
+    # checkpoint itself would be refused as fenced
+    assert caught.wait(WAIT)
     clock.advance(29.0)
     assert ref.result() is None  # still in grace
     clock.advance(1.0)
