@@ -2,6 +2,13 @@
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
+from sessiontree.actors._conversation import (
+    EXPORT_FORMATS,
+    Conversation,
+    ConversationBackend,
+    Conversations,
+    MemoryBackend,
+)
 from sessiontree.actors._core import (
     Cancelled,
     ContextMessage,
@@ -45,9 +52,12 @@ from sessiontree.actors._session_actor import (
     StopSession,
 )
 from sessiontree.actors._slots import ComputeSlots
+from sessiontree.actors._tree_html import render_html
+from sessiontree.actors._tree_text import nested_json, preview_text, text_tree
 
 __all__ = [
     "ACTOR_TYPES",
+    "EXPORT_FORMATS",
     "Activity",
     "AskTimeoutError",
     "AsyncSession",
@@ -56,6 +66,9 @@ __all__ = [
     "Clock",
     "ComputeSlots",
     "ContextMessage",
+    "Conversation",
+    "ConversationBackend",
+    "Conversations",
     "Counted",
     "CycleDone",
     "Deliver",
@@ -63,6 +76,7 @@ __all__ = [
     "ForceStop",
     "Inbound",
     "Inspect",
+    "MemoryBackend",
     "RealClock",
     "Reply",
     "RunEnd",
@@ -84,9 +98,13 @@ __all__ = [
     "handler_scope",
     "in_actor_handler",
     "is_async_skill",
+    "nested_json",
     "post",
+    "preview_text",
+    "render_html",
     "start_actor",
     "stop_actor",
+    "text_tree",
     "to_outcome",
     "wake_batch",
 ]

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sessiontree.protocol import ErrorInfo, SpawnSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sessiontree.actors._conversation import Conversation
     from sessiontree.actors._core import SessionCore
     from sessiontree.actors._execution import RunEnd
 
@@ -55,6 +58,10 @@ class SessionHost(Protocol):
 
     def progress(self, core: SessionCore, note: str, data: dict[str, Any]) -> None:
         """Record a progress report."""
+        ...
+
+    def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> Conversation:
+        """The session's conversation tree; ``guard(what)`` runs before every call on it."""
         ...
 
     def parked(self, core: SessionCore) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from sessiontree.actors._conversation import Conversation
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
 from sessiontree.protocol import (
@@ -107,6 +108,20 @@ class _Base:
         """Children this run spawned, in order."""
         return tuple(self._spawned)
 
+    @property
+    def conversation(self) -> Conversation:
+        """This session's conversation tree (``append``, ``fork``, ``context``…).
+
+        Every call on it is a checkpoint; a worker may read it but a write
+        raises ``NotAllowedError`` (workers keep no memory). Async skills
+        await the write twins (``aappend``…); reads are short and local.
+        """
+        return self._host.conversation(self._core, self._conversation_guard)
+
+    def _conversation_guard(self, what: str) -> None:
+        if self._raise_if_cancelled(what):  # a suspension parks at the next awaited checkpoint
+            self._unpark()
+
     def results(self) -> list[SessionResult]:
         """Every child result this session has received so far (not a checkpoint)."""
         with self._core.cond:
@@ -174,6 +189,9 @@ class _Base:
 
 class Session(_Base):
     """The handle a sync skill gets. Every method blocks the skill's own thread."""
+
+    def _conversation_guard(self, what: str) -> None:
+        self._checkpoint(what)
 
     def checkpoint(self) -> None:
         """Raise ``Cancelled`` if cancellation is pending; park if suspension is."""

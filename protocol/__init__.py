@@ -2,6 +2,18 @@
 
 import logging
 
+from sessiontree.protocol._chat import (
+    MAIN_KEY,
+    MAX_TEXT_CHARS,
+    ChatMessage,
+    ChatReply,
+    ChatType,
+    DmScope,
+    Inbound,
+    Routed,
+    decode_inbound,
+    session_key_for,
+)
 from sessiontree.protocol._codec import (
     MAX_CONTROL_BYTES,
     MAX_NESTING,
@@ -10,7 +22,20 @@ from sessiontree.protocol._codec import (
     encode_json,
     make_spec,
 )
+from sessiontree.protocol._conversation import (
+    MAX_BRANCH_NAME_CHARS,
+    MAX_CONTENT_BYTES,
+    Branch,
+    BranchInfo,
+    ConversationState,
+    DeletePlan,
+    Merged,
+    Message,
+    Role,
+    iso_timestamp,
+)
 from sessiontree.protocol._errors import (
+    ConversationError,
     CorruptRecordError,
     DeadlockError,
     ErrorCode,
@@ -26,7 +51,7 @@ from sessiontree.protocol._errors import (
     UnknownAgentError,
     UnknownSessionError,
 )
-from sessiontree.protocol._ids import SessionId, SessionKey, new_session_id
+from sessiontree.protocol._ids import SCOPES, SessionId, SessionKey, new_session_id
 from sessiontree.protocol._messages import (
     CancelCmd,
     ControlMessage,
@@ -49,24 +74,43 @@ from sessiontree.protocol._states import (
 logging.getLogger("sessiontree").addHandler(logging.NullHandler())
 
 __all__ = [
+    "MAIN_KEY",
+    "MAX_BRANCH_NAME_CHARS",
+    "MAX_CONTENT_BYTES",
     "MAX_CONTROL_BYTES",
     "MAX_NESTING",
     "MAX_TASK_CHARS",
+    "MAX_TEXT_CHARS",
+    "SCOPES",
     "TERMINAL_STATES",
     "TRANSITIONS",
+    "Branch",
+    "BranchInfo",
     "CancelCmd",
+    "ChatMessage",
+    "ChatReply",
+    "ChatType",
     "Collected",
     "ControlMessage",
+    "ConversationError",
+    "ConversationState",
     "CorruptRecordError",
     "DeadlockError",
+    "DeletePlan",
+    "DmScope",
     "ErrorCode",
     "ErrorInfo",
+    "Inbound",
     "InvalidTransitionError",
+    "Merged",
+    "Message",
     "NodeClosedError",
     "NotAllowedError",
     "Outcome",
     "RejectedInputError",
     "ResumeCmd",
+    "Role",
+    "Routed",
     "SendCmd",
     "SessionId",
     "SessionInfo",
@@ -85,9 +129,12 @@ __all__ = [
     "UnknownAgentError",
     "UnknownSessionError",
     "decode_control",
+    "decode_inbound",
     "decode_strict",
     "encode_json",
     "is_legal_transition",
+    "iso_timestamp",
     "make_spec",
     "new_session_id",
+    "session_key_for",
 ]

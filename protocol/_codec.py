@@ -43,11 +43,18 @@ def _nesting(data: bytes) -> int:
     return deepest
 
 
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
 def _field_of(error: msgspec.ValidationError) -> str | None:
-    match = _PATH.search(str(error))
-    if match is None:
-        return None
-    return match.group(1).lstrip(".") or None
+    """The field msgspec's error names: its path, plus a missing field's name."""
+    text = str(error)
+    match = _PATH.search(text)
+    path = match.group(1).lstrip(".") if match else ""
+    missing = _MISSING.search(text)
+    if missing is not None:
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    return path or None
 
 
 def decode_strict(

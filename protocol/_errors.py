@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "ConversationError",
     "CorruptRecordError",
     "DeadlockError",
     "ErrorCode",
@@ -53,6 +54,12 @@ class ErrorCode(enum.StrEnum):
     STORE_FAILED = "store_failed"
     STORE_LOCKED = "store_locked"
     CORRUPT_RECORD = "corrupt_record"
+    UNKNOWN_MESSAGE = "unknown_message"
+    UNKNOWN_BRANCH = "unknown_branch"
+    BRANCH_EXISTS = "branch_exists"
+    CURRENT_BRANCH = "current_branch"
+    CONFIRMATION_MISMATCH = "confirmation_mismatch"
+    UNKNOWN_COMMAND = "unknown_command"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,3 +163,28 @@ class CorruptRecordError(StoreError):
         super().__init__(message)
         self.db = db
         self.key = key
+
+
+class ConversationError(SessionTreeError):
+    """Raised when a conversation operation names a message or branch the
+    conversation does not have, reuses a branch name, deletes the current
+    branch, or confirms a deletion with a stale token; ``code`` says which and
+    ``field`` names the argument."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: ErrorCode,
+        field: str | None = None,
+        session_id: uuid.UUID | None = None,
+    ) -> None:
+        super().__init__(message, session_id=session_id)
+        self.code = code
+        self.field = field
+
+    def to_info(self) -> ErrorInfo:
+        info = super().to_info()
+        if self.field is not None:
+            info.detail["field"] = self.field
+        return info

@@ -10,12 +10,16 @@ import msgspec
 
 from sessiontree.protocol._errors import RejectedInputError
 
-__all__ = ["SessionId", "SessionKey", "new_session_id"]
+__all__ = ["SCOPES", "SessionId", "SessionKey", "new_session_id"]
 
 SessionId: TypeAlias = uuid.UUID
 
-_PART = re.compile(r"[a-z][a-z0-9_-]{0,31}")
-_IDENTIFIER = re.compile(r"[^\s]{1,256}")
+_PROVIDER = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_IDENTIFIER = re.compile(r"[A-Za-z0-9._+@/-]{1,256}")
+_IDENTIFIER_CHARS = re.compile(r"[A-Za-z0-9._+@/-]")
+
+#: The scopes a session key may have.
+SCOPES = ("main", "dm", "group", "channel", "thread")
 
 
 def new_session_id() -> SessionId:
@@ -24,10 +28,13 @@ def new_session_id() -> SessionId:
 
 
 class SessionKey(msgspec.Struct, frozen=True):
-    """``{provider}:{scope}:{identifier}``, e.g. ``telegram:dm:42``.
+    """``{provider}:{scope}:{identifier}``, e.g. ``telegram:dm:42``,
+    ``discord:channel:987654``, ``internal:main:main``, ``telegram:dm:bot7/42``.
 
-    ``provider`` and ``scope`` are lower-case words; ``identifier`` is up to 256
-    characters without whitespace and may itself contain colons.
+    ``provider``: ``[a-z][a-z0-9_-]{0,31}``; ``scope``: one of ``SCOPES``;
+    ``identifier``: 1-256 characters of ``[A-Za-z0-9._+@/-]`` (an account and a
+    peer are joined by ``/``). A bad part raises ``RejectedInputError`` whose
+    ``field`` names it and whose message says why.
     """
 
     provider: str
@@ -35,24 +42,40 @@ class SessionKey(msgspec.Struct, frozen=True):
     identifier: str
 
     def __post_init__(self) -> None:
-        for name in ("provider", "scope"):
+        for name in ("provider", "scope", "identifier"):
             value = getattr(self, name)
-            if not _PART.fullmatch(value):
-                msg = f"session key {name} {value!r} must match {_PART.pattern}"
+            if not isinstance(value, str):
+                msg = f"session key {name} must be a string, not {type(value).__name__}"
                 raise RejectedInputError(msg, field=name)
+        if not _PROVIDER.fullmatch(self.provider):
+            msg = (
+                f"session key provider {self.provider!r} must be a lower-case letter followed "
+                "by at most 31 of a-z, 0-9, _ and -"
+            )
+            raise RejectedInputError(msg, field="provider")
+        if self.scope not in SCOPES:
+            msg = f"session key scope {self.scope!r} must be one of {', '.join(SCOPES)}"
+            raise RejectedInputError(msg, field="scope")
         if not _IDENTIFIER.fullmatch(self.identifier):
-            msg = f"session key identifier {self.identifier!r} must be 1-256 non-space characters"
+            if not self.identifier:
+                why = "is empty"
+            elif len(self.identifier) > 256:
+                why = f"has {len(self.identifier)} characters (at most 256)"
+            else:
+                bad = sorted({c for c in self.identifier if not _IDENTIFIER_CHARS.fullmatch(c)})
+                why = f"has characters outside A-Z a-z 0-9 . _ + @ / -: {''.join(bad)!r}"
+            msg = f"session key identifier {self.identifier[:64]!r} {why}"
             raise RejectedInputError(msg, field="identifier")
 
     @classmethod
     def parse(cls, text: str) -> SessionKey:
-        """Parse ``provider:scope:identifier``; raises ``RejectedInputError`` naming the part."""
+        """Parse ``provider:scope:identifier``; ``RejectedInputError`` naming the bad part."""
         if not isinstance(text, str):
             msg = f"session key must be a string, not {type(text).__name__}"
             raise RejectedInputError(msg, field="key")
         parts = text.split(":", 2)
         if len(parts) != 3:
-            msg = f"session key {text!r} is not provider:scope:identifier"
+            msg = f"session key {text[:64]!r} is not provider:scope:identifier"
             raise RejectedInputError(msg, field="key")
         return cls(*parts)
 

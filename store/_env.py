@@ -38,7 +38,9 @@ DATABASES = (
     "sessions",  # session id -> SessionRecord
     "children",  # parent id + child id -> b"" (the tree index)
     "mains",  # agent id NUL session key -> Main session id
-    "messages",  # conversation messages (the conversations issue)
+    "conversations",  # session id -> ConversationRecord (branches, current branch)
+    "messages",  # session id + message id -> MessageRecord (conversation trees)
+    "platform_ids",  # session id + a chat platform's message id -> message id
     "memory",  # agent id NUL key -> MemoryRecord
     "memory_ids",  # memory id -> MemoryIdRecord
     "outbox",  # child id -> OutboxRecord (a result owed to the parent)

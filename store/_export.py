@@ -13,7 +13,9 @@ database        line type     fields besides ``type``
 sessions        session       ``record`` (a ``SessionRecord``)
 children        link          ``parent``, ``child``
 mains           main          ``agent_id``, ``key``, ``session_id``
-messages        message       ``key`` (base64), ``value`` (the msgpack value as JSON)
+conversations   conversation  ``record`` (a ``ConversationRecord``)
+messages        message       ``record`` (a ``MessageRecord``)
+platform_ids    platform_id   ``session_id``, ``platform_id``, ``message_id``
 memory          memory        ``record`` (a ``MemoryRecord``)
 memory_ids      memory_id     ``memory_id``, ``record`` (a ``MemoryIdRecord``)
 outbox          outbox        ``record`` (an ``OutboxRecord``)
@@ -33,7 +35,7 @@ very bytes the store holds. Where JSON cannot hold a value exactly (bytes
 or non-string map keys inside a free-form value, a NaN, a record written
 by an older schema version, a message that is not plain msgpack), the line
 also carries ``raw``: the stored value in base64, which import writes
-as it is (a ``message`` line then has ``raw`` instead of ``value``). An
+as it is. An
 entry that does not decode at all, or whose key does not match its record,
 becomes an ``opaque`` line. Export, import into an empty store and export
 again therefore gives the same bytes, header included (import carries the
@@ -65,9 +67,11 @@ from sessiontree.protocol import CorruptRecordError, RejectedInputError, StoreEr
 from sessiontree.store._env import DATABASES
 from sessiontree.store._records import (
     SCHEMA_VERSION,
+    ConversationRecord,
     InboxRecord,
     MemoryIdRecord,
     MemoryRecord,
+    MessageRecord,
     MetaRecord,
     OutboxRecord,
     QuarantineRecord,
@@ -77,14 +81,22 @@ from sessiontree.store._records import (
     encode_record,
 )
 from sessiontree.store._store import Store
-from sessiontree.store._writer import WriteBatch, inbox_key, main_key, memory_key, pair_key
+from sessiontree.store._writer import (
+    WriteBatch,
+    inbox_key,
+    main_key,
+    memory_key,
+    pair_key,
+    platform_key,
+)
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "LINE_TYPES", "export_jsonl", "import_jsonl"]
 
 EXPORT_FORMAT = "sessiontree-export"
 """The ``format`` of the header line."""
-EXPORT_VERSION = 1
-"""The version of this line format (not the records' schema version)."""
+EXPORT_VERSION = 2
+"""The version of this line format (not the records' schema version); 2 made
+``message`` a record line and added ``conversation`` and ``platform_id``."""
 
 #: Line types in the order their databases are exported (``meta`` first, ``end`` last).
 LINE_TYPES = (
@@ -92,7 +104,9 @@ LINE_TYPES = (
     "session",
     "link",
     "main",
+    "conversation",
     "message",
+    "platform_id",
     "memory",
     "memory_id",
     "outbox",
@@ -141,10 +155,20 @@ class MainLine(_Line, tag="main"):
     session_id: uuid.UUID
 
 
-class MessageLine(_Line, tag="message"):
-    key: bytes
-    value: Any | msgspec.UnsetType = msgspec.UNSET
+class ConversationLine(_Line, tag="conversation"):
+    record: ConversationRecord
     raw: bytes | None = None
+
+
+class MessageLine(_Line, tag="message"):
+    record: MessageRecord
+    raw: bytes | None = None
+
+
+class PlatformIdLine(_Line, tag="platform_id"):
+    session_id: uuid.UUID
+    platform_id: str
+    message_id: uuid.UUID
 
 
 class MemoryLine(_Line, tag="memory"):
@@ -195,7 +219,9 @@ AnyLine: TypeAlias = (
     | SessionLine
     | LinkLine
     | MainLine
+    | ConversationLine
     | MessageLine
+    | PlatformIdLine
     | MemoryLine
     | MemoryIdLine
     | OutboxLine
@@ -206,12 +232,19 @@ AnyLine: TypeAlias = (
     | EndLine
 )
 RecordLine: TypeAlias = (
-    SessionLine | MemoryLine | MemoryIdLine | OutboxLine | ReceivedLine | InboxLine | QuarantineLine
+    SessionLine
+    | ConversationLine
+    | MessageLine
+    | MemoryLine
+    | MemoryIdLine
+    | OutboxLine
+    | ReceivedLine
+    | InboxLine
+    | QuarantineLine
 )
 
 _ENCODER = msgspec.json.Encoder()
 _LINE_DECODER: msgspec.json.Decoder[AnyLine] = msgspec.json.Decoder(AnyLine)
-_MSGPACK = msgspec.msgpack.Encoder()
 _RECORD_COUNTS = LINE_TYPES[1:-1]  # the trailer counts these (header and trailer aside)
 
 
@@ -259,9 +292,25 @@ def _parent_of(key: bytes) -> uuid.UUID:
     return uuid.UUID(bytes=key[:16])
 
 
+def _conversation_key(line: ConversationLine) -> bytes:
+    return line.record.state.session_id.bytes
+
+
+def _message_key(line: MessageLine) -> bytes:
+    return pair_key(line.record.session_id, line.record.message.id)
+
+
 _RECORD_DBS: dict[str, _RecordDb] = {
     "sessions": _RecordDb(
         SessionRecord, lambda _k, r, raw: SessionLine(record=r, raw=raw), _session_key
+    ),
+    "conversations": _RecordDb(
+        ConversationRecord,
+        lambda _k, r, raw: ConversationLine(record=r, raw=raw),
+        _conversation_key,
+    ),
+    "messages": _RecordDb(
+        MessageRecord, lambda _k, r, raw: MessageLine(record=r, raw=raw), _message_key
     ),
     "memory": _RecordDb(
         MemoryRecord, lambda _k, r, raw: MemoryLine(record=r, raw=raw), _memory_key
@@ -288,6 +337,8 @@ _RECORD_DBS: dict[str, _RecordDb] = {
 }
 _LINE_DB: dict[type[_Line], str] = {
     SessionLine: "sessions",
+    ConversationLine: "conversations",
+    MessageLine: "messages",
     MemoryLine: "memory",
     MemoryIdLine: "memory_ids",
     OutboxLine: "outbox",
@@ -416,8 +467,8 @@ def _render(db: str, key: bytes, raw: bytes) -> _Line:
             return _render_link(key, raw)
         if db == "mains":
             return _render_main(key, raw)
-        if db == "messages":
-            return _render_message(key, raw)
+        if db == "platform_ids":
+            return _render_platform_id(key, raw)
         spec = _RECORD_DBS.get(db)
         if spec is None:
             msg = f"no line type for database {db!r}"
@@ -454,16 +505,15 @@ def _render_main(key: bytes, raw: bytes) -> MainLine:
     return MainLine(agent_id=agent_id, key=name, session_id=uuid.UUID(bytes=raw))
 
 
-def _render_message(key: bytes, raw: bytes) -> MessageLine:
-    try:
-        value = msgspec.msgpack.decode(raw)
-        back = msgspec.json.decode(_ENCODER.encode(value))
-        exact = _MSGPACK.encode(back) == raw
-    except (msgspec.DecodeError, msgspec.EncodeError, TypeError, RecursionError):
-        exact = False
-    if exact:
-        return MessageLine(key=key, value=value)
-    return MessageLine(key=key, raw=raw)
+def _render_platform_id(key: bytes, raw: bytes) -> PlatformIdLine:
+    if len(key) <= 16 or len(raw) != 16:
+        msg = "a platform_ids entry that is not session id + platform id -> message id"
+        raise _NotRenderableError(msg)
+    return PlatformIdLine(
+        session_id=uuid.UUID(bytes=key[:16]),
+        platform_id=key[16:].decode(),
+        message_id=uuid.UUID(bytes=raw),
+    )
 
 
 # -- import ---------------------------------------------------------------------------------
@@ -643,8 +693,11 @@ def _entry(number: int, line: AnyLine) -> tuple[str, bytes, bytes]:
         return "children", pair_key(line.parent, line.child), b""
     if isinstance(line, MainLine):
         return "mains", main_key(line.agent_id, line.key), line.session_id.bytes
-    if isinstance(line, MessageLine):
-        return "messages", line.key, _message_bytes(number, line)
+    if isinstance(line, PlatformIdLine):
+        if not line.platform_id:
+            _reject(number, "an empty platform id", "platform_id")
+        key = platform_key(line.session_id, line.platform_id)
+        return "platform_ids", key, line.message_id.bytes
     if isinstance(line, OpaqueLine):
         if line.db not in DATABASES:
             _reject(number, f"unknown database {line.db!r}", "db")
@@ -657,17 +710,6 @@ def _entry(number: int, line: AnyLine) -> tuple[str, bytes, bytes]:
     except (ValueError, OverflowError) as exc:  # an inbox seq outside 0..2**64-1
         _reject(number, f"no key for this record: {exc}", "record")
     return _LINE_DB[type(line)], key, value
-
-
-def _message_bytes(number: int, line: MessageLine) -> bytes:
-    if (line.raw is None) == (line.value is msgspec.UNSET):
-        _reject(number, "a message carries either value or raw", "value")
-    if line.raw is not None:
-        return line.raw
-    try:
-        return _MSGPACK.encode(line.value)
-    except (msgspec.EncodeError, TypeError, RecursionError) as exc:
-        _reject(number, f"value cannot be stored: {exc}", "value")
 
 
 def _record_bytes(number: int, line: MetaLine | RecordLine) -> bytes:

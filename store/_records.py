@@ -5,7 +5,8 @@ type never changes, unknown fields are skipped on decode (a record written by
 newer code still reads), and a record whose ``v`` is above
 ``SCHEMA_VERSION`` is refused as unknown (recovery quarantines it).
 
-Versions: 1 — the first layout; 2 — ``SessionRecord.resume`` (default False).
+Versions: 1 — the first layout; 2 — ``SessionRecord.resume`` (default False);
+3 — conversation trees (``ConversationRecord``, ``MessageRecord``).
 """
 
 from __future__ import annotations
@@ -15,15 +16,23 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from sessiontree.protocol import CorruptRecordError, SessionInfo, SessionResult
+from sessiontree.protocol import (
+    ConversationState,
+    CorruptRecordError,
+    Message,
+    SessionInfo,
+    SessionResult,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
     "ContextEntry",
     "ContextRecord",
+    "ConversationRecord",
     "InboxRecord",
     "MemoryIdRecord",
     "MemoryRecord",
+    "MessageRecord",
     "MetaRecord",
     "OutboxRecord",
     "QuarantineRecord",
@@ -33,7 +42,7 @@ __all__ = [
     "encode_record",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class ContextEntry(msgspec.Struct, kw_only=True):
@@ -94,6 +103,21 @@ class InboxRecord(msgspec.Struct, kw_only=True):
     seq: int
     message: Any
     received_at: float
+
+
+class ConversationRecord(msgspec.Struct, kw_only=True):
+    """A session's conversation bookkeeping: its branches and the current one."""
+
+    v: int = SCHEMA_VERSION
+    state: ConversationState
+
+
+class MessageRecord(msgspec.Struct, kw_only=True):
+    """One message of a session's conversation tree."""
+
+    v: int = SCHEMA_VERSION
+    session_id: uuid.UUID
+    message: Message
 
 
 class MemoryRecord(msgspec.Struct, kw_only=True):

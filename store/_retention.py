@@ -44,12 +44,12 @@ def prune(
     """Delete terminal sessions that ended before ``now - older_than``; return how many.
 
     For each: its record, its links to its children and its link under its
-    parent, the results filed on it (``received``), its inbox, and its
-    ``mains`` entry when that still points at it. Kept: every non-terminal
-    session, every outbox entry (a result still owed to a parent — recovery
-    delivers it without the child's record), the results it delivered that
-    are filed on its parent, shared memory, and the ``messages`` database
-    (its layout is not defined yet). Children younger than the cutoff stay,
+    parent, the results filed on it (``received``), its inbox, its
+    conversation (messages, branches, platform ids), and its ``mains`` entry
+    when that still points at it. Kept: every non-terminal session, every
+    outbox entry (a result still owed to a parent — recovery delivers it
+    without the child's record), the results it delivered that are filed on
+    its parent, and shared memory. Children younger than the cutoff stay,
     with a ``parent_id`` that names a pruned session.
 
     With ``export_to`` the whole store is exported there first (see

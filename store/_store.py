@@ -16,7 +16,9 @@ import lmdb
 import msgspec
 
 from sessiontree.protocol import (
+    ConversationState,
     CorruptRecordError,
+    Message,
     SessionResult,
     StoreError,
 )
@@ -28,9 +30,11 @@ from sessiontree.store._env import (
 )
 from sessiontree.store._io import StoreIO
 from sessiontree.store._records import (
+    ConversationRecord,
     InboxRecord,
     MemoryIdRecord,
     MemoryRecord,
+    MessageRecord,
     MetaRecord,
     OutboxRecord,
     QuarantineRecord,
@@ -38,7 +42,14 @@ from sessiontree.store._records import (
     SessionRecord,
     decode_record,
 )
-from sessiontree.store._writer import WriteBatch, Writer, main_key, memory_key
+from sessiontree.store._writer import (
+    WriteBatch,
+    Writer,
+    main_key,
+    memory_key,
+    pair_key,
+    platform_key,
+)
 
 __all__ = ["Store"]
 
@@ -384,6 +395,66 @@ class Store:
                 continue
             records.append(item)
         return records
+
+    # -- conversations -------------------------------------------------------------------
+
+    def conversation(self, session_id: uuid.UUID) -> ConversationState | None:
+        """A session's conversation bookkeeping, or None; ``CorruptRecordError`` if unreadable."""
+        record = self._get(ConversationRecord, "conversations", session_id.bytes)
+        return None if record is None else record.state
+
+    def message(self, session_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
+        """One conversation message, or None; ``CorruptRecordError`` if unreadable."""
+        record = self._get(MessageRecord, "messages", pair_key(session_id, message_id))
+        return None if record is None else record.message
+
+    def walk(
+        self,
+        session_id: uuid.UUID,
+        start: uuid.UUID | None,
+        limit: int,
+        branch_id: str | None = None,
+    ) -> list[Message]:
+        """From message ``start`` towards the root through parent ids, newest
+        first, at most ``limit``, in one short read transaction (with
+        ``branch_id``: stop at the first message not on that branch). A message
+        that is missing ends the walk; one that does not decode raises
+        ``CorruptRecordError``."""
+        out: list[Message] = []
+        handle = self._db("messages")
+        if handle is None or start is None or limit <= 0:
+            return out
+        current: uuid.UUID | None = start
+        with self._read() as txn:
+            while current is not None and len(out) < limit:
+                key = session_id.bytes + current.bytes
+                raw = txn.get(key, db=handle)
+                if raw is None:
+                    break
+                message = decode_record(MessageRecord, bytes(raw), db="messages", key=key).message
+                if branch_id is not None and message.branch_id != branch_id:
+                    break
+                out.append(message)
+                current = message.parent_id
+        return out
+
+    def messages(self, session_id: uuid.UUID) -> Iterator[Message]:
+        """Every message of a session's conversation, in id order (unreadable ones
+        skipped and logged)."""
+        for item in self.decoded(MessageRecord, "messages", session_id.bytes):
+            if isinstance(item, CorruptRecordError):
+                log.error("%s", item)
+                continue
+            yield item.message
+
+    def platform_message(self, session_id: uuid.UUID, platform_id: str) -> uuid.UUID | None:
+        """Our message id for a chat platform's message id in a session, or None."""
+        handle = self._db("platform_ids")
+        if handle is None:
+            return None
+        with self._read() as txn:
+            raw = txn.get(platform_key(session_id, platform_id), db=handle)
+        return None if raw is None or len(raw) != 16 else uuid.UUID(bytes=bytes(raw))
 
     def memory(self, agent_id: str, key: str) -> MemoryRecord | None:
         """The latest shared-memory write of ``agent_id`` under ``key``."""

@@ -32,12 +32,21 @@ from typing import Any
 import lmdb
 import msgspec
 
-from sessiontree.protocol import RejectedInputError, SessionResult, StoreError, StoreFullError
+from sessiontree.protocol import (
+    ConversationState,
+    Message,
+    RejectedInputError,
+    SessionResult,
+    StoreError,
+    StoreFullError,
+)
 from sessiontree.store._io import StoreIO
 from sessiontree.store._records import (
+    ConversationRecord,
     InboxRecord,
     MemoryIdRecord,
     MemoryRecord,
+    MessageRecord,
     OutboxRecord,
     QuarantineRecord,
     ReceivedRecord,
@@ -45,7 +54,14 @@ from sessiontree.store._records import (
     encode_record,
 )
 
-__all__ = ["WriteBatch", "Writer", "inbox_key", "memory_key", "pair_key"]
+__all__ = [
+    "WriteBatch",
+    "Writer",
+    "inbox_key",
+    "memory_key",
+    "pair_key",
+    "platform_key",
+]
 
 log = logging.getLogger("sessiontree.store")
 
@@ -65,6 +81,10 @@ def inbox_key(session_id: uuid.UUID, seq: int) -> bytes:
 
 def memory_key(agent_id: str, key: str) -> bytes:
     return f"{agent_id}\x00{key}".encode()
+
+
+def platform_key(session_id: uuid.UUID, platform_id: str) -> bytes:
+    return session_id.bytes + platform_id.encode()
 
 
 def main_key(agent_id: str, key: str) -> bytes:
@@ -124,6 +144,9 @@ class WriteBatch:
         self._delete("children", session_id.bytes, prefix=True)
         self._delete("received", session_id.bytes, prefix=True)
         self._delete("inbox", session_id.bytes, prefix=True)
+        self._delete("conversations", session_id.bytes)
+        self._delete("messages", session_id.bytes, prefix=True)
+        self._delete("platform_ids", session_id.bytes, prefix=True)
         return self
 
     def unlink(self, parent_id: uuid.UUID, child_id: uuid.UUID) -> WriteBatch:
@@ -161,6 +184,30 @@ class WriteBatch:
 
     def clear_inbox(self, session_id: uuid.UUID) -> WriteBatch:
         self._delete("inbox", session_id.bytes, prefix=True)
+        return self
+
+    # -- conversations ---------------------------------------------------------------
+
+    def conversation(self, state: ConversationState) -> WriteBatch:
+        """Write a conversation's bookkeeping."""
+        self._put("conversations", state.session_id.bytes, ConversationRecord(state=state))
+        return self
+
+    def message(self, session_id: uuid.UUID, message: Message) -> WriteBatch:
+        """Write (or overwrite) one conversation message, and its platform id's entry."""
+        record = MessageRecord(session_id=session_id, message=message)
+        self._put("messages", pair_key(session_id, message.id), record)
+        if message.platform_id is not None:
+            key = platform_key(session_id, message.platform_id)
+            self.ops.append(("put", "platform_ids", key, message.id.bytes))
+        return self
+
+    def drop_message(self, session_id: uuid.UUID, message: Message) -> WriteBatch:
+        """Delete one conversation message, and its platform id's entry if it still names it."""
+        self._delete("messages", pair_key(session_id, message.id))
+        if message.platform_id is not None:
+            key = platform_key(session_id, message.platform_id)
+            self.ops.append(("delete_if", "platform_ids", key, message.id.bytes))
         return self
 
     # -- shared memory, quarantine, raw ---------------------------------------------

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiontree.protocol import SessionKind
+from sessiontree.protocol import DmScope, SessionKind
 
 __all__ = ["Agent", "NodeConfig"]
 
@@ -105,6 +105,9 @@ class Agent:
     none; ``main_skill`` runs Main message cycles (default: ``default_skill``).
     ``model_tiers`` go from cheapest to best: workers get the first, a Main the
     last. ``ttls`` overrides the default TTL per kind (None: no TTL).
+    ``dm_scope`` maps direct messages to sessions (``Node.route``): ``main``
+    (all share the agent's main session), ``per-channel-peer`` or
+    ``per-account-channel-peer``; groups and channels always get their own.
     """
 
     agent_id: str
@@ -140,6 +143,10 @@ class Agent:
             ):
                 msg = f"agent {self.agent_id!r}: ttls[{kind!r}] must be None or a finite number > 0"
                 raise ValueError(msg)
+        if self.dm_scope not in {s.value for s in DmScope}:
+            choices = ", ".join(s.value for s in DmScope)
+            msg = f"agent {self.agent_id!r}: dm_scope {self.dm_scope!r} must be one of {choices}"
+            raise ValueError(msg)
         if not self.model_tiers:
             msg = f"agent {self.agent_id!r} needs at least one model tier"
             raise ValueError(msg)

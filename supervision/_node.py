@@ -19,14 +19,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pykka
 
 from sessiontree.actors import (
     Activity,
     Clock,
     ComputeSlots,
+    Conversation,
+    Conversations,
     EventLoopThread,
     Inspect,
+    MemoryBackend,
     RealClock,
     Reply,
     RunEnd,
@@ -39,12 +43,14 @@ from sessiontree.actors import (
 )
 from sessiontree.actors._mailbox import AskTimeoutError
 from sessiontree.protocol import (
+    ChatMessage,
     ControlMessage,
     DeadlockError,
     ErrorCode,
     ErrorInfo,
     NodeClosedError,
     RejectedInputError,
+    Routed,
     SessionInfo,
     SessionKind,
     SessionResult,
@@ -53,10 +59,14 @@ from sessiontree.protocol import (
     SpawnSpec,
     UnknownSessionError,
     decode_control,
+    decode_inbound,
     make_spec,
+    session_key_for,
 )
 from sessiontree.store import Store
+from sessiontree.supervision._chat import chat_command, is_command
 from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import CortexLogic
 from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._housekeeping import Housekeeper
@@ -222,6 +232,10 @@ class _Host:
     def progress(self, core: SessionCore, note: str, data: dict[str, Any]) -> None:
         self.node._tell(Progress(core.session_id, note, dict(data)))
 
+    def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> Conversation:
+        writable = core.info.kind is not SessionKind.WORKER
+        return self.node.conversations.get(core.session_id, guard=guard, writable=writable)
+
     def parked(self, core: SessionCore) -> None:
         self.node._tell(Parked(core.session_id))
 
@@ -277,13 +291,16 @@ class Node:
         self._own_clock = clock is None
         self.clock: Clock = clock or RealClock()
         self._own_store = store is not None and not isinstance(store, Store)
-        if store is None or isinstance(store, Store):
-            self.store: Store | None = store
-        else:
-            self.store = Store(store)
+        self.store: Store | None = (
+            store if store is None or isinstance(store, Store) else Store(store)
+        )
         if memory is None:
             memory = InMemorySpace() if self.store is None else StoreMemory(self.store, self.clock)
         self.memory: MemorySpace = memory
+        # Every session's conversation tree (in the store when the node has one).
+        self.conversations = Conversations(
+            MemoryBackend() if self.store is None else StoreConversations(self.store), self.clock
+        )
         self.activity = Activity()
         self.events = EventBus()
         self.fatal_error: BaseException | None = None
@@ -478,6 +495,63 @@ class Node:
         """Send a Main an inbound message (one message cycle); an error if it cannot take it."""
         return self._call("send", _sid(session_id), message)  # type: ignore[no-any-return]
 
+    def conversation(self, session_id: uuid.UUID | SessionRef) -> Conversation:
+        """A session's conversation tree (``UnknownSessionError`` for an unknown id)."""
+        sid = _sid(session_id)
+        self.get(sid)
+        return self.conversations.get(sid)
+
+    def route(self, inbound: object, agent_id: str | None = None) -> Routed:
+        """Route one inbound chat message to its Main, by per-sender session key.
+
+        ``inbound``: an ``Inbound``, a mapping or JSON bytes. The key comes from
+        the agent's ``dm_scope`` (``session_key_for``); the Main of (agent, key)
+        is got or created (exactly one, also under concurrent first messages);
+        the text is appended to its conversation (durable with a store), then
+        handed to it as a ``ChatMessage`` mapping (one message cycle). A chat
+        command (``/branches``…) is answered in ``Routed.reply`` instead and
+        not handed over; a platform message id seen before is not appended
+        twice. ``agent_id`` may be omitted when one agent is registered.
+
+        Raises ``RejectedInputError`` naming the field for bad input (counted in
+        ``stats()["rejected_input"]``); ``NodeClosedError`` once closed.
+        """
+        try:
+            message = decode_inbound(inbound)
+            agent = self._route_agent(agent_id)
+            key = str(session_key_for(message, agent.dm_scope))
+        except RejectedInputError:
+            with self._state_lock:
+                self.rejected_input += 1
+            raise
+        main = self.main(agent.agent_id, key)
+        conversation = self.conversations.get(main.session_id)
+        routed = Routed(agent_id=agent.agent_id, key=key, session_id=main.session_id)
+        if is_command(message.text):
+            reply = chat_command(conversation, message.text, reply_to=message.reply_to)
+            return msgspec.structs.replace(routed, reply=reply)
+        if message.message_id is not None:
+            seen = conversation.by_platform_id(message.message_id)
+            if seen is not None:
+                return msgspec.structs.replace(routed, message_id=seen.id, duplicate=True)
+        appended = conversation.append("user", message.text, platform_id=message.message_id)
+        chat = ChatMessage(key=key, message_id=appended.id, inbound=message)
+        error = self.send(main, chat.to_message())
+        return msgspec.structs.replace(routed, message_id=appended.id, error=error)
+
+    def _route_agent(self, agent_id: str | None) -> Agent:
+        agents = self._runtime.agents
+        if agent_id is None:
+            if len(agents) != 1:
+                msg = f"agent_id is needed: this node has {len(agents)} agents"
+                raise RejectedInputError(msg, field="agent_id")
+            return next(iter(agents.values()))
+        agent = agents.get(agent_id)
+        if agent is None:
+            msg = f"no agent {agent_id!r} on this node"
+            raise RejectedInputError(msg, field="agent_id")
+        return agent
+
     def control(self, data: bytes, *, fmt: str = "json") -> object:
         """Decode one untrusted control command and apply it.
 
@@ -608,6 +682,10 @@ class Node:
 
     async def aresume(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
         return await self._acall("resume", _sid(session_id))  # type: ignore[no-any-return]
+
+    async def aroute(self, inbound: object, agent_id: str | None = None) -> Routed:
+        """Awaitable ``route`` (run off the event loop: it waits for durable writes)."""
+        return await asyncio.to_thread(self.route, inbound, agent_id)
 
     async def asend(self, session_id: uuid.UUID | SessionRef, message: Any) -> ErrorInfo | None:
         return await self._acall("send", _sid(session_id), message)  # type: ignore[no-any-return]

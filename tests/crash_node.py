@@ -43,7 +43,7 @@ from sessiontree.protocol import (
 from sessiontree.supervision import Agent, Node, NodeConfig, SessionRef
 
 AGENT_ID = "crash"
-MAIN_KEYS = tuple(f"internal:crash:m{i}" for i in range(4))
+MAIN_KEYS = tuple(f"internal:thread:m{i}" for i in range(4))
 _BRANCHES = ("branch", "branch_async")
 _WORKERS = ("worker", "worker_async")
 RUN_FOR = 60.0  # real seconds; the test kills the process long before

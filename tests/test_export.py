@@ -20,9 +20,13 @@ from click.testing import CliRunner
 import sessiontree.store
 from sessiontree.cli import main
 from sessiontree.protocol import (
+    Branch,
+    ConversationState,
     ErrorCode,
     ErrorInfo,
+    Message,
     RejectedInputError,
+    Role,
     SessionInfo,
     SessionKind,
     SessionResult,
@@ -227,13 +231,51 @@ def populate(store: Store) -> Tree:
             at=T0 + 300,
         )
     )
-    # Conversation messages: opaque msgpack until the conversations issue defines them.
-    batch.raw(
-        "messages",
-        tree.main.bytes + (1).to_bytes(8, "big"),
-        msgspec.msgpack.encode({"role": "user", "content": "hello", "ts": T0}),
+    # The Main's conversation: two messages (one with a chat platform's id) and a corrupt one.
+    main_branch = "branch_0000000a"
+    hello = Message(
+        id=uuid.UUID(int=0x100),
+        parent_id=None,
+        role=Role.USER,
+        content="hello",
+        timestamp=T0,
+        branch_id=main_branch,
+        platform_id="tg-1",
     )
-    batch.raw("messages", tree.main.bytes + (2).to_bytes(8, "big"), b"\xc1 not msgpack")
+    answer = Message(
+        id=uuid.UUID(int=0x101),
+        parent_id=hello.id,
+        role=Role.ASSISTANT,
+        content={"text": "hi", "parts": [1, 2.5]},
+        timestamp=T0 + 1,
+        branch_id=main_branch,
+        seq=1,
+        depth=2,
+    )
+    batch.message(tree.main, hello).message(tree.main, answer)
+    batch.conversation(
+        ConversationState(
+            session_id=tree.main,
+            branches=[
+                Branch(
+                    number=1,
+                    id=main_branch,
+                    name="main",
+                    base_id=None,
+                    leaf_id=answer.id,
+                    count=2,
+                    created_at=T0,
+                    updated_at=T0 + 1,
+                )
+            ],
+            current=main_branch,
+            next_seq=2,
+            messages=2,
+            created_at=T0,
+            updated_at=T0 + 1,
+        )
+    )
+    batch.raw("messages", tree.main.bytes + uuid.UUID(int=0x102).bytes, b"\xc1 not msgpack")
     # A value that does not decode, and a record written by schema version 1.
     batch.raw("sessions", tree.corrupt.bytes, b"\xc1 garbage")
     old = SessionRecord(
@@ -293,8 +335,8 @@ def test_export_writes_one_typed_json_object_a_line_with_meta_first_and_end_last
     assert types[0] == "meta"
     assert types[-1] == "end"
     assert set(types) == {
-        "meta", "session", "link", "main", "message", "memory", "memory_id",
-        "outbox", "received", "inbox", "quarantine", "opaque", "end",
+        "meta", "session", "link", "main", "conversation", "message", "platform_id",
+        "memory", "memory_id", "outbox", "received", "inbox", "quarantine", "opaque", "end",
     }  # fmt: skip
     meta = lines[0]
     assert meta["format"] == "sessiontree-export"
@@ -321,8 +363,17 @@ def test_export_is_human_readable(source: Store) -> None:
     assert main_line == {
         "type": "main", "agent_id": AGENT, "key": MAIN_KEY, "session_id": str(sid(1)),
     }  # fmt: skip
-    message = next(line for line in lines if line["type"] == "message")
-    assert message["value"] == {"role": "user", "content": "hello", "ts": T0}
+    messages = [line["record"] for line in lines if line["type"] == "message"]
+    contents = [m["message"]["content"] for m in messages]
+    assert contents == ["hello", {"text": "hi", "parts": [1, 2.5]}]
+    assert messages[1]["message"]["parent_id"] == str(uuid.UUID(int=0x100))
+    conversation = next(line for line in lines if line["type"] == "conversation")
+    assert conversation["record"]["state"]["branches"][0]["name"] == "main"
+    platform = next(line for line in lines if line["type"] == "platform_id")
+    assert platform == {
+        "type": "platform_id", "session_id": str(sid(1)), "platform_id": "tg-1",
+        "message_id": str(uuid.UUID(int=0x100)),
+    }  # fmt: skip
     quarantine = next(line for line in lines if line["type"] == "quarantine")
     assert base64.b64decode(quarantine["record"]["raw"]) == b"\xc1\xff not msgpack"
     inbox = [line["record"]["seq"] for line in lines if line["type"] == "inbox"]
@@ -342,9 +393,8 @@ def test_what_json_cannot_hold_exactly_travels_as_raw_bytes(source: Store) -> No
     opaque = {line["db"]: line for line in by_type["opaque"]}
     assert base64.b64decode(opaque["sessions"]["value"]) == b"\xc1 garbage"
     assert "does not decode" in opaque["sessions"]["reason"]
-    messages = by_type["message"]
-    assert base64.b64decode(messages[1]["raw"]) == b"\xc1 not msgpack"
-    assert "value" not in messages[1]
+    assert base64.b64decode(opaque["messages"]["value"]) == b"\xc1 not msgpack"
+    assert all("raw" not in line for line in by_type["message"])  # JSON holds them exactly
 
 
 # -- the round trip ---------------------------------------------------------------------------

@@ -57,7 +57,8 @@ def test_session_keys_round_trip_and_name_the_bad_part() -> None:
     key = SessionKey.parse("telegram:dm:42")
     assert (key.provider, key.scope, key.identifier) == ("telegram", "dm", "42")
     assert str(key) == "telegram:dm:42"
-    assert str(SessionKey.parse("slack:channel:T1:C2")) == "slack:channel:T1:C2"
+    assert str(SessionKey.parse("telegram:dm:bot7/42")) == "telegram:dm:bot7/42"
+    assert str(SessionKey.parse("whatsapp:dm:+1234567890")) == "whatsapp:dm:+1234567890"
     with pytest.raises(RejectedInputError) as caught:
         SessionKey.parse("Tele gram:dm:42")
     assert caught.value.field == "provider"

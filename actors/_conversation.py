@@ -1,0 +1,834 @@
+"""Conversation trees: append, fork, branches, checkout, context, merge, delete, export.
+
+A conversation belongs to one session. Its messages form a tree through
+``parent_id``; a *branch* is a linear run of messages hanging under a fork
+point, with a stable number (``main`` is 1) and a unique name; the current
+branch's tip is the active leaf, where ``append`` hangs the next message.
+``context(limit)`` walks from the active leaf to the root through parent
+ids, so other branches never leak in.
+
+Cost: ``append`` is one durable write of the message and the conversation's
+bookkeeping (O(1) in the conversation's size); ``context(limit)`` reads at
+most ``limit`` messages by id. Only exports and ``delete_branch`` read more.
+
+Checking out a message that is not the tip of a branch forks an unnamed
+branch there (as git does when you commit on a detached head), so every
+branch stays linear and nothing is ever appended in the middle of one.
+
+Where the messages live is a ``ConversationBackend``: the node's LMDB store
+(wired in by supervision) or ``MemoryBackend``. A write is acknowledged
+only once the backend made it durable; when it fails (``StoreError``,
+``StoreFullError``) nothing of it happened, in the store or in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from sessiontree.actors._clock import Clock
+from sessiontree.actors._tree_html import render_html
+from sessiontree.actors._tree_text import nested_json, preview_text, text_tree
+from sessiontree.protocol import (
+    MAX_BRANCH_NAME_CHARS,
+    MAX_CONTENT_BYTES,
+    Branch,
+    BranchInfo,
+    ConversationError,
+    ConversationState,
+    DeletePlan,
+    ErrorCode,
+    Merged,
+    Message,
+    NotAllowedError,
+    RejectedInputError,
+    Role,
+)
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "Conversation",
+    "ConversationBackend",
+    "Conversations",
+    "MemoryBackend",
+]
+
+EXPORT_FORMATS = ("json", "text", "html")
+MAX_CONTEXT = 10_000  # the most messages one context() call returns
+_PREVIEW = 3  # messages a delete plan previews
+_NAME = re.compile(r"[^\x00-\x1f\x7f]+")
+_ENCODER = msgspec.json.Encoder()
+_ROLES = tuple(r.value for r in Role)
+
+BranchRef = int | str | uuid.UUID
+
+
+class ConversationBackend(Protocol):
+    """Where conversations live. Reads run on the caller's thread; ``commit``
+    is durable when it returns and raises ``StoreError`` (nothing written)."""
+
+    def load(self, session_id: uuid.UUID) -> ConversationState | None:
+        """The conversation's bookkeeping, or None if it has none yet."""
+        ...
+
+    def message(self, session_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
+        """One message of this conversation, or None."""
+        ...
+
+    def walk(
+        self, session_id: uuid.UUID, start: uuid.UUID | None, limit: int, branch_id: str | None
+    ) -> list[Message]:
+        """From ``start`` towards the root through parent ids, newest first, at
+        most ``limit`` messages; with ``branch_id``, stop at the first message
+        not on that branch."""
+        ...
+
+    def messages(self, session_id: uuid.UUID) -> Iterator[Message]:
+        """Every message of the conversation, in no particular order."""
+        ...
+
+    def by_platform_id(self, session_id: uuid.UUID, platform_id: str) -> uuid.UUID | None:
+        """Our message id for a chat platform's message id, or None."""
+        ...
+
+    def commit(
+        self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
+    ) -> None:
+        """Durably write ``state``, put and delete messages (and their platform ids)."""
+        ...
+
+
+class MemoryBackend:
+    """Conversations in dicts (a node without a store); lost with the process."""
+
+    def __init__(self) -> None:
+        self._states: dict[uuid.UUID, ConversationState] = {}
+        self._messages: dict[uuid.UUID, dict[uuid.UUID, Message]] = {}
+        self._platform: dict[uuid.UUID, dict[str, uuid.UUID]] = {}
+        self._lock = threading.Lock()
+
+    def load(self, session_id: uuid.UUID) -> ConversationState | None:
+        with self._lock:
+            state = self._states.get(session_id)
+            return None if state is None else msgspec.structs.replace(state)
+
+    def message(self, session_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
+        with self._lock:
+            return self._messages.get(session_id, {}).get(message_id)
+
+    def walk(
+        self, session_id: uuid.UUID, start: uuid.UUID | None, limit: int, branch_id: str | None
+    ) -> list[Message]:
+        out: list[Message] = []
+        with self._lock:
+            messages = self._messages.get(session_id, {})
+            current = start
+            while current is not None and len(out) < limit:
+                found = messages.get(current)
+                if found is None or (branch_id is not None and found.branch_id != branch_id):
+                    break
+                out.append(found)
+                current = found.parent_id
+        return out
+
+    def messages(self, session_id: uuid.UUID) -> Iterator[Message]:
+        with self._lock:
+            snapshot = list(self._messages.get(session_id, {}).values())
+        return iter(snapshot)
+
+    def by_platform_id(self, session_id: uuid.UUID, platform_id: str) -> uuid.UUID | None:
+        with self._lock:
+            return self._platform.get(session_id, {}).get(platform_id)
+
+    def commit(
+        self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
+    ) -> None:
+        sid = state.session_id
+        with self._lock:
+            self._states[sid] = msgspec.structs.replace(state)
+            messages = self._messages.setdefault(sid, {})
+            platform = self._platform.setdefault(sid, {})
+            for message in delete:
+                messages.pop(message.id, None)
+                if message.platform_id is not None:
+                    platform.pop(message.platform_id, None)
+            for message in put:
+                messages[message.id] = message
+                if message.platform_id is not None:
+                    platform[message.platform_id] = message.id
+
+    def forget(self, session_id: uuid.UUID) -> None:
+        """Drop a session's conversation (retention)."""
+        with self._lock:
+            self._states.pop(session_id, None)
+            self._messages.pop(session_id, None)
+            self._platform.pop(session_id, None)
+
+
+class _Shared:
+    """One conversation's state, shared by every handle on it; ``lock`` orders its writes."""
+
+    def __init__(self, session_id: uuid.UUID, backend: ConversationBackend, clock: Clock) -> None:
+        self.session_id = session_id
+        self.backend = backend
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._state: ConversationState | None = None
+
+    def state(self) -> ConversationState:
+        """The bookkeeping, loaded once (a fresh conversation has only ``main``)."""
+        if self._state is None:
+            loaded = self.backend.load(self.session_id)
+            if loaded is None:
+                now = self.clock.time()
+                main = Branch(number=1, id=_branch_id(), name="main", base_id=None, created_at=now)
+                loaded = ConversationState(
+                    session_id=self.session_id,
+                    branches=[main],
+                    current=main.id,
+                    created_at=now,
+                    updated_at=now,
+                )
+            self._state = loaded
+        return self._state
+
+    def commit(
+        self,
+        state: ConversationState,
+        put: Sequence[Message] = (),
+        delete: Sequence[Message] = (),
+    ) -> None:
+        """Write, then adopt ``state`` (a failed write leaves the old one in place)."""
+        self.backend.commit(state, put, delete)
+        self._state = state
+
+
+class Conversations:
+    """Every conversation of a node, by session id (each loaded once, on first use)."""
+
+    def __init__(self, backend: ConversationBackend, clock: Clock) -> None:
+        self.backend = backend
+        self.clock = clock
+        self._shared: dict[uuid.UUID, _Shared] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self,
+        session_id: uuid.UUID,
+        *,
+        guard: Callable[[str], None] | None = None,
+        writable: bool = True,
+    ) -> Conversation:
+        """A handle on ``session_id``'s conversation. ``guard(what)`` runs before
+        every operation (a skill's checkpoint); ``writable=False`` refuses writes
+        with ``NotAllowedError`` (workers keep no memory)."""
+        with self._lock:
+            shared = self._shared.get(session_id)
+            if shared is None:
+                shared = self._shared[session_id] = _Shared(session_id, self.backend, self.clock)
+        return Conversation(shared, guard=guard, writable=writable)
+
+    def forget(self, session_id: uuid.UUID) -> None:
+        """Drop the cached state of a session whose records were pruned."""
+        with self._lock:
+            self._shared.pop(session_id, None)
+
+
+class Conversation:
+    """A handle on one session's conversation tree (thread-safe).
+
+    Bad arguments raise ``RejectedInputError`` naming the field; a message or
+    branch the conversation does not have, a name already taken, deleting the
+    current branch or a stale confirmation raise ``ConversationError`` (its
+    ``code`` says which, its ``field`` names the argument); a failed durable
+    write raises ``StoreError`` and changes nothing. Every write has an
+    awaitable twin (``aappend``…) that runs it off the event loop.
+    """
+
+    def __init__(
+        self,
+        shared: _Shared,
+        *,
+        guard: Callable[[str], None] | None = None,
+        writable: bool = True,
+    ) -> None:
+        self._shared = shared
+        self._guard = guard
+        self._writable = writable
+
+    @property
+    def session_id(self) -> uuid.UUID:
+        return self._shared.session_id
+
+    def _enter(self, what: str, *, write: bool = False) -> ConversationState:
+        if self._guard is not None:
+            self._guard(what)
+        if write and not self._writable:
+            msg = f"session {self.session_id} is a worker and may not write its conversation"
+            raise NotAllowedError(msg, session_id=self.session_id)
+        return self._shared.state()
+
+    def _error(self, message: str, code: ErrorCode, field: str) -> ConversationError:
+        return ConversationError(
+            f"session {self.session_id}: {message}",
+            code=code,
+            field=field,
+            session_id=self.session_id,
+        )
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def active_leaf(self) -> uuid.UUID | None:
+        """The message the next ``append`` hangs under (None for an empty branch at the root)."""
+        with self._shared.lock:
+            return self._current(self._shared.state()).tip
+
+    @property
+    def current_branch(self) -> BranchInfo:
+        """The branch ``append`` writes to."""
+        with self._shared.lock:
+            state = self._enter("current_branch")
+            return self._info(state, self._current(state))
+
+    def context(self, limit: int = 100) -> list[Message]:
+        """The last ``limit`` messages of the active path, oldest first (O(limit))."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= MAX_CONTEXT:
+            msg = f"limit must be an integer in 0..{MAX_CONTEXT}, got {limit!r}"
+            raise RejectedInputError(msg, field="limit")
+        with self._shared.lock:
+            state = self._enter("context")
+            tip = self._current(state).tip
+        path = self._shared.backend.walk(self.session_id, tip, limit, None)
+        path.reverse()
+        return path
+
+    def message(self, message_id: uuid.UUID | str) -> Message:
+        """One message; ``ConversationError`` (``unknown_message``) if it is not in this one."""
+        self._enter("message")
+        return self._need(_as_uuid(message_id, "message_id"), "message_id")
+
+    def by_platform_id(self, platform_id: str) -> Message | None:
+        """The message a chat platform's id was recorded for, or None."""
+        self._enter("by_platform_id")
+        found = self._shared.backend.by_platform_id(self.session_id, platform_id)
+        return None if found is None else self._shared.backend.message(self.session_id, found)
+
+    def branches(self) -> list[BranchInfo]:
+        """Every branch, by number, with its tip, last message, count and age; one is current."""
+        with self._shared.lock:
+            state = self._enter("branches")
+            return [self._info(state, branch) for branch in state.branches]
+
+    def __len__(self) -> int:
+        """Messages in the conversation."""
+        with self._shared.lock:
+            state = self._shared.state()
+            return state.messages
+
+    # -- writing -------------------------------------------------------------------------
+
+    def append(
+        self,
+        role: Role | str,
+        content: Any,
+        *,
+        tool_calls: list[Any] | None = None,
+        usage: dict[str, Any] | None = None,
+        platform_id: str | None = None,
+    ) -> Message:
+        """Append a message at the active leaf of the current branch; returns it once durable.
+
+        ``platform_id``: the chat platform's id of this message (a later
+        ``/fork`` sent as a reply to it finds it).
+        """
+        role = _role(role)
+        content = _as_json("content", content)
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise RejectedInputError("tool_calls must be a list", field="tool_calls")
+        if usage is not None and not isinstance(usage, dict):
+            raise RejectedInputError("usage must be a mapping", field="usage")
+        tool_calls = _as_json("tool_calls", tool_calls)
+        usage = _as_json("usage", usage)
+        if platform_id is not None:
+            _check_platform_id(platform_id)
+        with self._shared.lock:
+            state = self._enter("append", write=True)
+            branch = self._current(state)
+            parent = None if branch.tip is None else self._need(branch.tip, "parent_id")
+            now = self._shared.clock.time()
+            message = Message(
+                id=uuid.uuid4(),
+                parent_id=branch.tip,
+                role=role,
+                content=content,
+                timestamp=now,
+                branch_id=branch.id,
+                seq=state.next_seq,
+                depth=1 if parent is None else parent.depth + 1,
+                tool_calls=tool_calls,
+                usage=usage,
+                platform_id=platform_id,
+            )
+            grown = msgspec.structs.replace(
+                branch, leaf_id=message.id, count=branch.count + 1, updated_at=now
+            )
+            self._shared.commit(
+                _with_branch(state, grown, next_seq=state.next_seq + 1, updated_at=now), [message]
+            )
+            return message
+
+    def link_platform_id(self, message_id: uuid.UUID | str, platform_id: str) -> Message:
+        """Record the chat platform's id of a message sent out (e.g. the agent's
+        reply), so a ``/fork`` replying to it finds it."""
+        _check_platform_id(platform_id)
+        with self._shared.lock:
+            state = self._enter("link_platform_id", write=True)
+            message = self._need(_as_uuid(message_id, "message_id"), "message_id")
+            linked = msgspec.structs.replace(message, platform_id=platform_id)
+            drop = [message] if message.platform_id not in (None, platform_id) else []
+            self._shared.commit(_touched(state, self._shared.clock.time()), [linked], drop)
+            return linked
+
+    def fork(self, from_message_id: uuid.UUID | str, name: str | None = None) -> BranchInfo:
+        """A new branch whose next message hangs under ``from_message_id``; it becomes current.
+
+        Names are unique per conversation (default ``branch-N``), 1-64
+        characters without control characters, and neither a number nor an id.
+        """
+        base_id = _as_uuid(from_message_id, "from_message_id")
+        with self._shared.lock:
+            state = self._enter("fork", write=True)
+            self._need(base_id, "from_message_id")
+            return self._fork(state, base_id, name)
+
+    def _fork(self, state: ConversationState, base_id: uuid.UUID, name: str | None) -> BranchInfo:
+        number = state.next_number
+        name = f"branch-{number}" if name is None else self._check_name(state, name)
+        if any(b.name == name for b in state.branches):
+            if name == f"branch-{number}":
+                name = f"branch-{number}-{uuid.uuid4().hex[:4]}"
+            else:
+                msg = f"a branch named {name!r} exists"
+                raise self._error(msg, ErrorCode.BRANCH_EXISTS, "name")
+        now = self._shared.clock.time()
+        branch = Branch(
+            number=number,
+            id=_branch_id(),
+            name=name,
+            base_id=base_id,
+            created_at=now,
+            updated_at=now,
+        )
+        forked = msgspec.structs.replace(
+            state,
+            branches=[*state.branches, branch],
+            current=branch.id,
+            next_number=number + 1,
+            updated_at=now,
+            pending_deletes=dict(state.pending_deletes),
+        )
+        self._shared.commit(forked)
+        return self._info(forked, branch)
+
+    def checkout(self, target: BranchRef) -> BranchInfo:
+        """Make a branch current: by number, by name, or by message id (the
+        branch whose tip it is; any other message forks an unnamed branch there)."""
+        with self._shared.lock:
+            state = self._enter("checkout", write=True)
+            message_id = _maybe_uuid(target)
+            if message_id is not None:
+                self._need(message_id, "target")
+                tipped = [b for b in state.branches if b.tip == message_id]
+                if not tipped:
+                    return self._fork(state, message_id, None)
+                branch = next((b for b in tipped if b.id == state.current), tipped[0])
+            else:
+                branch = self._branch(state, target, "target")
+            if branch.id != state.current:
+                state = msgspec.structs.replace(
+                    state,
+                    current=branch.id,
+                    updated_at=self._shared.clock.time(),
+                    pending_deletes=dict(state.pending_deletes),
+                )
+                self._shared.commit(state)
+            return self._info(state, branch)
+
+    def merge(self, source: BranchRef) -> Merged:
+        """Append the source branch's own messages (those after its fork point)
+        to the current branch as new messages that record where they came
+        from (``merged_from``); both branches stay intact."""
+        with self._shared.lock:
+            state = self._enter("merge", write=True)
+            src = self._branch(state, source, "source")
+            into = self._current(state)
+            if src.id == into.id:
+                raise self._error(
+                    f"branch {src.number} ({src.name}) is the current branch; merge another "
+                    "branch into it",
+                    ErrorCode.CURRENT_BRANCH,
+                    "source",
+                )
+            own = self._own(src)
+            own.reverse()
+            parent = None if into.tip is None else self._need(into.tip, "parent_id")
+            now = self._shared.clock.time()
+            copies: list[Message] = []
+            tip, depth, seq = into.tip, 0 if parent is None else parent.depth, state.next_seq
+            for original in own:
+                copy = Message(
+                    id=uuid.uuid4(),
+                    parent_id=tip,
+                    role=original.role,
+                    content=original.content,
+                    timestamp=now,
+                    branch_id=into.id,
+                    seq=seq,
+                    depth=depth + 1,
+                    tool_calls=original.tool_calls,
+                    usage=original.usage,
+                    merged_from=original.id,
+                )
+                copies.append(copy)
+                tip, depth, seq = copy.id, copy.depth, seq + 1
+            if copies:
+                grown = msgspec.structs.replace(
+                    into, leaf_id=tip, count=into.count + len(copies), updated_at=now
+                )
+                self._shared.commit(
+                    _with_branch(state, grown, next_seq=seq, updated_at=now), copies
+                )
+            return Merged(
+                source_number=src.number,
+                source_name=src.name,
+                into_number=into.number,
+                into_name=into.name,
+                messages=copies,
+            )
+
+    def delete_branch(self, branch: BranchRef) -> DeletePlan:
+        """Step one of deleting a branch: what would go (count, preview) and the
+        token ``confirm_delete`` needs. Nothing is deleted yet; the current
+        branch cannot be deleted."""
+        with self._shared.lock:
+            state = self._enter("delete_branch")
+            plan, _ = self._plan(state, self._branch(state, branch, "branch"))
+            return plan
+
+    def confirm_delete(self, token: str) -> DeletePlan:
+        """Step two: delete the branch the token's plan names, and only the
+        messages no other branch needs. A token from a plan that no longer
+        holds (the branch changed since) is refused with ``confirmation_mismatch``."""
+        if not isinstance(token, str) or not re.fullmatch(r"\d+-[0-9a-f]{16}", token):
+            msg = f"confirmation token {token!r} is not one delete_branch issued"
+            raise RejectedInputError(msg, field="token")
+        with self._shared.lock:
+            state = self._enter("confirm_delete", write=True)
+            number = int(token.split("-", 1)[0])
+            plan, doomed = self._plan(state, self._branch(state, number, "token"))
+            if plan.token != token:
+                raise self._error(
+                    f"branch {number} changed since its deletion was planned; plan it again",
+                    ErrorCode.CONFIRMATION_MISMATCH,
+                    "token",
+                )
+            pending = {k: v for k, v in state.pending_deletes.items() if k != str(number)}
+            pruned = msgspec.structs.replace(
+                state,
+                branches=[b for b in state.branches if b.number != number],
+                messages=state.messages - len(doomed),
+                updated_at=self._shared.clock.time(),
+                pending_deletes=pending,
+            )
+            self._shared.commit(pruned, (), doomed)
+            return plan
+
+    def remember_delete(self, plan: DeletePlan) -> None:
+        """Keep ``plan``'s token for a chat's ``/confirm-delete-branch N`` (persisted)."""
+        with self._shared.lock:
+            state = self._enter("delete_branch", write=True)
+            pending = {**state.pending_deletes, str(plan.number): plan.token}
+            self._shared.commit(msgspec.structs.replace(state, pending_deletes=pending))
+
+    def pending_delete(self, number: int) -> str | None:
+        """The token a chat's ``/delete-branch number`` left, if any."""
+        with self._shared.lock:
+            return self._shared.state().pending_deletes.get(str(number))
+
+    # -- exporting -----------------------------------------------------------------------
+
+    def tree(self) -> dict[str, Any]:
+        """The whole tree, nested, in the specification's keys (``parentId``…)."""
+        with self._shared.lock:
+            state = self._enter("tree")
+            branches = [self._info(state, b) for b in state.branches]
+            tip = self._current(state).tip
+        nodes = sorted(self._shared.backend.messages(self.session_id), key=lambda m: m.seq)
+        children: dict[uuid.UUID | None, list[dict[str, Any]]] = {}
+        for message in nodes:
+            node = message.to_spec()
+            node["children"] = children.setdefault(message.id, [])
+            children.setdefault(message.parent_id, []).append(node)
+        ids = {m.id for m in nodes}
+        roots = children.get(None, [])
+        for parent, orphans in children.items():  # a parent deleted from under them
+            if parent is not None and parent not in ids:
+                roots.extend(orphans)
+        return {
+            "sessionId": str(self.session_id),
+            "activeLeafId": None if tip is None else str(tip),
+            "currentBranchId": state.current,
+            "branches": [_branch_spec(b) for b in branches],
+            "root": {"id": "root", "children": roots},
+        }
+
+    def export_tree(self, fmt: str = "json") -> str:
+        """The tree as ``json`` (nested), ``text`` (an ASCII tree) or ``html`` (one
+        self-contained interactive page); ``RejectedInputError`` for another format."""
+        if fmt not in EXPORT_FORMATS:
+            msg = f"format {fmt!r} must be one of {', '.join(EXPORT_FORMATS)}"
+            raise RejectedInputError(msg, field="format")
+        tree = self.tree()
+        if fmt == "json":
+            return nested_json(tree)
+        if fmt == "text":
+            return text_tree(tree)
+        return render_html(tree, title=f"Conversation {self.session_id}")
+
+    def transcript(self) -> Iterator[str]:
+        """The transcript as JSONL lines (one message a line, in the order written,
+        specification keys)."""
+        self._enter("transcript")
+        for message in sorted(self._shared.backend.messages(self.session_id), key=lambda m: m.seq):
+            yield json.dumps(message.to_spec(), ensure_ascii=False) + "\n"
+
+    # -- async twins ---------------------------------------------------------------------
+
+    async def aappend(self, role: Role | str, content: Any, **fields: Any) -> Message:
+        return await asyncio.to_thread(self.append, role, content, **fields)
+
+    async def afork(self, from_message_id: uuid.UUID | str, name: str | None = None) -> BranchInfo:
+        return await asyncio.to_thread(self.fork, from_message_id, name)
+
+    async def acheckout(self, target: BranchRef) -> BranchInfo:
+        return await asyncio.to_thread(self.checkout, target)
+
+    async def amerge(self, source: BranchRef) -> Merged:
+        return await asyncio.to_thread(self.merge, source)
+
+    async def aconfirm_delete(self, token: str) -> DeletePlan:
+        return await asyncio.to_thread(self.confirm_delete, token)
+
+    async def alink_platform_id(self, message_id: uuid.UUID | str, platform_id: str) -> Message:
+        return await asyncio.to_thread(self.link_platform_id, message_id, platform_id)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _need(self, message_id: uuid.UUID, field: str) -> Message:
+        found = self._shared.backend.message(self.session_id, message_id)
+        if found is None:
+            raise self._error(
+                f"message {message_id} is not in this session's conversation",
+                ErrorCode.UNKNOWN_MESSAGE,
+                field,
+            )
+        return found
+
+    def _current(self, state: ConversationState) -> Branch:
+        return next(b for b in state.branches if b.id == state.current)
+
+    def _branch(self, state: ConversationState, ref: BranchRef, field: str) -> Branch:
+        """A branch by number (int or digits), id or name."""
+        number: int | None = None
+        if isinstance(ref, bool) or not isinstance(ref, int | str):
+            msg = f"{field} must be a branch number or name, got {type(ref).__name__}"
+            raise RejectedInputError(msg, field=field)
+        if isinstance(ref, int):
+            number = ref
+        elif ref.strip().isdigit():
+            number = int(ref.strip())
+        for branch in state.branches:
+            if (number is not None and branch.number == number) or branch.name == ref:
+                return branch
+            if branch.id == ref:
+                return branch
+        shown = ", ".join(f"{b.number} {b.name}" for b in state.branches)
+        raise self._error(
+            f"no branch {ref!r} (branches: {shown})", ErrorCode.UNKNOWN_BRANCH, field
+        )
+
+    def _check_name(self, state: ConversationState, name: object) -> str:
+        if (
+            not isinstance(name, str)
+            or not 1 <= len(name) <= MAX_BRANCH_NAME_CHARS
+            or not _NAME.fullmatch(name)
+            or not name.strip()
+        ):
+            msg = (
+                f"branch name must be 1-{MAX_BRANCH_NAME_CHARS} characters without control "
+                f"characters, got {name!r}"
+            )
+            raise RejectedInputError(msg, field="name")
+        if name.strip().isdigit() or _maybe_uuid(name) is not None or name.startswith("branch_"):
+            msg = f"branch name {name!r} would read as a number or an id; choose a word"
+            raise RejectedInputError(msg, field="name")
+        return name
+
+    def _own(self, branch: Branch) -> list[Message]:
+        """The branch's own messages, newest first."""
+        if branch.leaf_id is None:
+            return []
+        return self._shared.backend.walk(self.session_id, branch.leaf_id, branch.count, branch.id)
+
+    def _info(self, state: ConversationState, branch: Branch) -> BranchInfo:
+        tip = branch.tip
+        last = None if tip is None else self._shared.backend.message(self.session_id, tip)
+        return BranchInfo(
+            number=branch.number,
+            id=branch.id,
+            name=branch.name,
+            current=branch.id == state.current,
+            base_id=branch.base_id,
+            leaf_id=tip,
+            last_message=last,
+            message_count=0 if last is None else last.depth,
+            own_messages=branch.count,
+            age_s=max(0.0, self._shared.clock.time() - branch.updated_at),
+        )
+
+    def _plan(self, state: ConversationState, branch: Branch) -> tuple[DeletePlan, list[Message]]:
+        if branch.id == state.current:
+            raise self._error(
+                f"branch {branch.number} ({branch.name}) is the current branch; check out "
+                "another branch first",
+                ErrorCode.CURRENT_BRANCH,
+                "branch",
+            )
+        own = self._own(branch)  # newest first
+        own_ids = {m.id: m.depth for m in own}
+        floor = own[-1].depth if own else 0  # the shallowest own message
+        needed_depth = 0  # own messages at or above this depth stay
+        for other in state.branches:
+            if other.id == branch.id or other.base_id is None:
+                continue
+            current: uuid.UUID | None = other.base_id
+            while current is not None:
+                if current in own_ids:
+                    needed_depth = max(needed_depth, own_ids[current])
+                    break
+                found = self._shared.backend.message(self.session_id, current)
+                if found is None or found.depth <= floor:
+                    break
+                current = found.parent_id
+        doomed = [m for m in own if m.depth > needed_depth]
+        doomed.reverse()
+        digest = hashlib.sha256(
+            f"{self.session_id}|{branch.id}|{branch.leaf_id}|{branch.count}|"
+            f"{len(doomed)}".encode()
+        ).hexdigest()[:16]
+        plan = DeletePlan(
+            number=branch.number,
+            branch_id=branch.id,
+            name=branch.name,
+            count=len(doomed),
+            kept=len(own) - len(doomed),
+            preview=[preview_text(m.content) for m in doomed[:_PREVIEW]],
+            token=f"{branch.number}-{digest}",
+        )
+        return plan, doomed
+
+
+# -- module helpers ------------------------------------------------------------------------
+
+
+def _branch_id() -> str:
+    return f"branch_{uuid.uuid4().hex[:8]}"
+
+
+def _with_branch(
+    state: ConversationState, branch: Branch, *, next_seq: int, updated_at: float
+) -> ConversationState:
+    """``state`` with ``branch`` replaced and the messages up to ``next_seq`` counted."""
+    return msgspec.structs.replace(
+        state,
+        branches=[branch if b.id == branch.id else b for b in state.branches],
+        next_seq=next_seq,
+        messages=state.messages + next_seq - state.next_seq,
+        updated_at=updated_at,
+        pending_deletes=dict(state.pending_deletes),
+    )
+
+
+def _touched(state: ConversationState, now: float) -> ConversationState:
+    return msgspec.structs.replace(
+        state, updated_at=now, pending_deletes=dict(state.pending_deletes)
+    )
+
+
+def _role(role: object) -> Role:
+    if isinstance(role, str) and role in _ROLES:
+        return Role(role)
+    choices = ", ".join(_ROLES)
+    msg = f"role {role!r} must be one of {choices}"
+    raise RejectedInputError(msg, field="role")
+
+
+def _as_json(name: str, value: Any) -> Any:
+    """``value`` as its JSON form (what every backend keeps: a tuple becomes a
+    list), or ``RejectedInputError`` naming ``name`` when it has none or is too big."""
+    try:
+        encoded = _ENCODER.encode(value)
+    except (TypeError, msgspec.EncodeError, RecursionError) as exc:
+        msg = f"{name} must be a JSON value: {exc}"
+        raise RejectedInputError(msg, field=name) from None
+    if len(encoded) > MAX_CONTENT_BYTES:
+        msg = f"{name} is {len(encoded)} bytes encoded; at most {MAX_CONTENT_BYTES}"
+        raise RejectedInputError(msg, field=name)
+    return msgspec.json.decode(encoded)
+
+
+def _check_platform_id(platform_id: object) -> None:
+    if not isinstance(platform_id, str) or not 1 <= len(platform_id) <= 256:
+        msg = f"platform_id must be a string of 1-256 characters, got {platform_id!r}"
+        raise RejectedInputError(msg, field="platform_id")
+
+
+def _maybe_uuid(value: object) -> uuid.UUID | None:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str) and len(value) in (32, 36):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _as_uuid(value: object, field: str) -> uuid.UUID:
+    found = _maybe_uuid(value)
+    if found is None:
+        msg = f"{field} must be a message id (a UUID), got {value!r}"
+        raise RejectedInputError(msg, field=field)
+    return found
+
+
+def _branch_spec(info: BranchInfo) -> dict[str, Any]:
+    return {
+        "number": info.number,
+        "id": info.id,
+        "name": info.name,
+        "baseId": None if info.base_id is None else str(info.base_id),
+        "leafId": None if info.leaf_id is None else str(info.leaf_id),
+        "messageCount": info.message_count,
+        "ownMessages": info.own_messages,
+        "current": info.current,
+    }
