@@ -662,9 +662,7 @@ class Conversation:
             if branch.id == ref:
                 return branch
         shown = ", ".join(f"{b.number} {b.name}" for b in state.branches)
-        raise self._error(
-            f"no branch {ref!r} (branches: {shown})", ErrorCode.UNKNOWN_BRANCH, field
-        )
+        raise self._error(f"no branch {ref!r} (branches: {shown})", ErrorCode.UNKNOWN_BRANCH, field)
 
     def _check_name(self, state: ConversationState, name: object) -> str:
         if (
@@ -732,8 +730,7 @@ class Conversation:
         doomed = [m for m in own if m.depth > needed_depth]
         doomed.reverse()
         digest = hashlib.sha256(
-            f"{self.session_id}|{branch.id}|{branch.leaf_id}|{branch.count}|"
-            f"{len(doomed)}".encode()
+            f"{self.session_id}|{branch.id}|{branch.leaf_id}|{branch.count}|{len(doomed)}".encode()
         ).hexdigest()[:16]
         plan = DeletePlan(
             number=branch.number,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from sessiontree.cli._conv_cmds import conv
 from sessiontree.cli._demo import DEMO_GRACE, DemoError, DemoReport, run_demo
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
 from sessiontree.cli._store_cmds import export_cmd, import_cmd
@@ -107,3 +108,4 @@ def _run(store: Path | None, printer: EventPrinter | None) -> DemoReport:
 
 main.add_command(export_cmd)
 main.add_command(import_cmd)
+main.add_command(conv)

@@ -1,4 +1,4 @@
-"""The README's embedding example runs and prints what the README says it prints."""
+"""The README's examples run and print what the README says they print."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -21,8 +23,11 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
     assert blocks == ["make demo\nmake test\n"]
 
 
-def test_readme_embedding_example_prints_what_it_promises(tmp_path: Path) -> None:
-    (example,) = python_blocks()
+@pytest.mark.parametrize("number", [0, 1], ids=["embedding", "conversations"])
+def test_readme_example_prints_what_it_promises(tmp_path: Path, number: int) -> None:
+    blocks = python_blocks()
+    assert len(blocks) == 2
+    example = blocks[number]
     promised = [line.split("# -> ", 1)[1] for line in example.splitlines() if "# -> " in line]
     script = tmp_path / "example.py"
     script.write_text(example, encoding="utf-8")

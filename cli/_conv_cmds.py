@@ -1,0 +1,274 @@
+"""``sessiontree conv``: a session's conversation tree, straight from a store directory.
+
+Read commands (``branches``, ``context``, ``tree``, ``transcript``) open the
+store read-only, so they work beside a running node. Commands that change
+the tree (``fork``, ``checkout``, ``merge``, ``delete-branch``) open it for
+writing, which a running node refuses (one writer per store): stop the node
+first. Pick the session by ``--session ID``, or by ``--agent`` and ``--key``
+(its Main).
+
+Exit codes: 0 done; 1 the store, the session, a message or a branch cannot
+be found or written (one line on stderr names it); 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import msgspec
+
+from sessiontree.actors import Conversation, Conversations, RealClock
+from sessiontree.protocol import MAIN_KEY, BranchInfo, SessionKey, SessionTreeError
+from sessiontree.store import Store
+from sessiontree.supervision import StoreConversations
+
+__all__ = ["conv"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(exc: BaseException | str) -> click.ClickException:
+    return click.ClickException(" ".join(str(exc).split()) or type(exc).__name__)
+
+
+@contextlib.contextmanager
+def _conversation(
+    store_dir: Path, session: str | None, agent: str | None, key: str, *, write: bool
+) -> Iterator[Conversation]:
+    """Open the store and yield the session's conversation; errors exit 1."""
+    try:
+        with Store(store_dir, readonly=not write) as store:
+            yield Conversations(StoreConversations(store), RealClock()).get(
+                _session_id(store, session, agent, key)
+            )
+    except (SessionTreeError, OSError) as exc:
+        raise _fail(exc) from exc
+
+
+def _session_id(store: Store, session: str | None, agent: str | None, key: str) -> uuid.UUID:
+    if session is not None:
+        try:
+            sid = uuid.UUID(session)
+        except ValueError:
+            raise _fail(f"--session {session!r} is not a session id") from None
+        if store.session(sid) is None:
+            raise _fail(f"no session {sid} in {store.path}")
+        return sid
+    if agent is None:
+        raise click.UsageError("give --session ID, or --agent (and --key) to pick a Main")
+    try:
+        key = str(SessionKey.parse(key))
+    except SessionTreeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--key") from None
+    main = store.main_of(agent, key)
+    if main is None:
+        raise _fail(f"agent {agent!r} has no Main for key {key} in {store.path}")
+    return main
+
+
+def _target(func: F) -> F:
+    """The options that pick a conversation: --session, or --agent/--key; and --store."""
+    func = click.option(
+        "--key", default=MAIN_KEY, show_default=True, help="With --agent: the Main's session key."
+    )(func)
+    func = click.option("--agent", default=None, help="Pick the Main of this agent.")(func)
+    func = click.option("--session", default=None, help="The session's id.")(func)
+    return click.option(
+        "--store",
+        "store_dir",
+        required=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help="The node's store directory.",
+    )(func)
+
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(msgspec.json.encode(value).decode())
+
+
+def _branch_line(branch: BranchInfo) -> str:
+    mark = "*" if branch.current else " "
+    last = branch.last_message
+    said = "" if last is None else f'  "{_one_line(last.content)}"'
+    return f"{mark} {branch.number:>3}  {branch.name}  ({branch.message_count} messages){said}"
+
+
+def _one_line(content: Any, chars: int = 60) -> str:
+    text = content if isinstance(content, str) else json.dumps(content)
+    text = " ".join(text.split())
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+@click.group("conv")
+def conv() -> None:
+    """A session's conversation tree: branches, context, fork, checkout, merge, delete."""
+
+
+@conv.command("branches")
+@_target
+@_JSON
+def branches_cmd(
+    store_dir: Path, session: str | None, agent: str | None, key: str, as_json: bool
+) -> None:
+    """List the branches (* marks the current one)."""
+    with _conversation(store_dir, session, agent, key, write=False) as conversation:
+        found = conversation.branches()
+    if as_json:
+        _echo_json(found)
+        return
+    for branch in found:
+        click.echo(_branch_line(branch))
+
+
+@conv.command("context")
+@_target
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(0, 10_000))
+@_JSON
+def context_cmd(
+    store_dir: Path, session: str | None, agent: str | None, key: str, limit: int, as_json: bool
+) -> None:
+    """What the agent sees: the active path, oldest first, at most --limit messages."""
+    with _conversation(store_dir, session, agent, key, write=False) as conversation:
+        messages = conversation.context(limit)
+    if as_json:
+        _echo_json([m.to_spec() for m in messages])
+        return
+    for message in messages:
+        click.echo(f"{message.role.value:>9}: {_one_line(message.content, 100)}")
+
+
+@conv.command("tree")
+@_target
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "html"]),
+    default="text",
+    show_default=True,
+)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def tree_cmd(
+    store_dir: Path, session: str | None, agent: str | None, key: str, fmt: str, out: Path | None
+) -> None:
+    """Export the tree (text, nested JSON, or one self-contained HTML page)."""
+    with _conversation(store_dir, session, agent, key, write=False) as conversation:
+        content = conversation.export_tree(fmt)
+    if out is None:
+        sys.stdout.write(content if content.endswith("\n") else content + "\n")
+        return
+    try:
+        out.write_text(content, encoding="utf-8")
+    except OSError as exc:
+        raise _fail(exc) from exc
+    click.echo(f"wrote {fmt} tree to {out}", err=True)
+
+
+@conv.command("transcript")
+@_target
+def transcript_cmd(store_dir: Path, session: str | None, agent: str | None, key: str) -> None:
+    """The transcript as JSONL (one message a line, in the order written)."""
+    with _conversation(store_dir, session, agent, key, write=False) as conversation:
+        for line in conversation.transcript():
+            sys.stdout.write(line)
+
+
+@conv.command("fork")
+@_target
+@click.option("--from", "from_id", required=True, help="The message id to branch from.")
+@click.option("--name", default=None, help="The new branch's name (default branch-N).")
+@_JSON
+def fork_cmd(
+    store_dir: Path,
+    session: str | None,
+    agent: str | None,
+    key: str,
+    from_id: str,
+    name: str | None,
+    as_json: bool,
+) -> None:
+    """Start a branch from a message; it becomes current."""
+    with _conversation(store_dir, session, agent, key, write=True) as conversation:
+        branch = conversation.fork(from_id, name)
+    if as_json:
+        _echo_json(branch)
+    else:
+        click.echo(f"forked: {_branch_line(branch)}")
+
+
+@conv.command("checkout")
+@_target
+@click.argument("branch")
+@_JSON
+def checkout_cmd(
+    store_dir: Path, session: str | None, agent: str | None, key: str, branch: str, as_json: bool
+) -> None:
+    """Switch to BRANCH (a number, a name, or a message id)."""
+    with _conversation(store_dir, session, agent, key, write=True) as conversation:
+        current = conversation.checkout(branch)
+    if as_json:
+        _echo_json(current)
+    else:
+        click.echo(f"current: {_branch_line(current)}")
+
+
+@conv.command("merge")
+@_target
+@click.argument("branch")
+@_JSON
+def merge_cmd(
+    store_dir: Path, session: str | None, agent: str | None, key: str, branch: str, as_json: bool
+) -> None:
+    """Copy BRANCH's own messages onto the current branch (both stay)."""
+    with _conversation(store_dir, session, agent, key, write=True) as conversation:
+        merged = conversation.merge(branch)
+    if as_json:
+        _echo_json(merged)
+        return
+    click.echo(
+        f"merged {len(merged.messages)} messages of {merged.source_name} into {merged.into_name}"
+    )
+
+
+@conv.command("delete-branch")
+@_target
+@click.argument("branch")
+@click.option("--confirm", "token", default=None, help="The token the first step printed.")
+@_JSON
+def delete_branch_cmd(
+    store_dir: Path,
+    session: str | None,
+    agent: str | None,
+    key: str,
+    branch: str,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """Delete BRANCH in two steps: without --confirm, show what would go and the token."""
+    with _conversation(store_dir, session, agent, key, write=token is not None) as conversation:
+        plan = conversation.delete_branch(branch)
+        if token is not None:
+            if plan.token != token:  # a token of another branch, or of an older plan
+                raise _fail(f"token {token!r} is not the current plan of branch {branch}")
+            plan = conversation.confirm_delete(token)
+    if as_json:
+        _echo_json(plan)
+    elif token is None:
+        click.echo(
+            f"branch {plan.number} ({plan.name}): {plan.count} messages would be deleted, "
+            f"{plan.kept} kept"
+        )
+        for text in plan.preview:
+            click.echo(f"  - {text}")
+        click.echo(f"confirm with: --confirm {plan.token}")
+    else:
+        click.echo(f"deleted branch {plan.number} ({plan.name}): {plan.count} messages")
