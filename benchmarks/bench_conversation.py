@@ -37,6 +37,11 @@ stdout line is one JSON object):
   writer made in the window (``commits``: appends per commit shows the
   sharing). ``single_conversation_appends_per_s``: one conversation, one
   thread, sequential appends (one fsync'd commit each).
+* Extras: ``context_load_ms_1k_messages`` (``context(100)`` on a linear
+  1,000-message conversation in the same store: the size should not
+  matter) and ``big_conversation_appends_per_s`` (one thread's sequential
+  durable appends on the big conversation, after the context rounds: the
+  bookkeeping record rewritten by every append holds all its branches).
 
 Stores live in a temporary directory on the real disk (``/tmp`` unless
 ``--dir``; refused on tmpfs), removed afterwards. ``fdatasync_ms`` is the raw
@@ -44,7 +49,8 @@ disk's median pwrite+fdatasync latency there, for context.
 
 ``--quick`` cuts the conversation to 5,000 messages (fork every 250; the
 JSON says ``"quick_sizes": true``), the context rounds, and the append
-windows (one of 0.75 s per kind); it keeps 64 conversations.
+windows (one of 0.75 s per mode; full: three of 2 s); it keeps 64
+conversations.
 """
 
 from __future__ import annotations
@@ -308,6 +314,7 @@ def context_bench(
     calls: int,
     baseline_runs: int,
     seed: int,
+    append_s: float,
 ) -> dict[str, Any]:
     log(f"context: building {messages:,} messages (fork every {fork_every:,}) in memory")
     t0 = time.perf_counter()
@@ -373,6 +380,11 @@ def context_bench(
                     f"{baseline[-1]:.0f} ms ({CONTEXT_LIMIT} rereads of {messages:,} lines)"
                 )
         small_ms = small_context(store, seed)
+        big_rate = timed_appends(big, append_s)
+        log(
+            f"  sequential durable appends on the {messages:,}-message conversation "
+            f"({tree['branches']} branches): {big_rate:.0f}/s"
+        )
     finally:
         store.close()
         shutil.rmtree(path, ignore_errors=True)
@@ -387,6 +399,7 @@ def context_bench(
         "context_load_calls": len(ours),
         "baseline_runs": len(baseline),
         "context_load_ms_1k_messages": round(small_ms, 4),
+        "big_conversation_appends_per_s": round(big_rate, 1),
         "active_leaf_depth": leaf_depth,
         "tree": tree,
         "tree_build_s": round(build_s, 1),
@@ -398,6 +411,18 @@ def context_bench(
 def _sids_of(store: Store) -> list[uuid.UUID]:
     """The conversations a store holds."""
     return [uuid.UUID(bytes=key) for key, _ in store.scan("conversations")]
+
+
+def timed_appends(conv: Conversation, seconds: float) -> float:
+    """Sequential durable appends per second on ``conv`` for about ``seconds``."""
+    texts = bodies(64, 11)
+    clock = time.perf_counter
+    n, t0 = 0, clock()
+    end = t0 + seconds
+    while clock() < end:
+        conv.append("user" if n % 2 == 0 else "assistant", texts[n % 64])
+        n += 1
+    return n / (clock() - t0)
 
 
 def small_context(store: Store, seed: int) -> float:
@@ -574,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         reps, warmup, window = 1, 0.25, 0.75
     else:
         messages, fork_every, rounds, calls, baseline_runs = 100_000, 1_000, 4, 500, 1
-        reps, warmup, window = 2, 0.5, 2.0
+        reps, warmup, window = 3, 0.5, 2.0
     started = time.perf_counter()
     parent = args.dir or tempfile.gettempdir()
     fstype = filesystem_of(parent)
@@ -589,7 +614,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         disk_ms = fdatasync_ms(base)
         log(f"raw disk: pwrite+fdatasync {disk_ms:.3f} ms (median)")
-        ctx = context_bench(base, messages, fork_every, rounds, calls, baseline_runs, args.seed)
+        ctx = context_bench(
+            base, messages, fork_every, rounds, calls, baseline_runs, args.seed, window
+        )
         log(f"durable appends: {reps} x {window} s per mode (after {warmup} s warm-up)")
         app = appends_bench(base, reps, warmup, window)
     finally:

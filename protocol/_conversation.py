@@ -42,7 +42,7 @@ class Role(enum.StrEnum):
     TOOL = "tool"
 
 
-class Message(msgspec.Struct, frozen=True, kw_only=True):
+class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One message of a conversation tree.
 
     ``seq`` is its place in the order of appends (0, 1, 2… per conversation);
@@ -89,6 +89,7 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
 
     ``leaf_id`` is its last own message (None while it has none: then its tip
     is ``base_id``, or the empty root). Numbers are stable and never reused.
+    ``depth`` is the depth of its tip (0 at the empty root).
     """
 
     number: int
@@ -99,6 +100,7 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
     count: int = 0
     created_at: float = 0.0
     updated_at: float = 0.0
+    depth: int = 0
 
     @property
     def tip(self) -> uuid.UUID | None:
@@ -111,7 +113,8 @@ class ConversationState(msgspec.Struct, kw_only=True):
 
     ``current`` is the current branch's id; ``next_seq`` the ``seq`` of the next
     message; ``messages`` how many it holds now; ``pending_deletes`` maps a branch
-    number to the confirmation token the chat's ``/delete-branch N`` issued.
+    number to the confirmation token the chat's ``/delete-branch N`` issued;
+    ``rev`` counts the writes.
     """
 
     session_id: uuid.UUID
@@ -123,6 +126,7 @@ class ConversationState(msgspec.Struct, kw_only=True):
     created_at: float = 0.0
     updated_at: float = 0.0
     pending_deletes: dict[str, str] = msgspec.field(default_factory=dict)
+    rev: int = 0
 
 
 class BranchInfo(msgspec.Struct, frozen=True, kw_only=True):

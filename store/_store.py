@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import logging
@@ -189,6 +190,12 @@ class Store:
         it once per commit for all its writes). Cancelling the caller stops the
         wait only: the batch may still commit."""
         await self._usable_writer().awrite(batch)
+
+    def submit_awaitable(self, batch: WriteBatch) -> asyncio.Future[None]:
+        """Queue ``batch`` at once (call it on a running event loop) and return an
+        awaitable that resolves once it is durably committed, or raises
+        ``StoreFullError``/``StoreError``."""
+        return self._usable_writer().submit_awaitable(batch)
 
     def write(self, batch: WriteBatch, timeout: float | None = 60.0) -> None:
         """``submit`` and wait: returns once durable; raises ``StoreFullError`` or
@@ -446,6 +453,15 @@ class Store:
                 log.error("%s", item)
                 continue
             yield item.message
+
+    def conversation_bytes(self, session_id: uuid.UUID) -> bytes | None:
+        """The stored bytes of a session's conversation record (for ``WriteBatch.expect``)."""
+        handle = self._db("conversations")
+        if handle is None:
+            return None
+        with self._read() as txn:
+            raw = txn.get(session_id.bytes, db=handle)
+        return None if raw is None else bytes(raw)
 
     def platform_message(self, session_id: uuid.UUID, platform_id: str) -> uuid.UUID | None:
         """Our message id for a chat platform's message id in a session, or None."""

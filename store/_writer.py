@@ -68,7 +68,12 @@ log = logging.getLogger("sessiontree.store")
 _MAX_GROUP = 2048  # batches in one transaction
 _MAX_GROUP_BYTES = 32 << 20
 
-Op = tuple[str, str, bytes, bytes]  # (put | delete | delete_if | delete_prefix, db, key, value)
+# (put | delete | delete_if | delete_prefix | expect | expect_absent, db, key, value)
+Op = tuple[str, str, bytes, bytes]
+
+
+class PreconditionFailedError(Exception):
+    """A batch's ``expect`` did not hold at commit time (the writer fails that batch alone)."""
 
 
 def pair_key(first: uuid.UUID, second: uuid.UUID) -> bytes:
@@ -108,6 +113,16 @@ class WriteBatch:
             raise RejectedInputError(msg, field="value") from exc
         self.ops.append(("put", db, key, value))
         self.size += len(key) + len(value)
+
+    def expect(self, db: str, key: bytes, value: bytes | None) -> WriteBatch:
+        """Commit this batch only if ``key`` holds ``value`` (None: is absent) when
+        the writer reaches it; otherwise the batch fails, alone, with ``StoreError``
+        (a write built on an earlier write that failed must not land)."""
+        if value is None:
+            self.ops.append(("expect_absent", db, key, b""))
+        else:
+            self.ops.append(("expect", db, key, value))
+        return self
 
     def _delete(self, db: str, key: bytes, *, prefix: bool = False) -> None:
         self.ops.append(("delete_prefix" if prefix else "delete", db, key, b""))
@@ -322,11 +337,15 @@ class Writer:
     async def awrite(self, batch: WriteBatch) -> None:
         """``write`` for a coroutine (the loop is never blocked). Cancelling the
         caller stops its wait only: the batch may still commit."""
+        await self.submit_awaitable(batch)
+
+    def submit_awaitable(self, batch: WriteBatch) -> asyncio.Future[None]:
+        """Queue ``batch`` now (call on a running event loop) and return a future
+        of that loop that resolves once it is durably committed (or fails)."""
         loop = asyncio.get_running_loop()
-        job = _Job(list(batch.ops), batch.size, waiter=loop.create_future(), loop=loop)
-        self._enqueue(job)
-        assert job.waiter is not None
-        await job.waiter
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._enqueue(_Job(list(batch.ops), batch.size, waiter=waiter, loop=loop))
+        return waiter
 
     def run_alone(self, action: Callable[[], None]) -> concurrent.futures.Future[None]:
         """Run ``action`` on the writer thread between transactions (e.g. growing the map)."""
@@ -433,6 +452,14 @@ class Writer:
         committed and not yet acknowledged. Failures are told at once."""
         try:
             self._transact(group, committed)
+        except PreconditionFailedError as exc:
+            if len(group) > 1:  # the others may hold: each alone
+                for job in group:
+                    committed = self._commit([job], committed)
+                return committed
+            self.errors += 1
+            self._settle(group, StoreError(f"the write was refused: {exc}"))
+            return []
         except lmdb.MapFullError:
             if len(group) > 1:  # find the batch that does not fit; the others may
                 for job in group:
@@ -480,6 +507,13 @@ class Writer:
                     elif kind == "delete_if":  # only while it still holds ``value``
                         if txn.get(key, db=db) == value:
                             io.delete(txn, db, key)
+                    elif kind in ("expect", "expect_absent"):
+                        found = txn.get(key, db=db)
+                        if (found is None) != (kind == "expect_absent") or (
+                            found is not None and found != value
+                        ):
+                            msg = f"{db_name} {key.hex()} changed since the write was built"
+                            raise PreconditionFailedError(msg)
                     else:
                         _delete_prefix(io, txn, db, key)
             self._acknowledge(committed)

@@ -3,24 +3,37 @@ actors' ``Conversation`` runs on when the node has a store."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import uuid
 from collections.abc import Iterator, Sequence
 
 from sessiontree.protocol import ConversationState, Message
-from sessiontree.store import Store
+from sessiontree.store import Store, WriteBatch
 
 __all__ = ["StoreConversations"]
+
+_UNKNOWN = b"\x00unknown"  # never the bytes of a msgpack record (those start with a map)
 
 
 class StoreConversations:
     """Conversation bookkeeping and messages in the store's ``conversations``,
-    ``messages`` and ``platform_ids`` databases. Reads are short read
-    transactions on the caller's thread; ``commit`` is one durable write
-    through the store's writer (group commit), ``StoreError``/``StoreFullError``
-    when nothing of it was written."""
+    ``messages`` and ``platform_ids`` databases.
+
+    Reads are short read transactions on the caller's thread. A write is one
+    batch on the store's writer (group commit) that lands only if the stored
+    bookkeeping is still the one it was built on; so when a write fails
+    (``StoreError``, ``StoreFullError``), every write queued after it for the
+    same conversation fails too, and no message can hang under one that was
+    never written.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # The bookkeeping bytes each conversation's next write expects (its last
+        # queued). Writes of one conversation come in order under its lock, so
+        # single dict operations (atomic) are all this needs.
+        self._expected: dict[uuid.UUID, bytes | None] = {}
 
     def load(self, session_id: uuid.UUID) -> ConversationState | None:
         return self.store.conversation(session_id)
@@ -39,13 +52,32 @@ class StoreConversations:
     def by_platform_id(self, session_id: uuid.UUID, platform_id: str) -> uuid.UUID | None:
         return self.store.platform_message(session_id, platform_id)
 
-    def commit(
+    def submit(
         self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
-    ) -> None:
-        batch = self.store.batch()
+    ) -> concurrent.futures.Future[None]:
+        return self.store.submit(self._batch(state, put, delete))
+
+    def submit_awaitable(
+        self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
+    ) -> asyncio.Future[None]:
+        return self.store.submit_awaitable(self._batch(state, put, delete))
+
+    def reset(self, session_id: uuid.UUID) -> None:
+        self._expected.pop(session_id, None)
+
+    def _batch(
+        self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
+    ) -> WriteBatch:
+        """One conversation's write (called in its order, under its lock)."""
+        sid = state.session_id
+        expected = self._expected.get(sid, _UNKNOWN)
+        if expected is _UNKNOWN:
+            expected = self.store.conversation_bytes(sid)
+        batch = self.store.batch().expect("conversations", sid.bytes, expected)
         for message in delete:  # first: a message re-put with a new platform id stays
-            batch.drop_message(state.session_id, message)
+            batch.drop_message(sid, message)
         for message in put:
-            batch.message(state.session_id, message)
+            batch.message(sid, message)
         batch.conversation(state)
-        self.store.write(batch)
+        self._expected[sid] = batch.ops[-1][3]  # the bookkeeping's encoded bytes, just added
+        return batch

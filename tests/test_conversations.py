@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import itertools
 import json
@@ -27,6 +28,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.store import Store, StoreIO
 from sessiontree.supervision import StoreConversations
+from tests.conftest import WAIT
 
 
 @pytest.fixture(params=["memory", "lmdb"])
@@ -508,3 +510,136 @@ def test_a_failed_write_changes_nothing_in_the_store_or_in_memory(
         assert [b.name for b in conv.branches()] == ["main"]
         assert len(conv) == 1
         assert conv.append(Role.USER, "b").parent_id == a.id
+
+
+class GatedCommits(StoreIO):
+    """Holds each commit until ``gate`` opens; fails the first one when ``fail_first``."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_first = False
+        self.waiting = threading.Event()
+
+    def commit(self, txn: lmdb.Transaction) -> None:
+        self.waiting.set()
+        assert self.gate.wait(30)
+        if self.fail_first:
+            self.fail_first = False
+            raise OSError(errno.EIO, "Input/output error")
+        super().commit(txn)
+
+
+def wait_until(predicate: Any) -> None:
+    """Bounded wait for a condition another thread makes true."""
+    tick = threading.Event()
+    for _ in range(2000):
+        if predicate():
+            return
+        tick.wait(0.005)
+    raise AssertionError("condition never held")
+
+
+def test_appends_queued_on_a_failed_one_fail_too_and_nothing_dangles(
+    tmp_path: Path, clock: VirtualClock
+) -> None:
+    io = GatedCommits()
+    with Store(tmp_path, io=io) as store:
+        conv = Conversations(StoreConversations(store), clock).get(uuid.uuid4())
+        (kept,) = say(conv, "kept")
+        io.gate.clear()
+        io.waiting.clear()
+        io.fail_first = True
+        errors: list[BaseException] = []
+
+        def append(text: str) -> None:
+            try:
+                conv.append(Role.USER, text)
+            except StoreError as exc:
+                errors.append(exc)
+
+        first = threading.Thread(target=append, args=("fails",))
+        first.start()
+        assert io.waiting.wait(WAIT)  # the writer holds the first append's commit
+        later = [threading.Thread(target=append, args=(f"on top {i}",)) for i in range(3)]
+        for thread in later:
+            thread.start()
+        wait_until(lambda: conv._shared.inflight == 4)  # all four queued, in order
+        io.gate.set()
+        for thread in (first, *later):
+            thread.join(WAIT)
+        assert len(errors) == 4  # each was built on the one that failed
+        assert texts(conv.context(10)) == ["kept"]
+        assert len(conv) == 1
+        assert [m.content for m in store.messages(conv.session_id)] == ["kept"]
+        after = conv.append(Role.USER, "after")
+        assert after.parent_id == kept.id
+
+
+def test_a_refused_expectation_fails_only_its_own_batch_in_a_shared_commit(
+    tmp_path: Path,
+) -> None:
+    io = GatedCommits()
+    with Store(tmp_path, io=io) as store:
+        io.gate.clear()
+        blocker = store.submit(store.batch().raw("memory", b"first", b"1"))
+        assert io.waiting.wait(WAIT)
+        good = store.submit(store.batch().raw("memory", b"good", b"2"))
+        bad = store.submit(
+            store.batch().expect("memory", b"absent-key", b"x").raw("memory", b"bad", b"3")
+        )
+        also = store.submit(
+            store.batch().expect("memory", b"nothing", None).raw("memory", b"ok", b"4")
+        )
+        io.gate.set()
+        blocker.result(WAIT)
+        good.result(WAIT)
+        also.result(WAIT)
+        with pytest.raises(StoreError, match="changed since"):
+            bad.result(WAIT)
+        assert dict(store.scan("memory")) == {b"first": b"1", b"good": b"2", b"ok": b"4"}
+
+
+def test_concurrent_awaited_appends_form_one_chain(tmp_path: Path, clock: VirtualClock) -> None:
+    with Store(tmp_path) as store:
+        conv = Conversations(StoreConversations(store), clock).get(uuid.uuid4())
+
+        async def main() -> None:
+            async def producer(n: int) -> None:
+                for i in range(10):
+                    await conv.aappend(Role.USER, f"{n}-{i}")
+
+            await asyncio.gather(*(producer(n) for n in range(16)))
+
+        asyncio.run(main())
+        path = conv.context(1000)
+        assert len(path) == len(conv) == 160
+        assert all(m.parent_id == prev.id for prev, m in itertools.pairwise(path))
+        assert store.stats()["commits"] < 160  # awaited appends shared commits
+
+
+def test_concurrent_first_use_of_a_conversation_makes_one_main_branch(
+    conversations: Conversations,
+) -> None:
+    conv = conversations.get(uuid.uuid4())
+    start = threading.Barrier(12)
+
+    def first_use(i: int) -> None:
+        start.wait(WAIT)
+        if i % 3 == 0:
+            conv.by_platform_id("p3")
+        elif i % 3 == 1:
+            list(conv.transcript())
+        else:
+            conv.context(3)
+        conv.append(Role.USER, f"m{i}")
+
+    threads = [threading.Thread(target=first_use, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert [b.name for b in conv.branches()] == ["main"]
+    path = conv.context(100)
+    assert len(path) == 12
+    assert [m.depth for m in path] == list(range(1, 13))

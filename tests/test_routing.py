@@ -224,7 +224,7 @@ def test_concurrent_first_messages_of_one_sender_make_exactly_one_main(make_node
     assert len(mains) == 1
     conversation = node.conversation(routed[0].session_id)
     user_texts = {m.content for m in conversation.context(100) if m.role == "user"}
-    assert user_texts == {f"m{i}" for i in range(16)}
+    assert user_texts == {f"m{i}" for i in range(16)}, conversation.export_tree("text")
     assert len(bot.seen) == 16
 
 
