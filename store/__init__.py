@@ -10,6 +10,7 @@ from sessiontree.store._export import export_jsonl, import_jsonl
 from sessiontree.store._io import StoreIO
 from sessiontree.store._records import (
     SCHEMA_VERSION,
+    BranchRecord,
     ContextEntry,
     ContextRecord,
     ConversationRecord,
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_MAP_SIZE",
     "DEFAULT_MAX_READERS",
     "SCHEMA_VERSION",
+    "BranchRecord",
     "ContextEntry",
     "ContextRecord",
     "ConversationRecord",

@@ -38,7 +38,8 @@ DATABASES = (
     "sessions",  # session id -> SessionRecord
     "children",  # parent id + child id -> b"" (the tree index)
     "mains",  # agent id NUL session key -> Main session id
-    "conversations",  # session id -> ConversationRecord (branches, current branch)
+    "conversations",  # session id -> ConversationRecord (counters, current branch)
+    "branches",  # session id + branch number (4 bytes) -> BranchRecord
     "messages",  # session id + message id -> MessageRecord (conversation trees)
     "platform_ids",  # session id + a chat platform's message id -> message id
     "memory",  # agent id NUL key -> MemoryRecord

@@ -14,6 +14,7 @@ sessions        session       ``record`` (a ``SessionRecord``)
 children        link          ``parent``, ``child``
 mains           main          ``agent_id``, ``key``, ``session_id``
 conversations   conversation  ``record`` (a ``ConversationRecord``)
+branches        branch        ``record`` (a ``BranchRecord``)
 messages        message       ``record`` (a ``MessageRecord``)
 platform_ids    platform_id   ``session_id``, ``platform_id``, ``message_id``
 memory          memory        ``record`` (a ``MemoryRecord``)
@@ -67,6 +68,7 @@ from sessiontree.protocol import CorruptRecordError, RejectedInputError, StoreEr
 from sessiontree.store._env import DATABASES
 from sessiontree.store._records import (
     SCHEMA_VERSION,
+    BranchRecord,
     ConversationRecord,
     InboxRecord,
     MemoryIdRecord,
@@ -83,6 +85,7 @@ from sessiontree.store._records import (
 from sessiontree.store._store import Store
 from sessiontree.store._writer import (
     WriteBatch,
+    branch_key,
     inbox_key,
     main_key,
     memory_key,
@@ -96,7 +99,7 @@ EXPORT_FORMAT = "sessiontree-export"
 """The ``format`` of the header line."""
 EXPORT_VERSION = 2
 """The version of this line format (not the records' schema version); 2 made
-``message`` a record line and added ``conversation`` and ``platform_id``."""
+``message`` a record line and added ``conversation``, ``branch`` and ``platform_id``."""
 
 #: Line types in the order their databases are exported (``meta`` first, ``end`` last).
 LINE_TYPES = (
@@ -105,6 +108,7 @@ LINE_TYPES = (
     "link",
     "main",
     "conversation",
+    "branch",
     "message",
     "platform_id",
     "memory",
@@ -157,6 +161,11 @@ class MainLine(_Line, tag="main"):
 
 class ConversationLine(_Line, tag="conversation"):
     record: ConversationRecord
+    raw: bytes | None = None
+
+
+class BranchLine(_Line, tag="branch"):
+    record: BranchRecord
     raw: bytes | None = None
 
 
@@ -220,6 +229,7 @@ AnyLine: TypeAlias = (
     | LinkLine
     | MainLine
     | ConversationLine
+    | BranchLine
     | MessageLine
     | PlatformIdLine
     | MemoryLine
@@ -234,6 +244,7 @@ AnyLine: TypeAlias = (
 RecordLine: TypeAlias = (
     SessionLine
     | ConversationLine
+    | BranchLine
     | MessageLine
     | MemoryLine
     | MemoryIdLine
@@ -296,6 +307,10 @@ def _conversation_key(line: ConversationLine) -> bytes:
     return line.record.state.session_id.bytes
 
 
+def _branch_key(line: BranchLine) -> bytes:
+    return branch_key(line.record.session_id, line.record.branch.number)
+
+
 def _message_key(line: MessageLine) -> bytes:
     return pair_key(line.record.session_id, line.record.message.id)
 
@@ -308,6 +323,9 @@ _RECORD_DBS: dict[str, _RecordDb] = {
         ConversationRecord,
         lambda _k, r, raw: ConversationLine(record=r, raw=raw),
         _conversation_key,
+    ),
+    "branches": _RecordDb(
+        BranchRecord, lambda _k, r, raw: BranchLine(record=r, raw=raw), _branch_key
     ),
     "messages": _RecordDb(
         MessageRecord, lambda _k, r, raw: MessageLine(record=r, raw=raw), _message_key
@@ -338,6 +356,7 @@ _RECORD_DBS: dict[str, _RecordDb] = {
 _LINE_DB: dict[type[_Line], str] = {
     SessionLine: "sessions",
     ConversationLine: "conversations",
+    BranchLine: "branches",
     MessageLine: "messages",
     MemoryLine: "memory",
     MemoryIdLine: "memory_ids",

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from sessiontree.protocol import (
+    Branch,
     ConversationState,
     CorruptRecordError,
     Message,
@@ -26,6 +27,7 @@ from sessiontree.protocol import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "BranchRecord",
     "ContextEntry",
     "ContextRecord",
     "ConversationRecord",
@@ -106,10 +108,20 @@ class InboxRecord(msgspec.Struct, kw_only=True):
 
 
 class ConversationRecord(msgspec.Struct, kw_only=True):
-    """A session's conversation bookkeeping: its branches and the current one."""
+    """A session's conversation bookkeeping: counters, the current branch, pending
+    deletions. Its branches are ``BranchRecord``s of their own (``state.branches``
+    is stored empty), so an append rewrites one branch, not all of them."""
 
     v: int = SCHEMA_VERSION
     state: ConversationState
+
+
+class BranchRecord(msgspec.Struct, kw_only=True):
+    """One branch of a session's conversation."""
+
+    v: int = SCHEMA_VERSION
+    session_id: uuid.UUID
+    branch: Branch
 
 
 class MessageRecord(msgspec.Struct, kw_only=True):

@@ -31,6 +31,7 @@ from sessiontree.store._env import (
 )
 from sessiontree.store._io import StoreIO
 from sessiontree.store._records import (
+    BranchRecord,
     ConversationRecord,
     InboxRecord,
     MemoryIdRecord,
@@ -406,9 +407,17 @@ class Store:
     # -- conversations -------------------------------------------------------------------
 
     def conversation(self, session_id: uuid.UUID) -> ConversationState | None:
-        """A session's conversation bookkeeping, or None; ``CorruptRecordError`` if unreadable."""
+        """A session's conversation bookkeeping with its branches (in number order),
+        or None; ``CorruptRecordError`` if it or one of its branches is unreadable."""
         record = self._get(ConversationRecord, "conversations", session_id.bytes)
-        return None if record is None else record.state
+        if record is None:
+            return None
+        branches = []
+        for item in self.decoded(BranchRecord, "branches", session_id.bytes):
+            if isinstance(item, CorruptRecordError):
+                raise item  # a conversation without one of its branches cannot be used
+            branches.append(item.branch)
+        return msgspec.structs.replace(record.state, branches=branches)
 
     def message(self, session_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
         """One conversation message, or None; ``CorruptRecordError`` if unreadable."""

@@ -33,6 +33,7 @@ import lmdb
 import msgspec
 
 from sessiontree.protocol import (
+    Branch,
     ConversationState,
     Message,
     RejectedInputError,
@@ -42,6 +43,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.store._io import StoreIO
 from sessiontree.store._records import (
+    BranchRecord,
     ConversationRecord,
     InboxRecord,
     MemoryIdRecord,
@@ -57,6 +59,7 @@ from sessiontree.store._records import (
 __all__ = [
     "WriteBatch",
     "Writer",
+    "branch_key",
     "inbox_key",
     "memory_key",
     "pair_key",
@@ -86,6 +89,10 @@ def inbox_key(session_id: uuid.UUID, seq: int) -> bytes:
 
 def memory_key(agent_id: str, key: str) -> bytes:
     return f"{agent_id}\x00{key}".encode()
+
+
+def branch_key(session_id: uuid.UUID, number: int) -> bytes:
+    return session_id.bytes + number.to_bytes(4, "big")
 
 
 def platform_key(session_id: uuid.UUID, platform_id: str) -> bytes:
@@ -160,6 +167,7 @@ class WriteBatch:
         self._delete("received", session_id.bytes, prefix=True)
         self._delete("inbox", session_id.bytes, prefix=True)
         self._delete("conversations", session_id.bytes)
+        self._delete("branches", session_id.bytes, prefix=True)
         self._delete("messages", session_id.bytes, prefix=True)
         self._delete("platform_ids", session_id.bytes, prefix=True)
         return self
@@ -204,8 +212,20 @@ class WriteBatch:
     # -- conversations ---------------------------------------------------------------
 
     def conversation(self, state: ConversationState) -> WriteBatch:
-        """Write a conversation's bookkeeping."""
-        self._put("conversations", state.session_id.bytes, ConversationRecord(state=state))
+        """Write a conversation's bookkeeping (its branches go separately: ``branch``)."""
+        header = msgspec.structs.replace(state, branches=[])
+        self._put("conversations", state.session_id.bytes, ConversationRecord(state=header))
+        return self
+
+    def branch(self, session_id: uuid.UUID, branch: Branch) -> WriteBatch:
+        """Write one branch of a conversation."""
+        record = BranchRecord(session_id=session_id, branch=branch)
+        self._put("branches", branch_key(session_id, branch.number), record)
+        return self
+
+    def drop_branch(self, session_id: uuid.UUID, number: int) -> WriteBatch:
+        """Delete one branch of a conversation (its messages go with ``drop_message``)."""
+        self._delete("branches", branch_key(session_id, number))
         return self
 
     def message(self, session_id: uuid.UUID, message: Message) -> WriteBatch:

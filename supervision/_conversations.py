@@ -8,7 +8,7 @@ import concurrent.futures
 import uuid
 from collections.abc import Iterator, Sequence
 
-from sessiontree.protocol import ConversationState, Message
+from sessiontree.protocol import Branch, ConversationState, Message
 from sessiontree.store import Store, WriteBatch
 
 __all__ = ["StoreConversations"]
@@ -34,9 +34,15 @@ class StoreConversations:
         # queued). Writes of one conversation come in order under its lock, so
         # single dict operations (atomic) are all this needs.
         self._expected: dict[uuid.UUID, bytes | None] = {}
+        # The branches each conversation's last queued write left (by number), so
+        # a write puts only the branches that changed (new objects): an append
+        # writes one branch, whatever their number.
+        self._branches: dict[uuid.UUID, dict[int, Branch | None]] = {}
 
     def load(self, session_id: uuid.UUID) -> ConversationState | None:
-        return self.store.conversation(session_id)
+        state = self.store.conversation(session_id)
+        self._branches[session_id] = {} if state is None else {b.number: b for b in state.branches}
+        return state
 
     def message(self, session_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
         return self.store.message(session_id, message_id)
@@ -64,6 +70,7 @@ class StoreConversations:
 
     def reset(self, session_id: uuid.UUID) -> None:
         self._expected.pop(session_id, None)
+        self._branches.pop(session_id, None)
 
     def _batch(
         self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
@@ -78,6 +85,19 @@ class StoreConversations:
             batch.drop_message(sid, message)
         for message in put:
             batch.message(sid, message)
+        before = self._branches.get(sid)
+        if before is None:  # not loaded through here: what the store holds, all rewritten
+            before = {
+                int.from_bytes(key[16:], "big"): None
+                for key, _ in self.store.scan("branches", sid.bytes)
+            }
+        after: dict[int, Branch | None] = {branch.number: branch for branch in state.branches}
+        for branch in state.branches:
+            if before.get(branch.number) is not branch:
+                batch.branch(sid, branch)
+        for number in before.keys() - after.keys():
+            batch.drop_branch(sid, number)
+        self._branches[sid] = after
         batch.conversation(state)
         self._expected[sid] = batch.ops[-1][3]  # the bookkeeping's encoded bytes, just added
         return batch

@@ -643,3 +643,34 @@ def test_concurrent_first_use_of_a_conversation_makes_one_main_branch(
     path = conv.context(100)
     assert len(path) == 12
     assert [m.depth for m in path] == list(range(1, 13))
+
+
+class CountingPuts(StoreIO):
+    """Counts the puts of every write transaction, by database."""
+
+    def __init__(self) -> None:
+        self.puts: list[str] = []
+
+    def put(self, txn: lmdb.Transaction, db: Any, key: bytes, value: bytes) -> None:
+        self.puts.append(key.hex())
+        super().put(txn, db, key, value)
+
+
+def test_an_append_writes_one_branch_however_many_there_are(
+    tmp_path: Path, clock: VirtualClock
+) -> None:
+    io = CountingPuts()
+    with Store(tmp_path, io=io, sync=False) as store:
+        conv = Conversations(StoreConversations(store), clock).get(uuid.uuid4())
+        (root,) = say(conv, "root")
+        for i in range(60):
+            conv.fork(root.id, f"idea {i}")
+            conv.append(Role.USER, f"on idea {i}")
+        io.puts.clear()
+        conv.append(Role.USER, "one more")
+        assert len(io.puts) == 3  # the message, its branch, the conversation's counters
+        stored = store.conversation(conv.session_id)
+        assert stored is not None
+        assert len(stored.branches) == 61
+        assert [b.number for b in stored.branches] == list(range(1, 62))
+        assert stored.branches[-1].leaf_id == conv.active_leaf

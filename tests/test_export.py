@@ -253,21 +253,22 @@ def populate(store: Store) -> Tree:
         depth=2,
     )
     batch.message(tree.main, hello).message(tree.main, answer)
+    main = Branch(
+        number=1,
+        id=main_branch,
+        name="main",
+        base_id=None,
+        leaf_id=answer.id,
+        count=2,
+        created_at=T0,
+        updated_at=T0 + 1,
+        depth=2,
+    )
+    batch.branch(tree.main, main)
     batch.conversation(
         ConversationState(
             session_id=tree.main,
-            branches=[
-                Branch(
-                    number=1,
-                    id=main_branch,
-                    name="main",
-                    base_id=None,
-                    leaf_id=answer.id,
-                    count=2,
-                    created_at=T0,
-                    updated_at=T0 + 1,
-                )
-            ],
+            branches=[main],
             current=main_branch,
             next_seq=2,
             messages=2,
@@ -335,7 +336,7 @@ def test_export_writes_one_typed_json_object_a_line_with_meta_first_and_end_last
     assert types[0] == "meta"
     assert types[-1] == "end"
     assert set(types) == {
-        "meta", "session", "link", "main", "conversation", "message", "platform_id",
+        "meta", "session", "link", "main", "conversation", "branch", "message", "platform_id",
         "memory", "memory_id", "outbox", "received", "inbox", "quarantine", "opaque", "end",
     }  # fmt: skip
     meta = lines[0]
@@ -368,7 +369,9 @@ def test_export_is_human_readable(source: Store) -> None:
     assert contents == ["hello", {"text": "hi", "parts": [1, 2.5]}]
     assert messages[1]["message"]["parent_id"] == str(uuid.UUID(int=0x100))
     conversation = next(line for line in lines if line["type"] == "conversation")
-    assert conversation["record"]["state"]["branches"][0]["name"] == "main"
+    assert conversation["record"]["state"]["current"] == "branch_0000000a"
+    branch = next(line for line in lines if line["type"] == "branch")
+    assert branch["record"]["branch"]["name"] == "main"
     platform = next(line for line in lines if line["type"] == "platform_id")
     assert platform == {
         "type": "platform_id", "session_id": str(sid(1)), "platform_id": "tg-1",
