@@ -253,6 +253,8 @@ def load_into_store(store: Store, conv: Conversation) -> None:
         if n % LOAD_BATCH == 0:
             pending.append(store.submit(batch))
             batch = store.batch()
+    for branch in state.branches:
+        batch.branch(sid, branch)
     batch.conversation(state)  # last: the bookkeeping names messages already written
     pending.append(store.submit(batch))
     for future in pending:
