@@ -93,6 +93,9 @@ class SessionCore:
         self.context = SessionContext()
         self.received: collections.deque[SessionResult] = collections.deque(maxlen=max_results)
         self.unclaimed: dict[uuid.UUID, SessionResult] = {}
+        self.updates: collections.deque[tuple[uuid.UUID, Any]] = collections.deque(
+            maxlen=max_results
+        )
         self.cancel_code: ErrorCode | None = None
         self.cancel_raised = False
         self.suspend_requested = False
@@ -200,6 +203,12 @@ class SessionCore:
         with self.cond:
             self.received.append(result)
             self.unclaimed[result.session_id] = result
+            self.wake()
+
+    def add_update(self, child_id: uuid.UUID, message: Any) -> None:
+        """File a child's ``send_to_parent`` message and wake the skill."""
+        with self.cond:
+            self.updates.append((child_id, message))
             self.wake()
 
     def claim(self, child_id: uuid.UUID) -> SessionResult | None:

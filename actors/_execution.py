@@ -23,7 +23,15 @@ import msgspec
 
 from sessiontree.actors._core import Cancelled, SessionCore
 from sessiontree.actors._host import SessionHost
-from sessiontree.protocol import ErrorCode, ErrorInfo, NodeClosedError, Outcome, SessionResult
+from sessiontree.protocol import (
+    ErrorCode,
+    ErrorInfo,
+    EscalationError,
+    NodeClosedError,
+    NonRetryableError,
+    Outcome,
+    SessionResult,
+)
 
 __all__ = [
     "EventLoopThread",
@@ -56,17 +64,22 @@ class RunEnd:
 
 
 def crash_info(exc: BaseException) -> ErrorInfo:
-    """``crashed`` with the exception's type, message and traceback in ``detail``."""
+    """``crashed`` with the exception's type, message and traceback in ``detail``
+    (``retryable`` False for a ``NonRetryableError``); ``escalated`` with the
+    children's errors for an ``EscalationError``."""
     kind = type(exc)
-    return ErrorInfo(
-        code=ErrorCode.CRASHED,
-        message=f"{kind.__name__}: {exc}",
-        detail={
-            "type": f"{kind.__module__}.{kind.__qualname__}",
-            "message": str(exc),
-            "traceback": "".join(traceback.format_exception(exc)),
-        },
-    )
+    detail: dict[str, Any] = {
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    if isinstance(exc, EscalationError):
+        return ErrorInfo(
+            code=ErrorCode.ESCALATED, message=str(exc), detail={**detail, "children": exc.errors}
+        )
+    if isinstance(exc, NonRetryableError):
+        detail["retryable"] = False
+    return ErrorInfo(code=ErrorCode.CRASHED, message=f"{kind.__name__}: {exc}", detail=detail)
 
 
 def to_outcome(value: object) -> Outcome:

@@ -60,6 +60,24 @@ class SessionHost(Protocol):
         """Record a progress report."""
         ...
 
+    def cancel(self, core: SessionCore, child_id: uuid.UUID) -> ErrorInfo | None:
+        """Cancel one of ``core``'s children (and its subtree); None when accepted."""
+        ...
+
+    def send_to_parent(self, core: SessionCore, message: Any) -> None:
+        """Hand ``message`` to the parent (its ``updates()``); dropped if it has ended."""
+        ...
+
+    def run_pattern(self, session: Any, name: str, args: tuple[Any, ...], options: Any) -> Any:
+        """Run the coordination pattern ``name`` for a sync ``Session``."""
+        ...
+
+    async def arun_pattern(
+        self, session: Any, name: str, args: tuple[Any, ...], options: Any
+    ) -> Any:
+        """Run the coordination pattern ``name`` for an ``AsyncSession``."""
+        ...
+
     def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> Conversation:
         """The session's conversation tree; ``guard(what)`` runs before every call on it."""
         ...

@@ -10,17 +10,20 @@ force or expired) gets ``Cancelled`` every time.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import msgspec
 
+from sessiontree.actors._clock import Clock
 from sessiontree.actors._conversation import Conversation
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
 from sessiontree.protocol import (
     Collected,
     ErrorCode,
+    ErrorInfo,
+    Gathered,
     NotAllowedError,
     RejectedInputError,
     SessionInfo,
@@ -82,6 +85,11 @@ class _Base:
     @property
     def model_tier(self) -> str | None:
         return self._core.info.model_tier
+
+    @property
+    def clock(self) -> Clock:
+        """The node's clock (``monotonic()`` for deadlines; tests advance a virtual one)."""
+        return self._core.clock
 
     @property
     def resumed(self) -> bool:
@@ -181,6 +189,31 @@ class _Base:
             return [c for c in self._spawned if c not in self._taken]
         return list(children)
 
+    def updates(self) -> list[tuple[uuid.UUID, Any]]:
+        """Messages children sent with ``send_to_parent`` since the last call,
+        oldest first, as (child id, message); taken (not a checkpoint)."""
+        with self._core.cond:
+            taken = list(self._core.updates)
+            self._core.updates.clear()
+        return taken
+
+    def _first_arrived(self, wanted: Sequence[uuid.UUID]) -> uuid.UUID | None:
+        """Of ``wanted``, the child whose result arrived first (call with ``cond`` held)."""
+        wanted_set = set(wanted)
+        return next((c for c in self._core.unclaimed if c in wanted_set), None)
+
+    def _take_first(self, wanted: Sequence[uuid.UUID]) -> Collected | None:
+        with self._core.cond:
+            child = self._first_arrived(wanted)
+            if child is None:
+                return None
+            return Collected(session_id=child, result=self._claim(child), timed_out=False)
+
+    def _check_child(self, child: uuid.UUID) -> None:
+        if child not in self._spawned:
+            msg = f"session {child} is not a child this run of {self.session_id} spawned"
+            raise NotAllowedError(msg, session_id=self.session_id)
+
     def _check_memory_write(self) -> None:
         if self.kind is SessionKind.WORKER:
             msg = f"worker session {self.session_id} may not write shared memory"
@@ -251,6 +284,81 @@ class Session(_Base):
         wanted = self._wanted(children)
         self._wait_for(lambda: self._claim_ready(wanted), timeout)
         return self._collected(wanted)
+
+    def next_result(
+        self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None
+    ) -> Collected | None:
+        """Wait for the first of ``children`` (default: every child of this run not
+        yet taken) to end and take its result; None if ``timeout`` passes first
+        or there is nothing to wait for."""
+        wanted = self._wanted(children)
+        if not wanted:
+            return None
+        self._wait_for(lambda: self._first_arrived(wanted) is not None, timeout)
+        return self._take_first(wanted)
+
+    def collect_from_children(
+        self, timeout: float | None = None, children: Iterable[uuid.UUID] | None = None
+    ) -> Iterator[Collected]:
+        """Results in completion order, as they arrive; at ``timeout`` (clock
+        seconds, for the whole iteration) each child still running yields a
+        ``timed_out`` entry and keeps running (cancel it with ``cancel_child``).
+        ``collect`` gives them all at once."""
+        wanted = self._wanted(children)
+        deadline = None if timeout is None else self._core.clock.monotonic() + timeout
+        while wanted:
+            left = None if deadline is None else max(0.0, deadline - self._core.clock.monotonic())
+            got = self.next_result(wanted, left)
+            if got is None:
+                for child in wanted:
+                    yield Collected(session_id=child, result=None, timed_out=True)
+                return
+            wanted.remove(got.session_id)
+            yield got
+
+    def cancel_child(self, child: uuid.UUID) -> ErrorInfo | None:
+        """Cancel a child of this run and its subtree (grace, then force); None when accepted."""
+        self._checkpoint("cancel_child")
+        self._check_child(child)
+        return self._host.cancel(self._core, child)
+
+    def send_to_parent(self, message: Any) -> None:
+        """Hand ``message`` (a JSON value) to the parent, which reads it with
+        ``updates()`` — progress during a run. Siblings never message each
+        other: to reach them, write shared memory (``broadcast``)."""
+        self._checkpoint("send_to_parent")
+        self._host.send_to_parent(self._core, _json_copy(message, "message"))
+
+    def broadcast(self, key: str, value: Any) -> str:
+        """Share ``value`` with siblings as a shared-memory write (they read it
+        with ``memory_get``); returns its memory id. There is no message between
+        siblings: the Session Tree Model routes everything through the parent
+        or shared memory, so no session depends on a sibling being alive."""
+        return self.memory_put(key, value)
+
+    def fan_out(self, tasks: Iterable[Any], **options: Any) -> Gathered:
+        """One child per task, as many at once as the children limit allows
+        (the rest queue); see ``sessiontree.supervision.fan_out`` for options."""
+        return cast("Gathered", self._host.run_pattern(self, "fan_out", (list(tasks),), options))
+
+    def pipeline(self, stages: Iterable[Any], **options: Any) -> Gathered:
+        """Stages in order, each a task or a list run in parallel, each seeded
+        with the previous stage's results; see ``sessiontree.supervision.pipeline``."""
+        return cast("Gathered", self._host.run_pattern(self, "pipeline", (list(stages),), options))
+
+    def map_reduce(
+        self, items: Iterable[Any], map_task: Any, reduce_task: Any, **options: Any
+    ) -> Gathered:
+        """Map batches of ``items`` in parallel, then reduce their results; see
+        ``sessiontree.supervision.map_reduce``."""
+        args = (list(items), map_task, reduce_task)
+        return cast("Gathered", self._host.run_pattern(self, "map_reduce", args, options))
+
+    def continue_run(self, token: str, context: str, **options: Any) -> Gathered:
+        """Continue an earlier run: a fresh session seeded from its continuation
+        ``token`` and the explicit ``context`` (nothing else carries over)."""
+        args = (token, context)
+        return cast("Gathered", self._host.run_pattern(self, "continue_run", args, options))
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the session's clock (a checkpoint before and after).
@@ -342,6 +450,69 @@ class AsyncSession(_Base):
         await self._wait_for(lambda: self._claim_ready(wanted), timeout)
         return self._collected(wanted)
 
+    async def next_result(
+        self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None
+    ) -> Collected | None:
+        """Wait for the first of ``children`` to end; see ``Session.next_result``."""
+        wanted = self._wanted(children)
+        if not wanted:
+            return None
+        await self._wait_for(lambda: self._first_arrived(wanted) is not None, timeout)
+        return self._take_first(wanted)
+
+    async def collect_from_children(
+        self, timeout: float | None = None, children: Iterable[uuid.UUID] | None = None
+    ) -> AsyncIterator[Collected]:
+        """Results as they arrive; see ``Session.collect_from_children``."""
+        wanted = self._wanted(children)
+        deadline = None if timeout is None else self._core.clock.monotonic() + timeout
+        while wanted:
+            left = None if deadline is None else max(0.0, deadline - self._core.clock.monotonic())
+            got = await self.next_result(wanted, left)
+            if got is None:
+                for child in wanted:
+                    yield Collected(session_id=child, result=None, timed_out=True)
+                return
+            wanted.remove(got.session_id)
+            yield got
+
+    async def cancel_child(self, child: uuid.UUID) -> ErrorInfo | None:
+        """Cancel a child of this run; see ``Session.cancel_child``."""
+        await self._checkpoint("cancel_child")
+        self._check_child(child)
+        return self._host.cancel(self._core, child)
+
+    async def send_to_parent(self, message: Any) -> None:
+        """Hand ``message`` to the parent; see ``Session.send_to_parent``."""
+        await self._checkpoint("send_to_parent")
+        self._host.send_to_parent(self._core, _json_copy(message, "message"))
+
+    async def broadcast(self, key: str, value: Any) -> str:
+        """Share ``value`` with siblings in shared memory; see ``Session.broadcast``."""
+        return await self.memory_put(key, value)
+
+    async def fan_out(self, tasks: Iterable[Any], **options: Any) -> Gathered:
+        """One child per task; see ``Session.fan_out``."""
+        args = (list(tasks),)
+        return cast("Gathered", await self._host.arun_pattern(self, "fan_out", args, options))
+
+    async def pipeline(self, stages: Iterable[Any], **options: Any) -> Gathered:
+        """Stages in order; see ``Session.pipeline``."""
+        args = (list(stages),)
+        return cast("Gathered", await self._host.arun_pattern(self, "pipeline", args, options))
+
+    async def map_reduce(
+        self, items: Iterable[Any], map_task: Any, reduce_task: Any, **options: Any
+    ) -> Gathered:
+        """Map, then reduce; see ``Session.map_reduce``."""
+        args = (list(items), map_task, reduce_task)
+        return cast("Gathered", await self._host.arun_pattern(self, "map_reduce", args, options))
+
+    async def continue_run(self, token: str, context: str, **options: Any) -> Gathered:
+        """Continue an earlier run; see ``Session.continue_run``."""
+        args = (token, context)
+        return cast("Gathered", await self._host.arun_pattern(self, "continue_run", args, options))
+
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the session's clock; see ``Session.sleep``."""
         await self._wait_for(lambda: False, seconds)
@@ -367,6 +538,15 @@ class AsyncSession(_Base):
         """Append a message to this session's working context; see ``Session.add_message``."""
         await self._checkpoint("add_message")
         self._core.context.messages.append(_message(role, content, name))
+
+
+def _json_copy(value: Any, field: str) -> Any:
+    """A plain JSON copy of ``value``; ``RejectedInputError`` naming ``field`` if it has none."""
+    try:
+        return msgspec.json.decode(msgspec.json.encode(value))
+    except (TypeError, msgspec.EncodeError, RecursionError) as exc:
+        msg = f"{field} must be a JSON value: {exc}"
+        raise RejectedInputError(msg, field=field) from exc
 
 
 def _message(role: str, content: Any, name: str | None) -> ContextMessage:

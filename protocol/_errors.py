@@ -14,8 +14,10 @@ __all__ = [
     "DeadlockError",
     "ErrorCode",
     "ErrorInfo",
+    "EscalationError",
     "InvalidTransitionError",
     "NodeClosedError",
+    "NonRetryableError",
     "NotAllowedError",
     "RejectedInputError",
     "SessionTreeError",
@@ -60,6 +62,8 @@ class ErrorCode(enum.StrEnum):
     CURRENT_BRANCH = "current_branch"
     CONFIRMATION_MISMATCH = "confirmation_mismatch"
     UNKNOWN_COMMAND = "unknown_command"
+    ESCALATED = "escalated"
+    TIMED_OUT = "timed_out"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -188,3 +192,25 @@ class ConversationError(SessionTreeError):
         if self.field is not None:
             info.detail["field"] = self.field
         return info
+
+
+class NonRetryableError(SessionTreeError):
+    """Raised by a skill for a failure no retry can fix: its session ends
+    ``crashed`` with ``detail["retryable"]`` False, and patterns never retry it."""
+
+    code = ErrorCode.CRASHED
+
+
+class EscalationError(SessionTreeError):
+    """Raised by a pattern when its children needed more restarts than the
+    retry policy's ``intensity`` within ``period`` (OTP): the parent's run ends
+    ``failed`` with code ``escalated`` and every child's error in ``detail``."""
+
+    code = ErrorCode.ESCALATED
+
+    def __init__(self, message: str, *, errors: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+    def to_info(self) -> ErrorInfo:
+        return ErrorInfo(code=self.code, message=str(self), detail={"children": self.errors})

@@ -1,5 +1,11 @@
 """Supervision: the Cortex, spawn rules, timers, cleanup, and the embedded ``Node``."""
 
+from sessiontree.supervision._aggregate import (
+    Summarizer,
+    aggregate,
+    extractive_summary,
+    normalise_answer,
+)
 from sessiontree.supervision._chat import COMMANDS, chat_command, is_command
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._conversations import StoreConversations
@@ -7,6 +13,8 @@ from sessiontree.supervision._cortex import CortexLogic as Cortex
 from sessiontree.supervision._events import Event, EventBus, EventKind
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
 from sessiontree.supervision._node import Node, SessionRef, Spawned
+from sessiontree.supervision._patterns import continuation_token, parse_continuation
+from sessiontree.supervision._retry import Retry
 from sessiontree.supervision._rules import MAX_BRANCH_DEPTH, MAX_WORKER_DEPTH, check_spawn
 
 __all__ = [
@@ -22,10 +30,17 @@ __all__ = [
     "MemorySpace",
     "Node",
     "NodeConfig",
+    "Retry",
     "SessionRef",
     "Spawned",
     "StoreConversations",
+    "Summarizer",
+    "aggregate",
     "chat_command",
     "check_spawn",
+    "continuation_token",
+    "extractive_summary",
     "is_command",
+    "normalise_answer",
+    "parse_continuation",
 ]

@@ -75,6 +75,7 @@ from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._index import (
     AfterWrite,
     Call,
+    ChildUpdate,
     Deadline,
     Entry,
     Expire,
@@ -247,6 +248,8 @@ class CortexLogic:
                 self._deadline(ids)
             case Progress(session_id=sid, note=note, data=data):
                 self._progress(sid, note, data)
+            case ChildUpdate(session_id=sid, message=message):
+                self._child_update(sid, message)
             case Refused(session_id=sid, what=what):
                 self.rt.counters["refused_after_fence"] += 1
                 self._emit(EventKind.REFUSED, self.entries.get(sid), data={"what": what})
@@ -1023,6 +1026,13 @@ class CortexLogic:
         entry.core.fence(code)
         self._post(entry, ForceStop())
 
+    def op_cancel_quietly(self, session_id: uuid.UUID) -> None:
+        """A cancel nobody waits for (a pattern's): an unknown or ended session is
+        nothing to do, never an error that could fail the Cortex."""
+        entry = self.entries.get(session_id)
+        if entry is not None and not entry.state.is_terminal:
+            self.op_cancel(session_id)
+
     def op_cancel(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Cancel a session and its whole subtree, with one deadline."""
         entry = self._lookup(session_id)
@@ -1168,6 +1178,17 @@ class CortexLogic:
             return
         entry.last_progress = (note, data)
         self._emit(EventKind.PROGRESS, entry, data={"note": note, **data})
+
+    def _child_update(self, session_id: uuid.UUID, message: Any) -> None:
+        """A child's ``send_to_parent``: onto the parent's updates, if both still run."""
+        entry = self.entries.get(session_id)
+        if entry is None or entry.state.is_terminal or entry.parent is None:
+            return
+        parent = entry.parent
+        if parent.state.is_terminal:
+            return
+        parent.core.add_update(session_id, message)
+        self._emit(EventKind.CHILD_UPDATE, entry, data={"to": str(parent.session_id)})
 
     def _tick(self) -> None:
         config = self.rt.config

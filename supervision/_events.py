@@ -27,6 +27,7 @@ class EventKind(enum.StrEnum):
     RESULT_DELIVERED = "result_delivered"
     CYCLE_ENDED = "cycle_ended"
     PROGRESS = "progress"
+    CHILD_UPDATE = "child_update"
     STUCK = "stuck"
     REFUSED = "refused"
     MEMORY_PRESSURE = "memory_pressure"

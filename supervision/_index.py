@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AfterWrite",
     "Call",
+    "ChildUpdate",
     "Deadline",
     "Entry",
     "Expire",
@@ -108,6 +109,12 @@ class Progress:
     session_id: uuid.UUID
     note: str
     data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ChildUpdate:
+    session_id: uuid.UUID
+    message: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from sessiontree.protocol import (
     DeadlockError,
     ErrorCode,
     ErrorInfo,
+    Gathered,
     NodeClosedError,
     RejectedInputError,
     Routed,
@@ -72,6 +73,7 @@ from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._housekeeping import Housekeeper
 from sessiontree.supervision._index import (
     Call,
+    ChildUpdate,
     Parked,
     Progress,
     Refused,
@@ -81,8 +83,15 @@ from sessiontree.supervision._index import (
     SpawnAnswer,
 )
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
+from sessiontree.supervision._patterns import (
+    NodeDriver,
+    drive_async,
+    drive_node_async,
+    drive_sync,
+)
 from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._recovery import recover
+from sessiontree.supervision._retry import Restarts
 
 __all__ = ["Node", "SessionRef", "Spawned"]
 
@@ -232,6 +241,21 @@ class _Host:
     def progress(self, core: SessionCore, note: str, data: dict[str, Any]) -> None:
         self.node._tell(Progress(core.session_id, note, dict(data)))
 
+    def cancel(self, core: SessionCore, child_id: uuid.UUID) -> ErrorInfo | None:
+        self.node._tell(Call("cancel_quietly", (child_id,)))  # never blocks a skill's loop
+        return None
+
+    def send_to_parent(self, core: SessionCore, message: Any) -> None:
+        self.node._tell(ChildUpdate(core.session_id, message))
+
+    def run_pattern(self, session: Any, name: str, args: tuple[Any, ...], options: Any) -> Any:
+        return drive_sync(session, self.node._restarts, name, args, dict(options))
+
+    async def arun_pattern(
+        self, session: Any, name: str, args: tuple[Any, ...], options: Any
+    ) -> Any:
+        return await drive_async(session, self.node._restarts, name, args, dict(options))
+
     def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> Conversation:
         writable = core.info.kind is not SessionKind.WORKER
         return self.node.conversations.get(core.session_id, guard=guard, writable=writable)
@@ -302,6 +326,7 @@ class Node:
             MemoryBackend() if self.store is None else StoreConversations(self.store), self.clock
         )
         self.activity = Activity()
+        self._restarts = Restarts()  # restarts per parent, for the patterns' intensity limit
         self.events = EventBus()
         self.fatal_error: BaseException | None = None
         self.rejected_input = 0
@@ -551,6 +576,47 @@ class Node:
             msg = f"no agent {agent_id!r} on this node"
             raise RejectedInputError(msg, field="agent_id")
         return agent
+
+    # -- coordination patterns, for a parent session ---------------------------------
+
+    def fan_out(self, parent: uuid.UUID | SessionRef, tasks: Any, **options: Any) -> Gathered:
+        """One child of ``parent`` per task, queued past the children limit; waits
+        for them (the node's clock). Options and result: ``supervision.fan_out``."""
+        return self._pattern(parent, "fan_out", (list(tasks),), options)
+
+    def pipeline(self, parent: uuid.UUID | SessionRef, stages: Any, **options: Any) -> Gathered:
+        """Stages of children of ``parent``, each seeded with the previous results."""
+        return self._pattern(parent, "pipeline", (list(stages),), options)
+
+    def map_reduce(
+        self,
+        parent: uuid.UUID | SessionRef,
+        items: Any,
+        map_task: Any,
+        reduce_task: Any,
+        **options: Any,
+    ) -> Gathered:
+        """Map batches of ``items`` in children of ``parent``, then reduce them."""
+        return self._pattern(parent, "map_reduce", (list(items), map_task, reduce_task), options)
+
+    def continue_run(
+        self, parent: uuid.UUID | SessionRef, token: str, context: str, **options: Any
+    ) -> Gathered:
+        """A fresh child of ``parent`` continuing the run a token names, with ``context``."""
+        return self._pattern(parent, "continue_run", (token, context), options)
+
+    async def afan_out(
+        self, parent: uuid.UUID | SessionRef, tasks: Any, **options: Any
+    ) -> Gathered:
+        """Awaitable ``fan_out``."""
+        args = (list(tasks),)
+        return await drive_node_async(self, _sid(parent), self._restarts, "fan_out", args, options)
+
+    def _pattern(
+        self, parent: uuid.UUID | SessionRef, name: str, args: tuple[Any, ...], options: Any
+    ) -> Gathered:
+        self._check_open()
+        return NodeDriver(self, _sid(parent)).run(self._restarts, name, args, dict(options))
 
     def control(self, data: bytes, *, fmt: str = "json") -> object:
         """Decode one untrusted control command and apply it.
