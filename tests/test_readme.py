@@ -23,10 +23,10 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
     assert blocks == ["make demo\nmake test\n"]
 
 
-@pytest.mark.parametrize("number", [0, 1], ids=["embedding", "conversations"])
+@pytest.mark.parametrize("number", [0, 1, 2], ids=["embedding", "conversations", "patterns"])
 def test_readme_example_prints_what_it_promises(tmp_path: Path, number: int) -> None:
     blocks = python_blocks()
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     example = blocks[number]
     promised = [line.split("# -> ", 1)[1] for line in example.splitlines() if "# -> " in line]
     script = tmp_path / "example.py"
