@@ -609,8 +609,37 @@ class Node:
         self, parent: uuid.UUID | SessionRef, tasks: Any, **options: Any
     ) -> Gathered:
         """Awaitable ``fan_out``."""
-        args = (list(tasks),)
-        return await drive_node_async(self, _sid(parent), self._restarts, "fan_out", args, options)
+        return await self._apattern(parent, "fan_out", (list(tasks),), options)
+
+    async def apipeline(
+        self, parent: uuid.UUID | SessionRef, stages: Any, **options: Any
+    ) -> Gathered:
+        """Awaitable ``pipeline``."""
+        return await self._apattern(parent, "pipeline", (list(stages),), options)
+
+    async def amap_reduce(
+        self,
+        parent: uuid.UUID | SessionRef,
+        items: Any,
+        map_task: Any,
+        reduce_task: Any,
+        **options: Any,
+    ) -> Gathered:
+        """Awaitable ``map_reduce``."""
+        args = (list(items), map_task, reduce_task)
+        return await self._apattern(parent, "map_reduce", args, options)
+
+    async def acontinue_run(
+        self, parent: uuid.UUID | SessionRef, token: str, context: str, **options: Any
+    ) -> Gathered:
+        """Awaitable ``continue_run``."""
+        return await self._apattern(parent, "continue_run", (token, context), options)
+
+    async def _apattern(
+        self, parent: uuid.UUID | SessionRef, name: str, args: tuple[Any, ...], options: Any
+    ) -> Gathered:
+        self._check_open()
+        return await drive_node_async(self, _sid(parent), self._restarts, name, args, dict(options))
 
     def _pattern(
         self, parent: uuid.UUID | SessionRef, name: str, args: tuple[Any, ...], options: Any

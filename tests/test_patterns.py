@@ -3,6 +3,7 @@ map-reduce, continuation and aggregation — on the virtual clock."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from typing import Any
@@ -787,3 +788,19 @@ def test_cancelling_a_parent_during_a_retry_backoff_ends_it_without_waiting(
     assert result is not None
     assert result.status is SessionState.CANCELLED
     assert len(work.calls) == 1
+
+
+def test_the_node_s_patterns_have_awaitable_twins(make_node: Any, clock: VirtualClock) -> None:
+    node = make(make_node, Work())
+    main = node.main("agent")
+
+    async def everything() -> list[GatherStatus]:
+        fanned = await node.afan_out(main, ["a", "b"], skill="work")
+        piped = await node.apipeline(main, ["a", "b"], skill="work")
+        reduced = await node.amap_reduce(main, [1, 2], "m", "r", skill="work")
+        token = fanned.reports[0].continuation
+        assert token is not None
+        continued = await node.acontinue_run(main, token, "more")
+        return [g.status for g in (fanned, piped, reduced, continued)]
+
+    assert asyncio.run(everything()) == [GatherStatus.COMPLETED] * 4
