@@ -70,6 +70,7 @@ MAX_CONTEXT = 10_000  # the most messages one context() call returns
 _SETTLE_TIMEOUT = 60.0  # seconds a write may wait for the store before it is given up
 _PREVIEW = 3  # messages a delete plan previews
 _NAME = re.compile(r"[^\x00-\x1f\x7f]+")
+_NUMBER = re.compile(r"[0-9]{1,9}")  # a branch number (not "²", not 5,000 digits)
 _ENCODER = msgspec.json.Encoder()
 _ROLES = tuple(r.value for r in Role)
 
@@ -213,12 +214,14 @@ class MemoryBackend:
 class _Shared:
     """One conversation's state, shared by every handle on it.
 
-    ``durable`` is the last acknowledged state (what reads see); ``tip`` the
-    last one submitted (what the next write builds on). ``lock`` is never held
-    across I/O by an append: appends of one conversation are built and queued
-    in order under it, then wait for their commit outside it, so they share
-    commits. A failed write makes both stale: the next use reloads from the
-    backend once every queued write of this conversation has settled.
+    ``durable`` is the last acknowledged state (what reads see: they never
+    wait); ``tip`` the last one submitted (what the next write builds on).
+    ``lock`` is never held across I/O by an append: appends of one
+    conversation are built and queued in order under it, then wait for their
+    commit outside it, so they share commits. A failed write makes the tip
+    stale: the next write reloads from the backend once every queued write of
+    this conversation has settled. A write whose waiter gave up (a cancelled
+    coroutine, a timeout) is booked when it really settles.
     """
 
     def __init__(self, session_id: uuid.UUID, backend: ConversationBackend, clock: Clock) -> None:
@@ -230,9 +233,11 @@ class _Shared:
         self.inflight = 0
         self._durable: ConversationState | None = None
         self._tip: ConversationState | None = None
+        # platform id -> (message, rev of its write): queued, not yet acknowledged
+        self.pending_platform: dict[str, tuple[Message, int]] = {}
 
     def state(self) -> ConversationState:
-        """The acknowledged state."""
+        """The acknowledged state (loaded on first use, when nothing is in flight)."""
         with self.lock:
             if self._durable is None:
                 self._load()
@@ -272,25 +277,49 @@ class _Shared:
                 updated_at=now,
             )
         self._durable = self._tip = loaded
+        self.pending_platform.clear()
 
-    def queued(self, state: ConversationState) -> None:
-        """A write of ``state`` was submitted (lock held)."""
+    def queued(self, state: ConversationState, put: Sequence[Message]) -> None:
+        """A write of ``state`` putting ``put`` was submitted (lock held)."""
         self._tip = state
         self.inflight += 1
+        for message in put:
+            if message.platform_id is not None:
+                self.pending_platform[message.platform_id] = (message, state.rev)
 
     def acknowledged(self, state: ConversationState) -> None:
         with self.lock:
             self.inflight -= 1
             if self._durable is None or state.rev > self._durable.rev:
                 self._durable = state
+            for key, (_, rev) in list(self.pending_platform.items()):
+                if rev <= state.rev:
+                    del self.pending_platform[key]
             if self.inflight == 0:
                 self.settled.notify_all()
 
     def failed(self) -> None:
+        """A write failed: what was acknowledged stays true, the tip is rebuilt."""
         with self.lock:
             self.inflight -= 1
-            self._durable = self._tip = None
+            self._tip = None
+            self.pending_platform.clear()
             self.settled.notify_all()
+
+    def book_later(
+        self,
+        future: concurrent.futures.Future[None] | asyncio.Future[None],
+        state: ConversationState,
+    ) -> None:
+        """The waiter of a write gave up: book the write when it settles."""
+
+        def settled(done: Any) -> None:
+            if done.cancelled() or done.exception() is not None:
+                self.failed()
+            else:
+                self.acknowledged(state)
+
+        future.add_done_callback(settled)
 
     def submit(
         self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
@@ -298,7 +327,7 @@ class _Shared:
         """Queue a write of ``state`` (lock held); the state as written, and its future."""
         state = self._numbered(state)
         future = self.backend.submit(state, put, delete)
-        self.queued(state)
+        self.queued(state, put)
         return state, future
 
     def submit_awaitable(
@@ -307,7 +336,7 @@ class _Shared:
         """``submit`` from a coroutine on a running event loop."""
         state = self._numbered(state)
         future = self.backend.submit_awaitable(state, put, delete)
-        self.queued(state)
+        self.queued(state, put)
         return state, future
 
     def _numbered(self, state: ConversationState) -> ConversationState:
@@ -333,15 +362,28 @@ class _Shared:
         return self._tip is not None or self.inflight == 0
 
     def wait(self, future: concurrent.futures.Future[None], state: ConversationState) -> None:
+        """Wait for a queued write; a failure is booked now, a give-up when it settles."""
         try:
             future.result(timeout=_SETTLE_TIMEOUT)
-        except BaseException as exc:
+        except concurrent.futures.TimeoutError as exc:
+            self.book_later(future, state)
+            msg = f"session {self.session_id}: the store did not acknowledge the write in time"
+            raise StoreError(msg) from exc
+        except Exception:
             self.failed()
-            if isinstance(exc, concurrent.futures.TimeoutError):
-                msg = f"session {self.session_id}: the store did not acknowledge the write"
-                raise StoreError(msg) from exc
+            raise
+        except BaseException:
+            self.book_later(future, state)
             raise
         self.acknowledged(state)
+
+    def known_platform_id(self, platform_id: str) -> Message | None:
+        """The message recorded (or queued) for a chat platform's id (lock held)."""
+        pending = self.pending_platform.get(platform_id)
+        if pending is not None:
+            return pending[0]
+        found = self.backend.by_platform_id(self.session_id, platform_id)
+        return None if found is None else self.backend.message(self.session_id, found)
 
 
 class Conversations:
@@ -456,6 +498,7 @@ class Conversation:
 
     def by_platform_id(self, platform_id: str) -> Message | None:
         """The message a chat platform's id was recorded for, or None."""
+        _check_platform_id(platform_id)
         self._check("by_platform_id", write=False)
         found = self._shared.backend.by_platform_id(self.session_id, platform_id)
         return None if found is None else self._shared.backend.message(self.session_id, found)
@@ -489,12 +532,44 @@ class Conversation:
         ``/fork`` sent as a reply to it finds it). Appends of one conversation
         from several threads queue in order and share commits.
         """
-        fields = self._fields(role, content, tool_calls, usage, platform_id)
-        with self._shared.lock:
-            state, message = self._appended(fields)
-            state, future = self._shared.submit(state, (message,), ())
-        self._shared.wait(future, state)
+        message, _ = self._append(role, content, tool_calls, usage, platform_id, once=False)
         return message
+
+    def append_once(
+        self,
+        role: Role | str,
+        content: Any,
+        *,
+        platform_id: str,
+        tool_calls: list[Any] | None = None,
+        usage: dict[str, Any] | None = None,
+    ) -> tuple[Message, bool]:
+        """``append``, unless a message with this ``platform_id`` was already
+        appended (or is being): then that message, and False. Checked and
+        appended atomically, so a chat gateway's retry is never stored twice."""
+        return self._append(role, content, tool_calls, usage, platform_id, once=True)
+
+    def _append(
+        self,
+        role: Role | str,
+        content: Any,
+        tool_calls: list[Any] | None,
+        usage: dict[str, Any] | None,
+        platform_id: str | None,
+        *,
+        once: bool,
+    ) -> tuple[Message, bool]:
+        fields = self._fields(role, content, tool_calls, usage, platform_id)
+        shared = self._shared
+        with shared.lock:
+            if once and platform_id is not None:
+                known = shared.known_platform_id(platform_id)
+                if known is not None:
+                    return known, False
+            state, message = self._appended(fields)
+            state, future = shared.submit(state, (message,), ())
+        shared.wait(future, state)
+        return message, True
 
     async def aappend(
         self,
@@ -506,8 +581,8 @@ class Conversation:
         platform_id: str | None = None,
     ) -> Message:
         """Awaitable ``append``: queued on the store's writer from the event loop,
-        no thread of its own. A caller cancelled while it waits may or may not
-        have appended (the conversation then rereads what the store holds)."""
+        no thread of its own. A caller cancelled while it waits stops waiting;
+        the append itself goes on (and lands or fails like any other)."""
         fields = self._fields(role, content, tool_calls, usage, platform_id)
         shared = self._shared
         with shared.lock:
@@ -526,8 +601,11 @@ class Conversation:
                 platform_id=platform_id,
             )
         try:
-            await future
-        except BaseException:  # failed, or the caller was cancelled: reread the store
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            shared.book_later(future, state)  # the write goes on: booked when it settles
+            raise
+        except Exception:
             shared.failed()
             raise
         shared.acknowledged(state)
@@ -848,7 +926,7 @@ class Conversation:
             raise RejectedInputError(msg, field=field)
         if isinstance(ref, int):
             number = ref
-        elif ref.strip().isdigit():
+        elif _NUMBER.fullmatch(ref.strip()):
             number = int(ref.strip())
         for branch in state.branches:
             if (number is not None and branch.number == number) or branch.name == ref:
@@ -870,7 +948,12 @@ class Conversation:
                 f"characters, got {name!r}"
             )
             raise RejectedInputError(msg, field="name")
-        if name.strip().isdigit() or _maybe_uuid(name) is not None or name.startswith("branch_"):
+        _check_text(name, "name")
+        if (
+            re.fullmatch(r"[0-9]+", name.strip())
+            or _maybe_uuid(name) is not None
+            or name.startswith("branch_")
+        ):
             msg = f"branch name {name!r} would read as a number or an id; choose a word"
             raise RejectedInputError(msg, field="name")
         return name
@@ -988,10 +1071,11 @@ def _as_json(name: str, value: Any) -> Any:
     if value is None or type(value) is bool:
         return value
     if type(value) is str and len(value) <= MAX_CONTENT_BYTES // 4:  # cannot be over the cap
+        _check_text(value, name)
         return value
     try:
         encoded = _ENCODER.encode(value)
-    except (TypeError, msgspec.EncodeError, RecursionError) as exc:
+    except (TypeError, msgspec.EncodeError, RecursionError, UnicodeEncodeError) as exc:
         msg = f"{name} must be a JSON value: {exc}"
         raise RejectedInputError(msg, field=name) from None
     if len(encoded) > MAX_CONTENT_BYTES:
@@ -1000,10 +1084,20 @@ def _as_json(name: str, value: Any) -> Any:
     return msgspec.json.decode(encoded)
 
 
+def _check_text(text: str, field: str) -> None:
+    """``RejectedInputError`` naming ``field`` for text UTF-8 cannot hold (a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        msg = f"{field} is not valid text: {exc.reason} at character {exc.start}"
+        raise RejectedInputError(msg, field=field) from None
+
+
 def _check_platform_id(platform_id: object) -> None:
     if not isinstance(platform_id, str) or not 1 <= len(platform_id) <= 256:
         msg = f"platform_id must be a string of 1-256 characters, got {platform_id!r}"
         raise RejectedInputError(msg, field="platform_id")
+    _check_text(platform_id, "platform_id")
 
 
 def _maybe_uuid(value: object) -> uuid.UUID | None:

@@ -20,6 +20,7 @@ from sessiontree.actors._conversation import Conversation
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
 from sessiontree.protocol import (
+    MAX_CONTENT_BYTES,
     Collected,
     ErrorCode,
     ErrorInfo,
@@ -541,12 +542,17 @@ class AsyncSession(_Base):
 
 
 def _json_copy(value: Any, field: str) -> Any:
-    """A plain JSON copy of ``value``; ``RejectedInputError`` naming ``field`` if it has none."""
+    """A plain JSON copy of ``value``; ``RejectedInputError`` naming ``field`` if it
+    has none or is over ``MAX_CONTENT_BYTES`` encoded."""
     try:
-        return msgspec.json.decode(msgspec.json.encode(value))
-    except (TypeError, msgspec.EncodeError, RecursionError) as exc:
+        encoded = msgspec.json.encode(value)
+    except (TypeError, msgspec.EncodeError, RecursionError, UnicodeEncodeError) as exc:
         msg = f"{field} must be a JSON value: {exc}"
         raise RejectedInputError(msg, field=field) from exc
+    if len(encoded) > MAX_CONTENT_BYTES:
+        msg = f"{field} is {len(encoded)} bytes encoded; at most {MAX_CONTENT_BYTES}"
+        raise RejectedInputError(msg, field=field)
+    return msgspec.json.decode(encoded)
 
 
 def _message(role: str, content: Any, name: str | None) -> ContextMessage:

@@ -167,7 +167,8 @@ class Aggregated(msgspec.Struct, frozen=True, kw_only=True):
     tasks (by index) without a good result. VOTE: ``answer`` is the winning
     normalised answer, ``votes`` the count per answer, ``tie`` the answers
     that tied for first (then ``answer`` is None). MERGE: ``conflicts`` maps
-    an artifact path to the differing values by contributor.
+    the JSON Pointer of a differing artifact (``/meta/pages``) to each
+    contributor's value there.
     """
 
     strategy: AggregateStrategy

@@ -409,15 +409,32 @@ class Store:
     def conversation(self, session_id: uuid.UUID) -> ConversationState | None:
         """A session's conversation bookkeeping with its branches (in number order),
         or None; ``CorruptRecordError`` if it or one of its branches is unreadable."""
-        record = self._get(ConversationRecord, "conversations", session_id.bytes)
-        if record is None:
-            return None
-        branches = []
-        for item in self.decoded(BranchRecord, "branches", session_id.bytes):
-            if isinstance(item, CorruptRecordError):
-                raise item  # a conversation without one of its branches cannot be used
-            branches.append(item.branch)
-        return msgspec.structs.replace(record.state, branches=branches)
+        return self.conversation_read(session_id)[0]
+
+    def conversation_read(
+        self, session_id: uuid.UUID
+    ) -> tuple[ConversationState | None, bytes | None]:
+        """``conversation`` and the stored bytes of its bookkeeping record, read in
+        one transaction (the bytes are what the next write may ``expect``)."""
+        header_db, branch_db = self._db("conversations"), self._db("branches")
+        if header_db is None or branch_db is None:
+            return None, None
+        key = session_id.bytes
+        with self._read() as txn:
+            raw = txn.get(key, db=header_db)
+            if raw is None:
+                return None, None
+            raws = []
+            with txn.cursor(db=branch_db) as cursor:
+                found = cursor.set_range(key)
+                while found and bytes(cursor.key()).startswith(key):
+                    raws.append((bytes(cursor.key()), bytes(cursor.value())))
+                    found = cursor.next()
+        header = decode_record(ConversationRecord, bytes(raw), db="conversations", key=key)
+        branches = [
+            decode_record(BranchRecord, value, db="branches", key=k).branch for k, value in raws
+        ]
+        return msgspec.structs.replace(header.state, branches=branches), bytes(raw)
 
     def message(self, session_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
         """One conversation message, or None; ``CorruptRecordError`` if unreadable."""

@@ -125,15 +125,16 @@ def _vote(base: Aggregated, good: list[SessionResult]) -> Aggregated:
 
 def _merge(base: Aggregated, good: list[SessionResult]) -> Aggregated:
     """Artifacts merged key by key (nested mappings recursively); a key whose
-    values differ is a conflict: left out of the merge and listed by path."""
+    values differ is a conflict: left out of the merge and listed under its
+    JSON Pointer (``/meta/pages``) with each contributor's value."""
     merged: dict[str, Any] = {}
-    conflicts: dict[str, dict[str, Any]] = {}
+    conflicts: dict[tuple[str, ...], dict[str, Any]] = {}
     for result in good:
-        _merge_into(merged, result.artifacts, "", str(result.session_id), conflicts, good)
+        _merge_into(merged, result.artifacts, (), str(result.session_id), conflicts, good)
     return msgspec.structs.replace(
         base,
         artifacts=merged,
-        conflicts=conflicts,
+        conflicts={_pointer(path): values for path, values in conflicts.items()},
         summary="\n\n".join(r.summary for r in good if r.summary),
     )
 
@@ -141,13 +142,13 @@ def _merge(base: Aggregated, good: list[SessionResult]) -> Aggregated:
 def _merge_into(
     target: dict[str, Any],
     source: dict[str, Any],
-    prefix: str,
+    prefix: tuple[str, ...],
     contributor: str,
-    conflicts: dict[str, dict[str, Any]],
+    conflicts: dict[tuple[str, ...], dict[str, Any]],
     good: list[SessionResult],
 ) -> None:
     for key, value in source.items():
-        path = f"{prefix}{key}"
+        path = (*prefix, key)
         if path in conflicts:
             conflicts[path][contributor] = value
             continue
@@ -155,7 +156,7 @@ def _merge_into(
         if current is _MISSING:
             target[key] = _copy(value)
         elif isinstance(current, dict) and isinstance(value, dict):
-            _merge_into(current, value, path + ".", contributor, conflicts, good)
+            _merge_into(current, value, path, contributor, conflicts, good)
         elif current != value:
             del target[key]
             conflicts[path] = _values_at(path, good, upto=contributor)
@@ -167,15 +168,20 @@ def _copy(value: Any) -> Any:
     return {k: _copy(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
-def _values_at(path: str, good: list[SessionResult], *, upto: str) -> dict[str, Any]:
+def _values_at(path: tuple[str, ...], good: list[SessionResult], *, upto: str) -> dict[str, Any]:
     """The values earlier contributors gave at ``path`` (before ``upto``)."""
     found: dict[str, Any] = {}
     for result in good:
         if str(result.session_id) == upto:
             break
         node: Any = result.artifacts
-        for part in path.split("."):
+        for part in path:
             node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
         if node is not _MISSING:
             found[str(result.session_id)] = node
     return found
+
+
+def _pointer(path: tuple[str, ...]) -> str:
+    """RFC 6901: ``("meta", "a/b")`` is ``/meta/a~1b`` (a key with a dot stays one key)."""
+    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in path)

@@ -172,7 +172,7 @@ def _delete_branch(conversation: Conversation, argument: str, reply_to: str | No
 
 def _confirm_delete(conversation: Conversation, argument: str, reply_to: str | None) -> ChatReply:
     del reply_to
-    if not argument.isdigit():
+    if not re.fullmatch(r"[0-9]{1,9}", argument):
         return _usage_error("confirm-delete-branch")
     number = int(argument)
     token = conversation.pending_delete(number)

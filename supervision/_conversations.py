@@ -40,7 +40,8 @@ class StoreConversations:
         self._branches: dict[uuid.UUID, dict[int, Branch | None]] = {}
 
     def load(self, session_id: uuid.UUID) -> ConversationState | None:
-        state = self.store.conversation(session_id)
+        state, raw = self.store.conversation_read(session_id)
+        self._expected[session_id] = raw  # read with the state: what the next write expects
         self._branches[session_id] = {} if state is None else {b.number: b for b in state.branches}
         return state
 

@@ -555,11 +555,20 @@ class Node:
         if is_command(message.text):
             reply = chat_command(conversation, message.text, reply_to=message.reply_to)
             return msgspec.structs.replace(routed, reply=reply)
-        if message.message_id is not None:
-            seen = conversation.by_platform_id(message.message_id)
-            if seen is not None:
-                return msgspec.structs.replace(routed, message_id=seen.id, duplicate=True)
-        appended = conversation.append("user", message.text, platform_id=message.message_id)
+        try:
+            if message.message_id is None:
+                appended, fresh = conversation.append("user", message.text), True
+            else:
+                appended, fresh = conversation.append_once(
+                    "user", message.text, platform_id=message.message_id
+                )
+        except RejectedInputError as exc:
+            with self._state_lock:
+                self.rejected_input += 1
+            field = {"content": "text", "platform_id": "message_id"}.get(exc.field or "", exc.field)
+            raise RejectedInputError(str(exc), field=field) from None
+        if not fresh:  # a gateway's retry: stored and handed over once already
+            return msgspec.structs.replace(routed, message_id=appended.id, duplicate=True)
         chat = ChatMessage(key=key, message_id=appended.id, inbound=message)
         error = self.send(main, chat.to_message())
         return msgspec.structs.replace(routed, message_id=appended.id, error=error)

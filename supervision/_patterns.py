@@ -11,7 +11,9 @@ What the engine guarantees:
 - every attempt is a fresh session (never a reused one), and every attempt
   is recorded in its task's ``ChildReport``;
 - more tasks than the children limit allows queue: a spawn refused with
-  ``children_exceeded`` or ``capacity_exceeded`` waits for a slot;
+  ``children_exceeded`` waits for a slot, and so does one refused with
+  ``capacity_exceeded`` while a child of the pattern runs (with none running
+  the node has no room the pattern could wait for: that refusal is final);
 - retries are opt-in (``Retry``), wait on the clock, skip non-retryable
   errors, switch to the fallback skill, and stop at the intensity limit,
   where the pattern cancels what it still runs and raises
@@ -259,16 +261,12 @@ class _Gather:
             if number > 1 and self.retry.fallback_skill is not None:
                 spec = msgspec.structs.replace(spec, skill=self.retry.fallback_skill)
             spawned = yield _Spawn(spec)
-            if (
-                spawned.session_id is None
-                and spawned.error is not None
-                and spawned.error.code
-                in (
-                    ErrorCode.CHILDREN_EXCEEDED,
-                    ErrorCode.CAPACITY_EXCEEDED,
-                )
+            code = None if spawned.error is None else spawned.error.code
+            if spawned.session_id is None and (
+                code is ErrorCode.CHILDREN_EXCEEDED
+                or (code is ErrorCode.CAPACITY_EXCEEDED and self.running)
             ):
-                return
+                return  # queue: a child of ours ending frees a slot
             self.ready.pop(0)
             task.started = True
             attempt = Attempt(

@@ -98,6 +98,9 @@ def test_checkout_switches_branch_by_number_or_name(conv: Conversation) -> None:
         ("/confirm-delete-branch two", ErrorCode.REJECTED_INPUT),
         ("/branches please", ErrorCode.REJECTED_INPUT),
         ("/frobnicate", ErrorCode.UNKNOWN_COMMAND),
+        ("/checkout ²", ErrorCode.UNKNOWN_BRANCH),
+        ("/merge " + "9" * 5000, ErrorCode.UNKNOWN_BRANCH),
+        ("/confirm-delete-branch ²", ErrorCode.REJECTED_INPUT),
         ("/", ErrorCode.UNKNOWN_COMMAND),
     ],
 )

@@ -8,6 +8,7 @@ import itertools
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -431,6 +432,9 @@ def test_the_transcript_is_jsonl_in_the_order_written(conv: Conversation) -> Non
         ("user", "hi", {"usage": [1]}, "usage"),
         ("user", "hi", {"platform_id": ""}, "platform_id"),
         ("user", "hi", {"platform_id": 12}, "platform_id"),
+        ("user", "lone \ud800 surrogate", {}, "content"),
+        ("user", {"text": "\udfff"}, {}, "content"),
+        ("user", "hi", {"platform_id": "p\ud800"}, "platform_id"),
     ],
 )
 def test_bad_appends_are_refused_naming_the_field_and_change_nothing(
@@ -674,3 +678,53 @@ def test_an_append_writes_one_branch_however_many_there_are(
         assert len(stored.branches) == 61
         assert [b.number for b in stored.branches] == list(range(1, 62))
         assert stored.branches[-1].leaf_id == conv.active_leaf
+
+
+def test_a_cancelled_awaited_append_still_lands_once_and_later_ones_chain_on_it(
+    tmp_path: Path, clock: VirtualClock
+) -> None:
+    with Store(tmp_path) as store:
+        conv = Conversations(StoreConversations(store), clock).get(uuid.uuid4())
+
+        async def main() -> list[str]:
+            await conv.aappend(Role.USER, "first")
+            cancelled = asyncio.create_task(conv.aappend(Role.USER, "A"))
+            await asyncio.sleep(0)  # queued on the writer, waiting
+            cancelled.cancel()
+            await asyncio.sleep(0)
+            started = time.monotonic()
+            seen = [m.content for m in conv.context(10)]  # a read never waits on the loop
+            assert time.monotonic() - started < 1.0
+            await conv.aappend(Role.USER, "C")
+            return seen
+
+        seen = asyncio.run(main())
+        assert seen[0] == "first"
+        stored = sorted(store.messages(conv.session_id), key=lambda m: m.seq)
+        assert [(m.content, m.seq) for m in stored] == [("first", 0), ("A", 1), ("C", 2)]
+        assert texts(conv.context(10)) == ["first", "A", "C"]
+        state = store.conversation(conv.session_id)
+        assert state is not None
+        assert (state.messages, state.next_seq, state.branches[0].count) == (3, 3, 3)
+
+
+def test_append_once_stores_a_platform_message_once_under_concurrency(
+    conversations: Conversations,
+) -> None:
+    conv = conversations.get(uuid.uuid4())
+    start = threading.Barrier(8)
+    outcomes: list[tuple[uuid.UUID, bool]] = []
+
+    def deliver() -> None:
+        start.wait(WAIT)
+        message, fresh = conv.append_once(Role.USER, "hi", platform_id="tg-1")
+        outcomes.append((message.id, fresh))
+
+    threads = [threading.Thread(target=deliver) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert sorted(fresh for _, fresh in outcomes) == [False] * 7 + [True]
+    assert len({message_id for message_id, _ in outcomes}) == 1
+    assert len(conv) == 1

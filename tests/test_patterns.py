@@ -753,8 +753,23 @@ def test_merge_combines_artifacts_and_lists_conflicts() -> None:
     b = result("b", {"title": "T", "meta": {"pages": 4}, "author": "Ada"})
     got = aggregate([a, b], "merge")
     assert got.artifacts == {"title": "T", "meta": {"lang": "en"}, "tags": ["x"], "author": "Ada"}
-    assert got.conflicts == {"meta.pages": {str(a.session_id): 3, str(b.session_id): 4}}
+    assert got.conflicts == {"/meta/pages": {str(a.session_id): 3, str(b.session_id): 4}}
     assert a.artifacts["meta"] == {"pages": 3, "lang": "en"}  # inputs untouched
+
+
+def test_merge_keeps_a_dotted_key_apart_from_a_nested_one() -> None:
+    flat, nested, flat2, nested2 = (
+        result("", {"a.b": 1}),
+        result("", {"a": {"b": 1}}),
+        result("", {"a.b": 2}),
+        result("", {"a": {"b": 5}}),
+    )
+    got = aggregate([flat, nested, flat2, nested2], "merge")
+    assert got.artifacts == {"a": {}}
+    assert got.conflicts == {
+        "/a.b": {str(flat.session_id): 1, str(flat2.session_id): 2},
+        "/a/b": {str(nested.session_id): 1, str(nested2.session_id): 5},
+    }
 
 
 def test_an_unknown_strategy_is_refused() -> None:
@@ -804,3 +819,22 @@ def test_the_node_s_patterns_have_awaitable_twins(make_node: Any, clock: Virtual
         return [g.status for g in (fanned, piped, reduced, continued)]
 
     assert asyncio.run(everything()) == [GatherStatus.COMPLETED] * 4
+
+
+def test_a_capacity_refusal_with_no_child_of_the_pattern_running_is_final(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    gathered: list[Any] = []
+
+    def lead(session: Any) -> Any:
+        # the node's only step thread is this skill's own: no sync child can ever start
+        gathered.append(session.fan_out(["a", "b"], skill="work"))
+        return "returned"
+
+    node = make_node(
+        Agent("agent", {"main": idle_main, "lead": lead, **Work().skills()}), max_step_threads=1
+    )
+    assert run_lead(node, clock).summary == "returned"
+    (got,) = gathered
+    assert got.status is GatherStatus.FAILED
+    assert [r.error.code for r in got.reports] == [ErrorCode.CAPACITY_EXCEEDED] * 2

@@ -240,6 +240,29 @@ def test_a_retried_platform_message_is_not_appended_twice(make_node: Any) -> Non
     assert len(node.conversation(first.session_id)) == 2  # the message and its answer
 
 
+def test_concurrent_retries_of_one_platform_message_are_handed_over_once(
+    make_node: Any,
+) -> None:
+    bot = Chatbot()
+    node = chat_node(make_node, bot)
+    start = threading.Barrier(8)
+    routed: list[Any] = []
+
+    def deliver() -> None:
+        start.wait(WAIT)
+        routed.append(node.route(inbound(text="once", message_id="tg-9")))
+
+    threads = [threading.Thread(target=deliver) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    settle(node)
+    assert sorted(r.duplicate for r in routed) == [False] + [True] * 7
+    assert len({r.message_id for r in routed}) == 1
+    assert len(bot.seen) == 1
+
+
 def test_a_chat_command_is_answered_and_not_handed_to_the_session(make_node: Any) -> None:
     bot = Chatbot()
     node = chat_node(make_node, bot)
@@ -280,6 +303,27 @@ def test_a_chat_command_is_answered_and_not_handed_to_the_session(make_node: Any
         (b"not json", None),
         (b"[" * 100 + b"]" * 100, None),
         (42, "inbound"),
+        (
+            {
+                "provider": "t",
+                "chat_type": "dm",
+                "chat_id": "1",
+                "sender_id": "1",
+                "text": "bad \ud800",
+            },
+            "text",
+        ),
+        (
+            {
+                "provider": "t",
+                "chat_type": "dm",
+                "chat_id": "1",
+                "sender_id": "1",
+                "text": "x",
+                "message_id": "\udfff",
+            },
+            "message_id",
+        ),
     ],
 )
 def test_bad_inbound_messages_are_refused_naming_the_field_and_counted(
