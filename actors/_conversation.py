@@ -621,15 +621,15 @@ class Conversation:
     ) -> tuple[Role, Any, list[Any] | None, dict[str, Any] | None, str | None]:
         """An append's arguments, checked (``RejectedInputError`` naming the bad one)."""
         checked = _role(role)
-        content = _as_json("content", content)
+        content = as_json("content", content)
         if tool_calls is not None:
             if not isinstance(tool_calls, list):
                 raise RejectedInputError("tool_calls must be a list", field="tool_calls")
-            tool_calls = _as_json("tool_calls", tool_calls)
+            tool_calls = as_json("tool_calls", tool_calls)
         if usage is not None:
             if not isinstance(usage, dict):
                 raise RejectedInputError("usage must be a mapping", field="usage")
-            usage = _as_json("usage", usage)
+            usage = as_json("usage", usage)
         if platform_id is not None:
             _check_platform_id(platform_id)
         self._check("append", write=True)
@@ -1065,7 +1065,7 @@ def _role(role: object) -> Role:
     raise RejectedInputError(msg, field="role")
 
 
-def _as_json(name: str, value: Any) -> Any:
+def as_json(name: str, value: Any) -> Any:
     """``value`` as its JSON form (what every backend keeps: a tuple becomes a
     list), or ``RejectedInputError`` naming ``name`` when it has none or is too big."""
     if value is None or type(value) is bool:

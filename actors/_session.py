@@ -16,11 +16,10 @@ from typing import Any, cast
 import msgspec
 
 from sessiontree.actors._clock import Clock
-from sessiontree.actors._conversation import Conversation
+from sessiontree.actors._conversation import Conversation, as_json
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
 from sessiontree.protocol import (
-    MAX_CONTENT_BYTES,
     Collected,
     ErrorCode,
     ErrorInfo,
@@ -328,7 +327,7 @@ class Session(_Base):
         ``updates()`` — progress during a run. Siblings never message each
         other: to reach them, write shared memory (``broadcast``)."""
         self._checkpoint("send_to_parent")
-        self._host.send_to_parent(self._core, _json_copy(message, "message"))
+        self._host.send_to_parent(self._core, as_json("message", message))
 
     def broadcast(self, key: str, value: Any) -> str:
         """Share ``value`` with siblings as a shared-memory write (they read it
@@ -486,7 +485,7 @@ class AsyncSession(_Base):
     async def send_to_parent(self, message: Any) -> None:
         """Hand ``message`` to the parent; see ``Session.send_to_parent``."""
         await self._checkpoint("send_to_parent")
-        self._host.send_to_parent(self._core, _json_copy(message, "message"))
+        self._host.send_to_parent(self._core, as_json("message", message))
 
     async def broadcast(self, key: str, value: Any) -> str:
         """Share ``value`` with siblings in shared memory; see ``Session.broadcast``."""
@@ -539,20 +538,6 @@ class AsyncSession(_Base):
         """Append a message to this session's working context; see ``Session.add_message``."""
         await self._checkpoint("add_message")
         self._core.context.messages.append(_message(role, content, name))
-
-
-def _json_copy(value: Any, field: str) -> Any:
-    """A plain JSON copy of ``value``; ``RejectedInputError`` naming ``field`` if it
-    has none or is over ``MAX_CONTENT_BYTES`` encoded."""
-    try:
-        encoded = msgspec.json.encode(value)
-    except (TypeError, msgspec.EncodeError, RecursionError, UnicodeEncodeError) as exc:
-        msg = f"{field} must be a JSON value: {exc}"
-        raise RejectedInputError(msg, field=field) from exc
-    if len(encoded) > MAX_CONTENT_BYTES:
-        msg = f"{field} is {len(encoded)} bytes encoded; at most {MAX_CONTENT_BYTES}"
-        raise RejectedInputError(msg, field=field)
-    return msgspec.json.decode(encoded)
 
 
 def _message(role: str, content: Any, name: str | None) -> ContextMessage:
