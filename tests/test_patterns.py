@@ -632,6 +632,12 @@ def test_a_node_side_timeout_runs_on_the_clock(make_node: Any, clock: VirtualClo
         target=lambda: answer.append(node.fan_out(main, ["sleep 100"], skill="work", timeout=20))
     )
     runner.start()
+    # advance only once the child sleeps and the driver waits with its timeout
+    tick = threading.Event()
+    for _ in range(2000):
+        if clock.pending_timers >= 2:
+            break
+        tick.wait(0.005)
     settle(node)
     clock.advance(20.0)
     runner.join(WAIT)
