@@ -9,6 +9,7 @@ quick and must not raise; they only post messages.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
@@ -134,6 +135,14 @@ class RealClock:
                 self._thread.start()
             self._cond.notify()
         return handle
+
+    def call_later_on(
+        self, loop: asyncio.AbstractEventLoop, delay: float, callback: Callable[[], None]
+    ) -> asyncio.TimerHandle:
+        """``call_later`` timed by ``loop`` itself, for a wait of a coroutine on that
+        loop: no timer-thread hop (an asyncio loop's time is ``time.monotonic``,
+        this clock's monotonic time)."""
+        return loop.call_later(delay, callback)
 
     def close(self) -> None:
         """Stop the timer thread; pending timers never fire."""

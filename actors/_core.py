@@ -9,10 +9,10 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sessiontree.actors._activity import Activity
-from sessiontree.actors._clock import Clock, TimerHandle
+from sessiontree.actors._clock import Clock
 from sessiontree.actors._slots import ComputeSlots
 from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult
 
@@ -60,6 +60,10 @@ class SessionContext:
     system_prompt: str = ""
     messages: list[ContextMessage] = field(default_factory=list)
     tool_results: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _Cancellable(Protocol):
+    def cancel(self) -> None: ...
 
 
 class SessionCore:
@@ -227,8 +231,14 @@ class SessionCore:
             self._blocked = False
             self.activity.begin()
 
-    def _timeout(self, timeout: float | None) -> tuple[list[bool], TimerHandle | None]:
-        """A flag set (and the skill woken) when ``timeout`` passes on the clock."""
+    def _timeout(
+        self, timeout: float | None, loop: asyncio.AbstractEventLoop | None = None
+    ) -> tuple[list[bool], _Cancellable | None]:
+        """A flag set (and the skill woken) when ``timeout`` passes on the clock.
+
+        For an async wait (``loop``) on a clock that can time it on that loop
+        (``RealClock.call_later_on``) the timer never crosses threads.
+        """
         fired = [False]
 
         def on_timeout() -> None:
@@ -236,7 +246,13 @@ class SessionCore:
                 fired[0] = True
                 self.wake()
 
-        timer = None if timeout is None else self.clock.call_later(timeout, on_timeout)
+        if timeout is None:
+            return fired, None
+        on_loop = None if loop is None else getattr(self.clock, "call_later_on", None)
+        if on_loop is not None:
+            timer: _Cancellable = on_loop(loop, timeout, on_timeout)
+        else:
+            timer = self.clock.call_later(timeout, on_timeout)
         return fired, timer
 
     def block_until(
@@ -275,7 +291,7 @@ class SessionCore:
     ) -> None:
         """``block_until`` for async skills: parks the task, never a thread."""
         loop = asyncio.get_running_loop()
-        fired, timer = self._timeout(timeout)
+        fired, timer = self._timeout(timeout, loop)
         released = False
         try:
             while True:
