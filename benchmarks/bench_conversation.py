@@ -70,6 +70,8 @@ import time
 import uuid
 from typing import Any
 
+from _common import SYNC_CHECKS, fdatasync_ms, log, open_synced, real_disk_dir
+
 from sessiontree.actors import Conversation, Conversations, MemoryBackend, RealClock
 from sessiontree.store import Store
 from sessiontree.supervision import StoreConversations
@@ -114,68 +116,6 @@ _WORDS = (
     "assistant",
     "system",
 )
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# -- where the stores live --------------------------------------------------------------
-
-
-def filesystem_of(path: str) -> str:
-    """The type of the filesystem ``path`` is on (longest mount-point match)."""
-    real = os.path.realpath(path)
-    best, fstype = "", "unknown"
-    try:
-        with open("/proc/mounts", encoding="utf-8") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mount = parts[1].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) > len(best):
-                    best, fstype = mount, parts[2]
-    except OSError:
-        pass
-    return fstype
-
-
-def fdatasync_ms(directory: str, n: int = 200) -> float:
-    """Median latency of a 4 KiB pwrite + fdatasync in ``directory``."""
-    path = os.path.join(directory, "fsync-probe")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    times = []
-    try:
-        block = b"\xa5" * 4096
-        for i in range(n):
-            t0 = time.perf_counter()
-            os.pwrite(fd, block, (i % 16) * 4096)
-            os.fdatasync(fd)
-            times.append(time.perf_counter() - t0)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return statistics.median(times) * 1000.0
-
-
-#: One entry per store opened for measuring: were its commits synced?
-SYNC_CHECKS: list[bool] = []
-
-
-def open_synced(path: str) -> Store:
-    """A store whose commits are fsync'd before they return (asserted: LMDB's
-    own ``sync`` and ``metasync`` flags of the open environment)."""
-    store = Store(path)
-    flags = store._opened.env.flags()
-    synced = bool(store.sync and flags["sync"] and flags["metasync"])
-    SYNC_CHECKS.append(synced)
-    if not synced:
-        store.close()
-        msg = f"store {path} is not synced: {flags}"
-        raise AssertionError(msg)
-    return store
 
 
 def conversations_on(store: Store) -> Conversations:
@@ -603,12 +543,10 @@ def main(argv: list[str] | None = None) -> int:
         messages, fork_every, rounds, calls, baseline_runs = 100_000, 1_000, 4, 500, 1
         reps, warmup, window = 3, 0.5, 2.0
     started = time.perf_counter()
-    parent = args.dir or tempfile.gettempdir()
-    fstype = filesystem_of(parent)
-    if fstype in ("tmpfs", "ramfs"):
-        log(f"bench_conversation: {parent} is on {fstype}; pass --dir on a real disk")
+    where = real_disk_dir("bench_conversation", args.dir)
+    if where is None:
         return 2
-    base = tempfile.mkdtemp(prefix="bench_conversation-", dir=parent)
+    base, fstype = where
     log(
         f"bench_conversation: {'quick' if args.quick else 'full'} run, pid {os.getpid()}, "
         f"{os.cpu_count()} cpus, stores under {base} ({fstype})"

@@ -119,6 +119,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from _common import log
+
 from sessiontree.supervision import Agent, Node, NodeConfig
 
 SEED = 20240601
@@ -189,10 +191,6 @@ def list_schedule(latencies: Sequence[float], slots: int) -> float:
         i = min(range(len(free)), key=free.__getitem__)
         free[i] += lat
     return max(free) if latencies else 0.0
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # -- the simulated sub-agent ----------------------------------------------------------

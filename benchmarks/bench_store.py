@@ -56,7 +56,6 @@ import gc
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -66,6 +65,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from _common import SYNC_CHECKS, fdatasync_ms, log, open_synced, real_disk_dir
 
 from sessiontree.protocol import (
     ErrorCode,
@@ -102,68 +102,6 @@ RECOVERY_SESSIONS = (
     + TERMINAL_BRANCHES * (1 + WORKERS_PER_TERMINAL)
 )
 assert RECOVERY_SESSIONS == 100_000
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# -- where the stores live --------------------------------------------------------------
-
-
-def filesystem_of(path: str) -> str:
-    """The type of the filesystem ``path`` is on (longest mount-point match)."""
-    real = os.path.realpath(path)
-    best, fstype = "", "unknown"
-    try:
-        with open("/proc/mounts", encoding="utf-8") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mount = parts[1].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) > len(best):
-                    best, fstype = mount, parts[2]
-    except OSError:
-        pass
-    return fstype
-
-
-def fdatasync_ms(directory: str, n: int = 200) -> float:
-    """Median latency of a 4 KiB pwrite + fdatasync in ``directory``."""
-    path = os.path.join(directory, "fsync-probe")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    times = []
-    try:
-        block = b"\xa5" * 4096
-        for i in range(n):
-            t0 = time.perf_counter()
-            os.pwrite(fd, block, (i % 16) * 4096)
-            os.fdatasync(fd)
-            times.append(time.perf_counter() - t0)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return statistics.median(times) * 1000.0
-
-
-#: One entry per store the throughput runs opened: were its commits synced?
-SYNC_CHECKS: list[bool] = []
-
-
-def open_synced(path: str, *, group_commit: bool = True) -> Store:
-    """A store whose commits are fsync'd before they return (asserted: LMDB's
-    own ``sync`` and ``metasync`` flags of the open environment)."""
-    store = Store(path, group_commit=group_commit)
-    flags = store._opened.env.flags()
-    synced = bool(store.sync and flags["sync"] and flags["metasync"])
-    SYNC_CHECKS.append(synced)
-    if not synced:
-        store.close()
-        msg = f"store {path} is not synced: {flags}"
-        raise AssertionError(msg)
-    return store
 
 
 # -- snapshots ------------------------------------------------------------------------
@@ -543,12 +481,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     reps, warmup, window = (1, 0.5, 1.5) if args.quick else (3, 1.0, 4.0)
     started = time.perf_counter()
-    parent = args.dir or tempfile.gettempdir()
-    fstype = filesystem_of(parent)
-    if fstype in ("tmpfs", "ramfs"):
-        log(f"bench_store: {parent} is on {fstype}; pass --dir on a real disk")
+    where = real_disk_dir("bench_store", args.dir)
+    if where is None:
         return 2
-    base = tempfile.mkdtemp(prefix="bench_store-", dir=parent)
+    base, fstype = where
     log(
         f"bench_store: {'quick' if args.quick else 'full'} run, pid {os.getpid()}, "
         f"{os.cpu_count()} cpus, stores under {base} ({fstype})"

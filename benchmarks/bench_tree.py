@@ -52,6 +52,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from _common import log
+
 from sessiontree.protocol import SessionState
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
 
@@ -63,10 +65,6 @@ TERMINAL = frozenset(s.value for s in SessionState if s.is_terminal)
 #: A child id nobody ever has: ``session.wait(NEVER)`` blocks at a checkpoint
 #: until cancellation (or suspension) interrupts it.
 NEVER = uuid.UUID(int=1)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def rss_bytes() -> int:
