@@ -33,7 +33,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -75,6 +75,7 @@ _ENCODER = msgspec.json.Encoder()
 _ROLES = tuple(r.value for r in Role)
 
 BranchRef = int | str | uuid.UUID
+F = TypeVar("F")
 
 
 class ConversationBackend(Protocol):
@@ -118,10 +119,6 @@ class ConversationBackend(Protocol):
         self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
     ) -> asyncio.Future[None]:
         """``submit`` from a coroutine on a running event loop (queued at once)."""
-        ...
-
-    def reset(self, session_id: uuid.UUID) -> None:
-        """After a failed write: forget what the next write expects to find."""
         ...
 
 
@@ -183,9 +180,6 @@ class MemoryBackend:
         done.set_result(None)
         return done
 
-    def reset(self, session_id: uuid.UUID) -> None:
-        del session_id  # nothing is expected: every write applies at once
-
     def _apply(
         self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
     ) -> None:
@@ -202,13 +196,6 @@ class MemoryBackend:
                 messages[message.id] = message
                 if message.platform_id is not None:
                     platform[message.platform_id] = message.id
-
-    def forget(self, session_id: uuid.UUID) -> None:
-        """Drop a session's conversation (retention)."""
-        with self._lock:
-            self._states.pop(session_id, None)
-            self._messages.pop(session_id, None)
-            self._platform.pop(session_id, None)
 
 
 class _Shared:
@@ -264,7 +251,6 @@ class _Shared:
 
     def _load(self) -> None:
         self._drain()  # after a failure: what the backend holds once the queue drained
-        self.backend.reset(self.session_id)
         loaded = self.backend.load(self.session_id)
         if loaded is None:
             now = self.clock.time()
@@ -325,26 +311,26 @@ class _Shared:
         self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
     ) -> tuple[ConversationState, concurrent.futures.Future[None]]:
         """Queue a write of ``state`` (lock held); the state as written, and its future."""
-        state = self._numbered(state)
-        future = self.backend.submit(state, put, delete)
-        self.queued(state, put)
-        return state, future
+        return state, self._queue(state, put, delete, self.backend.submit)
 
     def submit_awaitable(
         self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
     ) -> tuple[ConversationState, asyncio.Future[None]]:
         """``submit`` from a coroutine on a running event loop."""
-        state = self._numbered(state)
-        future = self.backend.submit_awaitable(state, put, delete)
-        self.queued(state, put)
-        return state, future
+        return state, self._queue(state, put, delete, self.backend.submit_awaitable)
 
-    def _numbered(self, state: ConversationState) -> ConversationState:
-        """``state`` with the next write number (a new state object: set it in place)."""
-        rev = self.tip().rev + 1
-        if state.rev != rev:
-            state.rev = rev
-        return state
+    def _queue(
+        self,
+        state: ConversationState,
+        put: Sequence[Message],
+        delete: Sequence[Message],
+        send: Callable[[ConversationState, Sequence[Message], Sequence[Message]], F],
+    ) -> F:
+        """Number ``state`` (a new object, so in place), hand it to ``send``, note it queued."""
+        state.rev = self.tip().rev + 1
+        future = send(state, put, delete)
+        self.queued(state, put)
+        return future
 
     def commit_now(
         self,
@@ -377,13 +363,15 @@ class _Shared:
             raise
         self.acknowledged(state)
 
+    def stored_platform_id(self, platform_id: str) -> Message | None:
+        """The stored message recorded for a chat platform's id."""
+        found = self.backend.by_platform_id(self.session_id, platform_id)
+        return None if found is None else self.backend.message(self.session_id, found)
+
     def known_platform_id(self, platform_id: str) -> Message | None:
         """The message recorded (or queued) for a chat platform's id (lock held)."""
         pending = self.pending_platform.get(platform_id)
-        if pending is not None:
-            return pending[0]
-        found = self.backend.by_platform_id(self.session_id, platform_id)
-        return None if found is None else self.backend.message(self.session_id, found)
+        return pending[0] if pending is not None else self.stored_platform_id(platform_id)
 
 
 class Conversations:
@@ -411,11 +399,6 @@ class Conversations:
                 shared = self._shared[session_id] = _Shared(session_id, self.backend, self.clock)
         return Conversation(shared, guard=guard, writable=writable)
 
-    def forget(self, session_id: uuid.UUID) -> None:
-        """Drop the cached state of a session whose records were pruned."""
-        with self._lock:
-            self._shared.pop(session_id, None)
-
 
 class Conversation:
     """A handle on one session's conversation tree (thread-safe).
@@ -425,7 +408,7 @@ class Conversation:
     current branch or a stale confirmation raise ``ConversationError`` (its
     ``code`` says which, its ``field`` names the argument); a failed durable
     write raises ``StoreError`` and changes nothing. Every write has an
-    awaitable twin (``aappend``…) that runs it off the event loop.
+    awaitable twin (``aappend``…) that never blocks the event loop.
     """
 
     def __init__(
@@ -500,8 +483,7 @@ class Conversation:
         """The message a chat platform's id was recorded for, or None."""
         _check_platform_id(platform_id)
         self._check("by_platform_id", write=False)
-        found = self._shared.backend.by_platform_id(self.session_id, platform_id)
-        return None if found is None else self._shared.backend.message(self.session_id, found)
+        return self._shared.stored_platform_id(platform_id)
 
     def branches(self) -> list[BranchInfo]:
         """Every branch, by number, with its tip, last message, count and age; one is current."""
@@ -670,7 +652,8 @@ class Conversation:
             message = self._need(_as_uuid(message_id, "message_id"), "message_id")
             linked = msgspec.structs.replace(message, platform_id=platform_id)
             drop = [message] if message.platform_id not in (None, platform_id) else []
-            self._shared.commit_now(_touched(state, self._shared.clock.time()), [linked], drop)
+            touched = msgspec.structs.replace(state, updated_at=self._shared.clock.time())
+            self._shared.commit_now(touched, [linked], drop)
             return linked
 
     def fork(self, from_message_id: uuid.UUID | str, name: str | None = None) -> BranchInfo:
@@ -710,7 +693,6 @@ class Conversation:
             current=branch.id,
             next_number=number + 1,
             updated_at=now,
-            pending_deletes=dict(state.pending_deletes),
         )
         self._shared.commit_now(forked)
         return self._info(forked, branch)
@@ -734,7 +716,6 @@ class Conversation:
                     state,
                     current=branch.id,
                     updated_at=self._shared.clock.time(),
-                    pending_deletes=dict(state.pending_deletes),
                 )
                 self._shared.commit_now(state)
             return self._info(state, branch)
@@ -1047,13 +1028,6 @@ def _with_branch(
         next_seq=next_seq,
         messages=state.messages + next_seq - state.next_seq,
         updated_at=updated_at,
-        pending_deletes=dict(state.pending_deletes),
-    )
-
-
-def _touched(state: ConversationState, now: float) -> ConversationState:
-    return msgspec.structs.replace(
-        state, updated_at=now, pending_deletes=dict(state.pending_deletes)
     )
 
 

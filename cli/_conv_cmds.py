@@ -14,7 +14,6 @@ be found or written (one line on stderr names it); 2 a usage error.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,7 +23,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from sessiontree.actors import Conversation, Conversations, RealClock
+from sessiontree.actors import Conversation, Conversations, RealClock, preview_text
 from sessiontree.protocol import MAIN_KEY, BranchInfo, SessionKey, SessionTreeError
 from sessiontree.store import Store
 from sessiontree.supervision import StoreConversations
@@ -96,17 +95,19 @@ def _echo_json(value: Any) -> None:
     click.echo(msgspec.json.encode(value).decode())
 
 
+def _show(value: Any, as_json: bool, line: str) -> None:
+    """``value`` as JSON, or ``line`` for a person."""
+    if as_json:
+        _echo_json(value)
+    else:
+        click.echo(line)
+
+
 def _branch_line(branch: BranchInfo) -> str:
     mark = "*" if branch.current else " "
     last = branch.last_message
-    said = "" if last is None else f'  "{_one_line(last.content)}"'
+    said = "" if last is None else f'  "{preview_text(last.content)}"'
     return f"{mark} {branch.number:>3}  {branch.name}  ({branch.message_count} messages){said}"
-
-
-def _one_line(content: Any, chars: int = 60) -> str:
-    text = content if isinstance(content, str) else json.dumps(content)
-    text = " ".join(text.split())
-    return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
 @click.group("conv")
@@ -144,7 +145,7 @@ def context_cmd(
         _echo_json([m.to_spec() for m in messages])
         return
     for message in messages:
-        click.echo(f"{message.role.value:>9}: {_one_line(message.content, 100)}")
+        click.echo(f"{message.role.value:>9}: {preview_text(message.content, 100)}")
 
 
 @conv.command("tree")
@@ -199,10 +200,7 @@ def fork_cmd(
     """Start a branch from a message; it becomes current."""
     with _conversation(store_dir, session, agent, key, write=True) as conversation:
         branch = conversation.fork(from_id, name)
-    if as_json:
-        _echo_json(branch)
-    else:
-        click.echo(f"forked: {_branch_line(branch)}")
+    _show(branch, as_json, f"forked: {_branch_line(branch)}")
 
 
 @conv.command("checkout")
@@ -215,10 +213,7 @@ def checkout_cmd(
     """Switch to BRANCH (a number, a name, or a message id)."""
     with _conversation(store_dir, session, agent, key, write=True) as conversation:
         current = conversation.checkout(branch)
-    if as_json:
-        _echo_json(current)
-    else:
-        click.echo(f"current: {_branch_line(current)}")
+    _show(current, as_json, f"current: {_branch_line(current)}")
 
 
 @conv.command("merge")
@@ -231,12 +226,8 @@ def merge_cmd(
     """Copy BRANCH's own messages onto the current branch (both stay)."""
     with _conversation(store_dir, session, agent, key, write=True) as conversation:
         merged = conversation.merge(branch)
-    if as_json:
-        _echo_json(merged)
-        return
-    click.echo(
-        f"merged {len(merged.messages)} messages of {merged.source_name} into {merged.into_name}"
-    )
+    counts = f"{len(merged.messages)} messages of {merged.source_name} into {merged.into_name}"
+    _show(merged, as_json, f"merged {counts}")
 
 
 @conv.command("delete-branch")

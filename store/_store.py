@@ -480,15 +480,6 @@ class Store:
                 continue
             yield item.message
 
-    def conversation_bytes(self, session_id: uuid.UUID) -> bytes | None:
-        """The stored bytes of a session's conversation record (for ``WriteBatch.expect``)."""
-        handle = self._db("conversations")
-        if handle is None:
-            return None
-        with self._read() as txn:
-            raw = txn.get(session_id.bytes, db=handle)
-        return None if raw is None else bytes(raw)
-
     def platform_message(self, session_id: uuid.UUID, platform_id: str) -> uuid.UUID | None:
         """Our message id for a chat platform's message id in a session, or None."""
         handle = self._db("platform_ids")

@@ -13,8 +13,6 @@ from sessiontree.store import Store, WriteBatch
 
 __all__ = ["StoreConversations"]
 
-_UNKNOWN = b"\x00unknown"  # never the bytes of a msgpack record (those start with a map)
-
 
 class StoreConversations:
     """Conversation bookkeeping and messages in the store's ``conversations``,
@@ -37,7 +35,7 @@ class StoreConversations:
         # The branches each conversation's last queued write left (by number), so
         # a write puts only the branches that changed (new objects): an append
         # writes one branch, whatever their number.
-        self._branches: dict[uuid.UUID, dict[int, Branch | None]] = {}
+        self._branches: dict[uuid.UUID, dict[int, Branch]] = {}
 
     def load(self, session_id: uuid.UUID) -> ConversationState | None:
         state, raw = self.store.conversation_read(session_id)
@@ -69,30 +67,20 @@ class StoreConversations:
     ) -> asyncio.Future[None]:
         return self.store.submit_awaitable(self._batch(state, put, delete))
 
-    def reset(self, session_id: uuid.UUID) -> None:
-        self._expected.pop(session_id, None)
-        self._branches.pop(session_id, None)
-
     def _batch(
         self, state: ConversationState, put: Sequence[Message], delete: Sequence[Message]
     ) -> WriteBatch:
         """One conversation's write (called in its order, under its lock)."""
         sid = state.session_id
-        expected = self._expected.get(sid, _UNKNOWN)
-        if expected is _UNKNOWN:
-            expected = self.store.conversation_bytes(sid)
-        batch = self.store.batch().expect("conversations", sid.bytes, expected)
+        if sid not in self._expected:  # a write before any load: learn what is stored
+            self.load(sid)
+        batch = self.store.batch().expect("conversations", sid.bytes, self._expected[sid])
         for message in delete:  # first: a message re-put with a new platform id stays
             batch.drop_message(sid, message)
         for message in put:
             batch.message(sid, message)
-        before = self._branches.get(sid)
-        if before is None:  # not loaded through here: what the store holds, all rewritten
-            before = {
-                int.from_bytes(key[16:], "big"): None
-                for key, _ in self.store.scan("branches", sid.bytes)
-            }
-        after: dict[int, Branch | None] = {branch.number: branch for branch in state.branches}
+        before = self._branches[sid]
+        after = {branch.number: branch for branch in state.branches}
         for branch in state.branches:
             if before.get(branch.number) is not branch:
                 batch.branch(sid, branch)

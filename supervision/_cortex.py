@@ -225,8 +225,10 @@ class CortexLogic:
                 try:
                     value = op(*args, reply=reply) if name in _TAKES_REPLY else op(*args)
                 except _CALLER_MISTAKES as exc:  # answered; the index is untouched
-                    if reply is None:
-                        raise
+                    if reply is None:  # nobody waits for the answer: count it, never fail
+                        self.rt.counters["rejected_messages"] += 1
+                        log.warning("cortex refused %s%r: %s", name, args, exc)
+                        return None
                     reply.fail(exc)
                     return None
                 if reply is not None and value is not _DEFERRED:
@@ -1025,13 +1027,6 @@ class CortexLogic:
         input and an async task is cancelled."""
         entry.core.fence(code)
         self._post(entry, ForceStop())
-
-    def op_cancel_quietly(self, session_id: uuid.UUID) -> None:
-        """A cancel nobody waits for (a pattern's): an unknown or ended session is
-        nothing to do, never an error that could fail the Cortex."""
-        entry = self.entries.get(session_id)
-        if entry is not None and not entry.state.is_terminal:
-            self.op_cancel(session_id)
 
     def op_cancel(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Cancel a session and its whole subtree, with one deadline."""

@@ -242,7 +242,7 @@ class _Host:
         self.node._tell(Progress(core.session_id, note, dict(data)))
 
     def cancel(self, core: SessionCore, child_id: uuid.UUID) -> ErrorInfo | None:
-        self.node._tell(Call("cancel_quietly", (child_id,)))  # never blocks a skill's loop
+        self.node._tell(Call("cancel", (child_id,)))  # never blocks a skill's loop
         return None
 
     def send_to_parent(self, core: SessionCore, message: Any) -> None:

@@ -32,6 +32,7 @@ from sessiontree.supervision import (
     normalise_answer,
     parse_continuation,
 )
+from sessiontree.supervision._index import Call
 from tests.conftest import WAIT, settle
 
 
@@ -844,3 +845,14 @@ def test_a_capacity_refusal_with_no_child_of_the_pattern_running_is_final(
     (got,) = gathered
     assert got.status is GatherStatus.FAILED
     assert [r.error.code for r in got.reports] == [ErrorCode.CAPACITY_EXCEEDED] * 2
+
+
+def test_a_fire_and_forget_call_the_cortex_refuses_is_counted_not_fatal(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    node = make(make_node, Work())
+    node._tell(Call("cancel", (uuid.uuid4(),)))  # as a pattern cancels a child long evicted
+    settle(node)
+    assert node.stats()["rejected_messages"] == 1
+    assert not node.closed
+    assert node.fan_out(node.main("agent"), ["a"], skill="work").ok
