@@ -64,12 +64,13 @@ class Inbound(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     received it (used by ``per-account-channel-peer``).
     """
 
-    provider: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+    provider: Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
     chat_type: ChatType
-    chat_id: _Id
-    sender_id: _Id
+    chat_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._+@-]{1,256}$")]
+    sender_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._+@-]{1,191}$")]
     text: Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
-    account: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    # account "/" sender_id is one key identifier: 64 + 1 + 191 = its 256 at most
+    account: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._+@-]{0,64}$")] = ""
     message_id: _Id | None = None
     reply_to: _Id | None = None
 

@@ -43,11 +43,11 @@ def _nesting(data: bytes) -> int:
     return deepest
 
 
-_MISSING = re.compile(r"missing required field `([^`]+)`")
+_MISSING = re.compile(r"(?:missing required|contains unknown) field `([^`]+)`")
 
 
 def _field_of(error: msgspec.ValidationError) -> str | None:
-    """The field msgspec's error names: its path, plus a missing field's name."""
+    """The field msgspec's error names: its path, plus a missing or unknown field's name."""
     text = str(error)
     match = _PATH.search(text)
     path = match.group(1).lstrip(".") if match else ""
@@ -72,22 +72,27 @@ def decode_strict(
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         msg = f"payload must be bytes, not {type(data).__name__}"
-        raise RejectedInputError(msg)
+        raise RejectedInputError(msg, reason="malformed")
     if len(data) > max_bytes:
         msg = f"payload of {len(data)} bytes is over the cap of {max_bytes}"
-        raise RejectedInputError(msg)
+        raise RejectedInputError(msg, reason="too_large")
     if isinstance(decoder, msgspec.json.Decoder) and _nesting(bytes(data)) > MAX_NESTING:
         msg = f"payload is nested deeper than {MAX_NESTING} levels"
-        raise RejectedInputError(msg)
+        raise RejectedInputError(msg, reason="too_deep")
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise RejectedInputError(f"invalid payload: {exc}", field=_field_of(exc)) from exc
+        reason = "unknown_field" if "Object contains unknown field" in str(exc) else "invalid_field"
+        raise RejectedInputError(
+            f"invalid payload: {exc}", field=_field_of(exc), reason=reason
+        ) from exc
     except msgspec.DecodeError as exc:
-        raise RejectedInputError(f"malformed payload: {exc}") from exc
+        raise RejectedInputError(f"malformed payload: {exc}", reason="malformed") from exc
     except RejectedInputError:
         raise
-    except (ValueError, TypeError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise RejectedInputError(f"invalid payload: {exc}", reason="too_deep") from exc
+    except (ValueError, TypeError) as exc:
         raise RejectedInputError(f"invalid payload: {exc}") from exc
 
 

@@ -64,6 +64,7 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_COMMAND = "unknown_command"
     ESCALATED = "escalated"
     TIMED_OUT = "timed_out"
+    INTERNAL_ERROR = "internal_error"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,13 +105,22 @@ class UnknownSessionError(SessionTreeError):
 
 
 class RejectedInputError(SessionTreeError):
-    """Raised when untrusted input is too large, malformed or of the wrong type."""
+    """Raised when untrusted input is too large, malformed or of the wrong type.
+
+    ``field`` names the offending field (a dotted path) where known;
+    ``reason`` says which kind of mistake, from a small fixed set (``too_large``,
+    ``too_deep``, ``malformed``, ``unknown_field``, ``invalid_field``) that
+    metrics use as a label.
+    """
 
     code = ErrorCode.REJECTED_INPUT
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, field: str | None = None, reason: str = "invalid_field"
+    ) -> None:
         super().__init__(message)
         self.field = field
+        self.reason = reason
 
 
 class UnknownAgentError(RejectedInputError):

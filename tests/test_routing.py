@@ -21,6 +21,7 @@ from sessiontree.protocol import (
     RejectedInputError,
     SessionKey,
     UnknownSessionError,
+    decode_inbound,
     session_key_for,
 )
 from sessiontree.supervision import Agent, Node, NodeConfig
@@ -28,6 +29,8 @@ from tests.conftest import WAIT, settle
 
 
 def inbound(**fields: Any) -> Inbound:
+    """An Inbound built in Python: the constructor checks no constraints, so
+    ``session_key_for`` must (decoding checks them too, see below)."""
     base: dict[str, Any] = {
         "provider": "telegram",
         "chat_type": "dm",
@@ -36,7 +39,7 @@ def inbound(**fields: Any) -> Inbound:
         "text": "hello",
         "account": "bot7",
     }
-    return msgspec.convert({**base, **fields}, Inbound)
+    return Inbound(**{**base, **fields})
 
 
 # -- session keys ------------------------------------------------------------------------
@@ -139,6 +142,26 @@ def test_an_inbound_message_that_cannot_make_a_key_names_its_field(
 ) -> None:
     with pytest.raises(RejectedInputError) as caught:
         session_key_for(inbound(**fields), scope)
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"sender_id": "a b"}, "sender_id"),
+        ({"sender_id": "x/y"}, "sender_id"),
+        ({"sender_id": "x" * 192}, "sender_id"),
+        ({"account": "a:b"}, "account"),
+        ({"chat_id": "g 1"}, "chat_id"),
+        ({"provider": "Tele"}, "provider"),
+    ],
+)
+def test_decoding_an_inbound_message_checks_the_key_grammar(
+    fields: dict[str, Any], field: str
+) -> None:
+    base = msgspec.to_builtins(inbound())
+    with pytest.raises(RejectedInputError) as caught:
+        decode_inbound(msgspec.json.encode({**base, **fields}))
     assert caught.value.field == field
 
 
