@@ -10,7 +10,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import lmdb
@@ -166,6 +166,16 @@ class Store:
     @property
     def writer_thread(self) -> threading.Thread | None:
         return self._writer.thread if self._writer is not None else None
+
+    def observe_commits(self, observer: Callable[[float, int], None]) -> Callable[[], None]:
+        """Call ``observer(seconds, batches)`` on the writer thread after each
+        successful commit (its duration, and the write batches that shared it).
+        It must be quick; a raise is logged and ignored, never reaching the
+        writer. Returns a function that removes it (idempotent). A read-only
+        store never commits: the observer is never called."""
+        if self._writer is None:
+            return _no_op
+        return self._writer.observe_commits(observer)
 
     # -- writing ----------------------------------------------------------------------
 
@@ -560,3 +570,7 @@ class Store:
         for name in self._opened.dbs:
             figures[f"entries_{name}"] = self.count(name)
         return figures
+
+
+def _no_op() -> None:
+    return None

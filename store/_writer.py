@@ -24,6 +24,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -325,12 +326,30 @@ class Writer:
         self.errors = 0
         self.full = 0
         self.on_commit: Callable[[], None] | None = None
+        self._commit_observers: tuple[Callable[[float, int], None], ...] = ()
+        self._observers_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     @property
     def thread(self) -> threading.Thread:
         return self._thread
+
+    def observe_commits(self, observer: Callable[[float, int], None]) -> Callable[[], None]:
+        """Call ``observer(seconds, batches)`` on the writer thread after every
+        successful commit: the transaction's duration (puts to durable commit)
+        and how many batches shared it. It must be quick; a raise is logged and
+        ignored. Returns a function that removes the observer (idempotent)."""
+        with self._observers_lock:
+            self._commit_observers = (*self._commit_observers, observer)
+
+        def unsubscribe() -> None:
+            with self._observers_lock:
+                self._commit_observers = tuple(
+                    o for o in self._commit_observers if o is not observer
+                )
+
+        return unsubscribe
 
     def submit(self, batch: WriteBatch) -> concurrent.futures.Future[None]:
         """Queue ``batch``; the future resolves once it is durably committed, or
@@ -470,6 +489,7 @@ class Writer:
         """Commit ``group`` (``committed``, the previous commit's batches, are
         acknowledged on the way, see ``_transact``); return the batches now
         committed and not yet acknowledged. Failures are told at once."""
+        started = time.perf_counter()  # measurement only: never drives behaviour
         try:
             self._transact(group, committed)
         except PreconditionFailedError as exc:
@@ -501,10 +521,16 @@ class Writer:
             log.error("store commit failed (%d batches not acknowledged): %r", len(group), exc)
             self._settle(group, StoreError(f"the store could not commit: {exc!r}"))
             return []
+        elapsed = time.perf_counter() - started
         self.commits += 1
         self.batches += len(group)
         if self.on_commit is not None:
             self.on_commit()
+        for observer in self._commit_observers:
+            try:
+                observer(elapsed, len(group))
+            except Exception:  # an observer's bug must not stop the writer
+                log.exception("commit observer %r raised; ignored", observer)
         return group
 
     def _transact(self, group: list[_Job], committed: list[_Job]) -> None:

@@ -12,6 +12,7 @@ from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import CortexLogic as Cortex
 from sessiontree.supervision._events import Event, EventBus, EventKind
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
+from sessiontree.supervision._metrics import REJECT_REASONS, NodeMetrics
 from sessiontree.supervision._node import Node, SessionRef, Spawned
 from sessiontree.supervision._patterns import continuation_token, parse_continuation
 from sessiontree.supervision._retry import Retry
@@ -21,6 +22,7 @@ __all__ = [
     "COMMANDS",
     "MAX_BRANCH_DEPTH",
     "MAX_WORKER_DEPTH",
+    "REJECT_REASONS",
     "Agent",
     "Cortex",
     "Event",
@@ -30,6 +32,7 @@ __all__ = [
     "MemorySpace",
     "Node",
     "NodeConfig",
+    "NodeMetrics",
     "Retry",
     "SessionRef",
     "Spawned",

@@ -294,6 +294,7 @@ class CortexLogic:
                 at=self._now(),
                 session_id=entry.session_id if entry else None,
                 parent_id=entry.info.parent_id if entry else None,
+                session_kind=entry.kind.value if entry else None,
                 state=entry.state.value if entry else None,
                 previous=previous.value if previous else None,
                 code=code.value if code else None,
@@ -388,9 +389,16 @@ class CortexLogic:
         return self._register(agent, info, parent, ttl)
 
     def _register(
-        self, agent: Agent, info: SessionInfo, parent: Entry | None, ttl: float | None
+        self,
+        agent: Agent,
+        info: SessionInfo,
+        parent: Entry | None,
+        ttl: float | None,
+        *,
+        restored: bool = False,
     ) -> Entry:
-        """Index a session and start its actor (its first TTL timer: ``ttl`` s)."""
+        """Index a session and start its actor (its first TTL timer: ``ttl`` s);
+        ``restored``: it comes back from the store (its event says so)."""
         skill = agent.skills[info.skill]
         kind = info.kind
         core = SessionCore(
@@ -421,7 +429,10 @@ class CortexLogic:
             self.sync_threads += 1
         if ttl is not None:
             self._arm_ttl(entry, max(ttl, 0.0))
-        self._emit(EventKind.SPAWNED, entry, data={"kind": kind.value, "skill": info.skill})
+        data: dict[str, Any] = {"kind": kind.value, "skill": info.skill}
+        if restored:
+            data.update(restored=True, created_at=info.created_at)
+        self._emit(EventKind.SPAWNED, entry, data=data)
         return entry
 
     def _rejected_by_session(self, body: object) -> None:
@@ -520,31 +531,20 @@ class CortexLogic:
         )
         error = check_spawn(view, spec, agent, self.rt.config, capacity)
         if error is not None:
-            self.rt.counters[f"rejected_{error.code.value}"] += 1
-            self.rt.events.emit(
-                Event(
-                    kind=EventKind.REJECTED,
-                    at=self._now(),
-                    parent_id=parent_id,
-                    code=error.code.value,
-                    data={"kind": spec.kind.value, "message": error.message},
-                )
-            )
+            self._rejected_spawn(parent_id, spec, error)
             return SpawnAnswer(None, error)
         assert parent is not None
         assert agent is not None
         try:
             entry = self._new_entry(agent, spec.kind, parent, spec, resolve_ttl(spec, agent), None)
         except RuntimeError as exc:  # "can't start new thread": nothing was registered
-            self.rt.counters["rejected_capacity_exceeded"] += 1
-            return SpawnAnswer(
-                None,
-                ErrorInfo(
-                    code=ErrorCode.CAPACITY_EXCEEDED,
-                    message=f"no actor could be started for a child of {parent_id}: {exc}",
-                    detail={"limit": "threads"},
-                ),
+            error = ErrorInfo(
+                code=ErrorCode.CAPACITY_EXCEEDED,
+                message=f"no actor could be started for a child of {parent_id}: {exc}",
+                detail={"limit": "threads"},
             )
+            self._rejected_spawn(parent_id, spec, error)
+            return SpawnAnswer(None, error)
         parent.children[entry.session_id] = None
         parent.live_children += 1
         if spec.request_id is not None:
@@ -565,6 +565,18 @@ class CortexLogic:
 
         entry.on_persisted.insert(0, written)
         return _DEFERRED
+
+    def _rejected_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, error: ErrorInfo) -> None:
+        self.rt.counters[f"rejected_{error.code.value}"] += 1
+        self.rt.events.emit(
+            Event(
+                kind=EventKind.REJECTED,
+                at=self._now(),
+                parent_id=parent_id,
+                code=error.code.value,
+                data={"kind": spec.kind.value, "message": error.message},
+            )
+        )
 
     # -- persistence ----------------------------------------------------------------
 
@@ -643,6 +655,7 @@ class CortexLogic:
             entry.grant = None
         entry.core.fence(ErrorCode.STORE_FAILED)
         entry.core.release_slot()
+        self._emit(EventKind.DISCARDED, entry)
         self.entries.pop(entry.session_id, None)
         self.live -= 1
         if entry.needs_thread:
@@ -679,7 +692,7 @@ class CortexLogic:
             info = msgspec.structs.replace(info, skill=agent.main)
         parent = self._entry(info.parent_id)
         ttl = None if info.deadline is None else info.deadline - self._now()
-        entry = self._register(agent, info, parent, ttl)
+        entry = self._register(agent, info, parent, ttl, restored=True)
         core = entry.core
         core.context = context_from_record(record.context)
         core.resumed = True

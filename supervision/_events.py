@@ -34,15 +34,22 @@ class EventKind(enum.StrEnum):
     NODE_FAILED = "node_failed"
     RESTORED = "restored"
     STORE_ERROR = "store_error"
+    DISCARDED = "discarded"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):
-    """One thing that happened to one session (or to the node, ``session_id`` None)."""
+    """One thing that happened to one session (or to the node, ``session_id`` None).
+
+    ``session_kind``: the session's kind (``main``, ``branch``, ``worker``), so an
+    observer that joined late can still place it. ``DISCARDED``: a new session
+    whose record could not be written was taken out again, as if never created.
+    """
 
     kind: EventKind
     at: float
     session_id: uuid.UUID | None = None
     parent_id: uuid.UUID | None = None
+    session_kind: str | None = None
     state: str | None = None
     previous: str | None = None
     code: str | None = None

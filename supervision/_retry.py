@@ -96,11 +96,17 @@ class Retry:
 
 
 class Restarts:
-    """Restart times per parent, for the intensity limit (shared by a node's patterns)."""
+    """Restart times per parent, for the intensity limit (shared by a node's patterns).
+
+    ``retries``: restarts allowed so far (each schedules a fresh attempt);
+    ``escalations``: restarts refused at the intensity limit (the metrics read both).
+    """
 
     def __init__(self) -> None:
         self._times: dict[uuid.UUID, collections.deque[float]] = {}
         self._lock = threading.Lock()
+        self.retries = 0
+        self.escalations = 0
 
     def allow(self, parent: uuid.UUID, now: float, policy: Retry) -> bool:
         """Record a restart of one of ``parent``'s children at ``now`` if the
@@ -110,8 +116,10 @@ class Restarts:
             while times and times[0] <= now - policy.period:
                 times.popleft()
             if len(times) >= policy.intensity:
+                self.escalations += 1
                 return False
             times.append(now)
+            self.retries += 1
             return True
 
     def forget(self, parent: uuid.UUID, now: float, period: float) -> None:
