@@ -1,19 +1,23 @@
-"""``sessiontree conv``: a session's conversation tree, straight from a store directory.
+"""``sessiontree conv``: a session's conversation tree, from a node or a store directory.
 
-Read commands (``branches``, ``context``, ``tree``, ``transcript``) open the
-store read-only, so they work beside a running node. Commands that change
-the tree (``fork``, ``checkout``, ``merge``, ``delete-branch``) open it for
-writing, which a running node refuses (one writer per store): stop the node
-first. Pick the session by ``--session ID``, or by ``--agent`` and ``--key``
-(its Main).
+With ``--node URL`` every command goes through the running node's HTTP
+API. With ``--store DIR``, read commands (``branches``, ``context``,
+``tree``, ``transcript``) open the store read-only, so they work beside a
+running node; commands that change the tree (``fork``, ``checkout``,
+``merge``, ``delete-branch``) open it for writing, which a running node
+refuses (one writer per store): use ``--node`` then. Pick the session by
+``--session ID``, or by ``--agent`` and ``--key`` (its Main).
 
 Exit codes: 0 done; 1 the store, the session, a message or a branch cannot
-be found or written (one line on stderr names it); 2 a usage error.
+be found or written (one line on stderr names it); 2 a usage error; 69 no
+node answered at ``--node``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,24 +28,93 @@ import click
 import msgspec
 
 from sessiontree.actors import Conversation, Conversations, RealClock, preview_text
-from sessiontree.protocol import MAIN_KEY, BranchInfo, SessionKey, SessionTreeError
+from sessiontree.cli._client import NODE_OPTION, NodeClient
+from sessiontree.protocol import (
+    MAIN_KEY,
+    BranchInfo,
+    DeletePlan,
+    Merged,
+    Message,
+    SessionKey,
+    SessionTreeError,
+)
 from sessiontree.store import Store
 from sessiontree.supervision import StoreConversations
 
 __all__ = ["conv"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+_Target = tuple[str | None, Path | None, str | None, str | None, str]
 
 
 def _fail(exc: BaseException | str) -> click.ClickException:
     return click.ClickException(" ".join(str(exc).split()) or type(exc).__name__)
 
 
+class _Remote:
+    """A conversation behind a node's HTTP API, with ``Conversation``'s methods
+    (the ones these commands use), answering the same Structs."""
+
+    def __init__(self, client: NodeClient, session_id: str) -> None:
+        self._client = client
+        self._path = f"/v1/sessions/{session_id}/conversation"
+
+    def _get(self, path: str, kind: type[T], **params: Any) -> T:
+        return msgspec.convert(self._client.get(self._path + path, **params), kind)
+
+    def _post(self, path: str, body: dict[str, Any], kind: type[T]) -> T:
+        return msgspec.convert(self._client.post(self._path + path, body), kind)
+
+    def branches(self) -> list[BranchInfo]:
+        return self._get("/branches", list[BranchInfo])
+
+    def context(self, limit: int) -> list[Message]:
+        return self._get("/context", list[Message], limit=limit)
+
+    def export_tree(self, fmt: str) -> str:
+        if fmt == "json":
+            return json.dumps(self._client.get(self._path + "/tree"), indent=2)
+        return self._client.text(self._path + ("/tree.txt" if fmt == "text" else "/tree.html"))
+
+    def transcript(self) -> Iterator[str]:
+        yield from self._client.text(self._path + "/transcript").splitlines(keepends=True)
+
+    def fork(self, from_id: str, name: str | None) -> BranchInfo:
+        return self._post("/fork", {"from_message_id": from_id, "name": name}, BranchInfo)
+
+    def checkout(self, branch: str) -> BranchInfo:
+        return self._post("/checkout", {"branch": branch}, BranchInfo)
+
+    def merge(self, branch: str) -> Merged:
+        return self._post("/merge", {"branch": branch}, Merged)
+
+    def delete_branch(self, branch: str) -> DeletePlan:
+        return self._post("/delete-branch", {"branch": branch}, DeletePlan)
+
+    def confirm(self, branch: str, token: str) -> DeletePlan:
+        body = {"branch": branch, "token": token}
+        return self._post("/delete-branch/confirm", body, DeletePlan)
+
+
 @contextlib.contextmanager
-def _conversation(
-    store_dir: Path, session: str | None, agent: str | None, key: str, *, write: bool
-) -> Iterator[Conversation]:
-    """Open the store and yield the session's conversation; errors exit 1."""
+def _conversation(target: _Target, *, write: bool) -> Iterator[Conversation | _Remote]:
+    """Yield the session's conversation, through the node or from the store;
+    errors exit 1 (69 when the node does not answer)."""
+    node_url, store_dir, session, agent, key = target
+    if (node_url is None) == (store_dir is None):
+        raise click.UsageError("give exactly one of --node URL or --store DIR")
+    if node_url is not None:
+        with NodeClient(node_url) as client:
+            if session is not None:
+                sid = str(_parse_id(session))
+            elif agent is None:
+                raise click.UsageError("give --session ID, or --agent (and --key) to pick a Main")
+            else:
+                sid = client.main_of(agent, key)
+            yield _Remote(client, sid)
+        return
+    assert store_dir is not None
     try:
         with Store(store_dir, readonly=not write) as store:
             yield Conversations(StoreConversations(store), RealClock()).get(
@@ -51,12 +124,16 @@ def _conversation(
         raise _fail(exc) from exc
 
 
+def _parse_id(session: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(session)
+    except ValueError:
+        raise _fail(f"--session {session!r} is not a session id") from None
+
+
 def _session_id(store: Store, session: str | None, agent: str | None, key: str) -> uuid.UUID:
     if session is not None:
-        try:
-            sid = uuid.UUID(session)
-        except ValueError:
-            raise _fail(f"--session {session!r} is not a session id") from None
+        sid = _parse_id(session)
         if store.session(sid) is None:
             raise _fail(f"no session {sid} in {store.path}")
         return sid
@@ -72,20 +149,43 @@ def _session_id(store: Store, session: str | None, agent: str | None, key: str) 
     return main
 
 
-def _target(func: F) -> F:
-    """The options that pick a conversation: --session, or --agent/--key; and --store."""
-    func = click.option(
-        "--key", default=MAIN_KEY, show_default=True, help="With --agent: the Main's session key."
-    )(func)
-    func = click.option("--agent", default=None, help="Pick the Main of this agent.")(func)
-    func = click.option("--session", default=None, help="The session's id.")(func)
-    return click.option(
-        "--store",
-        "store_dir",
-        required=True,
-        type=click.Path(file_okay=False, path_type=Path),
-        help="The node's store directory.",
-    )(func)
+def _target(command: F) -> F:
+    """The options that pick a conversation: --session, or --agent/--key; and
+    --node or --store. The command receives them as one ``target`` tuple."""
+
+    @functools.wraps(command)
+    def wrapper(
+        node_url: str | None,
+        store_dir: Path | None,
+        session: str | None,
+        agent: str | None,
+        key: str,
+        **rest: Any,
+    ) -> Any:
+        return command(target=(node_url, store_dir, session, agent, key), **rest)
+
+    options = [
+        click.option(
+            "--key",
+            default=MAIN_KEY,
+            show_default=True,
+            help="With --agent: the Main's session key.",
+        ),
+        click.option("--agent", default=None, help="Pick the Main of this agent."),
+        click.option("--session", default=None, help="The session's id."),
+        click.option(
+            "--store",
+            "store_dir",
+            default=None,
+            type=click.Path(file_okay=False, path_type=Path),
+            help="The node's store directory (read-only for reads; writes need the node stopped).",
+        ),
+        NODE_OPTION,
+    ]
+    decorated: Any = wrapper
+    for option in options:
+        decorated = option(decorated)
+    return decorated  # type: ignore[no-any-return]
 
 
 _JSON = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
@@ -118,11 +218,9 @@ def conv() -> None:
 @conv.command("branches")
 @_target
 @_JSON
-def branches_cmd(
-    store_dir: Path, session: str | None, agent: str | None, key: str, as_json: bool
-) -> None:
+def branches_cmd(target: _Target, as_json: bool) -> None:
     """List the branches (* marks the current one)."""
-    with _conversation(store_dir, session, agent, key, write=False) as conversation:
+    with _conversation(target, write=False) as conversation:
         found = conversation.branches()
     if as_json:
         _echo_json(found)
@@ -135,11 +233,9 @@ def branches_cmd(
 @_target
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(0, 10_000))
 @_JSON
-def context_cmd(
-    store_dir: Path, session: str | None, agent: str | None, key: str, limit: int, as_json: bool
-) -> None:
+def context_cmd(target: _Target, limit: int, as_json: bool) -> None:
     """What the agent sees: the active path, oldest first, at most --limit messages."""
-    with _conversation(store_dir, session, agent, key, write=False) as conversation:
+    with _conversation(target, write=False) as conversation:
         messages = conversation.context(limit)
     if as_json:
         _echo_json([m.to_spec() for m in messages])
@@ -158,11 +254,9 @@ def context_cmd(
     show_default=True,
 )
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def tree_cmd(
-    store_dir: Path, session: str | None, agent: str | None, key: str, fmt: str, out: Path | None
-) -> None:
+def tree_cmd(target: _Target, fmt: str, out: Path | None) -> None:
     """Export the tree (text, nested JSON, or one self-contained HTML page)."""
-    with _conversation(store_dir, session, agent, key, write=False) as conversation:
+    with _conversation(target, write=False) as conversation:
         content = conversation.export_tree(fmt)
     if out is None:
         sys.stdout.write(content if content.endswith("\n") else content + "\n")
@@ -176,9 +270,11 @@ def tree_cmd(
 
 @conv.command("transcript")
 @_target
-def transcript_cmd(store_dir: Path, session: str | None, agent: str | None, key: str) -> None:
+def transcript_cmd(
+    target: _Target,
+) -> None:
     """The transcript as JSONL (one message a line, in the order written)."""
-    with _conversation(store_dir, session, agent, key, write=False) as conversation:
+    with _conversation(target, write=False) as conversation:
         for line in conversation.transcript():
             sys.stdout.write(line)
 
@@ -189,16 +285,13 @@ def transcript_cmd(store_dir: Path, session: str | None, agent: str | None, key:
 @click.option("--name", default=None, help="The new branch's name (default branch-N).")
 @_JSON
 def fork_cmd(
-    store_dir: Path,
-    session: str | None,
-    agent: str | None,
-    key: str,
+    target: _Target,
     from_id: str,
     name: str | None,
     as_json: bool,
 ) -> None:
     """Start a branch from a message; it becomes current."""
-    with _conversation(store_dir, session, agent, key, write=True) as conversation:
+    with _conversation(target, write=True) as conversation:
         branch = conversation.fork(from_id, name)
     _show(branch, as_json, f"forked: {_branch_line(branch)}")
 
@@ -207,11 +300,9 @@ def fork_cmd(
 @_target
 @click.argument("branch")
 @_JSON
-def checkout_cmd(
-    store_dir: Path, session: str | None, agent: str | None, key: str, branch: str, as_json: bool
-) -> None:
+def checkout_cmd(target: _Target, branch: str, as_json: bool) -> None:
     """Switch to BRANCH (a number, a name, or a message id)."""
-    with _conversation(store_dir, session, agent, key, write=True) as conversation:
+    with _conversation(target, write=True) as conversation:
         current = conversation.checkout(branch)
     _show(current, as_json, f"current: {_branch_line(current)}")
 
@@ -220,11 +311,9 @@ def checkout_cmd(
 @_target
 @click.argument("branch")
 @_JSON
-def merge_cmd(
-    store_dir: Path, session: str | None, agent: str | None, key: str, branch: str, as_json: bool
-) -> None:
+def merge_cmd(target: _Target, branch: str, as_json: bool) -> None:
     """Copy BRANCH's own messages onto the current branch (both stay)."""
-    with _conversation(store_dir, session, agent, key, write=True) as conversation:
+    with _conversation(target, write=True) as conversation:
         merged = conversation.merge(branch)
     counts = f"{len(merged.messages)} messages of {merged.source_name} into {merged.into_name}"
     _show(merged, as_json, f"merged {counts}")
@@ -236,21 +325,25 @@ def merge_cmd(
 @click.option("--confirm", "token", default=None, help="The token the first step printed.")
 @_JSON
 def delete_branch_cmd(
-    store_dir: Path,
-    session: str | None,
-    agent: str | None,
-    key: str,
+    target: _Target,
     branch: str,
     token: str | None,
     as_json: bool,
 ) -> None:
     """Delete BRANCH in two steps: without --confirm, show what would go and the token."""
-    with _conversation(store_dir, session, agent, key, write=token is not None) as conversation:
-        plan = conversation.delete_branch(branch)
-        if token is not None:
-            if plan.token != token:  # a token of another branch, or of an older plan
-                raise _fail(f"token {token!r} is not the current plan of branch {branch}")
-            plan = conversation.confirm_delete(token)
+    with _conversation(target, write=token is not None) as conversation:
+        if isinstance(conversation, _Remote):
+            plan = (
+                conversation.delete_branch(branch)
+                if token is None
+                else conversation.confirm(branch, token)
+            )
+        else:
+            plan = conversation.delete_branch(branch)
+            if token is not None:
+                if plan.token != token:  # a token of another branch, or of an older plan
+                    raise _fail(f"token {token!r} is not the current plan of branch {branch}")
+                plan = conversation.confirm_delete(token)
     if as_json:
         _echo_json(plan)
     elif token is None:

@@ -3,6 +3,11 @@
 The library never configures logging; this module does, for the command
 line only: log records go to stderr, so stdout carries nothing but the
 command's own output (``--json`` documents stay parseable).
+
+Every option can also come from an environment variable named by click's
+automatic prefix, ``SESSIONTREE_<COMMAND>_<OPTION>`` (``--node`` also reads
+``SESSIONTREE_NODE``). Exit codes, for every command: 0 ok, 1 failure, 2
+usage, 69 node unreachable.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import click
 
 from sessiontree.cli._conv_cmds import conv
 from sessiontree.cli._demo import DEMO_GRACE, DemoError, DemoReport, run_demo
+from sessiontree.cli._node_cmds import node
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
+from sessiontree.cli._session_cmds import sessions
 from sessiontree.cli._store_cmds import export_cmd, import_cmd
 
 __all__ = ["configure_logging", "main"]
@@ -35,7 +42,11 @@ def configure_logging(verbosity: int) -> None:
     )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SESSIONTREE"},
+    epilog="Exit codes: 0 ok, 1 failure, 2 usage, 69 node unreachable. Shell completion: "
+    'eval "$(_SESSIONTREE_COMPLETE=bash_source sessiontree)" (zsh_source, fish_source).',
+)
 @click.version_option(package_name="sessiontree", prog_name="sessiontree")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
 def main(verbose: int) -> None:
@@ -109,3 +120,5 @@ def _run(store: Path | None, printer: EventPrinter | None) -> DemoReport:
 main.add_command(export_cmd)
 main.add_command(import_cmd)
 main.add_command(conv)
+main.add_command(node)
+main.add_command(sessions)

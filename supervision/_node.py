@@ -58,6 +58,7 @@ from sessiontree.protocol import (
     SessionState,
     SessionTreeError,
     SpawnSpec,
+    UnknownAgentError,
     UnknownSessionError,
     decode_control,
     decode_inbound,
@@ -441,6 +442,11 @@ class Node:
         """True once a shutdown began or the node failed."""
         return self._state != "open" or self.failure is not None
 
+    @property
+    def agents(self) -> list[str]:
+        """The ids of the agents registered on this node, sorted."""
+        return sorted(self._runtime.agents)
+
     def ref(self, session_id: uuid.UUID) -> SessionRef:
         """A handle for ``session_id`` (not checked until used)."""
         return SessionRef(self, session_id)
@@ -583,7 +589,7 @@ class Node:
         agent = agents.get(agent_id)
         if agent is None:
             msg = f"no agent {agent_id!r} on this node"
-            raise RejectedInputError(msg, field="agent_id")
+            raise UnknownAgentError(msg, field="agent_id")
         return agent
 
     # -- coordination patterns, for a parent session ---------------------------------
@@ -876,6 +882,15 @@ class Node:
             self._close_owned()
             self._state = "closed"
             self._stopped.set()
+
+    def force_shutdown(self) -> None:
+        """Cut a shutdown in progress short: what still runs is forced now (the
+        second signal of a standalone node). Does nothing unless a shutdown runs."""
+        if self._state == "closing" and self.failure is None:
+            try:
+                self._call("shutdown_deadline", check=False, timeout=5.0)
+            except (NodeClosedError, AskTimeoutError) as exc:
+                log.warning("could not force the shutdown: %r", exc)
 
     def _flush_store(self) -> None:
         if self.store is None:

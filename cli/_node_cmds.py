@@ -1,0 +1,343 @@
+"""``sessiontree node start|status``: a standalone node, and a look at one.
+
+``node start`` runs the runtime on an LMDB store with its HTTP API and
+``/metrics`` on one port. Settings come from, weakest first: the defaults,
+the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
+``max_body``, ``max_wait`` at the top, ``NodeConfig`` fields in a ``[node]``
+table), environment variables (``SESSIONTREE_NODE_START_<OPTION>``, click's
+automatic names) and flags. The effective settings are printed as one JSON
+line on stdout at start, followed by ``listening on URL``.
+
+The node owns its signals (uvicorn's handlers would re-raise them and exit
+143): the first SIGTERM or SIGINT stops accepting connections and shuts the
+node down as DESIGN.md §3 says (Mains kept, running Branches suspended so
+they resume after a restart, Workers cancelled with the grace and their
+parents told), flushes the store and exits 0; a second signal cuts the grace
+short (what still runs is forced), flushes and exits 1.
+
+Exit codes: 0 a clean stop; 1 the node could not start (the store is held by
+another node, the agents cannot be loaded, the port is taken) or was forced;
+2 a usage error (a bad flag, config file or setting); 69 ``status`` found no
+node at ``--node``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import socket
+import sys
+import tomllib
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import uvicorn
+
+from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents
+from sessiontree.cli._api import MAX_BODY_BYTES, create_app
+from sessiontree.cli._client import NODE_OPTION, NodeClient
+from sessiontree.protocol import SessionTreeError, StoreLockedError
+from sessiontree.store import Store
+from sessiontree.supervision import Node, NodeConfig, NodeMetrics
+
+__all__ = ["node"]
+
+log = logging.getLogger("sessiontree.cli.node")
+
+_TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait"}
+_NODE_FLAGS = ("grace", "max_sessions", "max_step_threads", "max_running_skills")
+
+
+@click.group("node")
+def node() -> None:
+    """Run a standalone node, or look at one."""
+
+
+def _read_config(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        with path.open("rb") as file:
+            raw = tomllib.load(file)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--config") from None
+    unknown = sorted(set(raw) - _TOP - {"node"})
+    if unknown:
+        msg = f"{path}: unknown setting {unknown[0]!r} (known: {sorted(_TOP | {'node'})})"
+        raise click.BadParameter(msg, param_hint="--config")
+    if not isinstance(raw.get("node", {}), dict):
+        raise click.BadParameter(f"{path}: [node] must be a table", param_hint="--config")
+    return raw
+
+
+def _effective(ctx: click.Context, file: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Merge defaults < file < environment < flags; also say where each came from."""
+    settings: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    fields = {f.name for f in dataclasses.fields(NodeConfig)}
+    node_table: dict[str, Any] = dict(file.get("node", {}))
+    unknown = sorted(set(node_table) - fields)
+    if unknown:
+        msg = f"unknown [node] setting {unknown[0]!r}"
+        raise click.BadParameter(msg, param_hint="--config")
+    for name in (*_TOP, *_NODE_FLAGS):
+        source = ctx.get_parameter_source(name)
+        value = ctx.params[name]
+        explicit = source in (
+            click.core.ParameterSource.COMMANDLINE,
+            click.core.ParameterSource.ENVIRONMENT,
+        )
+        in_file = name in file if name in _TOP else name in node_table
+        if explicit or not in_file:
+            if value is None and name in _NODE_FLAGS:
+                continue
+            where = (
+                "flag"
+                if source is click.core.ParameterSource.COMMANDLINE
+                else ("env" if source is click.core.ParameterSource.ENVIRONMENT else "default")
+            )
+        else:
+            value = file[name] if name in _TOP else node_table[name]
+            where = "file"
+        if name in _NODE_FLAGS:
+            node_table[name] = value
+        else:
+            settings[name] = value
+        sources[name] = where
+    for name in node_table:
+        sources.setdefault(name, "file")
+    settings["node"] = node_table
+    return settings, sources
+
+
+def _node_config(table: dict[str, Any]) -> NodeConfig:
+    try:
+        return NodeConfig(**table)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="[node] / --config") from None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the node owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        return socket.create_server((host, port), reuse_port=False)
+    except OSError as exc:
+        msg = f"cannot listen on {host}:{port}: {exc}"
+        raise click.ClickException(msg) from None
+
+
+async def _serve(server: _Server, sock: socket.socket, running: Node) -> int:
+    """Serve until a signal; then stop accepting, shut the node down, flush."""
+    loop = asyncio.get_running_loop()
+    signals: list[int] = []
+    shutdown: asyncio.Future[None] | None = None
+
+    def on_signal(signum: int) -> None:
+        nonlocal shutdown
+        signals.append(signum)
+        if len(signals) == 1:
+            log.warning("%s: stopping (a second signal forces)", signal.Signals(signum).name)
+            server.should_exit = True
+            shutdown = loop.run_in_executor(None, running.shutdown)
+        else:
+            log.warning("%s again: forcing the shutdown", signal.Signals(signum).name)
+            server.force_exit = True
+            loop.run_in_executor(None, running.force_shutdown)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await server.serve(sockets=[sock])
+        if shutdown is None:  # the server stopped by itself (startup failure)
+            shutdown = loop.run_in_executor(None, running.shutdown)
+        await shutdown
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    return 1 if len(signals) > 1 else 0
+
+
+@node.command("start")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A TOML file of settings (flags and environment variables override it).",
+)
+@click.option(
+    "--store",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The LMDB store directory (created if missing). Required here or in --config.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8470,
+    show_default=True,
+    help="Port for the API and /metrics (0: any free port, printed at start).",
+)
+@click.option(
+    "--agents",
+    default=BUILTIN,
+    show_default=True,
+    metavar="MODULE:OBJECT",
+    help="The agents to run: an Agent, a list of them, or a callable returning either.",
+)
+@click.option("--name", default="sessiontree", show_default=True, help="The node's name.")
+@click.option(
+    "--max-body",
+    type=click.IntRange(1024),
+    default=MAX_BODY_BYTES,
+    show_default=True,
+    help="Request body cap in bytes (413 past it).",
+)
+@click.option(
+    "--max-wait",
+    type=click.FloatRange(0.0, 3600.0),
+    default=60.0,
+    show_default=True,
+    help="The longest a result long-poll waits, in seconds.",
+)
+@click.option("--grace", type=click.FloatRange(0.0), default=None, help="NodeConfig.grace (s).")
+@click.option(
+    "--max-sessions", type=click.IntRange(1), default=None, help="NodeConfig.max_sessions."
+)
+@click.option(
+    "--max-step-threads", type=click.IntRange(1), default=None, help="NodeConfig.max_step_threads."
+)
+@click.option(
+    "--max-running-skills",
+    type=click.IntRange(1),
+    default=None,
+    help="NodeConfig.max_running_skills.",
+)
+@click.pass_context
+def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
+    """Run a node: the runtime on an LMDB store, its HTTP API and /metrics."""
+    settings, sources = _effective(ctx, _read_config(config_file))
+    if settings["store"] is None:
+        raise click.UsageError("give --store DIR (or `store` in --config)")
+    config = _node_config(settings["node"])
+    try:
+        agents = load_agents(str(settings["agents"]))
+    except AgentLoadError as exc:
+        raise click.ClickException(str(exc)) from None
+    sock = _bind(str(settings["host"]), int(settings["port"]))
+    try:
+        running = Node(agents, config, store=Path(settings["store"]))
+    except StoreLockedError as exc:
+        sock.close()
+        msg = f"store {settings['store']} is held by another node: {exc}"
+        raise click.ClickException(msg) from None
+    except (SessionTreeError, OSError) as exc:
+        sock.close()
+        raise click.ClickException(f"the node could not start: {exc}") from None
+    metrics = NodeMetrics(running)
+    app = create_app(
+        running,
+        metrics,
+        name=str(settings["name"]),
+        max_body=int(settings["max_body"]),
+        max_wait=float(settings["max_wait"]),
+    )
+    server = _Server(
+        uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=int(config.grace) + 5,
+        )
+    )
+    host, port = sock.getsockname()[:2]
+    shown = {**settings, "store": str(settings["store"]), "node": _shown(config)}
+    click.echo(json.dumps({"effective_config": shown, "sources": sources}, sort_keys=True))
+    click.echo(f"listening on http://{host}:{port} (agents: {', '.join(running.agents)})")
+    sys.stdout.flush()
+    try:
+        code = asyncio.run(_serve(server, sock, running))
+    finally:
+        metrics.close()
+        sock.close()
+    final = Counter(info.state.value for info in running.final_sessions)
+    click.echo(f"node stopped: {dict(sorted(final.items()))}", err=True)
+    ctx.exit(code)
+
+
+def _shown(config: NodeConfig) -> dict[str, Any]:
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if not callable(getattr(config, f.name))
+    }
+
+
+@node.command("status")
+@NODE_OPTION
+@click.option(
+    "--store",
+    "store_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Read a store directory instead (read-only, also while a node runs).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
+def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
+    """A node's state, sessions by state, counters and store (from --node or --store)."""
+    if (node_url is None) == (store_dir is None):
+        raise click.UsageError("give exactly one of --node URL or --store DIR")
+    if node_url is not None:
+        with NodeClient(node_url) as client:
+            found: dict[str, Any] = client.get("/v1/node")
+    else:
+        assert store_dir is not None
+        found = _store_status(store_dir)
+    if as_json:
+        click.echo(json.dumps(found, sort_keys=True))
+        return
+    click.echo(f"node {found['node']}: {found['state']}")
+    if "uptime_s" in found:
+        click.echo(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}")
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
+    click.echo(f"  sessions: {counts or 'none'}")
+    store = found.get("store") or {}
+    if store:
+        click.echo(
+            f"  store {store.get('path')}: {store.get('used_bytes', 0):,} of "
+            f"{store.get('map_size', 0):,} bytes used"
+        )
+
+
+def _store_status(store_dir: Path) -> dict[str, Any]:
+    try:
+        with Store(store_dir, readonly=True) as store:
+            by_state: Counter[str] = Counter()
+            for record in store.sessions():
+                if not isinstance(record, SessionTreeError):
+                    by_state[record.info.state.value] += 1
+            figures = store.stats()
+    except (SessionTreeError, OSError) as exc:
+        raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
+    return {
+        "node": str(store_dir),
+        "state": "stored",
+        "sessions": dict(by_state),
+        "store": {k: v for k, v in figures.items() if isinstance(v, int | float | str)},
+    }

@@ -1,0 +1,397 @@
+"""``sessiontree sessions ls|show|tree|spawn|send|cancel|suspend|resume|wait``.
+
+Read commands (``ls``, ``show``, ``tree``) work against a running node
+(``--node URL``) or read-only straight from a store directory (``--store
+DIR``, also while a node runs). Commands that change something need
+``--node``. ``--json`` prints only JSON on stdout; logs and progress go to
+stderr.
+
+Exit codes: 0 done; 1 the node or store refused (one line on stderr names
+the code and field), or ``wait`` timed out; 2 a usage error; 69 no node
+answered at ``--node``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import msgspec
+
+from sessiontree.cli._client import NODE_OPTION, NodeClient
+from sessiontree.protocol import SessionKind, SessionState, SessionTreeError
+from sessiontree.store import Store
+
+__all__ = ["sessions"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_STORE = click.option(
+    "--store",
+    "store_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Read a store directory instead of a node (read-only).",
+)
+_JSON = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
+
+
+def _read_source(func: F) -> F:
+    return NODE_OPTION(_STORE(func))
+
+
+def _one_source(node_url: str | None, store_dir: Path | None) -> None:
+    if (node_url is None) == (store_dir is None):
+        raise click.UsageError("give exactly one of --node URL or --store DIR")
+
+
+def _client(node_url: str | None) -> NodeClient:
+    if node_url is None:
+        raise click.UsageError("this command changes a node: give --node URL")
+    return NodeClient(node_url)
+
+
+def _sid(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a session id", param_hint="SESSION") from None
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, sort_keys=True))
+
+
+def _builtins(value: Any) -> Any:
+    return msgspec.to_builtins(value)
+
+
+# -- reading a store ---------------------------------------------------------------------
+
+
+def _stored_rows(store_dir: Path) -> Iterator[dict[str, Any]]:
+    try:
+        with Store(store_dir, readonly=True) as store:
+            rows = [
+                {"info": _builtins(r.info), "result": _builtins(r.result)}
+                for r in store.sessions()
+                if not isinstance(r, SessionTreeError)
+            ]
+    except (SessionTreeError, OSError) as exc:
+        raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
+    yield from rows
+
+
+def _stored_view(store_dir: Path, session_id: str) -> dict[str, Any]:
+    for row in _stored_rows(store_dir):
+        if row["info"]["session_id"] == session_id:
+            return row
+    raise click.ClickException(f"unknown_session: no session {session_id} in {store_dir}")
+
+
+def _stored_tree(store_dir: Path, session_id: str) -> dict[str, Any]:
+    rows = {row["info"]["session_id"]: row for row in _stored_rows(store_dir)}
+    if session_id not in rows:
+        raise click.ClickException(f"unknown_session: no session {session_id} in {store_dir}")
+    children: dict[str, list[str]] = {}
+    for sid, row in rows.items():
+        parent = row["info"]["parent_id"]
+        if parent is not None:
+            children.setdefault(parent, []).append(sid)
+
+    def build(sid: str) -> dict[str, Any]:
+        kids = sorted(children.get(sid, []), key=lambda c: rows[c]["info"]["created_at"])
+        return {**rows[sid], "children": [build(c) for c in kids]}
+
+    return build(session_id)
+
+
+# -- drawing -----------------------------------------------------------------------------
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> str:
+    text = (
+        f"{info['kind']:<6} {info['state']:<9} {info['session_id'][:8]}  "
+        f"age {_age(now - info['created_at'])}"
+    )
+    deadline = info.get("deadline")
+    if deadline is not None and info["state"] in ("pending", "active", "suspended"):
+        text += f", ttl left {_age(deadline - now)}"
+    if info.get("task"):
+        task = info["task"] if len(info["task"]) <= 40 else info["task"][:39] + "~"
+        text += f'  "{task}"'
+    error = (result or {}).get("error")
+    if error:
+        text += f"  [{error['code']}]"
+    return text
+
+
+def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
+    """A session tree as ASCII lines: kind, state, id, age and time left to TTL."""
+    lines: list[str] = []
+
+    def walk(node: dict[str, Any], prefix: str, last: bool, root: bool) -> None:
+        branch = "" if root else ("`-- " if last else "|-- ")
+        lines.append(f"{prefix}{branch}{_line(node['info'], node.get('result'), now)}")
+        kids = node.get("children", [])
+        deeper = prefix if root else prefix + ("    " if last else "|   ")
+        for i, child in enumerate(kids):
+            walk(child, deeper, i == len(kids) - 1, root=False)
+
+    walk(tree, "", last=True, root=True)
+    return lines
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+@click.group("sessions")
+def sessions() -> None:
+    """List, inspect, draw, spawn, message, cancel, suspend, resume and wait on sessions."""
+
+
+@sessions.command("ls")
+@_read_source
+@click.option("--state", type=click.Choice([s.value for s in SessionState]), default=None)
+@click.option("--kind", type=click.Choice([k.value for k in SessionKind]), default=None)
+@click.option("--agent", default=None, help="Only this agent's sessions.")
+@click.option("--key", default=None, help="Only sessions with this session key.")
+@click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
+@_JSON
+def ls_cmd(
+    node_url: str | None,
+    store_dir: Path | None,
+    state: str | None,
+    kind: str | None,
+    agent: str | None,
+    key: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Sessions, oldest first (at most --limit)."""
+    _one_source(node_url, store_dir)
+    infos: list[dict[str, Any]] = []
+    if node_url is not None:
+        with NodeClient(node_url) as client:
+            cursor = None
+            while len(infos) < limit:
+                page = client.get(
+                    "/v1/sessions",
+                    state=state,
+                    kind=kind,
+                    agent=agent,
+                    key=key,
+                    limit=min(1000, limit - len(infos)),
+                    cursor=cursor,
+                )
+                infos += page["items"]
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
+    else:
+        assert store_dir is not None
+        infos = [
+            row["info"]
+            for row in _stored_rows(store_dir)
+            if (state is None or row["info"]["state"] == state)
+            and (kind is None or row["info"]["kind"] == kind)
+            and (agent is None or row["info"]["agent_id"] == agent)
+            and (key is None or row["info"]["key"] == key)
+        ]
+        infos.sort(key=lambda i: (i["created_at"], i["session_id"]))
+        infos = infos[:limit]
+    if as_json:
+        _echo_json(infos)
+        return
+    now = time.time()
+    for info in infos:
+        click.echo(_line(info, None, now))
+    click.echo(f"{len(infos)} sessions", err=True)
+
+
+@sessions.command("show")
+@_read_source
+@click.argument("session")
+@_JSON
+def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
+    """One session: identity, state and result."""
+    _one_source(node_url, store_dir)
+    sid = _sid(session)
+    if node_url is not None:
+        with NodeClient(node_url) as client:
+            view = client.get(f"/v1/sessions/{sid}")
+    else:
+        assert store_dir is not None
+        view = _stored_view(store_dir, sid)
+    if as_json:
+        _echo_json(view)
+        return
+    for name, value in view["info"].items():
+        click.echo(f"{name:>16}: {value}")
+    if view.get("result") is not None:
+        click.echo(f"{'result':>16}: {json.dumps(view['result'], sort_keys=True)}")
+
+
+@sessions.command("tree")
+@_read_source
+@click.argument("session")
+@_JSON
+def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
+    """Draw the subtree under SESSION: kind, state, age and time left to TTL."""
+    _one_source(node_url, store_dir)
+    sid = _sid(session)
+    if node_url is not None:
+        with NodeClient(node_url) as client:
+            tree = client.get(f"/v1/sessions/{sid}/tree")
+    else:
+        assert store_dir is not None
+        tree = _stored_tree(store_dir, sid)
+    if as_json:
+        _echo_json(tree)
+        return
+    for line in draw_tree(tree, time.time()):
+        click.echo(line)
+
+
+@sessions.command("spawn")
+@NODE_OPTION
+@click.option("--agent", default=None, help="Open (get or create) this agent's Main.")
+@click.option("--key", default="internal:main:main", show_default=True, help="With --agent.")
+@click.option("--parent", default=None, help="Spawn a child under this session instead.")
+@click.option("--kind", type=click.Choice(["branch", "worker"]), default="worker")
+@click.option("--task", default="", help="The child's task.")
+@click.option("--context", "context_summary", default="", help="The child's context_summary.")
+@click.option("--skill", default=None, help="Which of the agent's skills runs it.")
+@click.option("--ttl", type=float, default=None, help="Seconds (default: the kind's).")
+@click.option("--request-id", default=None, help="Idempotency key under the parent.")
+@_JSON
+def spawn_cmd(
+    node_url: str | None,
+    agent: str | None,
+    key: str,
+    parent: str | None,
+    kind: str,
+    task: str,
+    context_summary: str,
+    skill: str | None,
+    ttl: float | None,
+    request_id: str | None,
+    as_json: bool,
+) -> None:
+    """Open a Main (--agent) or spawn a child (--parent); prints the new session."""
+    if (agent is None) == (parent is None):
+        raise click.UsageError("give exactly one of --agent (a Main) or --parent (a child)")
+    with _client(node_url) as client:
+        if agent is not None:
+            made = client.post("/v1/sessions", {"agent_id": agent, "key": key})
+        else:
+            spec: dict[str, Any] = {"kind": kind, "task": task, "context_summary": context_summary}
+            optional = {"skill": skill, "ttl": ttl, "request_id": request_id}
+            spec.update({k: v for k, v in optional.items() if v is not None})
+            made = client.post(f"/v1/sessions/{_sid(str(parent))}/children", spec)
+    if as_json:
+        _echo_json(made)
+        return
+    info = made["info"]
+    click.echo(f"{info['kind']} {info['session_id']} {info['state']}")
+
+
+@sessions.command("send")
+@NODE_OPTION
+@click.argument("session")
+@click.argument("message")
+@_JSON
+def send_cmd(node_url: str | None, session: str, message: str, as_json: bool) -> None:
+    """Send a Main MESSAGE (JSON if it parses as JSON, else the text)."""
+    try:
+        payload: Any = json.loads(message)
+    except ValueError:
+        payload = message
+    with _client(node_url) as client:
+        view = client.post(f"/v1/sessions/{_sid(session)}/messages", {"message": payload})
+    if as_json:
+        _echo_json(view)
+    else:
+        click.echo(f"sent to {view['info']['session_id']} ({view['info']['state']})")
+
+
+def _control(name: str) -> None:
+    @sessions.command(name)
+    @NODE_OPTION
+    @click.argument("session")
+    @_JSON
+    def command(node_url: str | None, session: str, as_json: bool) -> None:
+        with _client(node_url) as client:
+            view = client.post(f"/v1/sessions/{_sid(session)}/{name}")
+        if as_json:
+            _echo_json(view)
+        else:
+            click.echo(f"{name} requested: {view['info']['session_id']} ({view['info']['state']})")
+
+    command.__doc__ = {
+        "cancel": "Cancel SESSION and its subtree (one grace deadline for all).",
+        "suspend": "Suspend a Branch at its next checkpoint.",
+        "resume": "Resume a suspended Branch.",
+    }[name]
+
+
+for _name in ("cancel", "suspend", "resume"):
+    _control(_name)
+
+
+@sessions.command("wait")
+@NODE_OPTION
+@click.argument("session")
+@click.option(
+    "--timeout", type=click.FloatRange(0.0), default=300.0, show_default=True, help="Seconds."
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@_JSON
+def wait_cmd(
+    node_url: str | None, session: str, timeout: float, quiet: bool, as_json: bool
+) -> None:
+    """Wait for SESSION to end and print its result (exit 1 if --timeout passes first).
+
+    Progress (elapsed time and state) is shown on stderr while waiting.
+    """
+    sid = _sid(session)
+    started = time.monotonic()
+    with _client(node_url) as client:
+        while True:
+            left = timeout - (time.monotonic() - started)
+            answer = client.wait(sid, max(0.0, min(left, 10.0)))
+            if answer["done"]:
+                break
+            if left <= 10.0:
+                if not quiet:
+                    click.echo("", err=True)
+                raise click.ClickException(f"session {sid} still runs after {timeout:g} s")
+            if not quiet:
+                state = client.get(f"/v1/sessions/{sid}")["info"]["state"]
+                elapsed = time.monotonic() - started
+                click.echo(f"\rwaiting for {sid[:8]}: {state}, {elapsed:.0f} s", err=True, nl=False)
+    if not quiet and time.monotonic() - started > 10.0:
+        click.echo("", err=True)
+    result = answer["result"]
+    if as_json:
+        _echo_json(result)
+        return
+    error = result.get("error")
+    tail = f" [{error['code']}] {error['message']}" if error else ""
+    click.echo(f"{result['status']}{tail}")
+    if result.get("summary"):
+        click.echo(result["summary"])

@@ -1,0 +1,137 @@
+"""The HTTP API's request and response bodies (msgspec Structs, strict on the way in).
+
+Requests forbid unknown fields and bound every string and list; the API
+decodes them with ``protocol.decode_strict`` (size cap, nesting cap, no
+coercion) before the framework sees them. Responses reuse the protocol's
+Structs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import msgspec
+
+from sessiontree.protocol import (
+    MAIN_KEY,
+    ErrorCode,
+    SessionInfo,
+    SessionResult,
+)
+
+__all__ = [
+    "ApiError",
+    "BranchRequest",
+    "ConfirmDeleteRequest",
+    "ErrorBody",
+    "ForkRequest",
+    "MainRequest",
+    "NodeStatus",
+    "SendRequest",
+    "SessionPage",
+    "SessionView",
+    "Spawn",
+    "WaitResult",
+]
+
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+_Key = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+_Ref = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class MainRequest(_Request, frozen=True):
+    """Get or create the one Main of ``agent_id`` for session ``key``."""
+
+    agent_id: _Name
+    key: _Key = MAIN_KEY
+
+
+class SendRequest(_Request, frozen=True):
+    """An inbound message for a Main (it starts one message cycle)."""
+
+    message: Any
+
+
+class ForkRequest(_Request, frozen=True):
+    """Start a branch at ``from_message_id``; ``name`` defaults to ``branch-N``."""
+
+    from_message_id: uuid.UUID
+    name: _Name | None = None
+
+
+class BranchRequest(_Request, frozen=True):
+    """Name a branch: its number, its name, or (checkout only) a message id."""
+
+    branch: _Ref
+
+
+class ConfirmDeleteRequest(_Request, frozen=True):
+    """The second step of a deletion: the token the first step returned."""
+
+    branch: _Ref
+    token: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class ApiError(msgspec.Struct, frozen=True, kw_only=True):
+    """What went wrong: a machine-readable ``code``, a sentence, and the
+    ``field`` (a dotted path into the request) or ``session_id`` it concerns."""
+
+    code: ErrorCode
+    message: str
+    field: str | None = None
+    session_id: uuid.UUID | None = None
+    detail: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    """Every 4xx and 5xx answer of the API."""
+
+    status: int
+    error: ApiError
+
+
+class SessionView(msgspec.Struct, frozen=True, kw_only=True):
+    """One session: identity and state, and its result once it ended."""
+
+    info: SessionInfo
+    result: SessionResult | None = None
+
+
+class Spawn(msgspec.Struct, frozen=True, kw_only=True):
+    """A created session (``existing``: a repeated request_id returned the first)."""
+
+    info: SessionInfo
+    existing: bool = False
+
+
+class SessionPage(msgspec.Struct, frozen=True, kw_only=True):
+    """One page of sessions, oldest first; pass ``next_cursor`` for the next page."""
+
+    items: list[SessionInfo]
+    next_cursor: str | None = None
+
+
+class WaitResult(msgspec.Struct, frozen=True, kw_only=True):
+    """A long-poll's answer: ``done`` with the result, or not yet (the wait timed out)."""
+
+    done: bool
+    result: SessionResult | None = None
+
+
+class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """The node at a glance: what it runs, how long, its counters and its store."""
+
+    node: str
+    version: str
+    state: str
+    uptime_s: float
+    agents: list[str]
+    sessions: dict[str, int]
+    stats: dict[str, int]
+    config: dict[str, Any]
+    store: dict[str, Any] | None = None
