@@ -79,7 +79,8 @@ async def _chat(session: AsyncSession) -> None:
             "tool", {"child": str(message.session_id), "status": message.status}
         )
         return
-    text = message.get("inbound", {}).get("text") if isinstance(message, dict) else message
+    inbound = message.get("inbound") if isinstance(message, dict) else None
+    text = inbound.get("text") if isinstance(inbound, dict) else message
     await session.conversation.aappend("assistant", f"echo: {text}")
 
 

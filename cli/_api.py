@@ -12,11 +12,10 @@ logged and answered 500 without touching the node.
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from importlib import metadata
 from typing import Annotated, Any, Protocol
 
@@ -41,6 +40,8 @@ from sessiontree.cli._wire import (
     SessionView,
     Spawn,
     WaitResult,
+    plain_figures,
+    settings_of,
 )
 from sessiontree.protocol import (
     MAX_CONTROL_BYTES,
@@ -64,11 +65,12 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision import Node
 
-__all__ = ["MAX_BODY_BYTES", "create_app", "status_for"]
+__all__ = ["MAX_BODY_BYTES", "MAX_WAIT", "create_app", "status_for"]
 
 log = logging.getLogger("sessiontree.api")
 
 MAX_BODY_BYTES = MAX_CONTROL_BYTES
+MAX_WAIT = 60.0  # the longest a result long-poll may wait, in seconds
 MAX_PAGE = 1000
 
 _STATUS: dict[ErrorCode, int] = {
@@ -253,7 +255,7 @@ def _raise(error: ErrorInfo | None, session_id: uuid.UUID | None = None) -> None
 
 async def _view(node: Node, session_id: uuid.UUID) -> SessionView:
     info = await node.aget(session_id)
-    result = node.result(session_id) if info.state.is_terminal else None
+    result = await node.aresult(session_id) if info.state.is_terminal else None
     return SessionView(info=info, result=result)
 
 
@@ -283,8 +285,10 @@ _ERRORS = {
         (503, "The node is closing or its store failed"),
     )
 }
+# a created_at as Python's repr writes it (maybe with an exponent), "_", a session id
 _CURSOR = (
-    r"^[0-9]{1,12}(\.[0-9]{1,9})?_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+    r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?"
+    r"_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 )
 _Sid = Annotated[uuid.UUID, PathParameter(description="The session's id.")]
 
@@ -321,19 +325,15 @@ def metrics_page(state: State) -> Response[bytes]:
 async def node_status(state: State) -> NodeStatus:
     """What this node runs: agents, counters, configuration, store."""
     node = _node(state)
-    stats = await node.astats() if not node.closed else node.stats()
+    if node.closed:  # the awaitable twins refuse a closing node; read it off the loop
+        stats = await asyncio.to_thread(node.stats)
+        sessions = await asyncio.to_thread(node.sessions)
+    else:
+        stats, sessions = await node.astats(), await node.asessions()
     by_state: dict[str, int] = {s.value: 0 for s in SessionState}
-    for info in await node.asessions() if not node.closed else node.sessions():
+    for info in sessions:
         by_state[info.state.value] += 1
-    config = {
-        f.name: getattr(node.config, f.name)
-        for f in dataclasses.fields(node.config)
-        if not callable(getattr(node.config, f.name))
-    }
-    store = None
-    if node.store is not None:
-        figures = node.store.stats()
-        store = {k: v for k, v in figures.items() if isinstance(v, int | float | str)}
+    store = plain_figures(node.store.stats()) if node.store is not None else None
     return NodeStatus(
         node=state.name,
         version=metadata.version("sessiontree"),
@@ -342,7 +342,7 @@ async def node_status(state: State) -> NodeStatus:
         agents=sorted(node.agents),
         sessions=by_state,
         stats=stats,
-        config=config,
+        config=settings_of(node.config),
         store=store,
     )
 
@@ -446,7 +446,7 @@ async def send_message(state: State, session_id: _Sid, data: JSONBody[SendReques
 async def wait_result(
     state: State,
     session_id: _Sid,
-    timeout: Annotated[float, QueryParameter(ge=0, le=60)] = 30.0,
+    timeout: Annotated[float, QueryParameter(ge=0, le=MAX_WAIT)] = 30.0,
 ) -> WaitResult:
     """Long-poll: the result once the session ends, or ``done: false`` after
     ``timeout`` seconds (clamped to the node's maximum wait)."""
@@ -637,12 +637,11 @@ def create_app(
     *,
     name: str = "sessiontree",
     max_body: int = MAX_BODY_BYTES,
-    max_wait: float = 60.0,
-    on_shutdown: Callable[[], None] | None = None,
+    max_wait: float = MAX_WAIT,
 ) -> Litestar:
     """The node's ASGI app. ``max_body`` caps request bodies (413 past it);
-    ``max_wait`` caps a long-poll's wait in seconds. The app never shuts the
-    node down itself (``on_shutdown`` runs at the app's lifespan end, if given)."""
+    ``max_wait`` caps a long-poll's wait in seconds (at most ``MAX_WAIT``). The
+    app never shuts the node down itself: its owner does."""
     app = Litestar(
         route_handlers=[healthz, readyz, metrics_page, Router("/v1", route_handlers=_V1)],
         state=State(
@@ -669,7 +668,6 @@ def create_app(
             description="Supervision of AI-agent session trees: sessions, chat routing, "
             "conversation trees.",
         ),
-        on_shutdown=[on_shutdown] if on_shutdown is not None else [],
         debug=False,
         logging_config=None,  # the cli configures logging; Litestar's own starts a thread
     )

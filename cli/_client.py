@@ -13,7 +13,14 @@ from typing import Any
 import click
 import httpx
 
-__all__ = ["EXIT_UNREACHABLE", "NODE_OPTION", "NodeClient", "NodeRefused", "NodeUnreachable"]
+__all__ = [
+    "EXIT_UNREACHABLE",
+    "NODE_OPTION",
+    "NodeClient",
+    "NodeRefused",
+    "NodeUnreachable",
+    "one_source",
+]
 
 EXIT_UNREACHABLE = 69
 
@@ -25,6 +32,12 @@ NODE_OPTION = click.option(
     metavar="URL",
     help="A running node's base URL, e.g. http://127.0.0.1:8470 (env SESSIONTREE_NODE).",
 )
+
+
+def one_source(node_url: str | None, store_dir: object | None) -> None:
+    """A read command reads a node or a store: exactly one (else a usage error)."""
+    if (node_url is None) == (store_dir is None):
+        raise click.UsageError("give exactly one of --node URL or --store DIR")
 
 
 class NodeUnreachable(click.ClickException):
@@ -48,6 +61,9 @@ class NodeClient:
     (a long-poll adds its own wait on top)."""
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            msg = f"{url!r} is not a node URL (like http://127.0.0.1:8470)"
+            raise click.BadParameter(msg, param_hint="--node")
         self.url = url.rstrip("/")
         self._timeout = timeout
         self._http = httpx.Client(base_url=self.url, timeout=timeout)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,8 +26,14 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from sessiontree.actors import Conversation, Conversations, RealClock, preview_text
-from sessiontree.cli._client import NODE_OPTION, NodeClient
+from sessiontree.actors import (
+    Conversation,
+    Conversations,
+    RealClock,
+    nested_json,
+    preview_text,
+)
+from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
 from sessiontree.protocol import (
     MAIN_KEY,
     BranchInfo,
@@ -74,7 +79,7 @@ class _Remote:
 
     def export_tree(self, fmt: str) -> str:
         if fmt == "json":
-            return json.dumps(self._client.get(self._path + "/tree"), indent=2)
+            return nested_json(self._client.get(self._path + "/tree"))
         return self._client.text(self._path + ("/tree.txt" if fmt == "text" else "/tree.html"))
 
     def transcript(self) -> Iterator[str]:
@@ -102,8 +107,7 @@ def _conversation(target: _Target, *, write: bool) -> Iterator[Conversation | _R
     """Yield the session's conversation, through the node or from the store;
     errors exit 1 (69 when the node does not answer)."""
     node_url, store_dir, session, agent, key = target
-    if (node_url is None) == (store_dir is None):
-        raise click.UsageError("give exactly one of --node URL or --store DIR")
+    one_source(node_url, store_dir)
     if node_url is not None:
         with NodeClient(node_url) as client:
             if session is not None:

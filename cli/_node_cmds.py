@@ -41,8 +41,9 @@ import click
 import uvicorn
 
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents
-from sessiontree.cli._api import MAX_BODY_BYTES, create_app
-from sessiontree.cli._client import NODE_OPTION, NodeClient
+from sessiontree.cli._api import MAX_BODY_BYTES, MAX_WAIT, create_app
+from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.cli._wire import plain_figures, settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.store import Store
 from sessiontree.supervision import Node, NodeConfig, NodeMetrics
@@ -104,7 +105,7 @@ def _effective(ctx: click.Context, file: dict[str, Any]) -> tuple[dict[str, Any]
                 else ("env" if source is click.core.ParameterSource.ENVIRONMENT else "default")
             )
         else:
-            value = file[name] if name in _TOP else node_table[name]
+            value = _checked(ctx, name, file[name] if name in _TOP else node_table[name])
             where = "file"
         if name in _NODE_FLAGS:
             node_table[name] = value
@@ -115,6 +116,17 @@ def _effective(ctx: click.Context, file: dict[str, Any]) -> tuple[dict[str, Any]
         sources.setdefault(name, "file")
     settings["node"] = node_table
     return settings, sources
+
+
+def _checked(ctx: click.Context, name: str, value: Any) -> Any:
+    """A config-file value checked and converted by its flag's own type, so a
+    bad one is the same usage error (exit 2) as a bad flag."""
+    param = next(p for p in ctx.command.params if p.name == name)
+    try:
+        return param.type_cast_value(ctx, value)
+    except click.BadParameter as exc:
+        msg = f"config file: {name} = {value!r}: {exc.message}"
+        raise click.BadParameter(msg, param_hint="--config") from None
 
 
 def _node_config(table: dict[str, Any]) -> NodeConfig:
@@ -133,18 +145,26 @@ class _Server(uvicorn.Server):
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), reuse_port=False)
+        return socket.create_server((host, port), family=family)
     except OSError as exc:
         msg = f"cannot listen on {host}:{port}: {exc}"
         raise click.ClickException(msg) from None
 
 
-async def _serve(server: _Server, sock: socket.socket, running: Node) -> int:
-    """Serve until a signal; then stop accepting, shut the node down, flush."""
+async def _serve(server: _Server, sock: socket.socket, running: Node, early: list[int]) -> int:
+    """Serve until a signal; then stop accepting, shut the node down, flush.
+
+    Returns the exit code: 0 after a graceful stop, 1 when a second signal
+    forced it or the server stopped by itself (it failed to start).
+    """
     loop = asyncio.get_running_loop()
     signals: list[int] = []
     shutdown: asyncio.Future[None] | None = None
+
+    def stopped(_: object) -> None:
+        server.force_exit = True  # the node is down: open long-polls need not be waited for
 
     def on_signal(signum: int) -> None:
         nonlocal shutdown
@@ -153,6 +173,7 @@ async def _serve(server: _Server, sock: socket.socket, running: Node) -> int:
             log.warning("%s: stopping (a second signal forces)", signal.Signals(signum).name)
             server.should_exit = True
             shutdown = loop.run_in_executor(None, running.shutdown)
+            shutdown.add_done_callback(stopped)
         else:
             log.warning("%s again: forcing the shutdown", signal.Signals(signum).name)
             server.force_exit = True
@@ -160,10 +181,14 @@ async def _serve(server: _Server, sock: socket.socket, running: Node) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    for early_signal in early:  # arrived while the node was starting
+        on_signal(early_signal)
     try:
         await server.serve(sockets=[sock])
-        if shutdown is None:  # the server stopped by itself (startup failure)
-            shutdown = loop.run_in_executor(None, running.shutdown)
+        if shutdown is None:  # the server stopped by itself: it could not start
+            log.error("the HTTP server stopped by itself; shutting the node down")
+            await loop.run_in_executor(None, running.shutdown)
+            return 1
         await shutdown
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -210,7 +235,7 @@ async def _serve(server: _Server, sock: socket.socket, running: Node) -> int:
 )
 @click.option(
     "--max-wait",
-    type=click.FloatRange(0.0, 3600.0),
+    type=click.FloatRange(0.0, MAX_WAIT),
     default=60.0,
     show_default=True,
     help="The longest a result long-poll waits, in seconds.",
@@ -231,6 +256,20 @@ async def _serve(server: _Server, sock: socket.socket, running: Node) -> int:
 @click.pass_context
 def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
     """Run a node: the runtime on an LMDB store, its HTTP API and /metrics."""
+    early: list[int] = []  # signals before the loop owns them: acted on once it does
+    previous = {
+        signum: signal.signal(signum, lambda signum, _: early.append(signum))
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        code = _start(ctx, config_file, early)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    ctx.exit(code)
+
+
+def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> int:
     settings, sources = _effective(ctx, _read_config(config_file))
     if settings["store"] is None:
         raise click.UsageError("give --store DIR (or `store` in --config)")
@@ -239,16 +278,18 @@ def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
         agents = load_agents(str(settings["agents"]))
     except AgentLoadError as exc:
         raise click.ClickException(str(exc)) from None
-    sock = _bind(str(settings["host"]), int(settings["port"]))
     try:
         running = Node(agents, config, store=Path(settings["store"]))
     except StoreLockedError as exc:
-        sock.close()
         msg = f"store {settings['store']} is held by another node: {exc}"
         raise click.ClickException(msg) from None
     except (SessionTreeError, OSError) as exc:
-        sock.close()
         raise click.ClickException(f"the node could not start: {exc}") from None
+    try:
+        sock = _bind(str(settings["host"]), int(settings["port"]))
+    except click.ClickException:
+        running.shutdown(grace=0)
+        raise
     metrics = NodeMetrics(running)
     app = create_app(
         running,
@@ -267,26 +308,19 @@ def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
         )
     )
     host, port = sock.getsockname()[:2]
-    shown = {**settings, "store": str(settings["store"]), "node": _shown(config)}
+    url_host = f"[{host}]" if ":" in host else host
+    shown = {**settings, "store": str(settings["store"]), "node": settings_of(config)}
     click.echo(json.dumps({"effective_config": shown, "sources": sources}, sort_keys=True))
-    click.echo(f"listening on http://{host}:{port} (agents: {', '.join(running.agents)})")
+    click.echo(f"listening on http://{url_host}:{port} (agents: {', '.join(running.agents)})")
     sys.stdout.flush()
     try:
-        code = asyncio.run(_serve(server, sock, running))
+        code = asyncio.run(_serve(server, sock, running, early))
     finally:
         metrics.close()
         sock.close()
     final = Counter(info.state.value for info in running.final_sessions)
     click.echo(f"node stopped: {dict(sorted(final.items()))}", err=True)
-    ctx.exit(code)
-
-
-def _shown(config: NodeConfig) -> dict[str, Any]:
-    return {
-        f.name: getattr(config, f.name)
-        for f in dataclasses.fields(config)
-        if not callable(getattr(config, f.name))
-    }
+    return code
 
 
 @node.command("status")
@@ -301,8 +335,7 @@ def _shown(config: NodeConfig) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
 def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
     """A node's state, sessions by state, counters and store (from --node or --store)."""
-    if (node_url is None) == (store_dir is None):
-        raise click.UsageError("give exactly one of --node URL or --store DIR")
+    one_source(node_url, store_dir)
     if node_url is not None:
         with NodeClient(node_url) as client:
             found: dict[str, Any] = client.get("/v1/node")
@@ -339,5 +372,5 @@ def _store_status(store_dir: Path) -> dict[str, Any]:
         "node": str(store_dir),
         "state": "stored",
         "sessions": dict(by_state),
-        "store": {k: v for k, v in figures.items() if isinstance(v, int | float | str)},
+        "store": plain_figures(figures),
     }

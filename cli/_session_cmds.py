@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from sessiontree.cli._client import NODE_OPTION, NodeClient
+from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
 from sessiontree.protocol import SessionKind, SessionState, SessionTreeError
 from sessiontree.store import Store
 
@@ -43,11 +43,6 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdou
 
 def _read_source(func: F) -> F:
     return NODE_OPTION(_STORE(func))
-
-
-def _one_source(node_url: str | None, store_dir: Path | None) -> None:
-    if (node_url is None) == (store_dir is None):
-        raise click.UsageError("give exactly one of --node URL or --store DIR")
 
 
 def _client(node_url: str | None) -> NodeClient:
@@ -88,10 +83,14 @@ def _stored_rows(store_dir: Path) -> Iterator[dict[str, Any]]:
 
 
 def _stored_view(store_dir: Path, session_id: str) -> dict[str, Any]:
-    for row in _stored_rows(store_dir):
-        if row["info"]["session_id"] == session_id:
-            return row
-    raise click.ClickException(f"unknown_session: no session {session_id} in {store_dir}")
+    try:
+        with Store(store_dir, readonly=True) as store:
+            record = store.session(uuid.UUID(session_id))
+    except (SessionTreeError, OSError) as exc:
+        raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
+    if record is None:
+        raise click.ClickException(f"unknown_session: no session {session_id} in {store_dir}")
+    return {"info": _builtins(record.info), "result": _builtins(record.result)}
 
 
 def _stored_tree(store_dir: Path, session_id: str) -> dict[str, Any]:
@@ -183,7 +182,7 @@ def ls_cmd(
     as_json: bool,
 ) -> None:
     """Sessions, oldest first (at most --limit)."""
-    _one_source(node_url, store_dir)
+    one_source(node_url, store_dir)
     infos: list[dict[str, Any]] = []
     if node_url is not None:
         with NodeClient(node_url) as client:
@@ -229,7 +228,7 @@ def ls_cmd(
 @_JSON
 def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """One session: identity, state and result."""
-    _one_source(node_url, store_dir)
+    one_source(node_url, store_dir)
     sid = _sid(session)
     if node_url is not None:
         with NodeClient(node_url) as client:
@@ -252,7 +251,7 @@ def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json
 @_JSON
 def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """Draw the subtree under SESSION: kind, state, age and time left to TTL."""
-    _one_source(node_url, store_dir)
+    one_source(node_url, store_dir)
     sid = _sid(session)
     if node_url is not None:
         with NodeClient(node_url) as client:
@@ -376,7 +375,7 @@ def wait_cmd(
             answer = client.wait(sid, max(0.0, min(left, 10.0)))
             if answer["done"]:
                 break
-            if left <= 10.0:
+            if time.monotonic() - started >= timeout:
                 if not quiet:
                     click.echo("", err=True)
                 raise click.ClickException(f"session {sid} still runs after {timeout:g} s")

@@ -8,6 +8,7 @@ Structs.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Annotated, Any
 
@@ -33,6 +34,8 @@ __all__ = [
     "SessionView",
     "Spawn",
     "WaitResult",
+    "plain_figures",
+    "settings_of",
 ]
 
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -135,3 +138,18 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     stats: dict[str, int]
     config: dict[str, Any]
     store: dict[str, Any] | None = None
+
+
+def settings_of(config: Any) -> dict[str, Any]:
+    """A ``NodeConfig``'s fields as plain values (callables, like the memory
+    pressure probe, left out)."""
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if not callable(getattr(config, f.name))
+    }
+
+
+def plain_figures(figures: dict[str, Any]) -> dict[str, Any]:
+    """``Store.stats()`` without the values JSON cannot carry."""
+    return {k: v for k, v in figures.items() if isinstance(v, int | float | str)}

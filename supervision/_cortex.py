@@ -1349,6 +1349,9 @@ class CortexLogic:
             slots_in_use=self.rt.slots.in_use,
             slots_waiting=self.rt.slots.waiting,
             result_waiters=sum(len(e.waiters) for e in self.entries.values()),
+            session_mailbox_depth=sum(
+                _inbox_depth(e.ref) for e in self.entries.values() if e.ref is not None
+            ),
         )
         return stats
 
@@ -1487,6 +1490,12 @@ _ENDING_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.NODE_RESTARTED: "session {} was running when the node stopped",
     ErrorCode.NODE_CLOSED: "session {} was stopped with the node",
 }
+
+
+def _inbox_depth(ref: pykka.ActorRef[Any]) -> int:
+    """Messages waiting in an actor's inbox (0 for an inbox that cannot say)."""
+    qsize = getattr(ref.actor_inbox, "qsize", None)
+    return int(qsize()) if callable(qsize) else 0
 
 
 def _with_state(entry: Entry) -> SessionInfo:

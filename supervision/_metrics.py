@@ -175,6 +175,11 @@ _SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
         (),
     ),
     "sessiontree_result_waiters": ("gauge", "Callers waiting for a session's result.", ()),
+    "sessiontree_session_mailbox_depth": (
+        "gauge",
+        "Messages queued in the mailboxes of all session actors.",
+        (),
+    ),
     "sessiontree_rejected_messages": (
         "counter",
         "Messages the Cortex or a session actor did not take.",
@@ -669,6 +674,7 @@ class NodeMetrics:
         yield _single("sessiontree_step_threads", stats.get("sync_threads", 0))
         yield _single("sessiontree_indexed_sessions", stats.get("indexed_sessions", 0))
         yield _single("sessiontree_result_waiters", stats.get("result_waiters", 0))
+        yield _single("sessiontree_session_mailbox_depth", stats.get("session_mailbox_depth", 0))
         yield _single("sessiontree_rejected_messages", stats.get("rejected_messages", 0))
         yield _single("sessiontree_fenced_refusals", stats.get("refused_after_fence", 0))
         yield _single("sessiontree_stuck_flags", stats.get("stuck_flagged", 0))

@@ -338,6 +338,7 @@ class Node:
         """What recovery found on start (empty without a store): mains, suspended,
         failed, quarantined, terminal, results owed, ``recovery_ms``…"""
         self._state = "open"
+        self._forced = False
         self._stopped = threading.Event()
         self._state_lock = threading.Lock()
         self._loop: EventLoopThread | None = None
@@ -814,6 +815,10 @@ class Node:
             if not reply.done:  # timed out or cancelled: the Cortex forgets the waiter
                 self._tell(Call("forget_waiter", (sid, reply)))
 
+    async def aresult(self, session_id: uuid.UUID | SessionRef) -> SessionResult | None:
+        """Awaitable ``result``: the result if the session has ended, else None."""
+        return await self._acall("result_now", _sid(session_id), check=False)  # type: ignore[no-any-return]
+
     async def aresults(self, session_id: uuid.UUID | SessionRef) -> list[SessionResult]:
         return await self._acall("results", _sid(session_id))  # type: ignore[no-any-return]
 
@@ -858,6 +863,8 @@ class Node:
             if self.failure is None:
                 reply = Reply()
                 self._send_call("begin_shutdown", (grace, reply), reply)
+                if self._forced:  # force_shutdown came first
+                    self._force_now()
                 try:
                     reply.get(timeout)
                 except AskTimeoutError:
@@ -884,13 +891,20 @@ class Node:
             self._stopped.set()
 
     def force_shutdown(self) -> None:
-        """Cut a shutdown in progress short: what still runs is forced now (the
-        second signal of a standalone node). Does nothing unless a shutdown runs."""
-        if self._state == "closing" and self.failure is None:
-            try:
-                self._call("shutdown_deadline", check=False, timeout=5.0)
-            except (NodeClosedError, AskTimeoutError) as exc:
-                log.warning("could not force the shutdown: %r", exc)
+        """Cut a shutdown short: what still runs is forced now (the second
+        signal of a standalone node). Called before ``shutdown`` began, the
+        shutdown forces at once when it does; after it ended, does nothing."""
+        with self._state_lock:
+            self._forced = True
+            closing = self._state == "closing"
+        if closing and self.failure is None:
+            self._force_now()
+
+    def _force_now(self) -> None:
+        try:
+            self._call("shutdown_deadline", check=False, timeout=5.0)
+        except (NodeClosedError, AskTimeoutError) as exc:
+            log.warning("could not force the shutdown: %r", exc)
 
     def _flush_store(self) -> None:
         if self.store is None:

@@ -32,6 +32,8 @@ class _Metrics:
         self.rejected.append(reason)
 
 
+# Built at import: schemathesis parametrizes from the schema then (its fixture
+# loader fails with this pytest); the module fixture below shuts the node down.
 _CLOCK = VirtualClock()
 _NODE = Node(builtin_agents(), NodeConfig(max_sessions=500), clock=_CLOCK)
 _METRICS = _Metrics()
@@ -48,7 +50,7 @@ def _node_with_a_main() -> Iterator[None]:
 
 @schema.parametrize()
 @settings(
-    max_examples=25,
+    max_examples=40,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,

@@ -706,3 +706,30 @@ def test_sessions_restored_after_a_restart_are_counted_in_their_states(
         assert value(metrics, "sessiontree_session_duration_seconds_sum", kind="branch") == 3.0
     finally:
         again.shutdown(grace=0, timeout=5.0)
+
+
+def test_session_mailbox_depth_counts_messages_waiting_in_session_actors(
+    make_node: Any, watch: Callable[..., NodeMetrics]
+) -> None:
+    node = make_node(Agent("a", {"main": idle_main}))
+    metrics = watch(node)
+    main = node.main("a")
+    settle(node)
+    inside, gate = threading.Event(), threading.Event()
+
+    def busy(_: Any) -> None:  # holds the Main's actor inside one handler
+        inside.set()
+        gate.wait(WAIT)
+
+    holder = threading.Thread(target=node.inspect, args=(main.session_id, busy))
+    holder.start()
+    try:
+        assert inside.wait(WAIT)
+        assert node.send(main, "one") is None  # queued behind the busy handler
+        depth = value(metrics, "sessiontree_session_mailbox_depth")
+    finally:
+        gate.set()
+        holder.join(WAIT)
+    assert depth >= 1
+    settle(node)
+    assert value(metrics, "sessiontree_session_mailbox_depth") == 0

@@ -168,6 +168,10 @@ def test_a_bad_config_file_is_a_usage_error(store: Path, tmp_path: Path) -> None
     result = run("node", "start", "--store", str(store), "--config", str(config))
     assert result.returncode == 2
     assert "unknown setting 'colour'" in result.stderr
+    config.write_text('port = "abc"\n')
+    result = run("node", "start", "--store", str(store), "--config", str(config))
+    assert result.returncode == 2
+    assert "port = 'abc'" in result.stderr
     config.write_text("[node]\ngrace = -1\n")
     result = run("node", "start", "--store", str(store), "--config", str(config))
     assert result.returncode == 2
@@ -265,6 +269,7 @@ def test_usage_mistakes_exit_2() -> None:
     assert cli("sessions", "show", "--node", "http://x", "not-an-id").exit_code == 2
     assert cli("node", "start").exit_code == 2  # no store
     assert cli("sessions", "cancel", "--store", ".", "x").exit_code == 2  # writes need --node
+    assert cli("sessions", "ls", "--node", "localhost:8470").exit_code == 2  # not a URL
 
 
 def test_the_node_url_comes_from_the_environment() -> None:
