@@ -145,12 +145,20 @@ class _Server(uvicorn.Server):
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket. Its protocol is IPPROTO_TCP explicitly: asyncio
+    turns Nagle's algorithm off (TCP_NODELAY) only on sockets that say so, and
+    with it on, each small response waits for a delayed ACK (about 40 ms)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        return socket.create_server((host, port), family=family)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
     except OSError as exc:
+        sock.close()
         msg = f"cannot listen on {host}:{port}: {exc}"
         raise click.ClickException(msg) from None
+    return sock
 
 
 async def _serve(server: _Server, sock: socket.socket, running: Node, early: list[int]) -> int:

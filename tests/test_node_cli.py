@@ -8,16 +8,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from sessiontree.cli import main as cli_main
+from sessiontree.cli._node_cmds import _bind
 from tests._running_node import ROOT, RunningNode
 
 pytestmark = pytest.mark.timeout(120)
@@ -289,3 +292,12 @@ def test_shell_completion_completes_commands_and_options() -> None:
     assert "plain,--json" in run(env=env).stdout
     script = run(env={"_SESSIONTREE_COMPLETE": "bash_source"})
     assert "complete " in script.stdout
+
+
+def test_the_listening_socket_lets_asyncio_turn_nagle_off() -> None:
+    # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP; without
+    # it every small answer waited ~40 ms for a delayed ACK (23 GETs/s, not 764)
+    with _bind("127.0.0.1", 0) as sock:
+        assert sock.proto == socket.IPPROTO_TCP
+    with pytest.raises(click.ClickException, match="cannot listen"):
+        _bind("256.0.0.1", 0)
