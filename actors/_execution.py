@@ -216,6 +216,7 @@ class EventLoopThread:
 
     def __init__(self, name: str = "sessiontree-loop") -> None:
         self.loop = asyncio.new_event_loop()
+        self._closing = False
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -234,8 +235,15 @@ class EventLoopThread:
         return threading.current_thread() is self._thread
 
     def submit(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Start ``make()`` as a task on the loop."""
-        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(make()))
+        """Start ``make()`` as a task on the loop. Once ``close`` began, ``make``
+        is never called: a task created then would never run a step, and its
+        coroutine would be left unawaited."""
+
+        def start() -> None:
+            if not self._closing:  # read on the loop's thread, like close's stop()
+                self.loop.create_task(make())
+
+        self.loop.call_soon_threadsafe(start)
 
     def close(self, timeout: float = 5.0) -> None:
         """Cancel every task still on the loop, stop it and join its thread."""
@@ -243,6 +251,7 @@ class EventLoopThread:
             return
 
         def stop() -> None:
+            self._closing = True
             for task in asyncio.all_tasks(self.loop):
                 task.cancel()
             self.loop.call_soon(self.loop.stop)
