@@ -780,23 +780,33 @@ class Conversation:
             plan, _ = self._plan(state, self._branch(state, branch, "branch"))
             return plan
 
-    def confirm_delete(self, token: str) -> DeletePlan:
+    def confirm_delete(self, token: str, branch: BranchRef | None = None) -> DeletePlan:
         """Step two: delete the branch the token's plan names, and only the
         messages no other branch needs. A token from a plan that no longer
-        holds (the branch changed since) is refused with ``confirmation_mismatch``."""
-        if not isinstance(token, str) or not re.fullmatch(r"\d+-[0-9a-f]{16}", token):
+        holds (the branch changed since), or not of ``branch`` when it is
+        given, is refused with ``confirmation_mismatch``."""
+        if not isinstance(token, str) or (
+            branch is None and not re.fullmatch(r"\d+-[0-9a-f]{16}", token)
+        ):
             msg = f"confirmation token {token!r} is not one delete_branch issued"
             raise RejectedInputError(msg, field="token")
         with self._shared.lock:
             state = self._enter("confirm_delete", write=True)
-            number = int(token.split("-", 1)[0])
-            plan, doomed = self._plan(state, self._branch(state, number, "token"))
+            if branch is None:
+                target = self._branch(state, int(token.split("-", 1)[0]), "token")
+            else:
+                target = self._branch(state, branch, "branch")
+            plan, doomed = self._plan(state, target)
             if plan.token != token:
-                raise self._error(
-                    f"branch {number} changed since its deletion was planned; plan it again",
-                    ErrorCode.CONFIRMATION_MISMATCH,
-                    "token",
+                why = (
+                    "changed since its deletion was planned; plan it again"
+                    if branch is None
+                    else f"has no plan with token {token[:64]!r}"
                 )
+                raise self._error(
+                    f"branch {target.number} {why}", ErrorCode.CONFIRMATION_MISMATCH, "token"
+                )
+            number = target.number
             pending = {k: v for k, v in state.pending_deletes.items() if k != str(number)}
             pruned = msgspec.structs.replace(
                 state,
@@ -878,8 +888,8 @@ class Conversation:
     async def amerge(self, source: BranchRef) -> Merged:
         return await asyncio.to_thread(self.merge, source)
 
-    async def aconfirm_delete(self, token: str) -> DeletePlan:
-        return await asyncio.to_thread(self.confirm_delete, token)
+    async def aconfirm_delete(self, token: str, branch: BranchRef | None = None) -> DeletePlan:
+        return await asyncio.to_thread(self.confirm_delete, token, branch)
 
     async def alink_platform_id(self, message_id: uuid.UUID | str, platform_id: str) -> Message:
         return await asyncio.to_thread(self.link_platform_id, message_id, platform_id)

@@ -1,4 +1,5 @@
-"""What the benchmarks share: logging to stderr, and durable stores on a real disk.
+"""What the benchmarks share: logging to stderr, durable stores on a real disk,
+and timed windows of producers writing to a store (threads or coroutines).
 
 Each script runs as ``python benchmarks/bench_x.py``, so this directory is on
 ``sys.path`` and ``from _common import ...`` finds this module.
@@ -6,15 +7,31 @@ Each script runs as ``python benchmarks/bench_x.py``, so this directory is on
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
+import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from sessiontree.store import Store
 
-__all__ = ["SYNC_CHECKS", "fdatasync_ms", "filesystem_of", "log", "open_synced", "real_disk_dir"]
+__all__ = [
+    "SYNC_CHECKS",
+    "async_window",
+    "fdatasync_ms",
+    "filesystem_of",
+    "log",
+    "on_fresh_store",
+    "open_synced",
+    "real_disk_dir",
+    "thread_window",
+]
 
 
 def log(msg: str) -> None:
@@ -87,3 +104,125 @@ def open_synced(path: str, *, group_commit: bool = True) -> Store:
         msg = f"store {path} is not synced: {flags}"
         raise AssertionError(msg)
     return store
+
+
+T = TypeVar("T")
+
+
+def on_fresh_store(
+    base: str, prefix: str, run: Callable[[Store], T], *, group_commit: bool = True
+) -> T:
+    """``run(store)`` on a new synced store in a temporary directory under
+    ``base`` (garbage collected first); the store is closed and removed after."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=base)
+    try:
+        store = open_synced(path, group_commit=group_commit)
+        try:
+            gc.collect()
+            return run(store)
+        finally:
+            store.close()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class _Window:
+    """Acknowledged writes (``unit``s) and commits over a timed window."""
+
+    def __init__(self, store: Store, counts: list[int], unit: str) -> None:
+        self.store, self.counts, self.unit = store, counts, unit
+        self.t0 = 0.0
+        self.w0 = self.c0 = 0
+
+    def start(self) -> None:
+        self.w0, self.c0 = sum(self.counts), self.store.stats()["commits"]
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> dict[str, Any]:
+        w1, c1 = sum(self.counts), self.store.stats()["commits"]
+        elapsed = time.perf_counter() - self.t0
+        writes, commits = w1 - self.w0, c1 - self.c0
+        unit = self.unit
+        return {
+            f"{unit}s": writes,
+            "commits": commits,
+            "window_s": elapsed,
+            f"{unit}s_per_s": writes / elapsed,
+            "commits_per_s": commits / elapsed,
+            f"{unit}s_per_commit": writes / commits if commits else None,
+        }
+
+
+def thread_window(
+    store: Store,
+    steps: Sequence[Callable[[], object]],
+    warmup: float,
+    window: float,
+    unit: str,
+) -> dict[str, Any]:
+    """One thread per step, each calling its step (one acknowledged write) over
+    and over; figures of the ``window`` seconds after a ``warmup``. A producer's
+    exception is raised here once all have stopped."""
+    counts = [0] * len(steps)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(steps) + 1)
+
+    def producer(i: int, step: Callable[[], object]) -> None:
+        try:
+            start.wait()
+            while not stop.is_set():
+                step()
+                counts[i] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=producer, args=(i, step), name=f"producer-{i}", daemon=True)
+        for i, step in enumerate(steps)
+    ]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    measure = _Window(store, counts, unit)
+    time.sleep(warmup)
+    measure.start()
+    time.sleep(window)
+    figures = measure.stop()
+    stop.set()
+    for thread in threads:
+        thread.join(60.0)
+    if errors:
+        raise errors[0]
+    return figures
+
+
+def async_window(
+    store: Store,
+    steps: Sequence[Callable[[], Awaitable[object]]],
+    warmup: float,
+    window: float,
+    unit: str,
+) -> dict[str, Any]:
+    """``thread_window`` with one coroutine per step, all on one event loop."""
+    counts = [0] * len(steps)
+
+    async def main() -> dict[str, Any]:
+        stop = asyncio.Event()
+
+        async def producer(i: int, step: Callable[[], Awaitable[object]]) -> None:
+            while not stop.is_set():
+                await step()
+                counts[i] += 1
+
+        tasks = [asyncio.create_task(producer(i, step)) for i, step in enumerate(steps)]
+        measure = _Window(store, counts, unit)
+        await asyncio.sleep(warmup)
+        measure.start()
+        await asyncio.sleep(window)
+        figures = measure.stop()
+        stop.set()
+        await asyncio.gather(*tasks)
+        return figures
+
+    return asyncio.run(main())

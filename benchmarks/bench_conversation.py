@@ -56,8 +56,9 @@ conversations.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import gc
+import itertools
 import json
 import os
 import random
@@ -65,12 +66,21 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _common import SYNC_CHECKS, fdatasync_ms, log, open_synced, real_disk_dir
+from _common import (
+    SYNC_CHECKS,
+    async_window,
+    fdatasync_ms,
+    log,
+    on_fresh_store,
+    open_synced,
+    real_disk_dir,
+    thread_window,
+)
 
 from sessiontree.actors import Conversation, Conversations, MemoryBackend, RealClock
 from sessiontree.store import Store
@@ -389,106 +399,38 @@ def small_context(store: Store, seed: int) -> float:
 # -- durable appends ------------------------------------------------------------------------
 
 
-class Window:
-    """Acknowledged appends and commits over a timed window (after a warm-up)."""
-
-    def __init__(self, store: Store, counts: list[int]) -> None:
-        self.store, self.counts = store, counts
-        self.t0 = 0.0
-        self.a0 = self.c0 = 0
-
-    def start(self) -> None:
-        self.a0, self.c0 = sum(self.counts), self.store.stats()["commits"]
-        self.t0 = time.perf_counter()
-
-    def stop(self) -> dict[str, Any]:
-        a1, c1 = sum(self.counts), self.store.stats()["commits"]
-        elapsed = time.perf_counter() - self.t0
-        appends, commits = a1 - self.a0, c1 - self.c0
-        return {
-            "appends": appends,
-            "commits": commits,
-            "window_s": elapsed,
-            "appends_per_s": appends / elapsed,
-            "appends_per_commit": appends / commits if commits else None,
-        }
-
-
 def bodies(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     return [text(rng, i, 100, 300) for i in range(n)]
 
 
+def _turns() -> list[tuple[str, str]]:
+    """A conversation's turns: (role, text), user and assistant in turn."""
+    return [(("user", "assistant")[n % 2], text) for n, text in enumerate(bodies(64, 7))]
+
+
 def run_threads(store: Store, producers: int, warmup: float, window: float) -> dict[str, Any]:
     """``producers`` threads, each appending sequentially to its own conversation."""
-    convs = conversations_on(store)
-    counts = [0] * producers
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    start = threading.Barrier(producers + 1)
-    texts = bodies(64, 7)
+    convs, turns = conversations_on(store), _turns()
 
-    def producer(i: int) -> None:
-        conv = convs.get(uuid.uuid4())
-        append = conv.append
-        try:
-            start.wait()
-            n = 0
-            while not stop.is_set():
-                append("user" if n % 2 == 0 else "assistant", texts[n % 64])
-                n += 1
-                counts[i] = n
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def step_for(conv: Conversation) -> Callable[[], object]:
+        cycle = itertools.cycle(turns)
+        return lambda: conv.append(*next(cycle))
 
-    threads = [
-        threading.Thread(target=producer, args=(i,), name=f"producer-{i}", daemon=True)
-        for i in range(producers)
-    ]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    measure = Window(store, counts)
-    time.sleep(warmup)
-    measure.start()
-    time.sleep(window)
-    figures = measure.stop()
-    stop.set()
-    for thread in threads:
-        thread.join(60.0)
-    if errors:
-        raise errors[0]
-    return figures
+    steps = [step_for(convs.get(uuid.uuid4())) for _ in range(producers)]
+    return thread_window(store, steps, warmup, window, "append")
 
 
 def run_async(store: Store, producers: int, warmup: float, window: float) -> dict[str, Any]:
     """``producers`` coroutines on one loop, each awaiting ``aappend`` on its own conversation."""
-    convs = conversations_on(store)
-    counts = [0] * producers
-    texts = bodies(64, 7)
+    convs, turns = conversations_on(store), _turns()
 
-    async def main() -> dict[str, Any]:
-        stop = asyncio.Event()
+    def step_for(conv: Conversation) -> Callable[[], Awaitable[object]]:
+        cycle = itertools.cycle(turns)
+        return lambda: conv.aappend(*next(cycle))
 
-        async def producer(i: int) -> None:
-            conv = convs.get(uuid.uuid4())
-            n = 0
-            while not stop.is_set():
-                await conv.aappend("user" if n % 2 == 0 else "assistant", texts[n % 64])
-                n += 1
-                counts[i] = n
-
-        tasks = [asyncio.create_task(producer(i)) for i in range(producers)]
-        measure = Window(store, counts)
-        await asyncio.sleep(warmup)
-        measure.start()
-        await asyncio.sleep(window)
-        figures = measure.stop()
-        stop.set()
-        await asyncio.gather(*tasks)
-        return figures
-
-    return asyncio.run(main())
+    steps = [step_for(convs.get(uuid.uuid4())) for _ in range(producers)]
+    return async_window(store, steps, warmup, window, "append")
 
 
 RUNNERS = {"threads": run_threads, "async": run_async}
@@ -502,16 +444,11 @@ def appends_bench(base: str, reps: int, warmup: float, window: float) -> dict[st
     for rep in range(reps):
         order = modes if rep % 2 == 0 else modes[::-1]
         for kind, producers in order:
-            path = tempfile.mkdtemp(prefix=f"appends-{kind}-{producers}-", dir=base)
-            try:
-                store = open_synced(path)
-                try:
-                    gc.collect()
-                    figures = RUNNERS[kind](store, producers, warmup, window)
-                finally:
-                    store.close()
-            finally:
-                shutil.rmtree(path, ignore_errors=True)
+            figures = on_fresh_store(
+                base,
+                f"appends-{kind}-{producers}-",
+                functools.partial(RUNNERS[kind], producers=producers, warmup=warmup, window=window),
+            )
             runs[(kind, producers)].append(figures)
             per_commit = figures["appends_per_commit"] or 0.0
             log(

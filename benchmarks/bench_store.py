@@ -51,21 +51,29 @@ three of 4 s).
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import gc
 import json
 import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from _common import SYNC_CHECKS, fdatasync_ms, log, open_synced, real_disk_dir
+from _common import (
+    SYNC_CHECKS,
+    async_window,
+    fdatasync_ms,
+    log,
+    on_fresh_store,
+    open_synced,
+    real_disk_dir,
+    thread_window,
+)
 
 from sessiontree.protocol import (
     ErrorCode,
@@ -147,98 +155,30 @@ def for_producer(template: SessionRecord) -> SessionRecord:
     return msgspec.structs.replace(template, info=info)
 
 
-class Window:
-    """Acknowledged writes and commits over a timed window (after a warm-up)."""
-
-    def __init__(self, store: Store, counts: list[int]) -> None:
-        self.store, self.counts = store, counts
-        self.t0 = self.w0 = self.c0 = 0.0
-
-    def start(self) -> None:
-        self.w0, self.c0 = sum(self.counts), self.store.stats()["commits"]
-        self.t0 = time.perf_counter()
-
-    def stop(self) -> dict[str, Any]:
-        w1, c1 = sum(self.counts), self.store.stats()["commits"]
-        elapsed = time.perf_counter() - self.t0
-        writes, commits = int(w1 - self.w0), int(c1 - self.c0)
-        return {
-            "snapshots": writes,
-            "commits": commits,
-            "window_s": elapsed,
-            "snapshots_per_s": writes / elapsed,
-            "commits_per_s": commits / elapsed,
-            "snapshots_per_commit": writes / commits if commits else None,
-        }
-
-
 def run_threads(
     store: Store, template: SessionRecord, warmup: float, window: float
 ) -> dict[str, Any]:
     """``PRODUCERS`` threads, each: write its snapshot, wait for the ack, again."""
-    counts = [0] * PRODUCERS
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    start = threading.Barrier(PRODUCERS + 1)
     replace, now = msgspec.structs.replace, time.time
 
-    def producer(i: int) -> None:
-        record = for_producer(template)
-        try:
-            start.wait()
-            while not stop.is_set():
-                store.write(WriteBatch().session(replace(record, updated_at=now())))
-                counts[i] += 1
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def step_for(record: SessionRecord) -> Callable[[], None]:
+        return lambda: store.write(WriteBatch().session(replace(record, updated_at=now())))
 
-    threads = [
-        threading.Thread(target=producer, args=(i,), name=f"producer-{i}", daemon=True)
-        for i in range(PRODUCERS)
-    ]
-    for thread in threads:
-        thread.start()
-    start.wait()
-    measure = Window(store, counts)
-    time.sleep(warmup)
-    measure.start()
-    time.sleep(window)
-    figures = measure.stop()
-    stop.set()
-    for thread in threads:
-        thread.join(60.0)
-    if errors:
-        raise errors[0]
-    return figures
+    steps = [step_for(for_producer(template)) for _ in range(PRODUCERS)]
+    return thread_window(store, steps, warmup, window, "snapshot")
 
 
 def run_async(
     store: Store, template: SessionRecord, warmup: float, window: float
 ) -> dict[str, Any]:
     """``PRODUCERS`` coroutines on one loop, each: awrite its snapshot, again."""
-    counts = [0] * PRODUCERS
     replace, now = msgspec.structs.replace, time.time
 
-    async def main() -> dict[str, Any]:
-        stop = asyncio.Event()
+    def step_for(record: SessionRecord) -> Callable[[], Awaitable[None]]:
+        return lambda: store.awrite(WriteBatch().session(replace(record, updated_at=now())))
 
-        async def producer(i: int) -> None:
-            record = for_producer(template)
-            while not stop.is_set():
-                await store.awrite(WriteBatch().session(replace(record, updated_at=now())))
-                counts[i] += 1
-
-        tasks = [asyncio.create_task(producer(i)) for i in range(PRODUCERS)]
-        measure = Window(store, counts)
-        await asyncio.sleep(warmup)
-        measure.start()
-        await asyncio.sleep(window)
-        figures = measure.stop()
-        stop.set()
-        await asyncio.gather(*tasks)
-        return figures
-
-    return asyncio.run(main())
+    steps = [step_for(for_producer(template)) for _ in range(PRODUCERS)]
+    return async_window(store, steps, warmup, window, "snapshot")
 
 
 RUNNERS: dict[str, Callable[[Store, SessionRecord, float, float], dict[str, Any]]] = {
@@ -256,16 +196,12 @@ def throughput(base: str, reps: int, warmup: float, window: float) -> dict[str, 
     for rep in range(reps):
         order = modes if rep % 2 == 0 else modes[::-1]
         for kind, group in order:
-            path = tempfile.mkdtemp(prefix=f"{kind}-{'group' if group else 'naive'}-", dir=base)
-            try:
-                store = open_synced(path, group_commit=group)
-                try:
-                    gc.collect()
-                    figures = RUNNERS[kind](store, template, warmup, window)
-                finally:
-                    store.close()
-            finally:
-                shutil.rmtree(path, ignore_errors=True)
+            figures = on_fresh_store(
+                base,
+                f"{kind}-{'group' if group else 'naive'}-",
+                functools.partial(RUNNERS[kind], template=template, warmup=warmup, window=window),
+                group_commit=group,
+            )
             runs[(kind, group)].append(figures)
             per_commit = figures["snapshots_per_commit"] or 0.0
             log(

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sessiontree.actors import AsyncSession
-from sessiontree.protocol import SessionResult
+from sessiontree.protocol import SessionResult, SessionTreeError
 from sessiontree.supervision import Agent
 
 __all__ = ["AgentLoadError", "builtin_agents", "load_agents"]
@@ -22,7 +22,7 @@ __all__ = ["AgentLoadError", "builtin_agents", "load_agents"]
 BUILTIN = "sessiontree.cli._agents:builtin_agents"
 
 
-class AgentLoadError(Exception):
+class AgentLoadError(SessionTreeError):
     """Raised when ``module:object`` cannot be imported or is not agents; the
     message names the part that failed."""
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from importlib import metadata
 from typing import Annotated, Any, Protocol
@@ -46,7 +45,6 @@ from sessiontree.cli._wire import (
 from sessiontree.protocol import (
     MAX_CONTROL_BYTES,
     BranchInfo,
-    ConversationError,
     DeletePlan,
     ErrorCode,
     ErrorInfo,
@@ -124,8 +122,9 @@ class Metrics(Protocol):
     def rejected_input(self, reason: str) -> None: ...
 
 
-class RefusedError(Exception):
-    """An ``ErrorInfo`` to answer with its status (raised inside handlers)."""
+class RefusedError(SessionTreeError):
+    """Raised inside a handler to answer with an ``ErrorInfo`` the node
+    returned (a refused spawn, cancel, send…) and its status."""
 
     def __init__(
         self,
@@ -134,10 +133,9 @@ class RefusedError(Exception):
         field: str | None = None,
         session_id: uuid.UUID | None = None,
     ) -> None:
-        super().__init__(error.message)
+        super().__init__(error.message, session_id=session_id)
         self.error = error
         self.field = field
-        self.session_id = session_id
 
 
 def _body(
@@ -338,7 +336,7 @@ async def node_status(state: State) -> NodeStatus:
         node=state.name,
         version=metadata.version("sessiontree"),
         state="closing" if node.closed else "open",
-        uptime_s=time.time() - state.started_at,
+        uptime_s=node.clock.time() - state.started_at,
         agents=sorted(node.agents),
         sessions=by_state,
         stats=stats,
@@ -543,14 +541,7 @@ def confirm_delete(
     state: State, session_id: _Sid, data: JSONBody[ConfirmDeleteRequest]
 ) -> DeletePlan:
     """Step two: delete the branch the token was issued for."""
-    conversation = _node(state).conversation(session_id)
-    plan = conversation.delete_branch(data.branch)
-    if plan.token != data.token:
-        msg = f"token {data.token[:64]!r} is not the current plan of branch {data.branch[:64]}"
-        raise ConversationError(
-            msg, code=ErrorCode.CONFIRMATION_MISMATCH, field="token", session_id=session_id
-        )
-    return conversation.confirm_delete(data.token)
+    return _node(state).conversation(session_id).confirm_delete(data.token, data.branch)
 
 
 @get(f"{_CONV}/tree", tags=["conversation"], responses=_ERRORS, sync_to_thread=True)
@@ -651,7 +642,7 @@ def create_app(
                 "name": name,
                 "max_body": max_body,
                 "max_wait": max_wait,
-                "started_at": time.time(),
+                "started_at": node.clock.time(),
             }
         ),
         before_request=_strict_body,

@@ -97,7 +97,7 @@ class _Remote:
     def delete_branch(self, branch: str) -> DeletePlan:
         return self._post("/delete-branch", {"branch": branch}, DeletePlan)
 
-    def confirm(self, branch: str, token: str) -> DeletePlan:
+    def confirm_delete(self, token: str, branch: str) -> DeletePlan:
         body = {"branch": branch, "token": token}
         return self._post("/delete-branch/confirm", body, DeletePlan)
 
@@ -336,18 +336,10 @@ def delete_branch_cmd(
 ) -> None:
     """Delete BRANCH in two steps: without --confirm, show what would go and the token."""
     with _conversation(target, write=token is not None) as conversation:
-        if isinstance(conversation, _Remote):
-            plan = (
-                conversation.delete_branch(branch)
-                if token is None
-                else conversation.confirm(branch, token)
-            )
-        else:
+        if token is None:
             plan = conversation.delete_branch(branch)
-            if token is not None:
-                if plan.token != token:  # a token of another branch, or of an older plan
-                    raise _fail(f"token {token!r} is not the current plan of branch {branch}")
-                plan = conversation.confirm_delete(token)
+        else:
+            plan = conversation.confirm_delete(token, branch)
     if as_json:
         _echo_json(plan)
     elif token is None:

@@ -13,6 +13,8 @@ answered at ``--node``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import time
 import uuid
@@ -25,7 +27,7 @@ import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
 from sessiontree.protocol import SessionKind, SessionState, SessionTreeError
-from sessiontree.store import Store
+from sessiontree.store import SessionRecord, Store
 
 __all__ = ["sessions"]
 
@@ -62,52 +64,63 @@ def _echo_json(value: Any) -> None:
     click.echo(json.dumps(value, sort_keys=True))
 
 
-def _builtins(value: Any) -> Any:
-    return msgspec.to_builtins(value)
-
-
 # -- reading a store ---------------------------------------------------------------------
 
 
-def _stored_rows(store_dir: Path) -> Iterator[dict[str, Any]]:
+@contextlib.contextmanager
+def _reading(store_dir: Path) -> Iterator[Store]:
+    """The store opened read-only (beside a running node too); errors exit 1."""
     try:
         with Store(store_dir, readonly=True) as store:
-            rows = [
-                {"info": _builtins(r.info), "result": _builtins(r.result)}
-                for r in store.sessions()
-                if not isinstance(r, SessionTreeError)
-            ]
+            yield store
     except (SessionTreeError, OSError) as exc:
         raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
-    yield from rows
+
+
+def _row(record: SessionRecord) -> dict[str, Any]:
+    return {"info": msgspec.to_builtins(record.info), "result": msgspec.to_builtins(record.result)}
+
+
+def _stored_rows(store_dir: Path) -> list[dict[str, Any]]:
+    with _reading(store_dir) as store:
+        return [_row(r) for r in store.sessions() if not isinstance(r, SessionTreeError)]
+
+
+def _stored(store: Store, session_id: uuid.UUID) -> SessionRecord:
+    record = store.session(session_id)
+    if record is None:
+        raise click.ClickException(f"unknown_session: no session {session_id} in {store.path}")
+    return record
 
 
 def _stored_view(store_dir: Path, session_id: str) -> dict[str, Any]:
-    try:
-        with Store(store_dir, readonly=True) as store:
-            record = store.session(uuid.UUID(session_id))
-    except (SessionTreeError, OSError) as exc:
-        raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
-    if record is None:
-        raise click.ClickException(f"unknown_session: no session {session_id} in {store_dir}")
-    return {"info": _builtins(record.info), "result": _builtins(record.result)}
+    with _reading(store_dir) as store:
+        return _row(_stored(store, uuid.UUID(session_id)))
 
 
 def _stored_tree(store_dir: Path, session_id: str) -> dict[str, Any]:
-    rows = {row["info"]["session_id"]: row for row in _stored_rows(store_dir)}
-    if session_id not in rows:
-        raise click.ClickException(f"unknown_session: no session {session_id} in {store_dir}")
-    children: dict[str, list[str]] = {}
-    for sid, row in rows.items():
-        parent = row["info"]["parent_id"]
-        if parent is not None:
-            children.setdefault(parent, []).append(sid)
+    """The subtree under ``session_id`` as the API's ``tree`` gives it, children
+    oldest first, read through the store's parent index."""
 
-    def build(sid: str) -> dict[str, Any]:
-        kids = sorted(children.get(sid, []), key=lambda c: rows[c]["info"]["created_at"])
-        return {**rows[sid], "children": [build(c) for c in kids]}
+    def build(store: Store, record: SessionRecord) -> dict[str, Any]:
+        kids = [store.session(c) for c in store.children(record.info.session_id)]
+        ordered = sorted((k for k in kids if k is not None), key=lambda k: k.info.created_at)
+        return {**_row(record), "children": [build(store, k) for k in ordered]}
 
-    return build(session_id)
+    with _reading(store_dir) as store:
+        return build(store, _stored(store, uuid.UUID(session_id)))
+
+
+def _fetch(
+    node_url: str | None, store_dir: Path | None, path: str, stored: Callable[[Path], Any]
+) -> Any:
+    """What a read command shows: ``GET path`` on the node, or ``stored(store_dir)``."""
+    one_source(node_url, store_dir)
+    if node_url is not None:
+        with NodeClient(node_url) as client:
+            return client.get(path)
+    assert store_dir is not None
+    return stored(store_dir)
 
 
 # -- drawing -----------------------------------------------------------------------------
@@ -228,14 +241,10 @@ def ls_cmd(
 @_JSON
 def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """One session: identity, state and result."""
-    one_source(node_url, store_dir)
     sid = _sid(session)
-    if node_url is not None:
-        with NodeClient(node_url) as client:
-            view = client.get(f"/v1/sessions/{sid}")
-    else:
-        assert store_dir is not None
-        view = _stored_view(store_dir, sid)
+    view = _fetch(
+        node_url, store_dir, f"/v1/sessions/{sid}", functools.partial(_stored_view, session_id=sid)
+    )
     if as_json:
         _echo_json(view)
         return
@@ -251,14 +260,13 @@ def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json
 @_JSON
 def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """Draw the subtree under SESSION: kind, state, age and time left to TTL."""
-    one_source(node_url, store_dir)
     sid = _sid(session)
-    if node_url is not None:
-        with NodeClient(node_url) as client:
-            tree = client.get(f"/v1/sessions/{sid}/tree")
-    else:
-        assert store_dir is not None
-        tree = _stored_tree(store_dir, sid)
+    tree = _fetch(
+        node_url,
+        store_dir,
+        f"/v1/sessions/{sid}/tree",
+        functools.partial(_stored_tree, session_id=sid),
+    )
     if as_json:
         _echo_json(tree)
         return

@@ -9,9 +9,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -22,8 +21,9 @@ START_WAIT = 60.0  # real seconds a node may take to start listening
 class RunningNode:
     """``sessiontree node start --port 0`` in a subprocess; ``url`` once it listens.
 
-    The effective-config line is parsed into ``config``/``sources``; stderr
-    goes to a file (``log()``) so a chatty node never blocks on a pipe.
+    The effective-config line is parsed into ``config``/``sources``. Both
+    output streams are read by threads of their own, so a chatty node never
+    blocks on a pipe and a test waits for a log line on an Event, not a sleep.
     """
 
     def __init__(
@@ -33,22 +33,25 @@ class RunningNode:
         env: dict[str, str] | None = None,
         agents: str = "tests.node_agents:agents",
     ) -> None:
-        self.stderr_path = store.parent / f"{store.name}-node-{time.monotonic_ns()}.log"
-        self._stderr = self.stderr_path.open("w")
         command = [sys.executable, "-m", "sessiontree.cli", "-v", "node", "start"]
         command += ["--store", str(store), "--port", "0", "--agents", agents, *args]
         self.proc = subprocess.Popen(
             command,
             cwd=ROOT,
             stdout=subprocess.PIPE,
-            stderr=self._stderr,
+            stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, **(env or {})},
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        first = self.line(START_WAIT)
-        payload = json.loads(first)
+        self._log: list[str] = []
+        self._logged = threading.Condition()
+        self._log_ended = False
+        assert self.proc.stdout is not None
+        assert self.proc.stderr is not None
+        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
+        threading.Thread(target=self._read_log, args=(self.proc.stderr,), daemon=True).start()
+        payload = json.loads(self.line(START_WAIT))
         self.config: dict[str, Any] = payload["effective_config"]
         self.sources: dict[str, str] = payload["sources"]
         listening = self.line(START_WAIT)
@@ -56,12 +59,21 @@ class RunningNode:
         self.url = listening.split()[2]
         self.http = httpx.Client(base_url=self.url, timeout=30.0)
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with self.proc.stdout:
-            for line in self.proc.stdout:
+    def _read(self, stream: IO[str]) -> None:
+        with stream:
+            for line in stream:
                 self._lines.put(line.rstrip("\n"))
         self._lines.put(None)
+
+    def _read_log(self, stream: IO[str]) -> None:
+        with stream:
+            for line in stream:
+                with self._logged:
+                    self._log.append(line)
+                    self._logged.notify_all()
+        with self._logged:
+            self._log_ended = True
+            self._logged.notify_all()
 
     def line(self, timeout: float) -> str:
         """The next stdout line; fails (with the node's stderr) if none comes."""
@@ -76,28 +88,32 @@ class RunningNode:
         return line
 
     def log(self) -> str:
-        if not self._stderr.closed:
-            self._stderr.flush()
-        return self.stderr_path.read_text()
+        """What the node wrote to stderr so far."""
+        with self._logged:
+            return "".join(self._log)
 
     def wait_log(self, text: str, timeout: float = 30.0) -> None:
         """Wait (bounded) until ``text`` appears on the node's stderr."""
-        deadline = time.monotonic() + timeout
-        while text not in self.log():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                msg = f"{text!r} never appeared; stderr:\n{self.log()}"
+        with self._logged:
+            found = self._logged.wait_for(
+                lambda: self._log_ended or text in "".join(self._log), timeout
+            )
+            if not found or text not in "".join(self._log):
+                msg = f"{text!r} never appeared; stderr:\n{''.join(self._log)}"
                 raise AssertionError(msg)
-            time.sleep(0.05)
 
     def send(self, signum: int = signal.SIGTERM) -> None:
         self.proc.send_signal(signum)
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        """Signal the node and wait for its exit code."""
+        """Signal the node and wait for its exit code (and the end of its stderr)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signum)
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
+            with self._logged:
+                self._logged.wait_for(lambda: self._log_ended, 10.0)
+            return code
         finally:
             self.close()
 
@@ -110,4 +126,3 @@ class RunningNode:
     def close(self) -> None:
         if hasattr(self, "http"):
             self.http.close()
-        self._stderr.close()

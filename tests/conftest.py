@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +17,20 @@ WAIT = 10.0  # real seconds any bounded wait in a test may take before it fails
 @pytest.fixture
 def clock() -> VirtualClock:
     return VirtualClock()
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """An Event a test's skills block on; set at teardown so none is left waiting."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+@pytest.fixture
+def caught() -> threading.Event:
+    """An Event a skill sets once it caught its cancellation."""
+    return threading.Event()
 
 
 @pytest.fixture

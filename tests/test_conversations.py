@@ -343,6 +343,19 @@ def test_a_confirmation_for_a_branch_that_changed_since_is_refused(conv: Convers
     assert len(conv) == 3
 
 
+def test_a_confirmation_naming_another_branch_is_refused(conv: Conversation) -> None:
+    (a,) = say(conv, "a")
+    conv.fork(a.id, "x")
+    conv.fork(a.id, "y")
+    conv.checkout("main")
+    plan = conv.delete_branch("x")
+    with pytest.raises(ConversationError) as caught:
+        conv.confirm_delete(plan.token, "y")
+    assert (caught.value.code, caught.value.field) == (ErrorCode.CONFIRMATION_MISMATCH, "token")
+    assert conv.confirm_delete(plan.token, "x").name == "x"
+    assert [b.name for b in conv.branches()] == ["main", "y"]
+
+
 @pytest.mark.parametrize("token", ["", "nonsense", "2-XYZ", 5, None])
 def test_a_malformed_confirmation_token_is_refused(conv: Conversation, token: Any) -> None:
     with pytest.raises(RejectedInputError) as caught:

@@ -10,30 +10,15 @@ from typing import Any
 
 import pytest
 from litestar.testing import TestClient
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sessiontree.actors import VirtualClock
 from sessiontree.cli._agents import builtin_agents
 from sessiontree.cli._api import create_app
 from sessiontree.supervision import Agent, Node
+from tests._fakes import FakeMetrics
 from tests.conftest import settle
 
 Client = TestClient[Any]
-
-
-class FakeMetrics:
-    """Records what the API reports (the real NodeMetrics has its own tests)."""
-
-    content_type = CONTENT_TYPE_LATEST
-
-    def __init__(self) -> None:
-        self.rejected: list[str] = []
-
-    def exposition(self) -> bytes:
-        return generate_latest(CollectorRegistry())
-
-    def rejected_input(self, reason: str) -> None:
-        self.rejected.append(reason)
 
 
 async def sleeper(session: Any) -> str:

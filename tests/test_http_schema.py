@@ -10,33 +10,19 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from schemathesis.specs.openapi.checks import allow_header_conformance
 
 from sessiontree.actors import VirtualClock
 from sessiontree.cli._agents import builtin_agents
 from sessiontree.cli._api import create_app
 from sessiontree.supervision import Node, NodeConfig
-
-
-class _Metrics:
-    content_type = CONTENT_TYPE_LATEST
-
-    def __init__(self) -> None:
-        self.rejected: list[str] = []
-
-    def exposition(self) -> bytes:
-        return generate_latest(CollectorRegistry())
-
-    def rejected_input(self, reason: str) -> None:
-        self.rejected.append(reason)
-
+from tests._fakes import FakeMetrics
 
 # Built at import: schemathesis parametrizes from the schema then (its fixture
 # loader fails with this pytest); the module fixture below shuts the node down.
 _CLOCK = VirtualClock()
 _NODE = Node(builtin_agents(), NodeConfig(max_sessions=500), clock=_CLOCK)
-_METRICS = _Metrics()
+_METRICS = FakeMetrics()
 _APP = create_app(_NODE, _METRICS, max_wait=0.05)
 schema = schemathesis.openapi.from_asgi("/schema/openapi.json", _APP)
 

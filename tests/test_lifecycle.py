@@ -93,18 +93,6 @@ def make_skills(release: threading.Event, caught: threading.Event | None = None)
 
 
 @pytest.fixture
-def release() -> Any:
-    event = threading.Event()
-    yield event
-    event.set()
-
-
-@pytest.fixture
-def caught() -> threading.Event:
-    return threading.Event()
-
-
-@pytest.fixture
 def node(make_node: Any, release: threading.Event, caught: threading.Event) -> Any:
     agent = Agent("agent", {"main": idle_main, **make_skills(release, caught)})
     return make_node(agent, grace=30.0)

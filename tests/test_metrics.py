@@ -96,18 +96,6 @@ def make_agent(release: threading.Event, caught: threading.Event, **options: Any
 
 
 @pytest.fixture
-def release() -> Iterator[threading.Event]:
-    event = threading.Event()
-    yield event
-    event.set()
-
-
-@pytest.fixture
-def caught() -> threading.Event:
-    return threading.Event()
-
-
-@pytest.fixture
 def watch() -> Iterator[Callable[..., NodeMetrics]]:
     """``NodeMetrics`` for a node; every one is closed after the test."""
     made: list[NodeMetrics] = []

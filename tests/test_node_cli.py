@@ -143,7 +143,7 @@ def test_a_second_signal_forces_the_shutdown(store: Path) -> None:
     running.wait_log("a second signal forces")
     code = running.stop(signal.SIGTERM, timeout=30)
     assert code == 1
-    assert "forcing the shutdown" in running.stderr_path.read_text()
+    assert "forcing the shutdown" in running.log()
     again = RunningNode(store)  # the store was flushed and let go
     try:
         ended = again.http.get(f"/v1/sessions/{stubborn}").json()

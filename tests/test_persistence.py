@@ -1418,13 +1418,6 @@ def store_dir(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> pathlib
     return None if request.param == "in-memory" else tmp_path / "store"
 
 
-@pytest.fixture
-def release() -> Iterator[threading.Event]:
-    event = threading.Event()
-    yield event
-    event.set()
-
-
 def make_lifecycle_agent(release: threading.Event) -> Agent:
     def returns(session: Any) -> Any:
         session.checkpoint()
