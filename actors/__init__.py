@@ -39,6 +39,7 @@ from sessiontree.actors._mailbox import (
     start_actor,
     stop_actor,
 )
+from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor
 from sessiontree.actors._session import AsyncSession, Session
 from sessiontree.actors._session_actor import (
     CancelSignal,
@@ -61,6 +62,7 @@ __all__ = [
     "Activity",
     "AskTimeoutError",
     "AsyncSession",
+    "BlockedHandler",
     "CancelSignal",
     "Cancelled",
     "Clock",
@@ -72,11 +74,13 @@ __all__ = [
     "Counted",
     "CycleDone",
     "Deliver",
+    "Dispatcher",
     "EventLoopThread",
     "ForceStop",
     "Inbound",
     "Inspect",
     "MemoryBackend",
+    "PooledActor",
     "RealClock",
     "Reply",
     "RunEnd",

@@ -22,6 +22,7 @@ import pykka
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._core import _set_done, call_soon
+from sessiontree.actors._pooled import Dispatcher, PooledActor
 from sessiontree.protocol import DeadlockError, SessionTreeError
 
 __all__ = [
@@ -41,7 +42,10 @@ __all__ = [
 A = TypeVar("A", bound=pykka.Actor)
 
 #: The actor implementations a node can run its actors on, by config name.
-ACTOR_TYPES: dict[str, type[pykka.Actor]] = {"threading": pykka.ThreadingActor}
+ACTOR_TYPES: dict[str, type[pykka.Actor]] = {
+    "pooled": PooledActor,
+    "threading": pykka.ThreadingActor,
+}
 
 _classes: dict[tuple[type[Any], str], type[pykka.Actor]] = {}
 _local = threading.local()
@@ -51,9 +55,13 @@ class AskTimeoutError(SessionTreeError):
     """Raised when an actor did not answer within the ask's timeout."""
 
 
-def actor_class(logic: type[Any], actor_type: str) -> type[pykka.Actor]:
+def actor_class(
+    logic: type[Any], actor_type: str, dispatcher: Dispatcher | None = None
+) -> type[pykka.Actor]:
     """``logic`` (a mixin with ``on_receive``) on the pykka base named ``actor_type``.
 
+    ``dispatcher`` binds a ``pooled`` class to that pool (the class is then
+    new, not shared; without one, pooled actors share a process-wide pool).
     Raises ``ValueError`` naming the known types for an unknown name.
     """
     try:
@@ -61,11 +69,14 @@ def actor_class(logic: type[Any], actor_type: str) -> type[pykka.Actor]:
     except KeyError:
         msg = f"unknown actor_type {actor_type!r}; known: {sorted(ACTOR_TYPES)}"
         raise ValueError(msg) from None
+    name = f"{logic.__name__}[{actor_type}]"
+    if dispatcher is not None and issubclass(base, PooledActor):
+        return type(name, (logic, base), {"dispatcher": dispatcher})
     key = (logic, actor_type)
     cls = _classes.get(key)
     if cls is None:
         attrs: dict[str, Any] = {"use_daemon_thread": True}
-        cls = type(f"{logic.__name__}[{actor_type}]", (logic, base), attrs)
+        cls = type(name, (logic, base), attrs)
         _classes[key] = cls
     return cls
 

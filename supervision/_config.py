@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessiontree.actors import ACTOR_TYPES
 from sessiontree.protocol import DmScope, SessionKind
 
 __all__ = ["Agent", "NodeConfig"]
@@ -26,13 +27,17 @@ class NodeConfig:
     children or parked holds none). ``max_sessions``/``max_zombies``: past
     either, spawns are refused with ``capacity_exceeded``. ``stuck_after``: a
     running skill with no checkpoint for that long is flagged (never killed).
-    ``memory_pressure``: a probe; while it returns True the Cortex suspends the
-    least recently active branch every ``check_interval`` (which also paces the
-    stuck check). With a store: ``export_path`` (a canonical JSONL export of
-    the store, rewritten every ``housekeeping_interval``) and ``prune_after``
-    (terminal sessions that ended longer ago are deleted from the store on
-    the same schedule, exported first when ``export_path`` is set); both off
-    by default.
+    ``actor_type``: what runs session actors: ``pooled`` (default; every
+    mailbox is served by a pool of ``dispatcher_threads`` threads, and a
+    handler still running after ``block_threshold`` real seconds is reported)
+    or ``threading`` (pykka's ``ThreadingActor``, a thread per session). The
+    Cortex always has a thread of its own. ``memory_pressure``: a probe; while
+    it returns True the Cortex suspends the least recently active branch every
+    ``check_interval`` (which also paces the stuck check). With a store:
+    ``export_path`` (a canonical JSONL export of the store, rewritten every
+    ``housekeeping_interval``) and ``prune_after`` (terminal sessions that
+    ended longer ago are deleted from the store on the same schedule,
+    exported first when ``export_path`` is set); both off by default.
     """
 
     grace: float = 30.0
@@ -44,7 +49,9 @@ class NodeConfig:
     stuck_after: float = 300.0
     check_interval: float = 5.0
     memory_pressure: Callable[[], bool] | None = None
-    actor_type: str = "threading"
+    actor_type: str = "pooled"
+    dispatcher_threads: int = 2
+    block_threshold: float = 1.0
     ask_timeout: float = 30.0
     retain_terminal: int = 10_000
     max_retained_results: int = 1_000
@@ -64,6 +71,13 @@ class NodeConfig:
             msg = f"NodeConfig.export_path must be None or a path string, got {self.export_path!r}"
             raise ValueError(msg)
         names = ("grace", "max_ttl", "stuck_after", "check_interval", "ask_timeout")
+        if self.actor_type not in ACTOR_TYPES:
+            known = sorted(ACTOR_TYPES)
+            msg = f"NodeConfig.actor_type must be one of {known}, got {self.actor_type!r}"
+            raise ValueError(msg)
+        if not isinstance(self.block_threshold, int | float) or not self.block_threshold > 0:
+            msg = f"NodeConfig.block_threshold must be a number > 0, got {self.block_threshold!r}"
+            raise ValueError(msg)
         for name in (*names, "housekeeping_interval"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
@@ -82,6 +96,7 @@ class NodeConfig:
             "max_zombies",
             "retain_terminal",
             "max_retained_results",
+            "dispatcher_threads",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -119,7 +119,9 @@ class CortexLogic:
         self.failed: BaseException | None = None
         self.shutdown_waiters: list[Reply] = []
         self.self_ref: pykka.ActorRef[Any] | None = None
-        self.session_class = actor_class(SessionActorLogic, runtime.config.actor_type)
+        self.session_class = actor_class(
+            SessionActorLogic, runtime.config.actor_type, runtime.dispatcher
+        )
         self.tick_timer: TimerHandle | None = None
         self.to_stop: list[pykka.ActorRef[Any]] = []
         self.stopped = False

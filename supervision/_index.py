@@ -16,6 +16,7 @@ from sessiontree.actors import (
     Activity,
     Clock,
     ComputeSlots,
+    Dispatcher,
     EventLoopThread,
     Reply,
     RunEnd,
@@ -227,4 +228,5 @@ class Runtime:
     on_failed: Callable[[BaseException], None]
     persist: Persister
     recovered: Recovered | None = None
+    dispatcher: Dispatcher | None = None
     counters: collections.Counter[str] = field(default_factory=collections.Counter)

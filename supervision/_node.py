@@ -28,6 +28,7 @@ from sessiontree.actors import (
     ComputeSlots,
     Conversation,
     Conversations,
+    Dispatcher,
     EventLoopThread,
     Inspect,
     MemoryBackend,
@@ -343,14 +344,10 @@ class Node:
         self._state_lock = threading.Lock()
         self._loop: EventLoopThread | None = None
         self._loop_lock = threading.Lock()
+        self._dispatcher = _dispatcher_for(self.config)
         self._executor = StepExecutor(self.config.max_step_threads)
         self._main_executor = StepExecutor(self.config.max_step_threads, "sessiontree-step-main")
-        agents_by_id: dict[str, Agent] = {}
-        for agent in agents:
-            if agent.agent_id in agents_by_id:
-                msg = f"agent {agent.agent_id!r} is registered twice"
-                raise ValueError(msg)
-            agents_by_id[agent.agent_id] = agent
+        agents_by_id = _by_id(agents)
         counters: collections.Counter[str] = collections.Counter()
         recovered = None
         if self.store is not None:
@@ -376,8 +373,11 @@ class Node:
             persist=Persister(self.store, counters),
             recovered=recovered,
             counters=counters,
+            dispatcher=self._dispatcher,
         )
-        cortex_class = actor_class(CortexLogic, self.config.actor_type)
+        # The Cortex decides every change of the tree: a thread of its own, never
+        # a turn in the pool its sessions share.
+        cortex_class = actor_class(CortexLogic, "threading")
         self._cortex = start_actor(cortex_class, self._runtime)
         if recovered is not None:  # sessions it starts report through self._cortex
             self._tell(Call("bring_back", ()))
@@ -877,6 +877,8 @@ class Node:
             pass
         finally:
             self._cortex.stop(block=False)
+            if self._dispatcher is not None:
+                self._dispatcher.close()
             self._executor.close()
             self._main_executor.close()
             if self._loop is not None:
@@ -927,6 +929,28 @@ class Node:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _by_id(agents: Iterable[Agent]) -> dict[str, Agent]:
+    """The agents by id; ``ValueError`` naming an agent registered twice."""
+    by_id: dict[str, Agent] = {}
+    for agent in agents:
+        if agent.agent_id in by_id:
+            msg = f"agent {agent.agent_id!r} is registered twice"
+            raise ValueError(msg)
+        by_id[agent.agent_id] = agent
+    return by_id
+
+
+def _dispatcher_for(config: NodeConfig) -> Dispatcher | None:
+    """The pool serving the node's session actors (None: a thread each)."""
+    if config.actor_type != "pooled":
+        return None
+    return Dispatcher(
+        config.dispatcher_threads,
+        block_threshold=config.block_threshold,
+        name="sessiontree-session",
+    )
 
 
 def _sid(value: uuid.UUID | SessionRef) -> uuid.UUID:
