@@ -170,16 +170,25 @@ class Dispatcher:
 
     def _work(self, worker: _Worker, extra: bool) -> None:
         ready = self._ready
+        # A compensating thread looks every so often whether it is still wanted.
+        wait = min(self.block_threshold, 1.0) if extra else None
         try:
             while True:
-                inbox = ready.get()
+                try:
+                    inbox = ready.get(timeout=wait)
+                except queue.Empty:
+                    if self._extra_done():
+                        return
+                    continue
                 if inbox is None:
                     return
                 try:
                     inbox.serve(self, worker)
-                except BaseException:  # only on_start lets one through; pykka's thread would die
-                    log.exception("%s raised out of on_start; it is stopped", inbox.actor)
-                    inbox.actor.actor_stopped.set()
+                except BaseException:  # a hook pykka lets through (on_start, on_failure, on_stop)
+                    actor = inbox.actor
+                    log.exception("%s raised out of its hooks; it is stopped", actor)
+                    ActorRegistry.unregister(actor.actor_ref)
+                    actor.actor_stopped.set()
                     inbox._teardown()
                     self._done()
                 if extra and self._extra_done():

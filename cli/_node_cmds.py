@@ -40,6 +40,7 @@ from typing import Any
 import click
 import uvicorn
 
+from sessiontree.actors import ACTOR_TYPES
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents
 from sessiontree.cli._api import MAX_BODY_BYTES, MAX_WAIT, create_app
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
@@ -53,7 +54,15 @@ __all__ = ["node"]
 log = logging.getLogger("sessiontree.cli.node")
 
 _TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait"}
-_NODE_FLAGS = ("grace", "max_sessions", "max_step_threads", "max_running_skills")
+_NODE_FLAGS = (
+    "grace",
+    "max_sessions",
+    "max_step_threads",
+    "max_running_skills",
+    "actor_type",
+    "dispatcher_threads",
+    "passivate_after",
+)
 
 
 @click.group("node")
@@ -260,6 +269,24 @@ async def _serve(server: _Server, sock: socket.socket, running: Node, early: lis
     type=click.IntRange(1),
     default=None,
     help="NodeConfig.max_running_skills.",
+)
+@click.option(
+    "--actor-type",
+    type=click.Choice(sorted(ACTOR_TYPES)),
+    default=None,
+    help="NodeConfig.actor_type: pooled mailboxes (default) or a thread per session.",
+)
+@click.option(
+    "--dispatcher-threads",
+    type=click.IntRange(1),
+    default=None,
+    help="NodeConfig.dispatcher_threads: the pool serving pooled session actors.",
+)
+@click.option(
+    "--passivate-after",
+    type=click.FloatRange(0.0, min_open=True),
+    default=None,
+    help="NodeConfig.passivate_after (s): an idle Main is written out and its actor stopped.",
 )
 @click.pass_context
 def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:

@@ -14,6 +14,9 @@ __all__ = ["Agent", "NodeConfig"]
 
 Skill = Callable[[Any], Any]
 
+# Process-wide defaults of NodeConfig fields that tests run both ways.
+_DEFAULTS: dict[str, Any] = {"actor_type": "pooled"}
+
 
 @dataclass(frozen=True)
 class NodeConfig:
@@ -31,7 +34,10 @@ class NodeConfig:
     mailbox is served by a pool of ``dispatcher_threads`` threads, and a
     handler still running after ``block_threshold`` real seconds is reported)
     or ``threading`` (pykka's ``ThreadingActor``, a thread per session). The
-    Cortex always has a thread of its own. ``memory_pressure``: a probe; while
+    Cortex always has a thread of its own. ``passivate_after``: a Main that
+    took no message for that long is written out and its actor stopped (it
+    holds no actor until its next message brings it back; None: never).
+    ``memory_pressure``: a probe; while
     it returns True the Cortex suspends the least recently active branch every
     ``check_interval`` (which also paces the stuck check). With a store:
     ``export_path`` (a canonical JSONL export of the store, rewritten every
@@ -49,7 +55,7 @@ class NodeConfig:
     stuck_after: float = 300.0
     check_interval: float = 5.0
     memory_pressure: Callable[[], bool] | None = None
-    actor_type: str = "pooled"
+    actor_type: str = field(default_factory=lambda: _DEFAULTS["actor_type"])
     dispatcher_threads: int = 2
     block_threshold: float = 1.0
     ask_timeout: float = 30.0
@@ -58,6 +64,7 @@ class NodeConfig:
     export_path: str | None = None
     prune_after: float | None = None
     housekeeping_interval: float = 3600.0
+    passivate_after: float | None = 600.0
 
     def __post_init__(self) -> None:
         if self.prune_after is not None and (
@@ -67,6 +74,13 @@ class NodeConfig:
         ):
             msg = f"NodeConfig.prune_after must be None or a number > 0, got {self.prune_after!r}"
             raise ValueError(msg)
+        if self.passivate_after is not None and (
+            not isinstance(self.passivate_after, int | float)
+            or not math.isfinite(self.passivate_after)
+            or self.passivate_after <= 0
+        ):
+            msg = "NodeConfig.passivate_after must be None or a number > 0, got "
+            raise ValueError(msg + repr(self.passivate_after))
         if self.export_path is not None and not isinstance(self.export_path, str):
             msg = f"NodeConfig.export_path must be None or a path string, got {self.export_path!r}"
             raise ValueError(msg)

@@ -1,15 +1,53 @@
-"""Shared fixtures: a virtual clock and nodes that are always shut down."""
+"""Shared fixtures: a virtual clock, nodes that are always shut down, and every
+test that can build a node run once per actor type."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sessiontree.actors import VirtualClock
+from sessiontree.actors import ACTOR_TYPES, VirtualClock
 from sessiontree.supervision import Agent, Node, NodeConfig
+from sessiontree.supervision import _config as node_defaults
+
+#: Modules whose tests never build a node in this process or a child process
+#: (or, for the schema test, build their one node at import): they run once.
+SINGLE_RUN = frozenset(
+    {
+        "test_chat",
+        "test_conversation_property",
+        "test_conversations",
+        "test_export",
+        "test_http_schema",
+        "test_pooled_actor",
+        "test_protocol",
+        "test_store",
+        "test_tree_html",
+    }
+)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run every test that can build a node on each actor type (DESIGN: the
+    suite passes on pooled and on ``ThreadingActor`` session actors)."""
+    if Path(metafunc.definition.path).stem not in SINGLE_RUN:
+        metafunc.parametrize("actor_type", sorted(ACTOR_TYPES), indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def actor_type(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The actor type every node of this test runs its sessions on, by default:
+    in this process (``NodeConfig()``) and in node subprocesses (environment)."""
+    kind: str = getattr(request, "param", node_defaults._DEFAULTS["actor_type"])
+    monkeypatch.setitem(node_defaults._DEFAULTS, "actor_type", kind)
+    monkeypatch.setenv("SESSIONTREE_NODE_START_ACTOR_TYPE", kind)
+    monkeypatch.setenv("SESSIONTREE_TEST_ACTOR_TYPE", kind)
+    return kind
+
 
 WAIT = 10.0  # real seconds any bounded wait in a test may take before it fails
 

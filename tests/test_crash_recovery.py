@@ -24,6 +24,7 @@ chain so far:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import random
 import signal
@@ -47,7 +48,7 @@ from sessiontree.store import (
     Store,
     decode_record,
 )
-from sessiontree.supervision import Node
+from sessiontree.supervision import Node, NodeConfig
 from tests.conftest import WAIT
 from tests.crash_node import AGENT_ID, CONFIG, make_agents
 
@@ -310,7 +311,9 @@ def check_main_contexts(acks: Acks, view: StoreView) -> None:
 
 def recover(store: Path) -> dict[str, int]:
     """Open a node on the store (recovery runs), let it settle, shut it down."""
-    node = Node(make_agents(), CONFIG, store=store)
+    # the actor type under test (CONFIG was built when this module was imported)
+    config = dataclasses.replace(CONFIG, actor_type=NodeConfig().actor_type)
+    node = Node(make_agents(), config, store=store)
     try:
         assert node.wait_idle(WAIT), f"the recovered node did not settle: {node.activity.busy}"
         return node.recovery
