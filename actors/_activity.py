@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -19,36 +21,41 @@ class Activity:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._busy = 0
+        self._cond = threading.Condition(threading.Lock())
+        # One token per piece of work in flight. deque.append and deque.pop are
+        # atomic, so counting takes no lock: every message and skill run passes
+        # here twice, from every thread, and a contended lock cost more than the
+        # rest of a spawn. The lock is only for waking wait_idle.
+        self._tokens: collections.deque[None] = collections.deque()
         self.on_idle: Callable[[], None] | None = None
         """Called (on the thread that ended the last piece of work) when nothing is
         left in flight; it must be quick and must not raise."""
 
     def begin(self) -> None:
         """One more message or running skill."""
-        with self._cond:
-            self._busy += 1
+        self._tokens.append(None)
 
     def end(self) -> None:
-        """One fewer; wakes ``wait_idle`` when nothing is left."""
-        with self._cond:
-            self._busy -= 1
-            if self._busy > 0:
-                return
+        """One fewer; wakes ``wait_idle`` when nothing is left. An ``end``
+        without its ``begin`` is ignored (the count never goes below zero)."""
+        tokens = self._tokens
+        with contextlib.suppress(IndexError):
+            tokens.pop()
+        if tokens:
+            return
         hook = self.on_idle
         if hook is not None:
             hook()  # it may hand on more work (begin): then we are not idle after all
-        with self._cond:
-            if self._busy <= 0:
+        with self._cond:  # a waiter checks under this lock, so it cannot miss this
+            if not tokens:
                 self._cond.notify_all()
 
     @property
     def busy(self) -> int:
         """What is in flight right now."""
-        return self._busy
+        return len(self._tokens)
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until nothing is in flight; False if ``timeout`` (real seconds) ran out."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._busy <= 0, timeout=timeout)
+            return self._cond.wait_for(lambda: not self._tokens, timeout=timeout)

@@ -217,6 +217,12 @@ class EventLoopThread:
     def __init__(self, name: str = "sessiontree-loop") -> None:
         self.loop = asyncio.new_event_loop()
         self._closing = False
+        # Runs submitted from other threads wait here; one wake-up of the loop
+        # (a write to its self-pipe, a system call) starts all that queued.
+        self._starts: collections.deque[Callable[[], Coroutine[Any, Any, None]]] = (
+            collections.deque()
+        )
+        self._wake_pending = False
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -239,11 +245,20 @@ class EventLoopThread:
         is never called: a task created then would never run a step, and its
         coroutine would be left unawaited."""
 
-        def start() -> None:
+        self._starts.append(make)
+        if not self._wake_pending:
+            self._wake_pending = True
+            self.loop.call_soon_threadsafe(self._start_queued)
+
+    def _start_queued(self) -> None:
+        # On the loop. The flag is cleared before the queue is read, so a run
+        # queued after this point always finds it clear and wakes the loop again.
+        self._wake_pending = False
+        starts = self._starts
+        while starts:
+            make = starts.popleft()
             if not self._closing:  # read on the loop's thread, like close's stop()
                 self.loop.create_task(make())
-
-        self.loop.call_soon_threadsafe(start)
 
     def close(self, timeout: float = 5.0) -> None:
         """Cancel every task still on the loop, stop it and join its thread."""

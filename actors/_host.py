@@ -44,6 +44,16 @@ class SessionHost(Protocol):
         """``spawn`` without blocking the event loop."""
         ...
 
+    def spawn_many(self, parent: SessionCore, specs: tuple[SpawnSpec, ...]) -> list[Any]:
+        """``spawn`` for a batch (one answer per spec, in order); blocks (bounded)."""
+        ...
+
+    async def spawn_many_async(
+        self, parent: SessionCore, specs: tuple[SpawnSpec, ...]
+    ) -> list[Any]:
+        """``spawn_many`` without blocking the event loop."""
+        ...
+
     def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
         """Write shared memory; returns the memory id once the write is durable."""
         ...

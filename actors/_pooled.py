@@ -30,9 +30,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import random
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -400,6 +402,42 @@ def _refuse(actor: PooledActor, envelope: Envelope[Any], *, raise_for_tell: bool
             reply.set_exception(exc_info=(ActorDeadError, error, None))
 
 
+# Seeded from the OS once; URNs need uniqueness, not secrecy.
+_urns = random.Random()  # noqa: S311
+
+
+class _StopFlag:
+    """What pykka reads of ``actor_stopped`` (``is_set``, ``set``, ``wait``),
+    without a Condition and a Lock per actor until someone waits on it."""
+
+    __slots__ = ("_event", "_set")
+
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+
 class PooledActor(pykka.Actor):
     """A pykka ``Actor`` served by a :class:`Dispatcher` instead of a thread of its own.
 
@@ -415,6 +453,15 @@ class PooledActor(pykka.Actor):
 
     dispatcher: ClassVar[Dispatcher | None] = None
     _pooled_started: bool
+
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+        # pykka's Actor.__init__, with two costs taken out of every start: the
+        # URN from a seeded generator instead of one read of the OS's random
+        # source each, and a plain flag instead of a threading.Event.
+        self.actor_urn = f"urn:uuid:{uuid.UUID(int=_urns.getrandbits(128), version=4)}"
+        self.actor_inbox = self._create_actor_inbox()
+        self.actor_stopped = _StopFlag()  # type: ignore[assignment]
+        self._actor_ref = pykka.ActorRef(self)
 
     def _create_actor_inbox(self) -> _Inbox:  # type: ignore[override]
         self._pooled_started = False

@@ -31,6 +31,7 @@ from sessiontree.protocol import (
     SessionResult,
     SpawnSpec,
     make_spec,
+    spawn_batch,
 )
 
 __all__ = ["AsyncSession", "Session"]
@@ -44,7 +45,7 @@ class _Base:
     ) -> None:
         self._core = core
         self._host = host
-        self._spawned: list[uuid.UUID] = []
+        self._spawned: dict[uuid.UUID, None] = {}  # in spawn order
         self._taken: set[uuid.UUID] = set()
         self.message = message
         """For a Main: the inbound message (or child ``SessionResult``) of this cycle."""
@@ -184,6 +185,11 @@ class _Base:
                 done.append(Collected(session_id=child, result=result, timed_out=result is None))
         return done
 
+    def _remember(self, answers: list[SpawnedLike]) -> None:
+        for spawned in answers:
+            if spawned.session_id is not None:
+                self._spawned[spawned.session_id] = None
+
     def _wanted(self, children: Iterable[uuid.UUID] | None) -> list[uuid.UUID]:
         if children is None:  # every child of this run whose result it has not taken
             return [c for c in self._spawned if c not in self._taken]
@@ -245,9 +251,19 @@ class Session(_Base):
         spec = make_spec(spec, **fields)
         self._checkpoint("spawn")
         spawned = self._host.spawn(self._core, spec)
-        if spawned.session_id is not None and spawned.session_id not in self._spawned:
-            self._spawned.append(spawned.session_id)
+        self._remember([spawned])
         return spawned
+
+    def spawn_many(self, specs: Iterable[SpawnSpec]) -> list[SpawnedLike]:
+        """Spawn a batch of children in one request to the supervisor (their
+        records share one commit): one answer per spec, in order, each as
+        ``spawn`` answers. ``RejectedInputError`` naming ``specs[i]`` for an
+        item that is not a ``SpawnSpec``."""
+        batch = spawn_batch(specs)
+        self._checkpoint("spawn")
+        answers = self._host.spawn_many(self._core, batch)
+        self._remember(answers)
+        return answers
 
     def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> None:
         """Checkpoint, then block until ``ready()`` or the timeout; the caller looks.
@@ -418,9 +434,16 @@ class AsyncSession(_Base):
         spec = make_spec(spec, **fields)
         await self._checkpoint("spawn")
         spawned = await self._host.spawn_async(self._core, spec)
-        if spawned.session_id is not None and spawned.session_id not in self._spawned:
-            self._spawned.append(spawned.session_id)
+        self._remember([spawned])
         return spawned
+
+    async def spawn_many(self, specs: Iterable[SpawnSpec]) -> list[SpawnedLike]:
+        """Spawn a batch of children; see ``Session.spawn_many``."""
+        batch = spawn_batch(specs)
+        await self._checkpoint("spawn")
+        answers = await self._host.spawn_many_async(self._core, batch)
+        self._remember(answers)
+        return answers
 
     async def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> None:
         """``Session._wait_for`` without holding a thread."""

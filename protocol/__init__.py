@@ -21,6 +21,7 @@ from sessiontree.protocol._codec import (
     decode_strict,
     encode_json,
     make_spec,
+    spawn_batch,
 )
 from sessiontree.protocol._conversation import (
     MAX_BRANCH_NAME_CHARS,
@@ -157,4 +158,5 @@ __all__ = [
     "make_spec",
     "new_session_id",
     "session_key_for",
+    "spawn_batch",
 ]

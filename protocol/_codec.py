@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -18,6 +19,7 @@ __all__ = [
     "decode_strict",
     "encode_json",
     "make_spec",
+    "spawn_batch",
 ]
 
 T = TypeVar("T")
@@ -112,6 +114,17 @@ def decode_control(data: bytes, *, fmt: str = "json") -> ControlMessage:
 def encode_json(value: Any) -> bytes:
     """Encode a Struct (or plain data) as JSON."""
     return msgspec.json.encode(value)
+
+
+def spawn_batch(specs: Iterable[Any]) -> tuple[SpawnSpec, ...]:
+    """The specs of a batched spawn; ``RejectedInputError`` naming ``specs[i]``
+    for an item that is not a ``SpawnSpec`` (build them with ``make_spec``)."""
+    batch = tuple(specs)
+    for i, spec in enumerate(batch):
+        if not isinstance(spec, SpawnSpec):
+            msg = f"specs[{i}] is a {type(spec).__name__}, not a SpawnSpec"
+            raise RejectedInputError(msg, field=f"specs[{i}]")
+    return batch
 
 
 def make_spec(spec: Any = None, /, **fields: Any) -> SpawnSpec:

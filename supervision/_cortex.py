@@ -568,6 +568,20 @@ class CortexLogic:
         entry.on_persisted.insert(0, written)
         return _DEFERRED
 
+    def op_spawn_many(
+        self, parent_id: uuid.UUID, specs: tuple[SpawnSpec, ...], reply: Reply | None = None
+    ) -> object:
+        """``op_spawn`` for each spec, in order, in one turn of the Cortex (their
+        records share one commit); answered with the list of answers once every
+        one is (a refused spawn does not stop the ones after it)."""
+        answers: list[SpawnAnswer | None] = [None] * len(specs)
+        waiting = _Gather(len(specs), answers, reply)
+        for i, spec in enumerate(specs):
+            value = self.op_spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
+            if value is not _DEFERRED:
+                waiting.answer(i, value)
+        return _DEFERRED if reply is not None else answers
+
     def _rejected_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, error: ErrorInfo) -> None:
         self.rt.counters[f"rejected_{error.code.value}"] += 1
         self.rt.events.emit(
@@ -1476,7 +1490,7 @@ class CortexLogic:
 
 _DEFERRED = object()
 #: Operations that answer their caller themselves (after a store write).
-_TAKES_REPLY = frozenset({"main", "spawn", "send", "control"})
+_TAKES_REPLY = frozenset({"main", "spawn", "spawn_many", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.
 _CALLER_MISTAKES = (UnknownSessionError, RejectedInputError, NodeClosedError)
@@ -1498,6 +1512,41 @@ def _inbox_depth(ref: pykka.ActorRef[Any]) -> int:
     """Messages waiting in an actor's inbox (0 for an inbox that cannot say)."""
     qsize = getattr(ref.actor_inbox, "qsize", None)
     return int(qsize()) if callable(qsize) else 0
+
+
+class _Gather:
+    """Collects the answers of a batch and answers ``reply`` once all are in."""
+
+    __slots__ = ("answers", "left", "reply")
+
+    def __init__(self, n: int, answers: list[Any], reply: Reply | None) -> None:
+        self.answers, self.left, self.reply = answers, n, reply
+        if n == 0 and reply is not None:
+            reply.set(answers)
+
+    def slot(self, i: int) -> _Slot:
+        return _Slot(self, i)
+
+    def answer(self, i: int, value: Any) -> None:
+        self.answers[i] = value
+        self.left -= 1
+        if self.left == 0 and self.reply is not None:
+            self.reply.set(self.answers)
+
+
+class _Slot:
+    """One place in a ``_Gather``, with the ``set``/``fail`` of a ``Reply``."""
+
+    __slots__ = ("gather", "i")
+
+    def __init__(self, gather: _Gather, i: int) -> None:
+        self.gather, self.i = gather, i
+
+    def set(self, value: Any) -> None:
+        self.gather.answer(self.i, value)
+
+    def fail(self, error: BaseException) -> None:
+        self.gather.answer(self.i, error)
 
 
 def _with_state(entry: Entry) -> SessionInfo:

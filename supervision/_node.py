@@ -65,6 +65,7 @@ from sessiontree.protocol import (
     decode_inbound,
     make_spec,
     session_key_for,
+    spawn_batch,
 )
 from sessiontree.store import Store
 from sessiontree.supervision._chat import chat_command, is_command
@@ -184,6 +185,10 @@ class SessionRef:
         """Spawn a child under this session; see ``Node.spawn``."""
         return self._node.spawn(self.session_id, spec, **fields)
 
+    def spawn_many(self, specs: Iterable[SpawnSpec]) -> list[Spawned]:
+        """Spawn a batch of children under this session; see ``Node.spawn_many``."""
+        return self._node.spawn_many(self.session_id, specs)
+
     def run(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SessionResult | None:
         """Spawn a fresh child under this session and wait; see ``Node.run``."""
         return self._node.run(self.session_id, spec, **fields)
@@ -230,6 +235,22 @@ class _Host:
         except NodeClosedError as exc:
             return Spawned(None, exc.to_info())
         return self.node._spawned(answer)
+
+    def spawn_many(self, parent: SessionCore, specs: tuple[SpawnSpec, ...]) -> list[Spawned]:
+        try:
+            answers = self.node._call("spawn_many", parent.session_id, specs, check=False)
+        except NodeClosedError as exc:
+            return [Spawned(None, exc.to_info()) for _ in specs]
+        return self.node._all_spawned(answers)
+
+    async def spawn_many_async(
+        self, parent: SessionCore, specs: tuple[SpawnSpec, ...]
+    ) -> list[Spawned]:
+        try:
+            answers = await self.node._acall("spawn_many", parent.session_id, specs, check=False)
+        except NodeClosedError as exc:
+            return [Spawned(None, exc.to_info()) for _ in specs]
+        return self.node._all_spawned(answers)
 
     def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
         return self.node.memory.put(core.info.agent_id, core.session_id, key, value)
@@ -471,9 +492,27 @@ class Node:
         """Spawn a child of ``parent``; a refused spawn comes back as ``Spawned.error``."""
         return self._spawned(self._call("spawn", _sid(parent), make_spec(spec, **fields)))
 
+    def spawn_many(
+        self, parent: uuid.UUID | SessionRef, specs: Iterable[SpawnSpec]
+    ) -> list[Spawned]:
+        """Spawn a batch of children of ``parent`` in one turn of the Cortex, their
+        records in one commit: one ``Spawned`` per spec, in order. Each spec is
+        checked as ``spawn`` checks it (a refused one does not stop the rest);
+        ``RejectedInputError`` naming the field for a spec that is not a
+        ``SpawnSpec``. The batched path for spawning thousands at once."""
+        return self._all_spawned(self._call("spawn_many", _sid(parent), spawn_batch(specs)))
+
     def _spawned(self, answer: SpawnAnswer) -> Spawned:
         ref = SessionRef(self, answer.session_id) if answer.session_id else None
         return Spawned(ref, answer.error, answer.existing)
+
+    def _all_spawned(self, answers: list[SpawnAnswer | BaseException]) -> list[Spawned]:
+        return [
+            Spawned(None, _error_info(answer))
+            if isinstance(answer, BaseException)
+            else self._spawned(answer)
+            for answer in answers
+        ]
 
     def run(
         self,
@@ -769,6 +808,12 @@ class Node:
     ) -> Spawned:
         return self._spawned(await self._acall("spawn", _sid(parent), make_spec(spec, **fields)))
 
+    async def aspawn_many(
+        self, parent: uuid.UUID | SessionRef, specs: Iterable[SpawnSpec]
+    ) -> list[Spawned]:
+        """Awaitable ``spawn_many``."""
+        return self._all_spawned(await self._acall("spawn_many", _sid(parent), spawn_batch(specs)))
+
     async def arun(
         self,
         parent: uuid.UUID | SessionRef,
@@ -929,6 +974,15 @@ class Node:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _error_info(error: BaseException) -> ErrorInfo:
+    if isinstance(error, SessionTreeError):
+        info = error.to_info()
+        if getattr(error, "code", None) is None:
+            return ErrorInfo(code=ErrorCode.STORE_FAILED, message=str(error))
+        return info
+    return ErrorInfo(code=ErrorCode.STORE_FAILED, message=repr(error))
 
 
 def _by_id(agents: Iterable[Agent]) -> dict[str, Agent]:

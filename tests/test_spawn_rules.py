@@ -16,7 +16,7 @@ from sessiontree.protocol import (
     SessionState,
     SpawnSpec,
 )
-from sessiontree.supervision import Agent, NodeConfig, check_spawn
+from sessiontree.supervision import Agent, Node, NodeConfig, check_spawn
 from sessiontree.supervision._rules import Capacity, ParentView
 from tests.conftest import WAIT, settle
 
@@ -291,3 +291,69 @@ def test_check_order_is_the_documented_one() -> None:
         ErrorCode.UNKNOWN_SKILL,
         ErrorCode.CAPACITY_EXCEEDED,
     ]
+
+
+# -- batched spawns ---------------------------------------------------------------------
+
+
+def test_spawn_many_answers_each_spec_in_order_and_a_refusal_does_not_stop_the_rest(
+    node: Any,
+) -> None:
+    main = node.main("agent")
+    specs = [SpawnSpec(kind=SessionKind.WORKER, skill="quick", task=f"t{i}") for i in range(10)]
+    specs[3] = SpawnSpec(kind=SessionKind.WORKER, skill="quick", ttl=-1.0)  # invalid_ttl
+    answers = main.spawn_many(specs)
+    assert [a.ok for a in answers] == [True, True, True, False, True, True, True, True, True, False]
+    assert answers[3].error is not None and answers[3].error.code is ErrorCode.INVALID_TTL
+    # the agent allows 8 live children: the tenth is refused, the ninth still fits
+    assert answers[9].error is not None
+    assert answers[9].error.code is ErrorCode.CHILDREN_EXCEEDED
+    tasks = [node.get(a.ref).task for a in answers if a.ref is not None]
+    assert tasks == [f"t{i}" for i in (0, 1, 2, 4, 5, 6, 7, 8)]
+    assert all(node.wait(a.ref, timeout=WAIT).ok for a in answers if a.ref is not None)
+
+
+def test_spawn_many_refuses_an_item_that_is_not_a_spawn_spec_naming_it(node: Any) -> None:
+    main = node.main("agent")
+    with pytest.raises(RejectedInputError) as caught:
+        node.spawn_many(main, [SpawnSpec(kind=SessionKind.WORKER), {"kind": "worker"}])
+    assert caught.value.field == "specs[1]"
+    settle(node)
+    assert node.get(main).state is SessionState.ACTIVE
+    assert node.sessions(kind=SessionKind.WORKER) == []  # nothing of the batch was spawned
+
+
+def test_spawn_many_of_nothing_answers_an_empty_list(node: Any) -> None:
+    assert node.spawn_many(node.main("agent"), []) == []
+
+
+def test_a_skill_spawns_a_batch_and_collects_every_child(make_node: Any) -> None:
+    async def fan(session: Any) -> str:
+        specs = [SpawnSpec(kind=SessionKind.WORKER, skill="quick") for _ in range(5)]
+        answers = await session.spawn_many(specs)
+        collected = await session.collect(timeout=100.0)
+        assert {c.session_id for c in collected} == {a.session_id for a in answers}
+        return ",".join(c.result.summary for c in collected if c.result is not None)
+
+    def fan_sync(session: Any) -> str:
+        answers = session.spawn_many([SpawnSpec(kind=SessionKind.WORKER, skill="quick")] * 3)
+        assert session.children == tuple(a.session_id for a in answers)
+        return str(len(session.collect(timeout=100.0)))
+
+    agent = Agent("agent", {**AGENT.skills, "fan": fan, "fan_sync": fan_sync}, main_skill="main")
+    node = make_node(agent, grace=0.0)
+    main = node.main("agent")
+    assert node.run(main, kind="branch", skill="fan", timeout=WAIT).summary == "ok,ok,ok,ok,ok"
+    assert node.run(main, kind="branch", skill="fan_sync", timeout=WAIT).summary == "3"
+
+
+def test_spawn_many_with_a_store_makes_every_child_durable(clock: Any, tmp_path: Any) -> None:
+    with Node([AGENT], NodeConfig(grace=0.0), clock=clock, store=tmp_path / "store") as node:
+        main = node.main("agent")
+        answers = main.spawn_many([SpawnSpec(kind=SessionKind.BRANCH, skill="waits")] * 4)
+        assert all(a.ok for a in answers)
+        store = node.store
+        assert store is not None
+        for answer in answers:  # answered only once durable
+            assert answer.ref is not None
+            assert store.session(answer.ref.session_id) is not None
