@@ -304,7 +304,8 @@ def test_spawn_many_answers_each_spec_in_order_and_a_refusal_does_not_stop_the_r
     specs[3] = SpawnSpec(kind=SessionKind.WORKER, skill="quick", ttl=-1.0)  # invalid_ttl
     answers = main.spawn_many(specs)
     assert [a.ok for a in answers] == [True, True, True, False, True, True, True, True, True, False]
-    assert answers[3].error is not None and answers[3].error.code is ErrorCode.INVALID_TTL
+    assert answers[3].error is not None
+    assert answers[3].error.code is ErrorCode.INVALID_TTL
     # the agent allows 8 live children: the tenth is refused, the ninth still fits
     assert answers[9].error is not None
     assert answers[9].error.code is ErrorCode.CHILDREN_EXCEEDED
