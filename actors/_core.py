@@ -167,6 +167,12 @@ class SessionCore:
                 self.fence_code = code
             self.wake()
 
+    def cancel_task(self) -> None:
+        """Cancel an async skill's task (forced termination); nothing for a sync one."""
+        task, loop = self.task, self.task_loop
+        if task is not None and loop is not None:
+            call_soon(loop, task.cancel)
+
     def _interrupted(self, *, parking: bool) -> bool:
         if self.fenced or (self.cancel_code is not None and not self.cancel_raised):
             return True

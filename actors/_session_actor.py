@@ -20,7 +20,7 @@ from typing import Any
 import pykka
 
 from sessiontree.actors._activity import Activity
-from sessiontree.actors._core import SessionCore, call_soon
+from sessiontree.actors._core import SessionCore
 from sessiontree.actors._execution import (
     EventLoopThread,
     RunEnd,
@@ -42,6 +42,7 @@ __all__ = [
     "ForceStop",
     "Inbound",
     "Inspect",
+    "Passivate",
     "SessionActorLogic",
     "Start",
     "StopSession",
@@ -93,6 +94,16 @@ class Inspect:
     """
 
     probe: Callable[[SessionCore], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Passivate:
+    """May this Main be passivated? ``done(mark)`` answers yes (``mark`` passed
+    back as given) when nothing is queued and no cycle runs, ``done(None)`` no.
+    The actor keeps running either way; the Cortex decides and stops it."""
+
+    mark: int
+    done: Callable[[int | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +203,9 @@ class SessionActorLogic:
                 self._force()
             case Inspect(probe=probe):
                 return probe(core)
+            case Passivate(mark=mark, done=done):
+                idle = not self.inputs and not self.cycle_running and not core.fenced
+                done(mark if idle else None)
             case StopSession():
                 # Stop now, on this message, so the stop is counted in activity
                 # until done (wait_idle then sees no ended actor still winding down).
@@ -207,9 +221,7 @@ class SessionActorLogic:
     def _force(self) -> None:
         core = self.core
         self.inputs.clear()
-        task, loop = core.task, core.task_loop
-        if task is not None and loop is not None:
-            call_soon(loop, task.cancel)
+        core.cancel_task()
 
     def _next_cycle(self) -> None:
         core = self.core

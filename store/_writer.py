@@ -138,6 +138,12 @@ class WriteBatch:
     def __bool__(self) -> bool:
         return bool(self.ops)
 
+    def extend(self, other: WriteBatch) -> WriteBatch:
+        """Add ``other``'s writes after these (they then commit together)."""
+        self.ops.extend(other.ops)
+        self.size += other.size
+        return self
+
     # -- sessions and the tree ------------------------------------------------
 
     def session(self, record: SessionRecord) -> WriteBatch:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from sessiontree.actors import (
     Deliver,
     ForceStop,
     Inbound,
+    Passivate,
     Reply,
     RunEnd,
     SessionActorLogic,
@@ -80,6 +82,7 @@ from sessiontree.supervision._index import (
     Entry,
     Expire,
     Granted,
+    Idle,
     Parked,
     Progress,
     Reap,
@@ -127,7 +130,12 @@ class CortexLogic:
         self.stopped = False
         self.persist = runtime.persist
         self.store = runtime.persist.store
+        # Mains held by no actor: left dormant by recovery, or passivated when
+        # idle (then with the inbox number they go on from); the record here
+        # is enough to list them, the store's is read when one comes back.
         self.dormant: dict[uuid.UUID, SessionRecord] = {}
+        self.next_seqs: dict[uuid.UUID, int] = {}
+        self.batched: list[Callable[[BaseException | None], None]] | None = None
 
     # -- pykka hooks --------------------------------------------------------
 
@@ -240,12 +248,13 @@ class CortexLogic:
             case RunEnded(session_id=sid, end=end):
                 self._run_ended(sid, end)
             case RunsEnded(ends=ends):
-                for ended in ends:
-                    self._run_ended(ended.session_id, ended.end)
+                self._runs_ended(ends)
             case Granted(session_id=sid):
                 self._granted(sid)
             case Parked(session_id=sid):
                 self._parked(sid)
+            case Idle(session_id=sid, mark=mark):
+                self._idle(sid, mark)
             case Expire(session_id=sid):
                 self._expire(sid)
             case Deadline(session_ids=ids):
@@ -257,11 +266,10 @@ class CortexLogic:
             case Refused(session_id=sid, what=what):
                 self.rt.counters["refused_after_fence"] += 1
                 self._emit(EventKind.REFUSED, self.entries.get(sid), data={"what": what})
-            case Tick():
+            case Tick() | Reap():
                 self._stop_ended()
-                self._tick()
-            case Reap():
-                self._stop_ended()
+                if isinstance(body, Tick):
+                    self._tick()
             case SpawnCmd() | SendCmd() | CancelCmd() | SuspendCmd() | ResumeCmd():
                 return self.op_control(body, reply=None)
             case _:
@@ -413,18 +421,9 @@ class CortexLogic:
         entry = Entry(
             core=core, agent=agent, skill=skill, is_async=is_async_skill(skill), parent=parent
         )
-        entry.ref = start_actor(
-            self.session_class,
-            core,
-            self.rt.host,
-            skill,
-            entry.is_async,
-            self.rt.main_executor if kind is SessionKind.MAIN else self.rt.executor,
-            self.rt.loop,
-            self.rt.activity,
-            self._rejected_by_session,
-            self.rt.on_fatal,
-        )
+        entry.idle_since = self.rt.clock.monotonic()
+        if not (restored and kind is SessionKind.BRANCH):  # a suspended branch waits for one
+            self._start_actor(entry)
         self.entries[info.session_id] = entry
         self.live += 1
         if entry.needs_thread:
@@ -436,6 +435,26 @@ class CortexLogic:
             data.update(restored=True, created_at=info.created_at)
         self._emit(EventKind.SPAWNED, entry, data=data)
         return entry
+
+    def _start_actor(self, entry: Entry) -> None:
+        entry.ref = start_actor(
+            self.session_class,
+            entry.core,
+            self.rt.host,
+            entry.skill,
+            entry.is_async,
+            self.rt.main_executor if entry.kind is SessionKind.MAIN else self.rt.executor,
+            self.rt.loop,
+            self.rt.activity,
+            self._rejected_by_session,
+            self.rt.on_fatal,
+        )
+
+    def _stop_actor(self, entry: Entry) -> None:
+        """A session that needs no mailbox for now (parked, passivated) holds no actor."""
+        if entry.ref is not None:
+            self.to_stop.append(entry.ref)
+            entry.ref = None
 
     def _rejected_by_session(self, body: object) -> None:
         self.rt.counters["rejected_messages"] += 1
@@ -576,10 +595,11 @@ class CortexLogic:
         one is (a refused spawn does not stop the ones after it)."""
         answers: list[SpawnAnswer | None] = [None] * len(specs)
         waiting = _Gather(len(specs), answers, reply)
-        for i, spec in enumerate(specs):
-            value = self.op_spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
-            if value is not _DEFERRED:
-                waiting.answer(i, value)
+        with self._one_commit():
+            for i, spec in enumerate(specs):
+                value = self.op_spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
+                if value is not _DEFERRED:
+                    waiting.answer(i, value)
         return _DEFERRED if reply is not None else answers
 
     def _rejected_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, error: ErrorInfo) -> None:
@@ -622,6 +642,9 @@ class CortexLogic:
         if future is None:
             then(None)
             return
+        if self.batched is not None and future is self.persist.shared:
+            self.batched.append(then)  # one AfterWrite for the whole batch
+            return
         ref, activity = self.self_ref, self.rt.activity
         activity.begin()
 
@@ -654,6 +677,30 @@ class CortexLogic:
 
         self._when_written(future, written)
         return True
+
+    @contextlib.contextmanager
+    def _one_commit(self) -> Iterator[None]:
+        """Every write made inside goes into one store batch (one commit), and
+        what waits for those writes runs in one ``AfterWrite``: a batched spawn,
+        a cascade, a batch of ended runs cost one transaction, not one each."""
+        if self.batched is not None:
+            yield
+            return
+        self.batched = []
+        self.persist.open_batch()
+        shared = self.persist.shared
+        try:
+            yield
+        finally:
+            thens, self.batched = self.batched, None
+            self.persist.close_batch()
+            if thens:
+
+                def run_all(error: BaseException | None) -> None:
+                    for then in thens:
+                        then(error)
+
+                self._when_written(shared, run_all)
 
     def _store_failed(self, error: BaseException) -> None:
         self.rt.counters["store_write_errors"] += 1
@@ -695,7 +742,13 @@ class CortexLogic:
             return None
         entry = self.entries.get(session_id)
         if entry is None and session_id in self.dormant:
-            entry = self._restore(self.dormant.pop(session_id))
+            held = self.dormant.pop(session_id)
+            stored = self.store.session(session_id) if self.store is not None else None
+            entry = self._restore(stored or held)
+            next_seq = self.next_seqs.pop(session_id, None)
+            if next_seq is not None:  # it was passivated, not left by recovery
+                entry.next_seq = next_seq
+                self.rt.counters["reactivated"] += 1
         return entry
 
     def _restore(self, record: SessionRecord) -> Entry:
@@ -795,6 +848,8 @@ class CortexLogic:
         self._activate(entry)
 
     def _activate(self, entry: Entry) -> None:
+        if entry.ref is None:  # a branch restored from the store gets its actor to run
+            self._start_actor(entry)
         entry.rerun = False
         entry.core.take_slot()
         entry.started_at = self._now()
@@ -802,6 +857,11 @@ class CortexLogic:
         self._post(entry, Start())
 
     # -- endings --------------------------------------------------------------
+
+    def _runs_ended(self, ends: tuple[RunEnded, ...]) -> None:
+        with self._one_commit():
+            for ended in ends:
+                self._run_ended(ended.session_id, ended.end)
 
     def _run_ended(self, session_id: uuid.UUID, end: RunEnd) -> None:
         entry = self.entries.get(session_id)
@@ -827,6 +887,7 @@ class CortexLogic:
             )
             if end.error is not None:
                 self.rt.counters["main_cycles_failed"] += 1
+            self._input(entry)
             self.persist.snapshot(entry, self._now(), consumed=entry.core.input_seq)
             if not (self.closing and self.store is not None):
                 # Closing with a store: no new cycle starts, for one could end after
@@ -950,6 +1011,7 @@ class CortexLogic:
         parent.core.add_result(result)
         live_main = parent.kind is SessionKind.MAIN and not parent.state.is_terminal
         if live_main and not (self.closing and self.store is not None):
+            self._input(parent)
             self._post(parent, Deliver(result))
         self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
 
@@ -984,7 +1046,12 @@ class CortexLogic:
 
     # -- cancellation -----------------------------------------------------------
 
-    def _cancel_group(
+    def _cancel_group(self, group: list[Entry], code: ErrorCode, **how: Any) -> None:
+        """``_cancel_group_now`` with every write it makes in one commit."""
+        with self._one_commit():
+            self._cancel_group_now(group, code, **how)
+
+    def _cancel_group_now(
         self,
         group: list[Entry],
         code: ErrorCode,
@@ -1044,18 +1111,25 @@ class CortexLogic:
         self.rt.clock.call_later(grace, fire)
 
     def _deadline(self, session_ids: tuple[uuid.UUID, ...]) -> None:
-        for sid in session_ids:
-            entry = self.entries.get(sid)
-            if entry is None or entry.state.is_terminal:
-                continue
-            self._fence(entry, ErrorCode.TERMINATED_BY_FORCE)
-            self._finish(entry, SessionState.CANCELLED, ErrorCode.TERMINATED_BY_FORCE, None)
+        with self._one_commit():
+            for sid in session_ids:
+                self._force_end(sid)
+
+    def _force_end(self, sid: uuid.UUID) -> None:
+        entry = self.entries.get(sid)
+        if entry is None or entry.state.is_terminal:
+            return
+        self._fence(entry, ErrorCode.TERMINATED_BY_FORCE)
+        self._finish(entry, SessionState.CANCELLED, ErrorCode.TERMINATED_BY_FORCE, None)
 
     def _fence(self, entry: Entry, code: ErrorCode) -> None:
         """Nothing the skill does counts from now on; its actor drops queued
         input and an async task is cancelled."""
         entry.core.fence(code)
-        self._post(entry, ForceStop())
+        if entry.ref is not None:
+            self._post(entry, ForceStop())
+        else:  # a parked branch holds no actor
+            entry.core.cancel_task()
 
     def op_cancel(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Cancel a session and its whole subtree, with one deadline."""
@@ -1072,7 +1146,7 @@ class CortexLogic:
         return None
 
     def _expire(self, session_id: uuid.UUID) -> None:
-        entry = self.entries.get(session_id)
+        entry = self._entry(session_id)  # a passivated Main comes back to end
         if entry is None or entry.state.is_terminal:
             return
         self._fence(entry, ErrorCode.TTL_EXPIRED)
@@ -1110,6 +1184,7 @@ class CortexLogic:
             core.wake()
         if still_parked:  # it stays parked and will not report again: suspended now
             self._set_state(entry, SessionState.SUSPENDED)
+            self._stop_actor(entry)
 
     def _parked(self, session_id: uuid.UUID) -> None:
         entry = self.entries.get(session_id)
@@ -1120,6 +1195,7 @@ class CortexLogic:
         if entry.cancel_code is not None or not parked:
             return
         self._set_state(entry, SessionState.SUSPENDED)
+        self._stop_actor(entry)  # its parked skill needs no mailbox; nothing is queued for it
         if self.shutdown_waiters:
             self._check_shutdown()
 
@@ -1173,12 +1249,15 @@ class CortexLogic:
             future = self.persist.inbound(entry, seq, message, self._now())
         except RejectedInputError as exc:
             raise RejectedInputError(str(exc), field="message") from exc
+        self._input(entry)
         if future is None:
             self._post(entry, Inbound(message))
             return None
         entry.next_seq += 1
+        entry.inflight += 1
 
         def written(error: BaseException | None) -> None:
+            entry.inflight -= 1
             answer: ErrorInfo | None = None
             if error is not None:
                 self._store_failed(error)
@@ -1219,10 +1298,19 @@ class CortexLogic:
         now = self.rt.clock.monotonic()
         pressure = config.memory_pressure
         candidates: list[Entry] = []
+        idle_after = config.passivate_after
+        if self.store is None or self.closing:
+            idle_after = None  # passivation writes a Main out: only with a store
         for entry in self.entries.values():
             core = entry.core
             if entry.state is not SessionState.ACTIVE:
                 continue
+            if (
+                idle_after is not None
+                and entry.kind is SessionKind.MAIN
+                and now - entry.idle_since >= idle_after
+            ):
+                self._ask_idle(entry)
             if (
                 core.skill_running
                 and not core.blocked
@@ -1253,6 +1341,61 @@ class CortexLogic:
                 self.op_suspend(victim.session_id)
         if not self.closing:
             self._arm_tick()
+
+    # -- passivation --------------------------------------------------------------
+
+    def _input(self, entry: Entry) -> None:
+        """Something was handed to a Main (a message, a result) or a cycle of it
+        ended: it is not idle, and a passivation asked about before is stale."""
+        entry.mark += 1
+        entry.idle_since = self.rt.clock.monotonic()
+
+    def _passivable(self, entry: Entry) -> bool:
+        core = entry.core
+        return (
+            entry.state is SessionState.ACTIVE
+            and entry.ref is not None
+            and entry.cancel_code is None
+            and not core.fenced
+            and not core.skill_running
+            and entry.live_children == 0
+            and entry.inflight == 0
+            and entry.persisted
+            and not entry.waiters
+            and not entry.receipts
+        )
+
+    def _ask_idle(self, entry: Entry) -> None:
+        """Ask a long-idle Main's actor whether it holds anything (its answer is
+        an ``Idle``): only the actor knows what it has queued."""
+        if entry.passivating is not None or not self._passivable(entry):
+            return
+        ref, activity, sid = self.self_ref, self.rt.activity, entry.session_id
+        assert ref is not None
+
+        def done(mark: int | None) -> None:
+            post(ref, Idle(sid, mark), activity)
+
+        entry.passivating = entry.mark
+        self._post(entry, Passivate(entry.mark, done))
+
+    def _idle(self, session_id: uuid.UUID, mark: int | None) -> None:
+        """Passivate the Main if nothing reached it since it said it was idle: its
+        record is durable (written after its last cycle), so its actor stops and
+        the index keeps only what lists it; its next message brings it back."""
+        entry = self.entries.get(session_id)
+        if entry is None:
+            return
+        entry.passivating = None
+        if mark is None or mark != entry.mark or self.closing or not self._passivable(entry):
+            return
+        self._stop_actor(entry)
+        del self.entries[session_id]
+        self.live -= 1
+        self.dormant[session_id] = SessionRecord(info=_with_state(entry))
+        self.next_seqs[session_id] = entry.next_seq
+        self.rt.counters["passivated"] += 1
+        self._emit(EventKind.PASSIVATED, entry)
 
     # -- queries ------------------------------------------------------------------
 
@@ -1350,6 +1493,20 @@ class CortexLogic:
         known = self._known(session_id)
         return None if isinstance(known, SessionRecord) else known.ref
 
+    def op_probe_parked(
+        self, session_id: uuid.UUID, probe: Callable[[SessionCore], Any]
+    ) -> tuple[bool, Any, Exception | None]:
+        """``(True, probe(core), None)`` for a live session holding no actor (a
+        parked branch), run on this thread, or ``(True, None, error)`` if the
+        probe raised; ``(False, None, None)`` otherwise."""
+        entry = self.entries.get(session_id)
+        if entry is None or entry.ref is not None or entry.state.is_terminal:
+            return False, None, None
+        try:
+            return True, probe(entry.core), None
+        except Exception as exc:  # noqa: BLE001 - the caller's probe: handed back to it
+            return True, None, exc
+
     def op_stuck(self) -> list[SessionInfo]:
         """Sessions flagged as stuck (no checkpoint for ``stuck_after``)."""
         return [_with_state(e) for e in self.entries.values() if e.core.stuck]
@@ -1360,6 +1517,7 @@ class CortexLogic:
         stats.update(
             live_sessions=self.live,
             indexed_sessions=len(self.entries),
+            dormant_sessions=len(self.dormant),
             zombies=self.zombies + self.main_zombies,
             sync_threads=self.sync_threads,
             slots_in_use=self.rt.slots.in_use,

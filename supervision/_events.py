@@ -35,6 +35,7 @@ class EventKind(enum.StrEnum):
     RESTORED = "restored"
     STORE_ERROR = "store_error"
     DISCARDED = "discarded"
+    PASSIVATED = "passivated"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,6 +44,8 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     ``session_kind``: the session's kind (``main``, ``branch``, ``worker``), so an
     observer that joined late can still place it. ``DISCARDED``: a new session
     whose record could not be written was taken out again, as if never created.
+    ``PASSIVATED``: an idle Main was written out and its actor stopped; its next
+    message brings it back (``RESTORED`` with ``data["reactivated"]``).
     """
 
     kind: EventKind

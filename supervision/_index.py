@@ -48,6 +48,7 @@ __all__ = [
     "Entry",
     "Expire",
     "Granted",
+    "Idle",
     "Parked",
     "Progress",
     "Reap",
@@ -88,6 +89,15 @@ class RunsEnded:
 @dataclass(frozen=True, slots=True)
 class Parked:
     session_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """A Main's actor answered ``Passivate``: nothing queued, no cycle running
+    (``mark`` is the input count it saw; None: it was busy)."""
+
+    session_id: uuid.UUID
+    mark: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +198,12 @@ class Entry:
     on_persisted: list[Callable[[BaseException | None], None]] = field(default_factory=list)
     final_write: concurrent.futures.Future[None] | None = None
     rerun: bool = False
+    # passivation (Mains): inputs posted so far, the monotonic time of the last
+    # one, inbound writes not yet durable, the mark a Passivate asked about
+    mark: int = 0
+    idle_since: float = 0.0
+    inflight: int = 0
+    passivating: int | None = None
 
     @property
     def session_id(self) -> uuid.UUID:

@@ -763,17 +763,25 @@ class Node:
         probe: Callable[[SessionCore], Any],
         timeout: float | None = None,
     ) -> Any:
-        """Run ``probe(core)`` on the session's actor thread and return its value.
+        """Run ``probe(core)`` on the session's actor thread and return its value
+        (on the Cortex's for a parked branch, which holds no actor).
 
         For diagnostics and tests. An exception the probe raises reaches the
         caller and the session keeps running. Raises ``UnknownSessionError``
-        when the session has no running actor, ``DeadlockError`` when called
+        when the session has no running actor (it ended, or is a passivated
+        Main: a diagnostic never wakes one), ``DeadlockError`` when called
         inside an actor handler, ``pykka.Timeout`` past ``timeout``.
         """
         if in_actor_handler():
             msg = "an actor handler may not block on an ask (deadlock); tell instead"
             raise DeadlockError(msg)
         ref = self._call("actor_ref", _sid(session_id), check=False)
+        if ref is None:
+            parked, value, error = self._call("probe_parked", _sid(session_id), probe, check=False)
+            if error is not None:
+                raise error
+            if parked:
+                return value
         if ref is None or not ref.is_alive():
             msg = f"session {_sid(session_id)} has no running actor"
             raise UnknownSessionError(msg, session_id=_sid(session_id))

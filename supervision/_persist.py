@@ -17,6 +17,7 @@ order.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 from typing import Any
 
@@ -62,12 +63,42 @@ def context_from_record(record: ContextRecord | None) -> SessionContext:
     )
 
 
+def _finish_like(shared: Future, done: Future) -> None:
+    error = done.exception()
+    if error is None:
+        shared.set_result(None)
+    else:
+        shared.set_exception(error)
+
+
 class Persister:
     """Builds and submits the Cortex's writes (called on the Cortex thread only)."""
 
     def __init__(self, store: Store | None, counters: Any) -> None:
         self.store = store
         self.counters = counters
+        self._open: WriteBatch | None = None
+        self.shared: Future | None = None
+        """While a batch is open: the one future every write submitted returns."""
+
+    def open_batch(self) -> None:
+        """Until ``close_batch``, every write goes into one batch (one commit, one
+        future, ``shared``: if it fails, every write in it failed)."""
+        if self.store is not None and self._open is None:
+            self._open, self.shared = WriteBatch(), concurrent.futures.Future()
+
+    def close_batch(self) -> None:
+        """Submit the open batch; ``shared`` then finishes with its commit."""
+        batch, shared = self._open, self.shared
+        self._open = self.shared = None
+        if batch is None or shared is None:
+            return
+        if not batch:
+            shared.set_result(None)
+            return
+        submitted = self._submit(batch)
+        assert submitted is not None  # there is a store: a batch is open only then
+        submitted.add_done_callback(functools.partial(_finish_like, shared))
 
     def _record(
         self, entry: Entry, *, context: bool, now: float, resume: bool = False
@@ -119,6 +150,9 @@ class Persister:
 
     def _submit(self, batch: WriteBatch) -> Future | None:
         assert self.store is not None
+        if self._open is not None:
+            self._open.extend(batch)
+            return self.shared
         try:
             return self.store.submit(batch)
         except Exception as exc:  # noqa: BLE001 - a closed store: counted, never fails the Cortex
