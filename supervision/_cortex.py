@@ -1016,6 +1016,10 @@ class CortexLogic:
         self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
 
     def _evict(self) -> None:
+        # Bounded work per ending: entries that cannot go yet are passed over at
+        # most _EVICT_TRIES times a call. (Passing over every one of them each time
+        # made a cascade of 90,000 sessions quadratic while their writes were queued.)
+        passed = 0
         for _ in range(len(self.terminal) - self.rt.config.retain_terminal):
             old = self.entries.get(self.terminal.popleft())
             if old is None:
@@ -1024,6 +1028,9 @@ class CortexLogic:
             if old.zombie or unwritten:  # its thread may still report, or the store
                 # still holds its old state (reads fall back to it): a later round
                 self.terminal.append(old.session_id)
+                passed += 1
+                if passed >= _EVICT_TRIES:
+                    return
                 continue
             del self.entries[old.session_id]
             parent = old.parent
@@ -1648,6 +1655,7 @@ class CortexLogic:
 
 _DEFERRED = object()
 #: Operations that answer their caller themselves (after a store write).
+_EVICT_TRIES = 16
 _TAKES_REPLY = frozenset({"main", "spawn", "spawn_many", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.

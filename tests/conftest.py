@@ -24,6 +24,7 @@ SINGLE_RUN = frozenset(
         "test_export",
         "test_http_schema",
         "test_pooled_actor",
+        "test_scale",
         "test_protocol",
         "test_store",
         "test_tree_html",
