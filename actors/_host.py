@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sessiontree.protocol import ErrorInfo, SpawnSpec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from sessiontree.actors._conversation import Conversation
     from sessiontree.actors._core import SessionCore
@@ -44,13 +44,15 @@ class SessionHost(Protocol):
         """``spawn`` without blocking the event loop."""
         ...
 
-    def spawn_many(self, parent: SessionCore, specs: tuple[SpawnSpec, ...]) -> list[Any]:
+    def spawn_many(
+        self, parent: SessionCore, specs: tuple[SpawnSpec, ...]
+    ) -> Sequence[SpawnedLike]:
         """``spawn`` for a batch (one answer per spec, in order); blocks (bounded)."""
         ...
 
     async def spawn_many_async(
         self, parent: SessionCore, specs: tuple[SpawnSpec, ...]
-    ) -> list[Any]:
+    ) -> Sequence[SpawnedLike]:
         """``spawn_many`` without blocking the event loop."""
         ...
 

@@ -33,7 +33,6 @@ import queue
 import random
 import sys
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -44,9 +43,15 @@ import pykka
 from pykka import ActorDeadError, ActorRegistry, messages
 from pykka._envelope import Envelope
 
+from sessiontree.actors._clock import RealClock
+
 __all__ = ["BlockedHandler", "Dispatcher", "PooledActor"]
 
 log = logging.getLogger("sessiontree.dispatcher")
+
+# Blocking is a matter of real time, whatever clock a node runs on; a thread
+# serves the guard and the joins of close() (the clock starts no thread for it).
+_REAL_TIME = RealClock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +83,11 @@ class Dispatcher:
     back of the queue. ``block_threshold``: seconds after which a running
     handler is reported (see the module docstring); ``on_blocked`` is called
     with a :class:`BlockedHandler` on the watchdog thread and must not raise
-    (a raise is logged). ``now`` reads the monotonic time (injectable for
-    tests, which call :meth:`check_blocked` themselves).
+    (a raise is logged). ``now`` reads the monotonic time (default: the real
+    clock's, whatever clock the node runs on; tests inject their own and call
+    :meth:`check_blocked` themselves).
 
-    :meth:`close` stops the threads; inboxes still queued are not served
-    after it (stop the actors first).
+    :meth:`close` serves what is queued, then stops the threads.
     """
 
     def __init__(
@@ -93,7 +98,7 @@ class Dispatcher:
         block_threshold: float = 1.0,
         max_extra_threads: int = 8,
         on_blocked: Callable[[BlockedHandler], None] | None = None,
-        now: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] | None = None,
         name: str = "sessiontree-dispatch",
         watchdog: bool = True,
     ) -> None:
@@ -113,8 +118,7 @@ class Dispatcher:
         self.on_blocked = on_blocked
         self.name = name
         self.blocked_reports = 0
-        self.handled = 0  # messages handled; approximate under concurrency (a figure only)
-        self._now = now
+        self._now = now or _REAL_TIME.monotonic
         self._ready: queue.SimpleQueue[_Inbox | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._drained = threading.Condition(self._lock)
@@ -164,11 +168,6 @@ class Dispatcher:
     def live_threads(self) -> int:
         """Pool threads alive now (compensating ones included)."""
         return len(self._workers)
-
-    @property
-    def queued(self) -> int:
-        """Inboxes waiting for a thread (approximate)."""
-        return self._ready.qsize()
 
     def _work(self, worker: _Worker, extra: bool) -> None:
         ready = self._ready
@@ -262,7 +261,7 @@ class Dispatcher:
         """
         if self._closed.is_set():
             return
-        deadline = time.monotonic() + timeout
+        deadline = _REAL_TIME.monotonic() + timeout
         with self._lock:
             self._drained.wait_for(lambda: self._pending == 0, timeout)
             self._closed.set()
@@ -272,9 +271,9 @@ class Dispatcher:
         current = threading.current_thread()
         for thread in threads:
             if thread is not current:
-                thread.join(max(0.0, deadline - time.monotonic()))
+                thread.join(max(0.0, deadline - _REAL_TIME.monotonic()))
         if self._watchdog_thread is not None and self._watchdog_thread is not current:
-            self._watchdog_thread.join(max(0.0, deadline - time.monotonic()))
+            self._watchdog_thread.join(max(0.0, deadline - _REAL_TIME.monotonic()))
 
 
 _default: Dispatcher | None = None
@@ -347,12 +346,11 @@ class _Inbox:
                 self._run(worker, None, actor._actor_loop_setup)
             stopped = actor.actor_stopped
             pending = self.messages
-            handled = 0
-            while handled < dispatcher.batch and pending and not stopped.is_set():
+            for _ in range(dispatcher.batch):
+                if not pending or stopped.is_set():
+                    break
                 envelope = pending.popleft()
-                handled += 1
                 self._run(worker, envelope.message, actor._pooled_handle, envelope)
-            dispatcher.handled += handled
             if stopped.is_set():
                 self._teardown()
                 dispatcher._done()

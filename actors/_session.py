@@ -261,7 +261,7 @@ class Session(_Base):
         item that is not a ``SpawnSpec``."""
         batch = spawn_batch(specs)
         self._checkpoint("spawn")
-        answers = self._host.spawn_many(self._core, batch)
+        answers = list(self._host.spawn_many(self._core, batch))
         self._remember(answers)
         return answers
 
@@ -441,7 +441,7 @@ class AsyncSession(_Base):
         """Spawn a batch of children; see ``Session.spawn_many``."""
         batch = spawn_batch(specs)
         await self._checkpoint("spawn")
-        answers = await self._host.spawn_many_async(self._core, batch)
+        answers = list(await self._host.spawn_many_async(self._core, batch))
         self._remember(answers)
         return answers
 

@@ -421,7 +421,8 @@ class CortexLogic:
         entry = Entry(
             core=core, agent=agent, skill=skill, is_async=is_async_skill(skill), parent=parent
         )
-        entry.idle_since = self.rt.clock.monotonic()
+        if kind is SessionKind.MAIN:  # only a Main is ever passivated
+            entry.idle_since = self.rt.clock.monotonic()
         if not (restored and kind is SessionKind.BRANCH):  # a suspended branch waits for one
             self._start_actor(entry)
         self.entries[info.session_id] = entry
@@ -594,7 +595,11 @@ class CortexLogic:
         records share one commit); answered with the list of answers once every
         one is (a refused spawn does not stop the ones after it)."""
         answers: list[SpawnAnswer | None] = [None] * len(specs)
-        waiting = _Gather(len(specs), answers, reply)
+
+        def refused(error: BaseException) -> SpawnAnswer:  # a failed write, as spawn answers it
+            return SpawnAnswer(None, _store_error(error, parent_id))
+
+        waiting = _Gather(len(specs), answers, reply, refused)
         with self._one_commit():
             for i, spec in enumerate(specs):
                 value = self.op_spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
@@ -1053,10 +1058,16 @@ class CortexLogic:
 
     # -- cancellation -----------------------------------------------------------
 
-    def _cancel_group(self, group: list[Entry], code: ErrorCode, **how: Any) -> None:
+    def _cancel_group(
+        self,
+        group: list[Entry],
+        code: ErrorCode,
+        first: Entry | None = None,
+        grace: float | None = None,
+    ) -> None:
         """``_cancel_group_now`` with every write it makes in one commit."""
         with self._one_commit():
-            self._cancel_group_now(group, code, **how)
+            self._cancel_group_now(group, code, first, grace)
 
     def _cancel_group_now(
         self,
@@ -1681,12 +1692,19 @@ def _inbox_depth(ref: pykka.ActorRef[Any]) -> int:
 
 
 class _Gather:
-    """Collects the answers of a batch and answers ``reply`` once all are in."""
+    """Collects the answers of a batch and answers ``reply`` once all are in;
+    a failed one is answered with ``refused(error)``."""
 
-    __slots__ = ("answers", "left", "reply")
+    __slots__ = ("answers", "left", "refused", "reply")
 
-    def __init__(self, n: int, answers: list[Any], reply: Reply | None) -> None:
-        self.answers, self.left, self.reply = answers, n, reply
+    def __init__(
+        self,
+        n: int,
+        answers: list[Any],
+        reply: Reply | None,
+        refused: Callable[[BaseException], Any],
+    ) -> None:
+        self.answers, self.left, self.reply, self.refused = answers, n, reply, refused
         if n == 0 and reply is not None:
             reply.set(answers)
 
@@ -1712,7 +1730,7 @@ class _Slot:
         self.gather.answer(self.i, value)
 
     def fail(self, error: BaseException) -> None:
-        self.gather.answer(self.i, error)
+        self.gather.answer(self.i, self.gather.refused(error))
 
 
 def _with_state(entry: Entry) -> SessionInfo:

@@ -506,13 +506,8 @@ class Node:
         ref = SessionRef(self, answer.session_id) if answer.session_id else None
         return Spawned(ref, answer.error, answer.existing)
 
-    def _all_spawned(self, answers: list[SpawnAnswer | BaseException]) -> list[Spawned]:
-        return [
-            Spawned(None, _error_info(answer))
-            if isinstance(answer, BaseException)
-            else self._spawned(answer)
-            for answer in answers
-        ]
+    def _all_spawned(self, answers: list[SpawnAnswer]) -> list[Spawned]:
+        return [self._spawned(answer) for answer in answers]
 
     def run(
         self,
@@ -982,15 +977,6 @@ class Node:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-def _error_info(error: BaseException) -> ErrorInfo:
-    if isinstance(error, SessionTreeError):
-        info = error.to_info()
-        if getattr(error, "code", None) is None:
-            return ErrorInfo(code=ErrorCode.STORE_FAILED, message=str(error))
-        return info
-    return ErrorInfo(code=ErrorCode.STORE_FAILED, message=repr(error))
 
 
 def _by_id(agents: Iterable[Agent]) -> dict[str, Agent]:

@@ -6,8 +6,6 @@ clock for idleness and ticks."""
 from __future__ import annotations
 
 import pathlib
-import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,25 +15,10 @@ from sessiontree.actors import VirtualClock
 from sessiontree.protocol import ErrorCode, SessionKind, SessionState
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
 from tests.conftest import WAIT, settle
+from tests.test_persistence import MainLog
 
 IDLE = 60.0  # passivate_after in these tests
 TICK = 5.0  # check_interval
-
-
-class MainLog:
-    """A Main skill that records each cycle's message, whether it was resumed
-    and the context it saw, then adds the message to its context."""
-
-    def __init__(self) -> None:
-        self.cycles: list[tuple[Any, bool, list[Any]]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, session: Any) -> None:
-        with self.lock:
-            seen = [m.content for m in session.context.messages]
-            self.cycles.append((session.message, session.resumed, seen))
-        if isinstance(session.message, str):
-            session.add_message("user", session.message)
 
 
 def parks(session: Any) -> str:
@@ -247,12 +230,10 @@ def test_a_message_racing_the_passivation_is_never_lost(
 ) -> None:
     node = open_node()
     main = node.main("agent")
-    sent: list[uuid.UUID] = []
     for i in range(30):  # messages land between the ask and the answer, or not
         idle_for(node, clock, IDLE - TICK)
         clock.advance(TICK)
         main.send(f"m{i}")
-        sent.append(main.session_id)
     settle(node)
     assert [m for m, _, _ in log.cycles] == [f"m{i}" for i in range(30)]
 

@@ -628,15 +628,19 @@ def test_a_node_fans_out_for_a_parent_from_outside(make_node: Any, clock: Virtua
 def test_a_node_side_timeout_runs_on_the_clock(make_node: Any, clock: VirtualClock) -> None:
     node = make(make_node, Work())
     main = node.main("agent")
+    settle(node)
+    base = clock.pending_timers  # the node's periodic check
     answer: list[Any] = []
     runner = threading.Thread(
         target=lambda: answer.append(node.fan_out(main, ["sleep 100"], skill="work", timeout=20))
     )
     runner.start()
-    # advance only once the child sleeps and the driver waits with its timeout
+    # advance only once the child has its TTL and sleeps, and the driver waits
+    # with its timeout: three more timers (two were not enough: the child's
+    # TTL and sleep could be counted before the driver armed its timeout)
     tick = threading.Event()
     for _ in range(2000):
-        if clock.pending_timers >= 2:
+        if clock.pending_timers >= base + 3:
             break
         tick.wait(0.005)
     settle(node)
