@@ -1,6 +1,7 @@
 """Sessions as actors: the session actor, the handles skills get, clocks, execution."""
 
 from sessiontree.actors._activity import Activity
+from sessiontree.actors._backends import BACKENDS, Backends
 from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
 from sessiontree.actors._conversation import (
     EXPORT_FORMATS,
@@ -40,6 +41,15 @@ from sessiontree.actors._mailbox import (
     stop_actor,
 )
 from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor
+from sessiontree.actors._process_pool import ProcessBackend
+from sessiontree.actors._ray_pool import RayBackend
+from sessiontree.actors._remote import (
+    ExecutionBackend,
+    RemoteRun,
+    RemoteSession,
+    StepEnd,
+    StepJob,
+)
 from sessiontree.actors._session import AsyncSession, Session
 from sessiontree.actors._session_actor import (
     CancelSignal,
@@ -59,10 +69,12 @@ from sessiontree.actors._tree_text import nested_json, preview_text, text_tree
 
 __all__ = [
     "ACTOR_TYPES",
+    "BACKENDS",
     "EXPORT_FORMATS",
     "Activity",
     "AskTimeoutError",
     "AsyncSession",
+    "Backends",
     "BlockedHandler",
     "CancelSignal",
     "Cancelled",
@@ -77,13 +89,18 @@ __all__ = [
     "Deliver",
     "Dispatcher",
     "EventLoopThread",
+    "ExecutionBackend",
     "ForceStop",
     "Inbound",
     "Inspect",
     "MemoryBackend",
     "Passivate",
     "PooledActor",
+    "ProcessBackend",
+    "RayBackend",
     "RealClock",
+    "RemoteRun",
+    "RemoteSession",
     "Reply",
     "RunEnd",
     "Session",
@@ -93,7 +110,9 @@ __all__ = [
     "SessionHost",
     "SpawnedLike",
     "Start",
+    "StepEnd",
     "StepExecutor",
+    "StepJob",
     "StopSession",
     "TimerHandle",
     "VirtualClock",

@@ -9,12 +9,15 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._clock import Clock
 from sessiontree.actors._slots import ComputeSlots
 from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult
+
+if TYPE_CHECKING:
+    from sessiontree.actors._remote import ExecutionBackend
 
 __all__ = [
     "AsyncWaiter",
@@ -75,7 +78,8 @@ class SessionCore:
     ``cond``. Blocking waits release the compute slot and count the skill as
     blocked for :class:`Activity`. ``resumed`` is set when a session comes
     back from the store after a restart; ``input_seq`` is the stored inbox
-    number of the message a Main's current cycle runs.
+    number of the message a Main's current cycle runs. ``remote`` is set for a
+    session whose skill runs on another backend (a process, a Ray actor).
     """
 
     def __init__(
@@ -115,6 +119,8 @@ class SessionCore:
         self._async_waiters: list[AsyncWaiter] = []
         self.task: asyncio.Task[Any] | None = None
         self.task_loop: asyncio.AbstractEventLoop | None = None
+        self.remote: tuple[ExecutionBackend, bytes] | None = None
+        """Where the skill runs when not inline: the backend and the skill's bytes."""
 
     # -- compute slot ---------------------------------------------------------
 
@@ -194,6 +200,11 @@ class SessionCore:
             return
         for loop, fut in waiters:
             call_soon(loop, _set_done, fut)
+
+    def add_async_waiter(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+        """Have the next ``wake()`` set ``fut`` (call with ``cond`` held); the
+        session is not counted as blocked for it."""
+        self._async_waiters.append((loop, fut))
 
     def request_suspend(self, wanted: bool) -> None:
         """Ask the skill to park at its next checkpoint (True) or let it go (False)."""

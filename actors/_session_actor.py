@@ -27,11 +27,13 @@ from sessiontree.actors._execution import (
     StepExecutor,
     crash_info,
     finish_run,
+    is_async_skill,
     run_async,
     run_sync,
 )
 from sessiontree.actors._host import SessionHost
 from sessiontree.actors._mailbox import Counted, drain_inbox, handler_scope
+from sessiontree.actors._remote import run_remote
 from sessiontree.actors._session import AsyncSession, Session
 from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionResult
 
@@ -258,7 +260,18 @@ class SessionActorLogic:
 
     def _start_run(self, message: Any, cycle: int) -> None:
         core, host, skill = self.core, self.host, self.skill
-        if self.is_async:
+        if core.remote is not None:  # awaited on the loop; the step runs elsewhere
+            backend, data = core.remote
+            is_async = is_async_skill(skill)
+            loop_thread = self.loop()
+
+            async def start_remote() -> None:
+                core.task = asyncio.current_task()
+                core.task_loop = loop_thread.loop
+                await run_remote(host, core, backend, data, is_async)
+
+            loop_thread.submit(start_remote)
+        elif self.is_async:
             handle = AsyncSession(core, host, message=message, cycle=cycle)
             loop_thread = self.loop()
 

@@ -45,6 +45,7 @@ from sessiontree.protocol._coordination import (
     GatherStatus,
 )
 from sessiontree.protocol._errors import (
+    BackendUnavailableError,
     ConversationError,
     CorruptRecordError,
     DeadlockError,
@@ -100,6 +101,7 @@ __all__ = [
     "AggregateStrategy",
     "Aggregated",
     "Attempt",
+    "BackendUnavailableError",
     "Branch",
     "BranchInfo",
     "CancelCmd",

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "BackendUnavailableError",
     "ConversationError",
     "CorruptRecordError",
     "DeadlockError",
@@ -65,6 +66,9 @@ class ErrorCode(enum.StrEnum):
     ESCALATED = "escalated"
     TIMED_OUT = "timed_out"
     INTERNAL_ERROR = "internal_error"
+    UNKNOWN_BACKEND = "unknown_backend"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+    NOT_SERIALISABLE = "not_serialisable"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -139,6 +143,13 @@ class NotAllowedError(SessionTreeError):
     """Raised when a session asks for something its kind may not do."""
 
     code = ErrorCode.NOT_ALLOWED
+
+
+class BackendUnavailableError(SessionTreeError):
+    """Raised when an execution backend cannot run steps: its package is not
+    installed, its pool could not start, or its cluster is gone."""
+
+    code = ErrorCode.BACKEND_UNAVAILABLE
 
 
 class DeadlockError(SessionTreeError):

@@ -27,7 +27,9 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     lets a branch inherit its parent's tier and gives a worker the agent's
     cheapest; a repeated ``request_id`` under the same parent returns the first
     session instead of creating a second. The child always inherits the
-    parent's ``agent_id``.
+    parent's ``agent_id``. ``backend`` says where its skill runs (``inline``,
+    ``process``, ``ray``); ``None`` takes the node's backend for a worker and
+    ``inline`` for a branch.
     """
 
     kind: SessionKind
@@ -38,13 +40,15 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     model_tier: Name | None = None
     request_id: Name | None = None
     metadata: Metadata = msgspec.field(default_factory=dict)
+    backend: Name | None = None
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
     """A snapshot of one session's identity and state.
 
     Timestamps are float seconds since the epoch (UTC); ``deadline`` is the
-    wall-clock instant the TTL runs out (``None``: no TTL).
+    wall-clock instant the TTL runs out (``None``: no TTL). ``backend`` is where
+    its skill runs (``inline``, ``process``, ``ray``).
     """
 
     session_id: uuid.UUID
@@ -63,3 +67,4 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
     key: str | None = None
     request_id: str | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    backend: str = "inline"

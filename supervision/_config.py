@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiontree.actors import ACTOR_TYPES
+from sessiontree.actors import ACTOR_TYPES, BACKENDS
 from sessiontree.protocol import DmScope, SessionKind
 
 __all__ = ["Agent", "NodeConfig"]
@@ -37,6 +37,13 @@ class NodeConfig:
     Cortex always has a thread of its own. ``passivate_after``: a Main that
     took no message for that long is written out and its actor stopped (it
     holds no actor until its next message brings it back; None: never).
+    ``backend``: where workers' skills run unless their spawn says otherwise
+    (``inline``: this process; ``process``: a pool of ``process_workers``
+    processes, one per CPU by default; ``ray``: ``ray_actors`` Ray actors of
+    ``ray_num_cpus`` each on the cluster at ``ray_address``, a local one
+    when None). Branches run inline unless their spawn names a backend; Mains
+    always run inline. The node's backend starts with the node; another one
+    starts when a spawn first names it.
     ``memory_pressure``: a probe; while
     it returns True the Cortex suspends the least recently active branch every
     ``check_interval`` (which also paces the stuck check). With a store:
@@ -65,6 +72,11 @@ class NodeConfig:
     prune_after: float | None = None
     housekeeping_interval: float = 3600.0
     passivate_after: float | None = 600.0
+    backend: str = "inline"
+    process_workers: int | None = None
+    ray_address: str | None = None
+    ray_actors: int = 2
+    ray_num_cpus: float = 1.0
 
     def __post_init__(self) -> None:
         if self.prune_after is not None and (
@@ -89,6 +101,20 @@ class NodeConfig:
             known = sorted(ACTOR_TYPES)
             msg = f"NodeConfig.actor_type must be one of {known}, got {self.actor_type!r}"
             raise ValueError(msg)
+        if self.backend not in BACKENDS:
+            msg = f"NodeConfig.backend must be one of {list(BACKENDS)}, got {self.backend!r}"
+            raise ValueError(msg)
+        if self.process_workers is not None and (
+            not isinstance(self.process_workers, int) or self.process_workers < 1
+        ):
+            msg = "NodeConfig.process_workers must be None or an integer >= 1, got "
+            raise ValueError(msg + repr(self.process_workers))
+        if not isinstance(self.ray_num_cpus, int | float) or not self.ray_num_cpus >= 0:
+            msg = f"NodeConfig.ray_num_cpus must be a number >= 0, got {self.ray_num_cpus!r}"
+            raise ValueError(msg)
+        if self.ray_address is not None and not isinstance(self.ray_address, str):
+            msg = f"NodeConfig.ray_address must be None or a string, got {self.ray_address!r}"
+            raise ValueError(msg)
         if not isinstance(self.block_threshold, int | float) or not self.block_threshold > 0:
             msg = f"NodeConfig.block_threshold must be a number > 0, got {self.block_threshold!r}"
             raise ValueError(msg)
@@ -111,6 +137,7 @@ class NodeConfig:
             "retain_terminal",
             "max_retained_results",
             "dispatcher_threads",
+            "ray_actors",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

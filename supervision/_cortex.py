@@ -24,10 +24,12 @@ import msgspec
 import pykka
 
 from sessiontree.actors import (
+    BACKENDS,
     CancelSignal,
     Counted,
     CycleDone,
     Deliver,
+    ExecutionBackend,
     ForceStop,
     Inbound,
     Passivate,
@@ -48,6 +50,7 @@ from sessiontree.actors import (
     wake_batch,
 )
 from sessiontree.protocol import (
+    BackendUnavailableError,
     CancelCmd,
     ErrorCode,
     ErrorInfo,
@@ -367,6 +370,8 @@ class CortexLogic:
         spec: SpawnSpec,
         ttl: float | None,
         key: str | None,
+        backend: str = "inline",
+        remote: tuple[ExecutionBackend, bytes] | None = None,
     ) -> Entry:
         now = self._now()
         skill_name = agent.main if kind is SessionKind.MAIN else (spec.skill or agent.default)
@@ -395,8 +400,9 @@ class CortexLogic:
             key=key,
             request_id=spec.request_id,
             metadata=dict(spec.metadata),
+            backend=backend,
         )
-        return self._register(agent, info, parent, ttl)
+        return self._register(agent, info, parent, ttl, remote=remote)
 
     def _register(
         self,
@@ -406,9 +412,11 @@ class CortexLogic:
         ttl: float | None,
         *,
         restored: bool = False,
+        remote: tuple[ExecutionBackend, bytes] | None = None,
     ) -> Entry:
         """Index a session and start its actor (its first TTL timer: ``ttl`` s);
-        ``restored``: it comes back from the store (its event says so)."""
+        ``restored``: it comes back from the store (its event says so);
+        ``remote``: its skill runs on that backend."""
         skill = agent.skills[info.skill]
         kind = info.kind
         core = SessionCore(
@@ -418,9 +426,11 @@ class CortexLogic:
             slots=self.rt.slots,
             max_results=self.rt.config.max_retained_results,
         )
-        entry = Entry(
-            core=core, agent=agent, skill=skill, is_async=is_async_skill(skill), parent=parent
-        )
+        core.remote = remote
+        # A remote step is awaited on the loop: it holds no step thread and is
+        # killed, never abandoned, so it is never a zombie.
+        is_async = remote is not None or is_async_skill(skill)
+        entry = Entry(core=core, agent=agent, skill=skill, is_async=is_async, parent=parent)
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = self.rt.clock.monotonic()
         if not (restored and kind is SessionKind.BRANCH):  # a suspended branch waits for one
@@ -545,20 +555,27 @@ class CortexLogic:
         skill = None
         if agent is not None:
             skill = agent.skills.get(spec.skill or agent.default)
+        backend = spec.backend or (
+            self.rt.config.backend if spec.kind is SessionKind.WORKER else "inline"
+        )
         capacity = Capacity(
             live_sessions=self.live,
             zombies=self.zombies + self.main_zombies,
             sync_threads=self.sync_threads + self.zombies,
-            needs_thread=skill is not None and not is_async_skill(skill),
+            needs_thread=skill is not None and backend == "inline" and not is_async_skill(skill),
         )
         error = check_spawn(view, spec, agent, self.rt.config, capacity)
+        remote = None
+        if error is None and skill is not None:
+            remote, error = self._remote_for(backend, skill, spec)
         if error is not None:
             self._rejected_spawn(parent_id, spec, error)
             return SpawnAnswer(None, error)
         assert parent is not None
         assert agent is not None
         try:
-            entry = self._new_entry(agent, spec.kind, parent, spec, resolve_ttl(spec, agent), None)
+            ttl = resolve_ttl(spec, agent)
+            entry = self._new_entry(agent, spec.kind, parent, spec, ttl, None, backend, remote)
         except RuntimeError as exc:  # "can't start new thread": nothing was registered
             error = ErrorInfo(
                 code=ErrorCode.CAPACITY_EXCEEDED,
@@ -606,6 +623,38 @@ class CortexLogic:
                 if value is not _DEFERRED:
                     waiting.answer(i, value)
         return _DEFERRED if reply is not None else answers
+
+    def _remote_for(
+        self, name: str, skill: Callable[[Any], Any], spec: SpawnSpec
+    ) -> tuple[tuple[ExecutionBackend, bytes] | None, ErrorInfo | None]:
+        """Where a new child's skill runs: None inline, else its backend and the
+        skill's bytes; or why it cannot run there (the spawn is refused)."""
+        skill_name = repr(spec.skill) if spec.skill else "the default skill"
+        try:
+            backend = self.rt.backends.get(name)
+        except KeyError:
+            return None, ErrorInfo(
+                code=ErrorCode.UNKNOWN_BACKEND,
+                message=f"backend {name!r} is not one of {list(BACKENDS)}",
+                detail={"field": "backend", "backend": name},
+            )
+        except BackendUnavailableError as exc:
+            return None, ErrorInfo(
+                code=ErrorCode.BACKEND_UNAVAILABLE,
+                message=str(exc),
+                detail={"backend": name},
+            )
+        if backend is None:
+            return None, None
+        try:
+            data = self.rt.backends.serialised(backend, skill)
+        except TypeError as exc:
+            return None, ErrorInfo(
+                code=ErrorCode.NOT_SERIALISABLE,
+                message=f"skill {skill_name} cannot run on the {name} backend: {exc}",
+                detail={"field": "skill", "backend": name, "skill": spec.skill},
+            )
+        return (backend, data), None
 
     def _rejected_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, error: ErrorInfo) -> None:
         self.rt.counters[f"rejected_{error.code.value}"] += 1
@@ -1188,6 +1237,12 @@ class CortexLogic:
                 message=f"session {session_id} is {entry.state.value}; only active branches "
                 "suspend",
             )
+        if entry.core.remote is not None:
+            return ErrorInfo(
+                code=ErrorCode.INVALID_TRANSITION,
+                message=f"session {session_id} runs on the {entry.info.backend} backend; "
+                "only inline branches suspend",
+            )
         if not entry.suspend_requested:
             self._request_suspend(entry)
             self._emit(EventKind.SUSPEND_REQUESTED, entry)
@@ -1345,6 +1400,7 @@ class CortexLogic:
                 and entry.kind is SessionKind.BRANCH
                 and not entry.suspend_requested
                 and entry.cancel_code is None
+                and entry.core.remote is None
             ):
                 candidates.append(entry)
         if pressure is not None and candidates and not self.closing:
@@ -1576,7 +1632,8 @@ class CortexLogic:
         for entry in list(self.entries.values()):
             if entry.state.is_terminal:
                 continue
-            if entry.kind is SessionKind.WORKER and entry.cancel_code is None:
+            remote = entry.core.remote is not None  # a remote step cannot park: cancelled
+            if (entry.kind is SessionKind.WORKER or remote) and entry.cancel_code is None:
                 workers.append(entry)
             elif (
                 entry.kind is SessionKind.BRANCH
@@ -1607,7 +1664,7 @@ class CortexLogic:
         for entry in self.entries.values():
             if entry.state.is_terminal:
                 continue
-            if entry.kind is SessionKind.WORKER:
+            if entry.kind is SessionKind.WORKER or entry.core.remote is not None:
                 return
             if entry.suspend_requested and entry.state is SessionState.ACTIVE:
                 return  # parked by the shutdown, or explicitly suspended: not parked yet

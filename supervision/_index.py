@@ -14,6 +14,7 @@ import pykka
 
 from sessiontree.actors import (
     Activity,
+    Backends,
     Clock,
     ComputeSlots,
     Dispatcher,
@@ -245,4 +246,5 @@ class Runtime:
     persist: Persister
     recovered: Recovered | None = None
     dispatcher: Dispatcher | None = None
+    backends: Backends = field(default_factory=lambda: Backends({}))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)

@@ -24,6 +24,7 @@ import pykka
 
 from sessiontree.actors import (
     Activity,
+    Backends,
     Clock,
     ComputeSlots,
     Conversation,
@@ -32,6 +33,8 @@ from sessiontree.actors import (
     EventLoopThread,
     Inspect,
     MemoryBackend,
+    ProcessBackend,
+    RayBackend,
     RealClock,
     Reply,
     RunEnd,
@@ -368,6 +371,9 @@ class Node:
         self._dispatcher = _dispatcher_for(self.config)
         self._executor = StepExecutor(self.config.max_step_threads)
         self._main_executor = StepExecutor(self.config.max_step_threads, "sessiontree-step-main")
+        self.backends = _backends_for(self.config)
+        """Where skills run besides this process: ``process`` and ``ray`` pools."""
+        self._start_own_backend()
         agents_by_id = _by_id(agents)
         counters: collections.Counter[str] = collections.Counter()
         recovered = None
@@ -395,6 +401,7 @@ class Node:
             recovered=recovered,
             counters=counters,
             dispatcher=self._dispatcher,
+            backends=self.backends,
         )
         # The Cortex decides every change of the tree: a thread of its own, never
         # a turn in the pool its sessions share.
@@ -408,6 +415,18 @@ class Node:
             self._housekeeper.start()
 
     # -- plumbing -----------------------------------------------------------------
+
+    def _start_own_backend(self) -> None:
+        """The node's backend starts with it; one that cannot raises out of ``Node()``."""
+        if self.config.backend == "inline":
+            return
+        try:
+            self.backends.get(self.config.backend)
+        except BaseException:
+            if self._dispatcher is not None:
+                self._dispatcher.close()
+            self._close_owned()
+            raise
 
     def _event_loop(self) -> EventLoopThread:
         with self._loop_lock:
@@ -930,7 +949,8 @@ class Node:
             self._executor.close()
             self._main_executor.close()
             if self._loop is not None:
-                self._loop.close()
+                self._loop.close()  # a remote step still awaited is killed here
+            self.backends.close()
             if self._own_clock and isinstance(self.clock, RealClock):
                 self.clock.close()
             if self._housekeeper is not None:
@@ -988,6 +1008,17 @@ def _by_id(agents: Iterable[Agent]) -> dict[str, Agent]:
             raise ValueError(msg)
         by_id[agent.agent_id] = agent
     return by_id
+
+
+def _backends_for(config: NodeConfig) -> Backends:
+    return Backends(
+        {
+            "process": lambda: ProcessBackend(config.process_workers),
+            "ray": lambda: RayBackend(
+                config.ray_address, actors=config.ray_actors, num_cpus=config.ray_num_cpus
+            ),
+        }
+    )
 
 
 def _dispatcher_for(config: NodeConfig) -> Dispatcher | None:

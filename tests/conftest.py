@@ -15,9 +15,11 @@ from sessiontree.supervision import Agent, Node, NodeConfig
 from sessiontree.supervision import _config as node_defaults
 
 #: Modules whose tests never build a node in this process or a child process
-#: (or, for the schema test, build their one node at import): they run once.
+#: (or, for the schema test, build their one node at import), and the backend
+#: tests (where a step runs is apart from what serves mailboxes): they run once.
 SINGLE_RUN = frozenset(
     {
+        "test_backends",
         "test_chat",
         "test_conversation_property",
         "test_conversations",

@@ -1,0 +1,393 @@
+"""The ``ray`` backend: steps in pooled Ray actors on a Ray cluster.
+
+Ray is imported only when the backend starts; without it the backend is
+``BackendUnavailableError`` naming the ``sessiontree[ray]`` extra. With an
+``address`` the node joins that cluster (``ray.init(address=...)``); without
+one it starts a local cluster, unless the application already initialised
+Ray (then that connection is used and left open at close).
+
+Each pooled actor runs one step at a time; it is a threaded actor of
+concurrency 2, so ``cancel`` reaches a step that is busy computing. Killing a
+step is ``ray.kill`` of its actor, and the pool starts a replacement. Events
+a step reports travel back with its end. A cluster that disappears fails the
+steps that were on it with ``backend_unavailable``; the node serves the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sessiontree.actors._remote import (
+    Event,
+    StepControl,
+    StepEnd,
+    StepJob,
+    execute_step,
+    worker_facts,
+)
+from sessiontree.protocol import BackendUnavailableError, ErrorCode, ErrorInfo
+
+__all__ = ["RayBackend", "StepActor", "import_ray"]
+
+log = logging.getLogger("sessiontree.backend.ray")
+
+_EXTRA = "pip install 'sessiontree[ray]'"
+
+
+def import_ray() -> Any:
+    """``ray``, or ``BackendUnavailableError`` naming the extra that installs it."""
+    try:
+        import ray  # noqa: PLC0415 - Ray is optional and heavy: imported on first use
+    except ImportError as exc:
+        msg = f"the ray backend needs Ray, which is not installed ({exc}): {_EXTRA}"
+        raise BackendUnavailableError(msg) from None
+    return ray
+
+
+class StepActor:
+    """What one pooled Ray actor runs: one step at a time, and its cancel."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: StepControl | None = None
+
+    def ready(self) -> int:
+        """Answered once the actor is up: its process id."""
+        return os.getpid()
+
+    def run(self, job: StepJob) -> StepEnd:
+        """Run ``job`` here; its events come back with its end."""
+        control = StepControl(job.job_id, job.cancel)
+        events: list[Event] = []
+        with self._lock:
+            self._current = control
+        try:
+            end = execute_step(job, control, events.append, worker_facts("ray"))
+        finally:
+            with self._lock:
+                self._current = None  # the next session finds nothing of this one
+        return StepEnd(
+            outcome=end.outcome,
+            error=end.error,
+            cancelled=end.cancelled,
+            events=tuple(events),
+            worker=end.worker,
+        )
+
+    def cancel(self, job_id: int, code: str) -> None:
+        """Ask the step ``job_id`` (if it is the one running) to stop."""
+        with self._lock:
+            control = self._current
+        if control is not None and control.job_id == job_id:
+            control.cancel(ErrorCode(code))
+
+
+class _RayRun:
+    def __init__(
+        self,
+        pool: RayBackend,
+        job: StepJob,
+        loop: asyncio.AbstractEventLoop,
+        on_event: Callable[[Event], None],
+    ) -> None:
+        self.pool = pool
+        self.job = job
+        self.loop = loop
+        self.on_event = on_event
+        self.future: asyncio.Future[StepEnd] = loop.create_future()
+        self.actor: Any = None
+        self.cancel_code: ErrorCode | None = job.cancel
+        self.killed = False
+
+    def resolve(self, end: StepEnd) -> None:
+        def settle() -> None:
+            for event in end.events:
+                self.on_event(event)
+            if not self.future.done():
+                self.future.set_result(end)
+
+        with contextlib.suppress(RuntimeError):  # the loop closed with the node
+            self.loop.call_soon_threadsafe(settle)
+
+    def cancel(self, code: ErrorCode) -> None:
+        self.pool._cancel(self, code)
+
+    def kill(self) -> None:
+        self.pool._kill(self)
+
+
+class RayBackend:
+    """A pool of ``actors`` Ray actors (see the module docstring).
+
+    ``num_cpus`` is what each actor reserves on the cluster; ``init_options``
+    go to ``ray.init`` when this backend starts Ray itself.
+    """
+
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        actors: int = 2,
+        num_cpus: float = 1.0,
+        init_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.address = address
+        self.size = actors
+        self.num_cpus = num_cpus
+        self.init_options = dict(init_options or {})
+        self._ray: Any = None
+        self._actor_class: Any = None
+        self._lock = threading.Lock()
+        self._idle: collections.deque[Any] = collections.deque()
+        self._queued: collections.deque[_RayRun] = collections.deque()
+        self._running: dict[int, _RayRun] = {}
+        self._broken: BackendUnavailableError | None = None
+        self._booting: threading.Thread | None = None
+        self._owns_ray = False
+        self._closed = False
+        self.started = 0
+        """Actors started so far (replacements included)."""
+        self.killed = 0
+        """Actors killed to stop a step."""
+        self._up = threading.Event()  # the first pool is up, or the backend failed
+
+    # -- the pool's life -------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._booting is not None:
+                return
+            self._ray = import_ray()
+            self._booting = threading.Thread(
+                target=self._boot, name="sessiontree-ray-boot", daemon=True
+            )
+            self._booting.start()
+
+    def _boot(self) -> None:
+        ray = self._ray
+        try:
+            if not ray.is_initialized():
+                options: dict[str, Any] = {
+                    "include_dashboard": False,
+                    "log_to_driver": False,
+                    "configure_logging": False,
+                }
+                options.update(self.init_options)
+                ray.init(address=self.address, **options)
+                self._owns_ray = True
+            self._actor_class = ray.remote(num_cpus=self.num_cpus, max_concurrency=2)(StepActor)
+            for _ in range(self.size):
+                self._add_actor()
+        except Exception as exc:  # noqa: BLE001 - any failure to boot makes it unavailable
+            self._fail(f"Ray could not start ({type(exc).__name__}: {exc})")
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until the whole first pool is up (True), or it failed or
+        ``timeout`` real seconds passed (False). For benchmarks and tests."""
+        return self._up.wait(timeout) and self._broken is None
+
+    def _add_actor(self) -> None:
+        actor = self._actor_class.remote()
+        with self._lock:
+            self.started += 1
+        ref = actor.ready.remote()
+        ref.future().add_done_callback(lambda f: self._actor_up(actor, f))
+
+    def _actor_up(self, actor: Any, fut: concurrent.futures.Future[Any]) -> None:
+        try:
+            fut.result()
+        except Exception as exc:  # noqa: BLE001 - an actor that cannot start
+            self._fail(f"a Ray actor could not start ({type(exc).__name__}: {exc})")
+            return
+        with self._lock:
+            if self._closed or self._broken is not None:
+                self._ray.kill(actor, no_restart=True)
+                return
+            self._idle.append(actor)
+            if len(self._idle) >= self.size:
+                self._up.set()
+            self._dispatch_locked()
+
+    def _fail(self, why: str) -> None:
+        """The cluster is gone (or never came up): fail every step on it and refuse more."""
+        error = BackendUnavailableError(why)
+        with self._lock:
+            if self._broken is None:
+                self._broken = error
+                log.error("ray backend unavailable: %s", why)
+            runs = [*self._queued, *self._running.values()]
+            self._queued.clear()
+            self._running.clear()
+        self._up.set()
+        for run in runs:
+            run.resolve(_unavailable(run.job, why))
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            runs = [*self._queued, *self._running.values()]
+            self._queued.clear()
+            self._running.clear()
+            idle = list(self._idle)
+            self._idle.clear()
+            busy = [run.actor for run in runs if run.actor is not None]
+        for run in runs:
+            run.resolve(_unavailable(run.job, "the ray backend closed"))
+        if self._booting is not None:
+            self._booting.join(timeout)
+        ray = self._ray
+        if ray is None:
+            return
+        with contextlib.suppress(Exception):  # a cluster that is already gone
+            for actor in [*idle, *busy]:
+                ray.kill(actor, no_restart=True)
+        if self._owns_ray:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+
+    # -- steps ----------------------------------------------------------------------------
+
+    def serialise(self, skill: Callable[..., Any]) -> bytes:
+        """Ray's cloudpickle: closures and lambdas travel too. ``TypeError`` naming
+        what could not be serialised (a lock, a socket…)."""
+        ray = self._ray or import_ray()
+        try:
+            data: bytes = ray.cloudpickle.dumps(skill)
+        except Exception as exc:  # noqa: BLE001 - cloudpickle raises many kinds
+            name = getattr(skill, "__qualname__", None) or repr(skill)
+            msg = f"{name!r} cannot be serialised: {exc}"
+            raise TypeError(msg) from None
+        return data
+
+    def submit(
+        self, job: StepJob, loop: asyncio.AbstractEventLoop, on_event: Callable[[Event], None]
+    ) -> _RayRun:
+        run = _RayRun(self, job, loop, on_event)
+        with self._lock:
+            if self._broken is not None:
+                raise self._broken
+            if self._closed:
+                msg = "the ray backend is closed"
+                raise BackendUnavailableError(msg)
+            self._queued.append(run)
+            self._dispatch_locked()
+        return run
+
+    def _dispatch_locked(self) -> None:
+        while self._queued and self._idle:
+            actor = self._idle.popleft()
+            run = self._queued.popleft()
+            job = run.job
+            if run.cancel_code is not None and job.cancel is None:
+                job = StepJob(
+                    job_id=job.job_id,
+                    skill=job.skill,
+                    info=job.info,
+                    is_async=job.is_async,
+                    backend=job.backend,
+                    cancel=run.cancel_code,
+                )
+            run.actor = actor
+            self._running[job.job_id] = run
+            ref = actor.run.remote(job)
+            ref.future().add_done_callback(lambda f, run=run: self._done(run, f))
+
+    def _done(self, run: _RayRun, fut: concurrent.futures.Future[Any]) -> None:
+        ray = self._ray
+        try:
+            end = fut.result()
+        except ray.exceptions.RayActorError as exc:
+            with self._lock:
+                self._running.pop(run.job.job_id, None)
+                if run.killed or self._closed:
+                    return
+            if not self._cluster_alive():
+                self._fail(f"the Ray cluster is gone ({type(exc).__name__})")
+                run.resolve(_unavailable(run.job, "the Ray cluster is gone"))
+                return
+            self._add_actor()
+            run.resolve(_actor_died(run.job, exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - the cluster or its connection failed
+            with self._lock:
+                self._running.pop(run.job.job_id, None)
+                if self._closed:
+                    return
+            why = f"the Ray cluster failed ({type(exc).__name__}: {exc})"
+            self._fail(why)
+            run.resolve(_unavailable(run.job, why))
+            return
+        with self._lock:
+            self._running.pop(run.job.job_id, None)
+            if not self._closed:
+                self._idle.append(run.actor)
+                self._dispatch_locked()
+        run.resolve(end)
+
+    def _cluster_alive(self) -> bool:
+        try:
+            return any(node.get("Alive") for node in self._ray.nodes())
+        except Exception:  # noqa: BLE001 - no answer from the cluster is a dead cluster
+            return False
+
+    def _cancel(self, run: _RayRun, code: ErrorCode) -> None:
+        with self._lock:
+            if run.cancel_code is None:
+                run.cancel_code = code
+            actor = run.actor
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                actor.cancel.remote(run.job.job_id, code.value)
+
+    def _kill(self, run: _RayRun) -> None:
+        with self._lock:
+            if run in self._queued:
+                self._queued.remove(run)
+                return
+            actor = run.actor
+            if actor is None or run.killed or self._running.get(run.job.job_id) is not run:
+                return
+            run.killed = True
+            self.killed += 1
+        with contextlib.suppress(Exception):
+            self._ray.kill(actor, no_restart=True)
+        if not self._closed and self._broken is None:
+            with contextlib.suppress(Exception):
+                self._add_actor()
+
+
+def _actor_died(job: StepJob, exc: BaseException) -> StepEnd:
+    return StepEnd(
+        error=ErrorInfo(
+            code=ErrorCode.CRASHED,
+            message=f"the Ray actor of session {job.info.session_id} died",
+            detail={
+                "backend": "ray",
+                "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+                "traceback": str(exc),
+            },
+        ),
+        worker={"backend": "ray"},
+    )
+
+
+def _unavailable(job: StepJob, why: str) -> StepEnd:
+    return StepEnd(
+        error=ErrorInfo(
+            code=ErrorCode.BACKEND_UNAVAILABLE,
+            message=f"session {job.info.session_id} could not finish on the ray backend: {why}",
+            detail={"backend": "ray"},
+        ),
+        worker={"backend": "ray"},
+    )

@@ -1,0 +1,112 @@
+"""Skills the backend tests run in worker processes and Ray actors.
+
+They live in a module of their own, importable by reference in a worker
+(which never imports pytest or the test modules). A step that a test must
+catch running writes ``<info.metadata["dir"]>/<session id>.started`` holding its
+process id (see ``started``), which the test waits for with a bounded wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from sessiontree.actors import Cancelled
+
+
+def started(session: Any) -> None:
+    """Tell the test this step runs, and in which process."""
+    marker = Path(session.info.metadata["dir"]) / f"{session.session_id}.started"
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(str(os.getpid()))
+    tmp.rename(marker)  # the test never reads half a file
+
+
+def answer(session: Any) -> dict[str, Any]:
+    """Return who ran the step and what it was given."""
+    return {"task": session.task, "pid": os.getpid(), "backend": session.info.backend}
+
+
+def crash(session: Any) -> None:
+    raise ValueError(f"bad input in {session.task}")
+
+
+def wraps_up(session: Any) -> str:
+    """Report started, then take checkpoints until cancelled; answer a partial result."""
+    started(session)
+    try:
+        for _ in range(100_000):  # bounded: about 1,000 s at most
+            session.sleep(0.01)
+    except Cancelled as exc:
+        return f"partial after {exc.code}"
+    return "never cancelled"
+
+
+def ignores_cancel(session: Any) -> None:
+    """Report started, then append to the file named by the task forever, never
+    taking a checkpoint (only a kill stops it)."""
+    path = Path(session.task)
+    started(session)
+    n = 0
+    while True:
+        n += 1
+        with path.open("a") as out:
+            out.write(f"{n}\n")
+
+
+def dies(session: Any) -> None:
+    """The step's own process is killed (SIGKILL) under it."""
+    started(session)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def leaves_traces(session: Any) -> dict[str, Any]:
+    """Dirty every piece of per-session state a handle has, then report what it
+    found at the start: a later session on the same worker must find it clean."""
+    found = {
+        "pid": os.getpid(),
+        "cancel_pending": session.cancel_pending,
+        "messages": len(session.context.messages),
+        "system_prompt": session.context.system_prompt,
+        "task": session.task,
+    }
+    session.context.system_prompt = f"secret of {session.task}"
+    session.context.tool_results.append({"secret": session.task})
+    return found
+
+
+def cancelled_while_dirty(session: Any) -> str:
+    """Dirty the context, then wait to be cancelled (the cancel flag is set)."""
+    session.context.system_prompt = "left behind?"
+    started(session)
+    try:
+        for _ in range(100_000):
+            session.sleep(0.01)
+    except Cancelled:
+        return "cancelled"
+    return "never cancelled"
+
+
+def spawns(session: Any) -> None:
+    session.spawn(kind="worker", task="grandchild")
+
+
+def reports(session: Any) -> str:
+    session.progress("halfway", done=1)
+    session.send_to_parent({"note": "from the step"})
+    return "reported"
+
+
+async def async_answer(session: Any) -> str:
+    await session.checkpoint()
+    return f"async {session.task} in {os.getpid()}"
+
+
+def burn(session: Any) -> str:
+    """Pure-Python CPU work: ``session.task`` is the number of loop turns."""
+    total = 0
+    for i in range(int(session.task)):
+        total += i * i % 7
+    return str(total)
