@@ -47,6 +47,8 @@ class Backends:
                 raise BackendUnavailableError(msg)
             backend = self._made.get(name)
             if backend is not None:
+                if backend.unavailable is not None:
+                    raise BackendUnavailableError(f"the {name} backend: {backend.unavailable}")
                 return backend
             if name in self._failed:
                 raise self._failed[name]

@@ -181,6 +181,10 @@ class ProcessBackend:
         self._failed_starts = 0  # workers in a row that died before they were ready
         self._broken: str | None = None
 
+    @property
+    def unavailable(self) -> str | None:
+        return self._broken
+
     # -- the pool's life ----------------------------------------------------------------
 
     def start(self) -> None:

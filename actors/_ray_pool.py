@@ -9,8 +9,12 @@ Ray (then that connection is used and left open at close).
 Each pooled actor runs one step at a time; it is a threaded actor of
 concurrency 2, so ``cancel`` reaches a step that is busy computing. Killing a
 step is ``ray.kill`` of its actor, and the pool starts a replacement. Events
-a step reports travel back with its end. A cluster that disappears fails the
-steps that were on it with ``backend_unavailable``; the node serves the rest.
+a step reports travel back with its end. A cluster that disappears (a step's
+actor is unreachable, or two health pings go unanswered) fails the steps that
+were on it with ``backend_unavailable``, refuses new ones, and the node lets
+go of it (``ray.shutdown``) so Ray does not end the process; the node serves
+the rest. Ray must be initialised on the main thread: the node does it when it
+starts with this backend.
 """
 
 from __future__ import annotations
@@ -128,7 +132,8 @@ class RayBackend:
     """A pool of ``actors`` Ray actors (see the module docstring).
 
     ``num_cpus`` is what each actor reserves on the cluster; ``init_options``
-    go to ``ray.init`` when this backend starts Ray itself.
+    go to ``ray.init`` when this backend starts Ray itself; every
+    ``health_interval`` real seconds one actor is pinged.
     """
 
     name = "ray"
@@ -139,6 +144,7 @@ class RayBackend:
         actors: int = 2,
         num_cpus: float = 1.0,
         init_options: dict[str, Any] | None = None,
+        health_interval: float = 2.0,
     ) -> None:
         self.address = address
         self.size = actors
@@ -148,6 +154,8 @@ class RayBackend:
         self._actor_class: Any = None
         self._lock = threading.Lock()
         self._idle: collections.deque[Any] = collections.deque()
+        self._actors: list[Any] = []  # every live actor: idle, busy or still starting
+        self._answered: list[Any] = []  # actors that came up (the health watch pings one)
         self._queued: collections.deque[_RayRun] = collections.deque()
         self._running: dict[int, _RayRun] = {}
         self._broken: BackendUnavailableError | None = None
@@ -159,14 +167,49 @@ class RayBackend:
         self.killed = 0
         """Actors killed to stop a step."""
         self._up = threading.Event()  # the first pool is up, or the backend failed
+        self._booted = threading.Event()  # connected to a cluster
+        self._stopping = threading.Event()  # closed or failed: the health watch ends
+        self.disconnected = threading.Event()
+        """Set once a lost cluster was let go of (``ray.shutdown``)."""
+        self.health_interval = health_interval
+
+    @property
+    def unavailable(self) -> str | None:
+        return None if self._broken is None else str(self._broken)
 
     # -- the pool's life -------------------------------------------------------------------
 
     def start(self) -> None:
+        """Connect to Ray (``ray.init`` here, unless the application did) and start
+        the actors in the background. Raises ``BackendUnavailableError`` when Ray
+        is missing, cannot start, or must be started off the main thread (Ray
+        only works when it was initialised on the main thread)."""
         with self._lock:
-            if self._booting is not None:
+            if self._ray is not None:
                 return
-            self._ray = import_ray()
+            ray = import_ray()
+            if not ray.is_initialized():
+                if threading.current_thread() is not threading.main_thread():
+                    msg = (
+                        "Ray is not initialised and can only be started on the main thread: "
+                        "start the node with backend='ray' from the main thread, or call "
+                        "ray.init() before the node"
+                    )
+                    raise BackendUnavailableError(msg)
+                options: dict[str, Any] = {
+                    "include_dashboard": False,
+                    "log_to_driver": False,
+                    "configure_logging": False,
+                }
+                options.update(self.init_options)
+                try:
+                    ray.init(address=self.address, **options)
+                except Exception as exc:  # noqa: BLE001 - any failure to start makes it unavailable
+                    msg = f"Ray could not start ({type(exc).__name__}: {exc})"
+                    raise BackendUnavailableError(msg) from None
+                self._owns_ray = True
+            self._ray = ray
+            self._booted.set()
             self._booting = threading.Thread(
                 target=self._boot, name="sessiontree-ray-boot", daemon=True
             )
@@ -175,20 +218,14 @@ class RayBackend:
     def _boot(self) -> None:
         ray = self._ray
         try:
-            if not ray.is_initialized():
-                options: dict[str, Any] = {
-                    "include_dashboard": False,
-                    "log_to_driver": False,
-                    "configure_logging": False,
-                }
-                options.update(self.init_options)
-                ray.init(address=self.address, **options)
-                self._owns_ray = True
             self._actor_class = ray.remote(num_cpus=self.num_cpus, max_concurrency=2)(StepActor)
             for _ in range(self.size):
                 self._add_actor()
+            threading.Thread(
+                target=self._watch_health, name="sessiontree-ray-health", daemon=True
+            ).start()
         except Exception as exc:  # noqa: BLE001 - any failure to boot makes it unavailable
-            self._fail(f"Ray could not start ({type(exc).__name__}: {exc})")
+            self._fail(f"the Ray actors could not start ({type(exc).__name__}: {exc})")
 
     def wait_ready(self, timeout: float) -> bool:
         """Block until the whole first pool is up (True), or it failed or
@@ -199,6 +236,7 @@ class RayBackend:
         actor = self._actor_class.remote()
         with self._lock:
             self.started += 1
+            self._actors.append(actor)
         ref = actor.ready.remote()
         ref.future().add_done_callback(lambda f: self._actor_up(actor, f))
 
@@ -213,25 +251,63 @@ class RayBackend:
                 self._ray.kill(actor, no_restart=True)
                 return
             self._idle.append(actor)
+            self._answered.append(actor)
             if len(self._idle) >= self.size:
                 self._up.set()
             self._dispatch_locked()
 
     def _fail(self, why: str) -> None:
-        """The cluster is gone (or never came up): fail every step on it and refuse more."""
+        """The cluster is gone (or never came up): fail every step on it, refuse
+        more, and disconnect — a Ray driver that stays connected to a dead
+        cluster is ended by Ray itself after a minute, and this node must live on."""
         error = BackendUnavailableError(why)
         with self._lock:
-            if self._broken is None:
+            first = self._broken is None
+            if first:
                 self._broken = error
                 log.error("ray backend unavailable: %s", why)
             runs = [*self._queued, *self._running.values()]
             self._queued.clear()
             self._running.clear()
+            self._actors.clear()
+            self._idle.clear()
         self._up.set()
+        self._stopping.set()
         for run in runs:
             run.resolve(_unavailable(run.job, why))
+        if first and self._ray is not None and self._booted.is_set():
+            threading.Thread(
+                target=self._disconnect, name="sessiontree-ray-disconnect", daemon=True
+            ).start()
+
+    def _disconnect(self) -> None:
+        with contextlib.suppress(Exception):
+            self._ray.shutdown()
+        self.disconnected.set()
+
+    def _watch_health(self) -> None:
+        """Ping one actor every ``health_interval`` real seconds; two pings in a
+        row without an answer mean the cluster is gone (a dead GCS never fails
+        the steps in flight on its own)."""
+        ray = self._ray
+        misses = 0
+        while not self._stopping.wait(self.health_interval):
+            with self._lock:
+                actor = next((a for a in self._actors if a in self._answered), None)
+            if actor is None:
+                continue
+            try:
+                ray.get(actor.ready.remote(), timeout=self.health_interval)
+                misses = 0
+            except ray.exceptions.ActorDiedError:
+                misses = 0  # that actor was killed or died; the cluster answered
+            except Exception as exc:  # noqa: BLE001 - no answer at all
+                misses += 1
+                if misses >= 2:
+                    self._fail(f"the Ray cluster stopped answering ({type(exc).__name__})")
 
     def close(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
         with self._lock:
             if self._closed:
                 return
@@ -239,9 +315,8 @@ class RayBackend:
             runs = [*self._queued, *self._running.values()]
             self._queued.clear()
             self._running.clear()
-            idle = list(self._idle)
+            actors, self._actors = self._actors, []
             self._idle.clear()
-            busy = [run.actor for run in runs if run.actor is not None]
         for run in runs:
             run.resolve(_unavailable(run.job, "the ray backend closed"))
         if self._booting is not None:
@@ -250,9 +325,9 @@ class RayBackend:
         if ray is None:
             return
         with contextlib.suppress(Exception):  # a cluster that is already gone
-            for actor in [*idle, *busy]:
+            for actor in actors:
                 ray.kill(actor, no_restart=True)
-        if self._owns_ray:
+        if self._owns_ray and self._broken is None:
             with contextlib.suppress(Exception):
                 ray.shutdown()
 
@@ -310,14 +385,18 @@ class RayBackend:
         except ray.exceptions.RayActorError as exc:
             with self._lock:
                 self._running.pop(run.job.job_id, None)
+                if run.actor in self._actors:
+                    self._actors.remove(run.actor)
                 if run.killed or self._closed:
                     return
-            if not self._cluster_alive():
-                self._fail(f"the Ray cluster is gone ({type(exc).__name__})")
-                run.resolve(_unavailable(run.job, "the Ray cluster is gone"))
-                return
-            self._add_actor()
-            run.resolve(_actor_died(run.job, exc))
+            # Its actor died, or its whole cluster did: a ping (off Ray's callback
+            # thread, bounded) tells which.
+            threading.Thread(
+                target=self._judge_death,
+                args=(run, exc),
+                name="sessiontree-ray-judge",
+                daemon=True,
+            ).start()
             return
         except Exception as exc:  # noqa: BLE001 - the cluster or its connection failed
             with self._lock:
@@ -335,11 +414,25 @@ class RayBackend:
                 self._dispatch_locked()
         run.resolve(end)
 
-    def _cluster_alive(self) -> bool:
-        try:
-            return any(node.get("Alive") for node in self._ray.nodes())
-        except Exception:  # noqa: BLE001 - no answer from the cluster is a dead cluster
-            return False
+    def _judge_death(self, run: _RayRun, exc: BaseException) -> None:
+        if self._cluster_answers():
+            with contextlib.suppress(Exception):
+                self._add_actor()
+            run.resolve(_actor_died(run.job, exc))
+        else:
+            self._fail(f"the Ray cluster is gone ({type(exc).__name__})")
+            run.resolve(_unavailable(run.job, "the Ray cluster is gone"))
+
+    def _cluster_answers(self) -> bool:
+        """Whether another actor of the pool answers a ping within ``health_interval``."""
+        with self._lock:
+            others = [a for a in self._actors if a in self._answered]
+        for actor in others[:1]:
+            try:
+                self._ray.get(actor.ready.remote(), timeout=self.health_interval)
+            except Exception:  # noqa: BLE001 - no answer at all
+                return False
+        return True
 
     def _cancel(self, run: _RayRun, code: ErrorCode) -> None:
         with self._lock:
@@ -360,6 +453,8 @@ class RayBackend:
                 return
             run.killed = True
             self.killed += 1
+            if actor in self._actors:
+                self._actors.remove(actor)
         with contextlib.suppress(Exception):
             self._ray.kill(actor, no_restart=True)
         if not self._closed and self._broken is None:

@@ -98,6 +98,11 @@ class ExecutionBackend(Protocol):
 
     name: str
 
+    @property
+    def unavailable(self) -> str | None:
+        """Why no step can run here any more (its pool failed, its cluster is
+        gone), or None while it works."""
+
     def start(self) -> None:
         """Start the pool (in the background; idempotent). Raises
         ``BackendUnavailableError`` when the backend cannot work at all."""

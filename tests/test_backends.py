@@ -8,7 +8,9 @@ gone and its file stops growing.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import threading
 import uuid
@@ -81,6 +83,14 @@ def ray_cluster() -> Iterator[Any]:
         if os.environ.get("CI") == "true":
             raise  # under CI a missing tool is a failure, never a skip
         pytest.skip("Ray is not installed here")
+    # Quiet and self-contained: no usage report, no token written to ~/.ray, and
+    # nothing printed for errors the tests provoke on purpose.
+    for name, value in (
+        ("RAY_USAGE_STATS_ENABLED", "0"),
+        ("RAY_AUTH_MODE", "disabled"),
+        ("RAY_IGNORE_UNHANDLED_ERRORS", "1"),
+    ):
+        os.environ.setdefault(name, value)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
@@ -502,3 +512,23 @@ class _BrokenContext:
 
     def Process(self, **kwargs: Any) -> Any:
         return self._real.Process(target=sys.exit, args=(1,), daemon=True)
+
+
+def test_a_node_whose_ray_cluster_disappears_fails_those_steps_and_serves_the_rest(
+    tmp_path: Path, ray_cluster: Any
+) -> None:
+    """In a child process: the node's own local cluster is SIGKILLed under a step
+    (see ``tests/ray_gone_node.py``)."""
+    command = [sys.executable, "-m", "tests.ray_gone_node", str(tmp_path)]
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        command, cwd=root, capture_output=True, text=True, timeout=150, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["killed"] > 0
+    assert report["status"] == "failed"
+    assert report["code"] == "backend_unavailable"
+    assert report["inline_after"] == "completed"  # the node serves the rest
+    assert report["refused"] == "backend_unavailable"  # no new step goes to a dead cluster
+    assert report["disconnected"] is True
