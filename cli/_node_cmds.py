@@ -40,7 +40,7 @@ from typing import Any
 import click
 import uvicorn
 
-from sessiontree.actors import ACTOR_TYPES
+from sessiontree.actors import ACTOR_TYPES, BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents
 from sessiontree.cli._api import MAX_BODY_BYTES, MAX_WAIT, create_app
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
@@ -62,6 +62,10 @@ _NODE_FLAGS = (
     "actor_type",
     "dispatcher_threads",
     "passivate_after",
+    "backend",
+    "process_workers",
+    "ray_address",
+    "ray_actors",
 )
 
 
@@ -287,6 +291,29 @@ async def _serve(server: _Server, sock: socket.socket, running: Node, early: lis
     type=click.FloatRange(0.0, min_open=True),
     default=None,
     help="NodeConfig.passivate_after (s): an idle Main is written out and its actor stopped.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default=None,
+    help="NodeConfig.backend: where workers' skills run (inline, process, ray).",
+)
+@click.option(
+    "--process-workers",
+    type=click.IntRange(1),
+    default=None,
+    help="NodeConfig.process_workers: worker processes of the process backend (one per CPU).",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="NodeConfig.ray_address: the Ray cluster to join (none: start a local one).",
+)
+@click.option(
+    "--ray-actors",
+    type=click.IntRange(1),
+    default=None,
+    help="NodeConfig.ray_actors: pooled Ray actors of the ray backend.",
 )
 @click.pass_context
 def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:

@@ -115,6 +115,22 @@ def test_settings_come_from_file_then_environment_then_flags(store: Path, tmp_pa
         assert running.stop() == 0
 
 
+def test_a_node_started_with_the_process_backend_runs_workers_in_its_pool(store: Path) -> None:
+    running = RunningNode(store, "--backend", "process", "--process-workers", "1")
+    try:
+        assert running.config["node"]["backend"] == "process"
+        assert running.config["node"]["process_workers"] == 1
+        assert running.sources["backend"] == "flag"
+        child = spawn(running, open_main(running), task="0")
+        waited = running.http.get(f"/v1/sessions/{child}/result", params={"timeout": 30}).json()
+        assert waited["done"] is True
+        assert waited["result"]["summary"] == "done: 0"
+        info = running.http.get(f"/v1/sessions/{child}").json()
+        assert info["info"]["backend"] == "process"
+    finally:
+        assert running.stop() == 0
+
+
 def test_shutdown_keeps_mains_resumes_branches_and_cancels_workers(store: Path) -> None:
     first = RunningNode(store, "--grace", "2")
     main = open_main(first)

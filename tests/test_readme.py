@@ -23,10 +23,12 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
     assert blocks == ["make demo\nmake test\n"]
 
 
-@pytest.mark.parametrize("number", [0, 1, 2], ids=["embedding", "conversations", "patterns"])
+@pytest.mark.parametrize(
+    "number", [0, 1, 2, 3], ids=["embedding", "scaling-out", "conversations", "patterns"]
+)
 def test_readme_example_prints_what_it_promises(tmp_path: Path, number: int) -> None:
     blocks = python_blocks()
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     example = blocks[number]
     promised = [line.split("# -> ", 1)[1] for line in example.splitlines() if "# -> " in line]
     script = tmp_path / "example.py"
@@ -35,7 +37,7 @@ def test_readme_example_prints_what_it_promises(tmp_path: Path, number: int) -> 
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
-        timeout=45,
+        timeout=90,
         check=False,
         cwd=tmp_path,
     )
