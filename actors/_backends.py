@@ -27,8 +27,9 @@ class Backends:
     def __init__(self, factories: Mapping[str, Callable[[], ExecutionBackend]]) -> None:
         self._factories = dict(factories)
         self._made: dict[str, ExecutionBackend] = {}
-        self._failed: dict[str, BackendUnavailableError] = {}
-        self._bytes: dict[tuple[str, Any], bytes] = {}
+        # by the skill's id (a callable need not be hashable), holding the skill
+        # so the id cannot be reused while the entry lives
+        self._bytes: dict[tuple[str, int], tuple[Callable[..., Any], bytes]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -50,27 +51,22 @@ class Backends:
                 if backend.unavailable is not None:
                     raise BackendUnavailableError(f"the {name} backend: {backend.unavailable}")
                 return backend
-            if name in self._failed:
-                raise self._failed[name]
             factory = self._factories.get(name)
             if factory is None:
                 raise KeyError(name)
-            try:
-                backend = factory()
-                backend.start()
-            except BackendUnavailableError as exc:
-                self._failed[name] = exc
-                raise
+            backend = factory()
+            backend.start()  # a failure is raised, and tried again by the next spawn
             self._made[name] = backend
             return backend
 
     def serialised(self, backend: ExecutionBackend, skill: Callable[..., Any]) -> bytes:
         """``backend.serialise(skill)``, once per skill (``TypeError`` when it cannot be)."""
-        key = (backend.name, skill)
-        data = self._bytes.get(key)
-        if data is None:
-            data = backend.serialise(skill)
-            self._bytes[key] = data
+        key = (backend.name, id(skill))
+        known = self._bytes.get(key)
+        if known is not None and known[0] is skill:
+            return known[1]
+        data = backend.serialise(skill)
+        self._bytes[key] = (skill, data)
         return data
 
     def started(self) -> dict[str, ExecutionBackend]:

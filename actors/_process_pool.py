@@ -52,7 +52,9 @@ def worker_main(conn: Connection) -> None:
     losing the node (the pipe closes) ends the worker.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    jobs: queue.SimpleQueue[StepJob | None] = queue.SimpleQueue()
+    jobs: queue.SimpleQueue[tuple[StepJob, StepControl] | None] = queue.SimpleQueue()
+    # Set by the reader as a job arrives (one at a time: the node sends the next
+    # only after this one's end), so a cancel right behind it finds it.
     current: list[StepControl | None] = [None]
     send_lock = threading.Lock()
 
@@ -68,20 +70,21 @@ def worker_main(conn: Connection) -> None:
                 os._exit(0)  # the node is gone: nothing will ever read our answers
             match message:
                 case ("run", job):
-                    jobs.put(job)
+                    control = StepControl(job.job_id, job.cancel)
+                    current[0] = control
+                    jobs.put((job, control))
                 case ("cancel", job_id, code):
-                    control = current[0]
-                    if control is not None and control.job_id == job_id:
-                        control.cancel(ErrorCode(code))
+                    running = current[0]
+                    if running is not None and running.job_id == job_id:
+                        running.cancel(ErrorCode(code))
                 case ("stop",):
                     jobs.put(None)
 
     threading.Thread(target=read, name="sessiontree-worker-control", daemon=True).start()
     facts = worker_facts("process")
     send(("ready", os.getpid()))
-    while (job := jobs.get()) is not None:
-        control = StepControl(job.job_id, job.cancel)
-        current[0] = control
+    while (item := jobs.get()) is not None:
+        job, control = item
         job_id = job.job_id
 
         def emit(event: Event, job_id: int = job_id) -> None:
@@ -89,7 +92,7 @@ def worker_main(conn: Connection) -> None:
 
         end = execute_step(job, control, emit, facts)
         current[0] = None
-        del job, control  # the next session finds nothing of this one
+        del item, job, control  # the next session finds nothing of this one
         try:
             send(("end", job_id, end))
         except (TypeError, pickle.PicklingError, AttributeError) as exc:
@@ -99,7 +102,7 @@ def worker_main(conn: Connection) -> None:
 def _unsendable(exc: BaseException) -> ErrorInfo:
     return ErrorInfo(
         code=ErrorCode.CRASHED,
-        message=f"the step's result could not be sent back: {exc}",
+        message=f"the step's result could not be carried back: {exc}",
         detail={"type": type(exc).__name__},
     )
 
@@ -329,6 +332,27 @@ class ProcessBackend:
             self._wake_w.send_bytes(b"!")
 
     def _watch(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # the monitor must never die silently
+            log.exception("the process pool's monitor failed")
+            self._break(f"the process pool's monitor failed ({type(exc).__name__}: {exc})")
+
+    def _break(self, why: str) -> None:
+        """No step can run any more: every queued and running one ends unavailable."""
+        with self._lock:
+            if self._broken is None:
+                self._broken = why
+                log.error("process backend unavailable: %s", why)
+            stranded = [*self._queued, *(w.run for w in self._workers if w.run is not None)]
+            self._queued.clear()
+            for worker in self._workers:
+                worker.run = None
+        self._up.set()
+        for run in stranded:
+            run.resolve(_gone(run.job, why))
+
+    def _serve(self) -> None:
         while True:
             with self._lock:
                 workers = list(self._workers)
@@ -360,8 +384,15 @@ class ProcessBackend:
             message = worker.conn.recv()
         except (EOFError, OSError):
             return  # it is exiting; its sentinel reports it
-        except Exception:
+        except Exception as exc:  # an answer that does not unpickle here
             log.exception("process worker %s sent an unreadable answer", worker.pid)
+            with self._lock:
+                run, worker.run = worker.run, None
+                if run is not None and not self._closed:
+                    self._idle.append(worker)
+                    self._dispatch_locked()
+            if run is not None:
+                run.resolve(StepEnd(error=_unsendable(exc), worker={"pid": worker.pid}))
             return
         match message:
             case ("ready", pid):
@@ -369,7 +400,7 @@ class ProcessBackend:
                     worker.pid = pid
                     if not self._closed:
                         self._idle.append(worker)
-                        if len(self._idle) >= self.size:
+                        if sum(1 for w in self._workers if w.pid is not None) >= self.size:
                             self._up.set()
                         self._dispatch_locked()
             case ("event", job_id, event):
@@ -390,7 +421,6 @@ class ProcessBackend:
     def _exited(self, worker: _Worker) -> None:
         worker.process.join(1.0)
         code = worker.process.exitcode
-        stranded: list[_ProcessRun] = []
         with self._lock:
             if worker in self._workers:
                 self._workers.remove(worker)
@@ -401,23 +431,24 @@ class ProcessBackend:
                 self._failed_starts += 1
             elif worker.pid is not None:
                 self._failed_starts = 0
-            if self._failed_starts >= _MAX_FAILED_STARTS and self._broken is None:
-                self._broken = (
-                    f"{self._failed_starts} worker processes in a row exited while starting "
-                    f"(last exit code {code}); a script that starts a node with this backend "
-                    "needs the `if __name__ == '__main__':` guard"
-                )
-                log.error("process backend unavailable: %s", self._broken)
-                stranded, self._queued = list(self._queued), collections.deque()
-                self._up.set()
-            if not self._closed and self._broken is None:
-                self._spawn_locked()
-        for queued in stranded:
-            queued.resolve(_gone(queued.job, self._broken or ""))
+            replace = not self._closed and self._broken is None
         worker.conn.close()
         if run is not None and not worker.killed:
             log.warning("process worker %s died (exit code %s) running a step", worker.pid, code)
             run.resolve(_died(run.job, worker.pid, code))
+        if self._failed_starts >= _MAX_FAILED_STARTS:
+            self._break(
+                f"{self._failed_starts} worker processes in a row exited while starting "
+                f"(last exit code {code}); a script that starts a node with this backend "
+                "needs the `if __name__ == '__main__':` guard"
+            )
+        elif replace:
+            try:
+                with self._lock:
+                    self._spawn_locked()
+            except Exception as exc:  # no process can start (EMFILE, ENOMEM…)
+                log.exception("no replacement worker process could start")
+                self._break(f"no worker process could start ({type(exc).__name__}: {exc})")
 
 
 def _died(job: StepJob, pid: int | None, code: int | None) -> StepEnd:

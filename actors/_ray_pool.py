@@ -62,6 +62,8 @@ class StepActor:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._current: StepControl | None = None
+        # A threaded actor does not keep call order: a cancel may arrive first.
+        self._early: dict[int, ErrorCode] = {}
 
     def ready(self) -> int:
         """Answered once the actor is up: its process id."""
@@ -69,9 +71,11 @@ class StepActor:
 
     def run(self, job: StepJob) -> StepEnd:
         """Run ``job`` here; its events come back with its end."""
-        control = StepControl(job.job_id, job.cancel)
         events: list[Event] = []
         with self._lock:
+            early = self._early.pop(job.job_id, None)
+            self._early.clear()  # cancels of steps that already ended
+            control = StepControl(job.job_id, job.cancel or early)
             self._current = control
         try:
             end = execute_step(job, control, events.append, worker_facts("ray"))
@@ -90,8 +94,10 @@ class StepActor:
         """Ask the step ``job_id`` (if it is the one running) to stop."""
         with self._lock:
             control = self._current
-        if control is not None and control.job_id == job_id:
-            control.cancel(ErrorCode(code))
+            if control is None or control.job_id != job_id:
+                self._early[job_id] = ErrorCode(code)
+                return
+        control.cancel(ErrorCode(code))
 
 
 class _RayRun:
@@ -113,10 +119,11 @@ class _RayRun:
 
     def resolve(self, end: StepEnd) -> None:
         def settle() -> None:
+            if self.future.done():
+                return  # already ended (closed, failed): late events are dropped
             for event in end.events:
                 self.on_event(event)
-            if not self.future.done():
-                self.future.set_result(end)
+            self.future.set_result(end)
 
         with contextlib.suppress(RuntimeError):  # the loop closed with the node
             self.loop.call_soon_threadsafe(settle)
@@ -155,6 +162,7 @@ class RayBackend:
         self._lock = threading.Lock()
         self._idle: collections.deque[Any] = collections.deque()
         self._actors: list[Any] = []  # every live actor: idle, busy or still starting
+        self._sent: collections.deque[tuple[_RayRun, Any]] = collections.deque()
         self._answered: list[Any] = []  # actors that came up (the health watch pings one)
         self._queued: collections.deque[_RayRun] = collections.deque()
         self._running: dict[int, _RayRun] = {}
@@ -233,6 +241,8 @@ class RayBackend:
         return self._up.wait(timeout) and self._broken is None
 
     def _add_actor(self) -> None:
+        if self._closed:
+            return
         actor = self._actor_class.remote()
         with self._lock:
             self.started += 1
@@ -244,17 +254,20 @@ class RayBackend:
         try:
             fut.result()
         except Exception as exc:  # noqa: BLE001 - an actor that cannot start
-            self._fail(f"a Ray actor could not start ({type(exc).__name__}: {exc})")
+            if not self._closed and actor in self._actors:  # not one close() killed
+                self._fail(f"a Ray actor could not start ({type(exc).__name__}: {exc})")
             return
         with self._lock:
-            if self._closed or self._broken is not None:
-                self._ray.kill(actor, no_restart=True)
+            if self._closed or self._broken is not None or actor not in self._actors:
+                with contextlib.suppress(Exception):
+                    self._ray.kill(actor, no_restart=True)
                 return
             self._idle.append(actor)
             self._answered.append(actor)
-            if len(self._idle) >= self.size:
+            if len(self._answered) >= self.size:
                 self._up.set()
             self._dispatch_locked()
+        self._watch_sent()
 
     def _fail(self, why: str) -> None:
         """The cluster is gone (or never came up): fail every step on it, refuse
@@ -275,7 +288,7 @@ class RayBackend:
         self._stopping.set()
         for run in runs:
             run.resolve(_unavailable(run.job, why))
-        if first and self._ray is not None and self._booted.is_set():
+        if first and self._owns_ray and self._booted.is_set():
             threading.Thread(
                 target=self._disconnect, name="sessiontree-ray-disconnect", daemon=True
             ).start()
@@ -287,13 +300,15 @@ class RayBackend:
 
     def _watch_health(self) -> None:
         """Ping one actor every ``health_interval`` real seconds; two pings in a
-        row without an answer mean the cluster is gone (a dead GCS never fails
-        the steps in flight on its own)."""
+        row without an answer (three when only busy actors could be asked: a
+        step may hold its process for a while) mean the cluster is gone. A dead
+        GCS never fails the steps in flight on its own."""
         ray = self._ray
         misses = 0
         while not self._stopping.wait(self.health_interval):
             with self._lock:
-                actor = next((a for a in self._actors if a in self._answered), None)
+                idle = next((a for a in self._idle if a in self._answered), None)
+                actor = idle or next((a for a in self._actors if a in self._answered), None)
             if actor is None:
                 continue
             try:
@@ -303,11 +318,13 @@ class RayBackend:
                 misses = 0  # that actor was killed or died; the cluster answered
             except Exception as exc:  # noqa: BLE001 - no answer at all
                 misses += 1
-                if misses >= 2:
+                if misses >= (2 if idle is not None else 3):
                     self._fail(f"the Ray cluster stopped answering ({type(exc).__name__})")
 
     def close(self, timeout: float = 10.0) -> None:
         self._stopping.set()
+        if self._booting is not None:
+            self._booting.join(timeout)  # so every actor it starts is in the list below
         with self._lock:
             if self._closed:
                 return
@@ -319,8 +336,6 @@ class RayBackend:
             self._idle.clear()
         for run in runs:
             run.resolve(_unavailable(run.job, "the ray backend closed"))
-        if self._booting is not None:
-            self._booting.join(timeout)
         ray = self._ray
         if ray is None:
             return
@@ -357,6 +372,7 @@ class RayBackend:
                 raise BackendUnavailableError(msg)
             self._queued.append(run)
             self._dispatch_locked()
+        self._watch_sent()
         return run
 
     def _dispatch_locked(self) -> None:
@@ -375,7 +391,13 @@ class RayBackend:
                 )
             run.actor = actor
             self._running[job.job_id] = run
-            ref = actor.run.remote(job)
+            self._sent.append((run, actor.run.remote(job)))
+
+    def _watch_sent(self) -> None:
+        """Watch the steps just sent (outside ``_lock``: a callback on a future
+        that is already done runs at once, and takes the lock)."""
+        while self._sent:
+            run, ref = self._sent.popleft()
             ref.future().add_done_callback(lambda f, run=run: self._done(run, f))
 
     def _done(self, run: _RayRun, fut: concurrent.futures.Future[Any]) -> None:
@@ -409,9 +431,11 @@ class RayBackend:
             return
         with self._lock:
             self._running.pop(run.job.job_id, None)
-            if not self._closed:
+            # a step that ended as its actor was being killed leaves no actor to reuse
+            if not self._closed and not run.killed and run.actor in self._actors:
                 self._idle.append(run.actor)
                 self._dispatch_locked()
+        self._watch_sent()
         run.resolve(end)
 
     def _judge_death(self, run: _RayRun, exc: BaseException) -> None:

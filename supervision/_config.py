@@ -43,7 +43,8 @@ class NodeConfig:
     ``ray_num_cpus`` each on the cluster at ``ray_address``, a local one
     when None). Branches run inline unless their spawn names a backend; Mains
     always run inline. The node's backend starts with the node; another one
-    starts when a spawn first names it.
+    starts when a spawn first names it (``ray`` only if the application
+    initialised Ray: Ray must be started on the main thread).
     ``memory_pressure``: a probe; while
     it returns True the Cortex suspends the least recently active branch every
     ``check_interval`` (which also paces the stuck check). With a store:

@@ -1388,6 +1388,7 @@ class CortexLogic:
                 core.skill_running
                 and not core.blocked
                 and not core.stuck
+                and core.remote is None  # its worker's liveness is the backend's to watch
                 and now - core.last_checkpoint >= config.stuck_after
             ):
                 core.stuck = True
@@ -1680,11 +1681,13 @@ class CortexLogic:
         self._settle_shutdown()
 
     def op_force_workers(self) -> None:
-        """Force every worker still running (a shutdown that ran out of real time)."""
+        """Force every worker and remote step still running (a shutdown that ran
+        out of real time)."""
         ids = tuple(
             e.session_id
             for e in self.entries.values()
-            if e.kind is SessionKind.WORKER and not e.state.is_terminal
+            if (e.kind is SessionKind.WORKER or e.core.remote is not None)
+            and not e.state.is_terminal
         )
         self._deadline(ids)
 

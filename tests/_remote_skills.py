@@ -110,3 +110,18 @@ def burn(session: Any) -> str:
     for i in range(int(session.task)):
         total += i * i % 7
     return str(total)
+
+
+class Unhashable:
+    """A picklable callable that cannot be hashed (a skill need not be)."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Unhashable)
+
+    def __call__(self, session: Any) -> str:
+        return "unhashable ran"
+
+
+unhashable = Unhashable()

@@ -68,6 +68,7 @@ AGENT = Agent(
         "async_answer": skills.async_answer,
         "lambda": lambda session: "a lambda",
         "holds_lock": _closure_with_lock(),
+        "unhashable": skills.unhashable,
     },
     main_skill="main",
     max_children=3,
@@ -217,6 +218,19 @@ def test_a_step_cancelled_while_queued_for_a_worker_raises_at_its_first_checkpoi
     assert _result(second).summary == "partial after cancelled"
 
 
+def test_a_cancel_right_behind_the_spawn_reaches_the_step(
+    node_on: Callable[..., Node], tmp_path: Path
+) -> None:
+    """No wait for the step to start: the cancel may reach the worker before the
+    step does (a lost one would leave the step sleeping until the test times out)."""
+    node = node_on()
+    main = node.main("agent")
+    for _ in range(3):
+        ref = _spawn(node, main, "wraps_up", tmp_path)
+        assert ref.cancel() is None
+        assert _result(ref).summary == "partial after cancelled"
+
+
 def test_ttl_expiry_ends_the_session_and_stops_its_step(
     node_on: Callable[..., Node], tmp_path: Path, clock: VirtualClock, backend: str
 ) -> None:
@@ -349,6 +363,37 @@ def test_a_skill_that_cannot_be_serialised_is_refused_at_spawn(
     assert backend in spawned.error.message
     assert spawned.error.detail["field"] == "skill"
     assert node.stats()["live_sessions"] == 1  # only the Main: nothing was created
+
+
+@pytest.mark.parametrize("backend", REMOTE, indirect=True)
+def test_a_skill_need_not_be_hashable(node_on: Callable[..., Node], tmp_path: Path) -> None:
+    node = node_on()
+    result = _result(_spawn(node, node.main("agent"), "unhashable", tmp_path))
+    assert result.summary == "unhashable ran"
+
+
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_a_process_pool_that_cannot_replace_a_dead_worker_fails_its_steps(
+    node_on: Callable[..., Node], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No process can start any more (EMFILE…): the step whose worker died is a
+    crash, and the backend is unavailable instead of leaving steps waiting."""
+    node = node_on(process_workers=1)
+    pool = node.backends.get("process")
+    assert isinstance(pool, ProcessBackend)
+
+    def cannot_start() -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(pool, "_spawn_locked", cannot_start)
+    main = node.main("agent")
+    died = _result(_spawn(node, main, "dies", tmp_path))
+    assert died.error is not None
+    assert died.error.code is ErrorCode.CRASHED
+    refused = node.spawn(main, kind=SessionKind.WORKER, skill="answer")
+    assert refused.error is not None
+    assert refused.error.code is ErrorCode.BACKEND_UNAVAILABLE
+    assert "Too many open files" in refused.error.message
 
 
 @pytest.mark.parametrize("backend", REMOTE, indirect=True)
