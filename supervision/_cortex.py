@@ -942,7 +942,9 @@ class CortexLogic:
             if end.error is not None:
                 self.rt.counters["main_cycles_failed"] += 1
             self._input(entry)
-            self.persist.snapshot(entry, self._now(), consumed=entry.core.input_seq)
+            entry.snapshot_write = self.persist.snapshot(
+                entry, self._now(), consumed=entry.core.input_seq
+            )
             if not (self.closing and self.store is not None):
                 # Closing with a store: no new cycle starts, for one could end after
                 # the Cortex stops and then run again after the restart. What is
@@ -1463,6 +1465,21 @@ class CortexLogic:
             return
         entry.passivating = None
         if mark is None or mark != entry.mark or self.closing or not self._passivable(entry):
+            return
+        written = entry.snapshot_write
+        if written is not None and not written.done():
+            # Its record (and the results it files) must be durable before the
+            # store is what answers for it: ask again once the write is done.
+            ref, activity = self.self_ref, self.rt.activity
+            assert ref is not None
+            activity.begin()
+
+            def again(_: concurrent.futures.Future[None]) -> None:
+                post(ref, Idle(session_id, mark), activity)
+                activity.end()
+
+            entry.passivating = mark
+            written.add_done_callback(again)
             return
         self._stop_actor(entry)
         del self.entries[session_id]

@@ -200,11 +200,13 @@ class Entry:
     final_write: concurrent.futures.Future[None] | None = None
     rerun: bool = False
     # passivation (Mains): inputs posted so far, the monotonic time of the last
-    # one, inbound writes not yet durable, the mark a Passivate asked about
+    # one, inbound writes not yet durable, the mark a Passivate asked about, the
+    # write of its last snapshot
     mark: int = 0
     idle_since: float = 0.0
     inflight: int = 0
     passivating: int | None = None
+    snapshot_write: concurrent.futures.Future[None] | None = None
 
     @property
     def session_id(self) -> uuid.UUID:
