@@ -69,11 +69,6 @@ class Backends:
         self._bytes[key] = (skill, data)
         return data
 
-    def started(self) -> dict[str, ExecutionBackend]:
-        """The backends started so far, by name."""
-        with self._lock:
-            return dict(self._made)
-
     def close(self) -> None:
         """Close every started backend (steps still running are killed)."""
         with self._lock:

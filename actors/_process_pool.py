@@ -30,10 +30,12 @@ from typing import Any
 
 from sessiontree.actors._remote import (
     Event,
+    PooledRun,
     StepControl,
     StepEnd,
     StepJob,
     execute_step,
+    unavailable_end,
     worker_facts,
 )
 from sessiontree.protocol import BackendUnavailableError, ErrorCode, ErrorInfo
@@ -121,39 +123,8 @@ class _Worker:
             self.conn.send(message)
 
 
-class _ProcessRun:
-    """One job in the pool: queued, then on a worker, then ended."""
-
-    def __init__(
-        self,
-        pool: ProcessBackend,
-        job: StepJob,
-        loop: asyncio.AbstractEventLoop,
-        on_event: Callable[[Event], None],
-    ) -> None:
-        self.pool = pool
-        self.job = job
-        self.loop = loop
-        self.on_event = on_event
-        self.future: asyncio.Future[StepEnd] = loop.create_future()
-        self.worker: _Worker | None = None
-        self.cancel_code: ErrorCode | None = job.cancel
-
-    def resolve(self, end: StepEnd) -> None:
-        """Set the end on the node's loop (from any thread; the first one wins)."""
-
-        def settle() -> None:
-            if not self.future.done():
-                self.future.set_result(end)
-
-        with contextlib.suppress(RuntimeError):  # the loop closed with the node
-            self.loop.call_soon_threadsafe(settle)
-
-    def cancel(self, code: ErrorCode) -> None:
-        self.pool._cancel(self, code)
-
-    def kill(self) -> None:
-        self.pool._kill(self)
+class _ProcessRun(PooledRun):
+    worker: _Worker | None = None
 
 
 class ProcessBackend:
@@ -225,7 +196,7 @@ class ProcessBackend:
             queued = [*self._queued, *(w.run for w in workers if w.run is not None)]
             self._queued.clear()
         for run in queued:
-            run.resolve(_gone(run.job, "the process backend closed"))
+            run.resolve(unavailable_end(run.job, "the process backend closed"))
         for worker in workers:
             with contextlib.suppress(OSError, ValueError):
                 worker.send(("stop",))
@@ -245,16 +216,6 @@ class ProcessBackend:
         pool failed or ``timeout`` real seconds passed (False). For benchmarks
         and tests."""
         return self._up.wait(timeout) and self._broken is None
-
-    def ready_workers(self) -> int:
-        """Workers that have started and wait for (or run) a step."""
-        with self._lock:
-            return sum(1 for w in self._workers if w.pid is not None)
-
-    def pids(self) -> list[int]:
-        """The process ids of the live workers (for operators and tests)."""
-        with self._lock:
-            return [w.pid for w in self._workers if w.pid is not None]
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -286,18 +247,8 @@ class ProcessBackend:
         while self._queued and self._idle:
             worker = self._idle.popleft()
             run = self._queued.popleft()
-            job = run.job
-            if run.cancel_code is not None and job.cancel is None:
-                job = StepJob(
-                    job_id=job.job_id,
-                    skill=job.skill,
-                    info=job.info,
-                    is_async=job.is_async,
-                    backend=job.backend,
-                    cancel=run.cancel_code,
-                )
             try:
-                worker.send(("run", job))
+                worker.send(("run", run.job_to_send()))
             except (OSError, ValueError):  # it died a moment ago; the monitor replaces it
                 self._queued.appendleft(run)
                 continue
@@ -350,7 +301,7 @@ class ProcessBackend:
                 worker.run = None
         self._up.set()
         for run in stranded:
-            run.resolve(_gone(run.job, why))
+            run.resolve(unavailable_end(run.job, why))
 
     def _serve(self) -> None:
         while True:
@@ -433,9 +384,8 @@ class ProcessBackend:
                 self._failed_starts = 0
             replace = not self._closed and self._broken is None
         worker.conn.close()
-        if run is not None and not worker.killed:
-            log.warning("process worker %s died (exit code %s) running a step", worker.pid, code)
-            run.resolve(_died(run.job, worker.pid, code))
+        # The pool settles first (replaced, or unavailable), then the step's end
+        # is told: whoever reacts to that end finds the pool as it will stay.
         if self._failed_starts >= _MAX_FAILED_STARTS:
             self._break(
                 f"{self._failed_starts} worker processes in a row exited while starting "
@@ -449,6 +399,9 @@ class ProcessBackend:
             except Exception as exc:  # no process can start (EMFILE, ENOMEM…)
                 log.exception("no replacement worker process could start")
                 self._break(f"no worker process could start ({type(exc).__name__}: {exc})")
+        if run is not None and not worker.killed:
+            log.warning("process worker %s died (exit code %s) running a step", worker.pid, code)
+            run.resolve(_died(run.job, worker.pid, code))
 
 
 def _died(job: StepJob, pid: int | None, code: int | None) -> StepEnd:
@@ -460,16 +413,6 @@ def _died(job: StepJob, pid: int | None, code: int | None) -> StepEnd:
             detail={"backend": "process", "pid": pid, "exit_code": code},
         ),
         worker={"backend": "process", "pid": pid},
-    )
-
-
-def _gone(job: StepJob, why: str) -> StepEnd:
-    return StepEnd(
-        error=ErrorInfo(
-            code=ErrorCode.BACKEND_UNAVAILABLE,
-            message=f"session {job.info.session_id} could not run: {why}",
-            detail={"backend": job.backend},
-        )
     )
 
 

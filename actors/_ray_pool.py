@@ -31,10 +31,12 @@ from typing import Any
 
 from sessiontree.actors._remote import (
     Event,
+    PooledRun,
     StepControl,
     StepEnd,
     StepJob,
     execute_step,
+    unavailable_end,
     worker_facts,
 )
 from sessiontree.protocol import BackendUnavailableError, ErrorCode, ErrorInfo
@@ -100,39 +102,9 @@ class StepActor:
         control.cancel(ErrorCode(code))
 
 
-class _RayRun:
-    def __init__(
-        self,
-        pool: RayBackend,
-        job: StepJob,
-        loop: asyncio.AbstractEventLoop,
-        on_event: Callable[[Event], None],
-    ) -> None:
-        self.pool = pool
-        self.job = job
-        self.loop = loop
-        self.on_event = on_event
-        self.future: asyncio.Future[StepEnd] = loop.create_future()
-        self.actor: Any = None
-        self.cancel_code: ErrorCode | None = job.cancel
-        self.killed = False
-
-    def resolve(self, end: StepEnd) -> None:
-        def settle() -> None:
-            if self.future.done():
-                return  # already ended (closed, failed): late events are dropped
-            for event in end.events:
-                self.on_event(event)
-            self.future.set_result(end)
-
-        with contextlib.suppress(RuntimeError):  # the loop closed with the node
-            self.loop.call_soon_threadsafe(settle)
-
-    def cancel(self, code: ErrorCode) -> None:
-        self.pool._cancel(self, code)
-
-    def kill(self) -> None:
-        self.pool._kill(self)
+class _RayRun(PooledRun):
+    actor: Any = None
+    killed = False
 
 
 class RayBackend:
@@ -287,7 +259,7 @@ class RayBackend:
         self._up.set()
         self._stopping.set()
         for run in runs:
-            run.resolve(_unavailable(run.job, why))
+            run.resolve(unavailable_end(run.job, why))
         if first and self._owns_ray and self._booted.is_set():
             threading.Thread(
                 target=self._disconnect, name="sessiontree-ray-disconnect", daemon=True
@@ -335,7 +307,7 @@ class RayBackend:
             actors, self._actors = self._actors, []
             self._idle.clear()
         for run in runs:
-            run.resolve(_unavailable(run.job, "the ray backend closed"))
+            run.resolve(unavailable_end(run.job, "the ray backend closed"))
         ray = self._ray
         if ray is None:
             return
@@ -379,16 +351,7 @@ class RayBackend:
         while self._queued and self._idle:
             actor = self._idle.popleft()
             run = self._queued.popleft()
-            job = run.job
-            if run.cancel_code is not None and job.cancel is None:
-                job = StepJob(
-                    job_id=job.job_id,
-                    skill=job.skill,
-                    info=job.info,
-                    is_async=job.is_async,
-                    backend=job.backend,
-                    cancel=run.cancel_code,
-                )
+            job = run.job_to_send()
             run.actor = actor
             self._running[job.job_id] = run
             self._sent.append((run, actor.run.remote(job)))
@@ -427,7 +390,7 @@ class RayBackend:
                     return
             why = f"the Ray cluster failed ({type(exc).__name__}: {exc})"
             self._fail(why)
-            run.resolve(_unavailable(run.job, why))
+            run.resolve(unavailable_end(run.job, why))
             return
         with self._lock:
             self._running.pop(run.job.job_id, None)
@@ -445,7 +408,7 @@ class RayBackend:
             run.resolve(_actor_died(run.job, exc))
         else:
             self._fail(f"the Ray cluster is gone ({type(exc).__name__})")
-            run.resolve(_unavailable(run.job, "the Ray cluster is gone"))
+            run.resolve(unavailable_end(run.job, "the Ray cluster is gone"))
 
     def _cluster_answers(self) -> bool:
         """Whether another actor of the pool answers a ping within ``health_interval``."""
@@ -496,17 +459,6 @@ def _actor_died(job: StepJob, exc: BaseException) -> StepEnd:
                 "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
                 "traceback": str(exc),
             },
-        ),
-        worker={"backend": "ray"},
-    )
-
-
-def _unavailable(job: StepJob, why: str) -> StepEnd:
-    return StepEnd(
-        error=ErrorInfo(
-            code=ErrorCode.BACKEND_UNAVAILABLE,
-            message=f"session {job.info.session_id} could not finish on the ray backend: {why}",
-            detail={"backend": "ray"},
         ),
         worker={"backend": "ray"},
     )

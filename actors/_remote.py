@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
+import itertools
 import os
 import pickle
 import threading
@@ -44,12 +46,14 @@ from sessiontree.protocol import (
 
 __all__ = [
     "ExecutionBackend",
+    "PooledRun",
     "RemoteRun",
     "RemoteSession",
     "StepEnd",
     "StepJob",
     "execute_step",
     "run_remote",
+    "unavailable_end",
 ]
 
 Event = tuple[str, Any]
@@ -91,6 +95,64 @@ class RemoteRun(Protocol):
 
     def kill(self) -> None:
         """Stop the step now: its worker is killed and replaced."""
+
+
+class PooledRun:
+    """A ``RemoteRun`` as a pool keeps it: queued, then on a worker, then ended.
+    ``cancel_code`` is what a cancel asked while it waited for a worker."""
+
+    def __init__(
+        self,
+        pool: Any,
+        job: StepJob,
+        loop: asyncio.AbstractEventLoop,
+        on_event: Callable[[Event], None],
+    ) -> None:
+        self.pool = pool
+        self.job = job
+        self.loop = loop
+        self.on_event = on_event
+        self.future: asyncio.Future[StepEnd] = loop.create_future()
+        self.cancel_code: ErrorCode | None = job.cancel
+
+    def job_to_send(self) -> StepJob:
+        """The job as a worker gets it: with the cancel it was given meanwhile."""
+        if self.cancel_code is None or self.job.cancel is not None:
+            return self.job
+        return dataclasses.replace(self.job, cancel=self.cancel_code)
+
+    def resolve(self, end: StepEnd) -> None:
+        """End the run on the node's loop (from any thread; the first end wins,
+        and the events it carries are applied before it)."""
+
+        def settle() -> None:
+            if self.future.done():
+                return  # already ended (closed, failed): late events are dropped
+            for event in end.events:
+                self.on_event(event)
+            self.future.set_result(end)
+
+        with contextlib.suppress(RuntimeError):  # the loop closed with the node
+            self.loop.call_soon_threadsafe(settle)
+
+    def cancel(self, code: ErrorCode) -> None:
+        self.pool._cancel(self, code)
+
+    def kill(self) -> None:
+        self.pool._kill(self)
+
+
+def unavailable_end(job: StepJob, why: str) -> StepEnd:
+    """The end of a step its backend can no longer run (closed, broken, cluster gone)."""
+    return StepEnd(
+        error=ErrorInfo(
+            code=ErrorCode.BACKEND_UNAVAILABLE,
+            message=f"session {job.info.session_id} could not finish on the {job.backend} "
+            f"backend: {why}",
+            detail={"backend": job.backend},
+        ),
+        worker={"backend": job.backend},
+    )
 
 
 class ExecutionBackend(Protocol):
@@ -222,9 +284,6 @@ class RemoteSession:
             control.raised = True  # once: the rest of the grace is the skill's to wrap up
             raise Cancelled(control.code, self.session_id)
 
-    def _checkpoint(self) -> None:
-        self._check()
-
     def checkpoint(self) -> None:
         """Raise ``Cancelled`` (once) if the session was asked to stop."""
         self._check()
@@ -320,13 +379,7 @@ def worker_facts(backend: str) -> dict[str, Any]:
 # -- the node's side -----------------------------------------------------------------
 
 
-_JOB_IDS = iter(range(1, 1 << 62))
-_JOB_LOCK = threading.Lock()
-
-
-def next_job_id() -> int:
-    with _JOB_LOCK:
-        return next(_JOB_IDS)
+_JOB_IDS = itertools.count(1)  # next() on a count is atomic in CPython
 
 
 def _watch(core: SessionCore, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
@@ -362,7 +415,7 @@ async def run_remote(
             await core.acquire_slot_async()
         core.touch()
         job = StepJob(
-            job_id=next_job_id(),
+            job_id=next(_JOB_IDS),
             skill=skill,
             info=core.info,
             is_async=is_async,

@@ -373,7 +373,6 @@ class Node:
         self._main_executor = StepExecutor(self.config.max_step_threads, "sessiontree-step-main")
         self.backends = _backends_for(self.config)
         """Where skills run besides this process: ``process`` and ``ray`` pools."""
-        self._start_own_backend()
         agents_by_id = _by_id(agents)
         counters: collections.Counter[str] = collections.Counter()
         recovered = None
@@ -381,9 +380,10 @@ class Node:
             try:
                 recovered = recover(self.store, agents_by_id, self.clock.time())
             except BaseException:
-                self._close_owned()
+                self._abort_start()
                 raise
             self.recovery = dict(recovered.figures)
+        self._start_own_backend()
         self._runtime = Runtime(
             config=self.config,
             clock=self.clock,
@@ -423,10 +423,16 @@ class Node:
         try:
             self.backends.get(self.config.backend)
         except BaseException:
-            if self._dispatcher is not None:
-                self._dispatcher.close()
-            self._close_owned()
+            self._abort_start()
             raise
+
+    def _abort_start(self) -> None:
+        """``Node()`` failed: release what it had taken (the dispatcher's threads,
+        started backends, a store it opened)."""
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+        self.backends.close()
+        self._close_owned()
 
     def _event_loop(self) -> EventLoopThread:
         with self._loop_lock:

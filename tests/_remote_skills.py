@@ -10,10 +10,34 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 from sessiontree.actors import Cancelled
+
+
+def quiet_ray() -> None:
+    """Environment for a Ray started by a test: no usage report, no token
+    written to ~/.ray, nothing printed for errors provoked on purpose."""
+    for name, value in (
+        ("RAY_USAGE_STATS_ENABLED", "0"),
+        ("RAY_AUTH_MODE", "disabled"),
+        ("RAY_IGNORE_UNHANDLED_ERRORS", "1"),
+    ):
+        os.environ.setdefault(name, value)
+
+
+def started_pid(directory: Path, session_id: Any, timeout: float) -> int | None:
+    """Wait (bounded, real time) for a step's start marker; its process id, or
+    None if it never appeared."""
+    marker = directory / f"{session_id}.started"
+    ticks = threading.Event()
+    for _ in range(int(timeout * 100)):
+        if marker.exists():
+            return int(marker.read_text())
+        ticks.wait(0.01)
+    return None
 
 
 def started(session: Any) -> None:

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +51,8 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _wait_for(path: Path) -> None:
-    ticks = threading.Event()
-    for _ in range(int(WAIT * 100)):
-        if path.exists():
-            return
-        ticks.wait(0.01)
-    msg = f"{path} never appeared"
-    raise TimeoutError(msg)
-
-
 def main(work: Path) -> int:
-    for name, value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_AUTH_MODE", "disabled")):
-        os.environ.setdefault(name, value)
+    skills.quiet_ray()
     agent = Agent(
         "agent",
         {"main": _main, "wraps_up": skills.wraps_up, "answer": skills.answer},
@@ -78,7 +66,9 @@ def main(work: Path) -> int:
     meta = {"dir": str(work)}
     step = node.spawn(main_ref, kind=SessionKind.WORKER, skill="wraps_up", metadata=meta).ref
     assert step is not None
-    _wait_for(work / f"{step.session_id}.started")
+    if skills.started_pid(work, step.session_id, WAIT) is None:
+        msg = f"step {step.session_id} never started"
+        raise TimeoutError(msg)
     killed = _descendants(os.getpid())
     for pid in killed:
         with contextlib.suppress(ProcessLookupError):

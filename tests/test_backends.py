@@ -84,14 +84,7 @@ def ray_cluster() -> Iterator[Any]:
         if os.environ.get("CI") == "true":
             raise  # under CI a missing tool is a failure, never a skip
         pytest.skip("Ray is not installed here")
-    # Quiet and self-contained: no usage report, no token written to ~/.ray, and
-    # nothing printed for errors the tests provoke on purpose.
-    for name, value in (
-        ("RAY_USAGE_STATS_ENABLED", "0"),
-        ("RAY_AUTH_MODE", "disabled"),
-        ("RAY_IGNORE_UNHANDLED_ERRORS", "1"),
-    ):
-        os.environ.setdefault(name, value)
+    skills.quiet_ray()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
@@ -130,13 +123,10 @@ def _spawn(node: Node, parent: Any, skill: str, tmp_path: Path, **fields: Any) -
 
 def _started(tmp_path: Path, session_id: uuid.UUID) -> int:
     """Wait (bounded) for the step's start marker; its process id."""
-    marker = tmp_path / f"{session_id}.started"
-    ticks = threading.Event()
-    for _ in range(int(WAIT * 100)):
-        if marker.exists():
-            return int(marker.read_text())
-        ticks.wait(0.01)
-    pytest.fail(f"step {session_id} never started")
+    pid = skills.started_pid(tmp_path, session_id, WAIT)
+    if pid is None:
+        pytest.fail(f"step {session_id} never started")
+    return pid
 
 
 def _gone(pid: int) -> bool:
