@@ -139,6 +139,9 @@ class CortexLogic:
         self.dormant: dict[uuid.UUID, SessionRecord] = {}
         self.next_seqs: dict[uuid.UUID, int] = {}
         self.batched: list[Callable[[BaseException | None], None]] | None = None
+        # is_async_skill by skill (id -> the skill, kept alive, and the answer):
+        # inspecting a function's flags twice a spawn cost more than a dict hit
+        self.async_skills: dict[int, tuple[Callable[[Any], Any], bool]] = {}
 
     # -- pykka hooks --------------------------------------------------------
 
@@ -301,19 +304,33 @@ class CortexLogic:
         code: ErrorCode | None = None,
         data: dict[str, Any] | None = None,
     ) -> None:
-        self.rt.events.emit(
-            Event(
+        events = self.rt.events
+        if not events.observed:  # nobody listens: no event is built
+            return
+        if entry is None:
+            event = Event(
                 kind=kind,
                 at=self._now(),
-                session_id=entry.session_id if entry else None,
-                parent_id=entry.info.parent_id if entry else None,
-                session_kind=entry.kind.value if entry else None,
-                state=entry.state.value if entry else None,
-                previous=previous.value if previous else None,
-                code=code.value if code else None,
+                previous=previous._value_ if previous else None,
+                code=code._value_ if code else None,
                 data=data or {},
             )
-        )
+        else:
+            # _value_ (a plain attribute) rather than .value (an enum property)
+            core = entry.core
+            info = core.info
+            event = Event(
+                kind=kind,
+                at=self._now(),
+                session_id=core.session_id,
+                parent_id=info.parent_id,
+                session_kind=info.kind._value_,
+                state=core.state._value_,
+                previous=previous._value_ if previous else None,
+                code=code._value_ if code else None,
+                data=data or {},
+            )
+        events.emit(event)
 
     def _post(self, entry: Entry, message: object) -> None:
         if entry.ref is not None:
@@ -429,7 +446,7 @@ class CortexLogic:
         core.remote = remote
         # A remote step is awaited on the loop: it holds no step thread and is
         # killed, never abandoned, so it is never a zombie.
-        is_async = remote is not None or is_async_skill(skill)
+        is_async = remote is not None or self._is_async(skill)
         entry = Entry(core=core, agent=agent, skill=skill, is_async=is_async, parent=parent)
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = self.rt.clock.monotonic()
@@ -441,11 +458,20 @@ class CortexLogic:
             self.sync_threads += 1
         if ttl is not None:
             self._arm_ttl(entry, max(ttl, 0.0))
-        data: dict[str, Any] = {"kind": kind.value, "skill": info.skill}
-        if restored:
-            data.update(restored=True, created_at=info.created_at)
-        self._emit(EventKind.SPAWNED, entry, data=data)
+        if self.rt.events.observed:
+            data: dict[str, Any] = {"kind": kind._value_, "skill": info.skill}
+            if restored:
+                data.update(restored=True, created_at=info.created_at)
+            self._emit(EventKind.SPAWNED, entry, data=data)
         return entry
+
+    def _is_async(self, skill: Callable[[Any], Any]) -> bool:
+        known = self.async_skills.get(id(skill))
+        if known is not None and known[0] is skill:
+            return known[1]
+        answer = is_async_skill(skill)
+        self.async_skills[id(skill)] = (skill, answer)
+        return answer
 
     def _start_actor(self, entry: Entry) -> None:
         entry.ref = start_actor(
@@ -562,7 +588,7 @@ class CortexLogic:
             live_sessions=self.live,
             zombies=self.zombies + self.main_zombies,
             sync_threads=self.sync_threads + self.zombies,
-            needs_thread=skill is not None and backend == "inline" and not is_async_skill(skill),
+            needs_thread=skill is not None and backend == "inline" and not self._is_async(skill),
         )
         error = check_spawn(view, spec, agent, self.rt.config, capacity)
         remote = None
@@ -1069,7 +1095,8 @@ class CortexLogic:
         if live_main and not (self.closing and self.store is not None):
             self._input(parent)
             self._post(parent, Deliver(result))
-        self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
+        if self.rt.events.observed:
+            self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
 
     def _evict(self) -> None:
         # Bounded work per ending: entries that cannot go yet are passed over at

@@ -81,6 +81,11 @@ class EventBus:
 
         return unsubscribe
 
+    @property
+    def observed(self) -> bool:
+        """Whether anyone listens (an emitter may skip building an event if not)."""
+        return bool(self._observers)
+
     def emit(self, event: Event) -> None:
         """Hand ``event`` to every observer."""
         for observer in self._observers:
