@@ -450,6 +450,11 @@ class PooledActor(pykka.Actor):
     """
 
     dispatcher: ClassVar[Dispatcher | None] = None
+    start_on_first_message: ClassVar[bool] = False
+    """True: ``on_start`` runs when the first message is served (still before
+    it), not on a pool thread of its own as soon as the actor starts. For an
+    actor type with no ``on_start`` of its own, that saves a pool hop a start;
+    an actor that never gets a message then never runs ``on_start``."""
     _pooled_started: bool
 
     def __init__(self, *_args: Any, **_kwargs: Any) -> None:
@@ -472,6 +477,11 @@ class PooledActor(pykka.Actor):
     def _start_actor_loop(self) -> None:
         inbox = self.actor_inbox
         assert isinstance(inbox, _Inbox)
+        if self.start_on_first_message:
+            with inbox.lock:  # the first put schedules it; serving runs on_start first
+                if not inbox.messages:
+                    inbox.scheduled = False
+                    return
         inbox.dispatcher._schedule(inbox)  # serving runs on_start first
 
     def _pooled_handle(self, envelope: Envelope[Any]) -> None:

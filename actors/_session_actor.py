@@ -127,6 +127,10 @@ class SessionActorLogic:
     (the node shuts down in order) instead of pykka's ``stop_all``.
     """
 
+    #: A pooled session actor has no ``on_start``: it takes a pool thread only
+    #: once it has a message (see ``PooledActor.start_on_first_message``).
+    start_on_first_message = True
+
     def __init__(
         self,
         core: SessionCore,

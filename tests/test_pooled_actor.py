@@ -469,6 +469,39 @@ def test_an_asked_message_whose_handler_raises_gives_the_asker_the_exception_and
     assert not failed.is_set()
 
 
+class LazyLifecycle(Lifecycle):
+    start_on_first_message = True
+
+
+def test_an_actor_started_on_its_first_message_takes_no_pool_thread_until_then(
+    rt: Runtime,
+) -> None:
+    dispatcher = rt.dispatcher(threads=2, name="lazy")
+    journal: list[tuple[str, str]] = []
+    ref = rt.start(
+        LazyLifecycle, journal, threading.Event(), threading.Event(), dispatcher=dispatcher
+    )
+    time.sleep(0.05)
+    assert journal == []  # not scheduled: on_start waits for the first message
+    assert dispatcher.live_threads == 0
+    ref.tell("first")
+    assert ref.ask("second", timeout=WAIT) == "second"
+    assert [kind for kind, _ in journal] == ["on_start", "message", "message"]
+    assert journal[0][1].startswith("lazy-")
+
+
+def test_an_actor_started_on_its_first_message_runs_on_start_and_on_stop_when_stopped(
+    rt: Runtime,
+) -> None:
+    dispatcher = rt.dispatcher(threads=2, name="lazy-stop")
+    journal: list[tuple[str, str]] = []
+    stopped = threading.Event()
+    ref = rt.start(LazyLifecycle, journal, stopped, threading.Event(), dispatcher=dispatcher)
+    ref.stop(timeout=WAIT)
+    assert stopped.is_set()
+    assert [kind for kind, _ in journal] == ["on_start", "on_stop"]
+
+
 def test_on_start_raising_stops_the_actor_and_its_asks_get_actor_dead_error(
     rt: Runtime,
 ) -> None:
