@@ -318,7 +318,12 @@ async def run_async(
     handle: Any,
     cycle: int,
 ) -> None:
-    """Run an async skill as a task and report its end (also when it is cancelled by force)."""
+    """Run an async skill as a task and report its end (also when it is cancelled by force).
+
+    Run as a task of its own: it notes that task on ``core`` (a forced end cancels it).
+    """
+    core.task = asyncio.current_task()
+    core.task_loop = asyncio.get_running_loop()
     end: RunEnd
     if core.fenced:
         finish_run(host, core, RunEnd(cancelled=True, cycle=cycle))

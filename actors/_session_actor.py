@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import uuid
 from collections.abc import Callable
@@ -277,14 +278,9 @@ class SessionActorLogic:
             loop_thread.submit(start_remote)
         elif self.is_async:
             handle = AsyncSession(core, host, message=message, cycle=cycle)
-            loop_thread = self.loop()
-
-            async def start() -> None:
-                core.task = asyncio.current_task()
-                core.task_loop = loop_thread.loop
-                await run_async(host, core, skill, handle, cycle)
-
-            loop_thread.submit(start)
+            # run_async notes its task on the core itself: no wrapper coroutine
+            # (and its closure) held for as long as the skill waits
+            self.loop().submit(functools.partial(run_async, host, core, skill, handle, cycle))
         else:
             sync_handle = Session(core, host, message=message, cycle=cycle)
             self.executor.submit(lambda: run_sync(host, core, skill, sync_handle, cycle))
