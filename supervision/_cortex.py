@@ -1099,31 +1099,37 @@ class CortexLogic:
             self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
 
     def _evict(self) -> None:
-        # Bounded work per ending: entries that cannot go yet are passed over at
-        # most _EVICT_TRIES times a call. (Passing over every one of them each time
-        # made a cascade of 90,000 sessions quadratic while their writes were queued.)
+        # Bounded work per ending: zombies are passed over at most _EVICT_TRIES
+        # times a call. (Passing over every one of them each time made a cascade
+        # of 90,000 sessions quadratic while their writes were queued.) An ending
+        # whose terminal write is not yet durable stops the round: writes commit
+        # in the order they were made, so the endings after it wait for theirs too.
+        terminal, entries = self.terminal, self.entries
         passed = 0
-        for _ in range(len(self.terminal) - self.rt.config.retain_terminal):
-            old = self.entries.get(self.terminal.popleft())
+        for _ in range(len(terminal) - self.rt.config.retain_terminal):
+            sid = terminal[0]
+            old = entries.get(sid)
             if old is None:
+                terminal.popleft()
                 continue
-            unwritten = old.final_write is not None and not old.final_write.done()
-            if old.zombie or unwritten:  # its thread may still report, or the store
-                # still holds its old state (reads fall back to it): a later round
-                self.terminal.append(old.session_id)
+            if old.final_write is not None and not old.final_write.done():
+                return  # the store still holds its old state (reads fall back to it)
+            terminal.popleft()
+            if old.zombie:  # its thread may still report: a later round
+                terminal.append(sid)
                 passed += 1
                 if passed >= _EVICT_TRIES:
                     return
                 continue
-            del self.entries[old.session_id]
+            del entries[sid]
             parent = old.parent
             if parent is not None:
-                parent.children.pop(old.session_id, None)
+                parent.children.pop(sid, None)
                 if old.info.request_id is not None:
                     parent.requests.pop(old.info.request_id, None)
             old.parent = None
             key = (old.agent.agent_id, old.info.key or "")
-            if self.mains.get(key) == old.session_id:  # a newer Main may hold the key
+            if self.mains.get(key) == sid:  # a newer Main may hold the key
                 del self.mains[key]
 
     def _cleanup_children(self, entry: Entry) -> None:
