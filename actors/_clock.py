@@ -78,6 +78,10 @@ class _TimerHeap:
             self.cancelled = 0
         heapq.heappush(self._heap, (handle.when, next(self._seq), handle))
 
+    def first(self) -> TimerHandle | None:
+        """The earliest timer on the heap (possibly a cancelled one)."""
+        return self._heap[0][2] if self._heap else None
+
     def next_when(self) -> float | None:
         while self._heap and self._heap[0][2].cancelled:
             heapq.heappop(self._heap)
@@ -133,7 +137,10 @@ class RealClock:
                     target=self._run, name="sessiontree-timers", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if self._heap.first() is handle:
+                # Only a new earliest timer changes how long the thread sleeps:
+                # waking it for every later one (a TTL per spawn) cost a switch each.
+                self._cond.notify()
         return handle
 
     def call_later_on(
