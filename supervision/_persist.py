@@ -103,11 +103,13 @@ class Persister:
     def _record(
         self, entry: Entry, *, context: bool, now: float, resume: bool = False
     ) -> SessionRecord:
-        info = entry.info
-        if info.state is not entry.state:
-            info = msgspec.structs.replace(info, state=entry.state)
-        if entry.kind is SessionKind.WORKER:  # identity and state only (the ADR)
-            info = msgspec.structs.replace(info, task="", context_summary="", metadata={})
+        info, state = entry.info, entry.state
+        if info.kind is SessionKind.WORKER:  # identity and state only (the ADR)
+            info = msgspec.structs.replace(
+                info, state=state, task="", context_summary="", metadata={}
+            )
+        elif info.state is not state:
+            info = msgspec.structs.replace(info, state=state)
         return SessionRecord(
             info=info,
             context=_context_record(entry.core.context) if context else None,
