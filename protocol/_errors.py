@@ -71,7 +71,7 @@ class ErrorCode(enum.StrEnum):
     NOT_SERIALISABLE = "not_serialisable"
 
 
-class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A structured error: a machine-readable ``code``, a sentence, and details."""
 
     code: ErrorCode

@@ -28,7 +28,7 @@ class Timings(msgspec.Struct, frozen=True, kw_only=True):
         return self.ended_at - self.started_at
 
 
-class SessionResult(msgspec.Struct, frozen=True, kw_only=True):
+class SessionResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The one result a terminal session delivers to its parent.
 
     ``status`` is the terminal state; ``error`` is ``None`` only for

@@ -43,7 +43,7 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     backend: Name | None = None
 
 
-class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
+class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A snapshot of one session's identity and state.
 
     Timestamps are float seconds since the epoch (UTC); ``deadline`` is the
