@@ -13,6 +13,7 @@ from sessiontree.actors._conversation import (
 from sessiontree.actors._core import (
     Cancelled,
     ContextMessage,
+    SessionCond,
     SessionContext,
     SessionCore,
     wake_batch,
@@ -62,6 +63,7 @@ from sessiontree.actors._session_actor import (
     SessionActorLogic,
     Start,
     StopSession,
+    start_run,
 )
 from sessiontree.actors._slots import ComputeSlots
 from sessiontree.actors._tree_html import render_html
@@ -105,6 +107,7 @@ __all__ = [
     "RunEnd",
     "Session",
     "SessionActorLogic",
+    "SessionCond",
     "SessionContext",
     "SessionCore",
     "SessionHost",
@@ -128,6 +131,7 @@ __all__ = [
     "preview_text",
     "render_html",
     "start_actor",
+    "start_run",
     "stop_actor",
     "text_tree",
     "to_outcome",

@@ -10,6 +10,7 @@ quick and must not raise; they only post messages.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import logging
@@ -21,6 +22,9 @@ from typing import Protocol
 __all__ = ["Clock", "RealClock", "TimerHandle", "VirtualClock"]
 
 log = logging.getLogger("sessiontree.clock")
+
+
+_EMPTY_CONTEXT = contextvars.Context()  # see RealClock.call_later_on
 
 
 class TimerHandle:
@@ -148,8 +152,9 @@ class RealClock:
     ) -> asyncio.TimerHandle:
         """``call_later`` timed by ``loop`` itself, for a wait of a coroutine on that
         loop: no timer-thread hop (an asyncio loop's time is ``time.monotonic``,
-        this clock's monotonic time)."""
-        return loop.call_later(delay, callback)
+        this clock's monotonic time). ``callback`` runs in an empty context
+        (asyncio would copy the caller's into every timer)."""
+        return loop.call_later(delay, callback, context=_EMPTY_CONTEXT)
 
     def close(self) -> None:
         """Stop the timer thread; pending timers never fire."""

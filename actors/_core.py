@@ -23,6 +23,7 @@ __all__ = [
     "AsyncWaiter",
     "Cancelled",
     "ContextMessage",
+    "SessionCond",
     "SessionContext",
     "SessionCore",
     "wake_batch",
@@ -69,6 +70,64 @@ class _Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
+class SessionCond:
+    """``threading.Condition()`` (over an ``RLock``), as the session's shared
+    state needs it: ``with``, ``acquire``/``release``, ``wait()`` without a
+    timeout, ``notify_all()``. A Condition keeps five bound methods of its
+    lock and a deque of waiters per instance; a node holds one per session,
+    and the garbage collector walks them all. This is two objects, the list of
+    waiters made only when a thread waits (async skills never do).
+
+    ``wait`` raises ``RuntimeError`` unless the calling thread holds the lock;
+    ``notify_all`` must be called holding it (not checked: it is on every wake).
+    """
+
+    __slots__ = ("_lock", "_waiters")
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._waiters: list[Any] | None = None
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self._lock.release()
+
+    def acquire(self) -> bool:
+        """Take the lock (re-entrant)."""
+        return self._lock.acquire()
+
+    def release(self) -> None:
+        """Give the lock back once."""
+        self._lock.release()
+
+    def wait(self) -> None:
+        """Release the lock fully, block until ``notify_all``, take it back."""
+        lock: Any = self._lock
+        if not lock._is_owned():
+            msg = "cannot wait on an un-acquired lock"
+            raise RuntimeError(msg)
+        waiter = threading.Lock()
+        waiter.acquire()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        saved = lock._release_save()
+        try:
+            waiter.acquire()
+        finally:
+            lock._acquire_restore(saved)
+
+    def notify_all(self) -> None:
+        """Wake every thread in ``wait`` (call holding the lock)."""
+        waiters = self._waiters
+        if waiters:
+            self._waiters = None
+            for waiter in waiters:
+                waiter.release()
+
+
 class SessionCore:
     """Everything about one live session that its actor and its skill share.
 
@@ -97,7 +156,7 @@ class SessionCore:
         self.clock = clock
         self.activity = activity
         self.slots = slots
-        self.cond = threading.Condition()
+        self.cond = SessionCond()
         self.context = SessionContext()
         self.received: collections.deque[SessionResult] = collections.deque(maxlen=max_results)
         self.unclaimed: dict[uuid.UUID, SessionResult] = {}

@@ -188,8 +188,9 @@ class Dispatcher:
                 except BaseException:  # a hook pykka lets through (on_start, on_failure, on_stop)
                     actor = inbox.actor
                     log.exception("%s raised out of its hooks; it is stopped", actor)
-                    ActorRegistry.unregister(actor.actor_ref)
-                    actor.actor_stopped.set()
+                    if actor is not None:
+                        ActorRegistry.unregister(actor.actor_ref)
+                        actor.actor_stopped.set()
                     inbox._teardown()
                     self._done()
                 if extra and self._extra_done():
@@ -293,13 +294,16 @@ class _Inbox:
 
     ``put`` schedules the inbox when the flag was clear; the serving thread
     clears it only when the deque is empty (both under the lock, so no
-    message is ever left unscheduled).
+    message is ever left unscheduled). Closed, it lets go of its actor (the
+    two refer to each other: kept, a stopped actor would wait for the cyclic
+    garbage collector instead of being freed with its last reference).
     """
 
-    __slots__ = ("actor", "closed", "dispatcher", "lock", "messages", "scheduled")
+    __slots__ = ("actor", "closed", "dead", "dispatcher", "lock", "messages", "scheduled")
 
     def __init__(self, actor: PooledActor, dispatcher: Dispatcher) -> None:
-        self.actor = actor
+        self.actor: PooledActor | None = actor
+        self.dead = ""  # the stopped actor's name, for what is refused after it
         self.dispatcher = dispatcher
         self.lock = threading.Lock()
         self.messages: deque[Envelope[Any]] = deque()
@@ -321,7 +325,7 @@ class _Inbox:
             else:
                 dead = True
         if dead:
-            _refuse(self.actor, envelope, raise_for_tell=True)
+            _refuse(self.dead, envelope, raise_for_tell=True)
             return
         self.dispatcher._schedule(self)
 
@@ -339,6 +343,7 @@ class _Inbox:
 
     def serve(self, dispatcher: Dispatcher, worker: _Worker) -> None:
         actor = self.actor
+        assert actor is not None  # a closed inbox is never scheduled again
         worker.actor = actor
         try:
             if not actor._pooled_started:
@@ -378,25 +383,28 @@ class _Inbox:
 
     def _teardown(self) -> None:
         with self.lock:
+            actor, self.actor = self.actor, None
+            if actor is not None:
+                self.dead = f"{type(actor).__name__} ({actor.actor_urn})"  # as ActorRef says it
             self.closed = True
             left = list(self.messages)
             self.messages.clear()
         for envelope in left:
-            _refuse(self.actor, envelope, raise_for_tell=False)
+            _refuse(self.dead, envelope, raise_for_tell=False)
 
 
-def _refuse(actor: PooledActor, envelope: Envelope[Any], *, raise_for_tell: bool) -> None:
+def _refuse(name: str, envelope: Envelope[Any], *, raise_for_tell: bool) -> None:
     reply = envelope.reply_to
     if reply is None:
         if raise_for_tell:
-            msg = f"{actor.actor_ref} not found"
+            msg = f"{name} not found"
             raise ActorDeadError(msg)
         return
     with contextlib.suppress(queue.Full):  # answered already
         if isinstance(envelope.message, messages._ActorStop):
             reply.set(None)
         else:
-            error = ActorDeadError(f"{actor.actor_ref} stopped before handling the message")
+            error = ActorDeadError(f"{name} stopped before handling the message")
             reply.set_exception(exc_info=(ActorDeadError, error, None))
 
 

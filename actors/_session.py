@@ -382,7 +382,7 @@ class Session(_Base):
         A cancellation interrupts the wait at once (``Cancelled``); a suspension
         parks the skill and the wait goes on after resume.
         """
-        self._wait_for(lambda: False, seconds)
+        self._wait_for(_never, seconds)
         self.checkpoint()
 
     def memory_put(self, key: str, value: Any) -> str:
@@ -538,7 +538,7 @@ class AsyncSession(_Base):
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the session's clock; see ``Session.sleep``."""
-        await self._wait_for(lambda: False, seconds)
+        await self._wait_for(_never, seconds)
         await self.checkpoint()
 
     async def memory_put(self, key: str, value: Any) -> str:
@@ -573,3 +573,8 @@ def _message(role: str, content: Any, name: str | None) -> ContextMessage:
         msg = f"context message content must be a JSON value: {exc}"
         raise RejectedInputError(msg, field="content") from exc
     return ContextMessage(role, content, name)
+
+
+def _never() -> bool:
+    """What a plain sleep waits for: nothing but its timeout (or an interrupt)."""
+    return False

@@ -49,6 +49,7 @@ __all__ = [
     "SessionActorLogic",
     "Start",
     "StopSession",
+    "start_run",
 ]
 
 log = logging.getLogger("sessiontree.session")
@@ -251,39 +252,62 @@ class SessionActorLogic:
             self._submit(item, self.cycles)
 
     def _submit(self, message: Any, cycle: int) -> None:
-        """Hand one run to the executor or the loop; a run that cannot start
-        (no thread, a closed loop) ends at once as ``crashed``."""
-        core, host = self.core, self.host
-        self.activity.begin()  # the run counts as busy until it ends or blocks
-        with core.cond:
-            core.skill_running = True
-        try:
-            self._start_run(message, cycle)
-        except Exception as exc:
-            log.exception("session %s: its run could not start", core.session_id)
-            finish_run(host, core, RunEnd(error=crash_info(exc), cycle=cycle))
+        start_run(
+            self.core,
+            self.host,
+            self.skill,
+            self.is_async,
+            self.executor,
+            self.loop,
+            message,
+            cycle,
+        )
 
-    def _start_run(self, message: Any, cycle: int) -> None:
-        core, host, skill = self.core, self.host, self.skill
+
+def start_run(
+    core: SessionCore,
+    host: SessionHost,
+    skill: Callable[[Any], Any],
+    is_async: bool,
+    executor: StepExecutor,
+    loop: Callable[[], EventLoopThread],
+    message: Any = None,
+    cycle: int = 0,
+) -> None:
+    """Hand one run of ``skill`` to the step executor, the event loop or the
+    session's backend; it never runs the skill on the calling thread. A run
+    that cannot start (no thread, a closed loop) ends at once as ``crashed``.
+
+    The session actor starts a Main's cycles; the Cortex starts a Branch's or
+    Worker's one run itself (it needs nothing of the actor but the session's
+    shared state, and a mailbox hop per spawn was a fifth of its cost).
+    """
+    core.activity.begin()  # the run counts as busy until it ends or blocks
+    with core.cond:
+        core.skill_running = True
+    try:
         if core.remote is not None:  # awaited on the loop; the step runs elsewhere
             backend, data = core.remote
-            is_async = is_async_skill(skill)
-            loop_thread = self.loop()
+            remote_async = is_async_skill(skill)
+            loop_thread = loop()
 
             async def start_remote() -> None:
                 core.task = asyncio.current_task()
                 core.task_loop = loop_thread.loop
-                await run_remote(host, core, backend, data, is_async)
+                await run_remote(host, core, backend, data, remote_async)
 
             loop_thread.submit(start_remote)
-        elif self.is_async:
+        elif is_async:
             handle = AsyncSession(core, host, message=message, cycle=cycle)
             # run_async notes its task on the core itself: no wrapper coroutine
             # (and its closure) held for as long as the skill waits
-            self.loop().submit(functools.partial(run_async, host, core, skill, handle, cycle))
+            loop().submit(functools.partial(run_async, host, core, skill, handle, cycle))
         else:
             sync_handle = Session(core, host, message=message, cycle=cycle)
-            self.executor.submit(lambda: run_sync(host, core, skill, sync_handle, cycle))
+            executor.submit(lambda: run_sync(host, core, skill, sync_handle, cycle))
+    except Exception as exc:
+        log.exception("session %s: its run could not start", core.session_id)
+        finish_run(host, core, RunEnd(error=crash_info(exc), cycle=cycle))
 
 
 @dataclass(frozen=True, slots=True)

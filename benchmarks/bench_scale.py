@@ -106,6 +106,7 @@ def make_node(store_dir: str, actor_type: str, n: int, **config: Any) -> Node:
         "max_sessions": 4 * n + 1000,
         "max_running_skills": 4 * n + 1000,
         "ask_timeout": 600.0,
+        "gc_tuning": True,
         **config,
     }
     return Node([agent(max(n, FANOUT))], NodeConfig(**settings), store=store_dir)

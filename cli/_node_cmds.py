@@ -66,6 +66,7 @@ _NODE_FLAGS = (
     "process_workers",
     "ray_address",
     "ray_actors",
+    "gc_tuning",
 )
 
 
@@ -314,6 +315,11 @@ async def _serve(server: _Server, sock: socket.socket, running: Node, early: lis
     type=click.IntRange(1),
     default=None,
     help="NodeConfig.ray_actors: pooled Ray actors of the ray backend.",
+)
+@click.option(
+    "--gc-tuning/--no-gc-tuning",
+    default=True,
+    help="NodeConfig.gc_tuning: collector thresholds for many sessions (on for a node).",
 )
 @click.pass_context
 def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:

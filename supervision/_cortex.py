@@ -15,10 +15,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pykka
@@ -46,6 +47,7 @@ from sessiontree.actors import (
     is_async_skill,
     post,
     start_actor,
+    start_run,
     stop_actor,
     wake_batch,
 )
@@ -497,14 +499,12 @@ class CortexLogic:
         self.rt.counters["rejected_messages"] += 1
 
     def _arm_ttl(self, entry: Entry, ttl: float) -> None:
-        ref, activity, sid = self.self_ref, self.rt.activity, entry.session_id
+        ref = self.self_ref
         if ref is None:
             return
-
-        def fire() -> None:
-            post(ref, Expire(sid), activity)
-
-        entry.ttl_timer = self.rt.clock.call_later(ttl, fire)
+        # a partial, not a closure: held by every live session, so fewer objects
+        fire = functools.partial(post, ref, Expire(entry.session_id), self.rt.activity)
+        entry.ttl_timer = self.rt.clock.call_later(ttl, cast("Callable[[], None]", fire))
 
     def op_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
         """Get or create the one Main of ``agent_id`` for session ``key`` (answered
@@ -934,7 +934,9 @@ class CortexLogic:
         entry.core.take_slot()
         entry.started_at = self._now()
         self._set_state(entry, SessionState.ACTIVE)
-        self._post(entry, Start())
+        if not entry.core.fenced:
+            rt = self.rt
+            start_run(entry.core, rt.host, entry.skill, entry.is_async, rt.executor, rt.loop)
 
     # -- endings --------------------------------------------------------------
 

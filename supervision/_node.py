@@ -76,6 +76,7 @@ from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import CortexLogic
 from sessiontree.supervision._events import Event, EventBus
+from sessiontree.supervision._gc import release_gc, tune_gc
 from sessiontree.supervision._housekeeping import Housekeeper
 from sessiontree.supervision._index import (
     Call,
@@ -409,12 +410,19 @@ class Node:
         self._cortex = start_actor(cortex_class, self._runtime)
         if recovered is not None:  # sessions it starts report through self._cortex
             self._tell(Call("bring_back", ()))
-        self._housekeeper: Housekeeper | None = None
-        if self.store is not None:
-            self._housekeeper = Housekeeper(self.store, self.config, self.clock)
-            self._housekeeper.start()
+        self._housekeeper = self._start_housekeeping()
+        if self.config.gc_tuning:  # last: nothing after it can fail Node()
+            tune_gc()
 
     # -- plumbing -----------------------------------------------------------------
+
+    def _start_housekeeping(self) -> Housekeeper | None:
+        """The store's export and pruning schedule (none without a store)."""
+        if self.store is None:
+            return None
+        housekeeper = Housekeeper(self.store, self.config, self.clock)
+        housekeeper.start()
+        return housekeeper
 
     def _start_own_backend(self) -> None:
         """The node's backend starts with it; one that cannot raises out of ``Node()``."""
@@ -963,6 +971,8 @@ class Node:
                 self._housekeeper.stop()
             self._flush_store()
             self._close_owned()
+            if self.config.gc_tuning:
+                release_gc()
             self._state = "closed"
             self._stopped.set()
 

@@ -120,6 +120,8 @@ def test_a_node_started_with_the_process_backend_runs_workers_in_its_pool(store:
     try:
         assert running.config["node"]["backend"] == "process"
         assert running.config["node"]["process_workers"] == 1
+        assert running.config["node"]["gc_tuning"] is True  # a node owns its process
+        assert running.sources["gc_tuning"] == "default"
         assert running.sources["backend"] == "flag"
         child = spawn(running, open_main(running), task="0")
         waited = running.http.get(f"/v1/sessions/{child}/result", params={"timeout": 30}).json()

@@ -7,8 +7,10 @@ every dispatcher a test made, whatever happened in it.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -616,6 +618,28 @@ def test_a_tell_or_an_ask_to_a_stopped_actor_raises_actor_dead_error(rt: Runtime
         ref.ask("anyone?", timeout=WAIT)
     with pytest.raises(ActorDeadError):
         ref.ask("anyone?", block=False).get(timeout=WAIT)
+
+
+def test_a_stopped_actor_is_freed_with_its_last_reference_not_by_the_collector(
+    rt: Runtime,
+) -> None:
+    # The inbox and its actor refer to each other; a stopped inbox lets go, so
+    # ten thousand ended actors are not left for a cyclic collection.
+    dispatcher = rt.dispatcher(threads=2)
+    ref = rt.start(Echo, dispatcher=dispatcher)
+    freed = threading.Event()
+    actor = ref._actor_weakref()
+    assert actor is not None
+    weakref.finalize(actor, freed.set)
+    del actor
+    gc.disable()
+    try:
+        assert ref.stop(timeout=WAIT) is True
+        assert freed.wait(WAIT), "the stopped actor is still referenced"
+    finally:
+        gc.enable()
+    with pytest.raises(ActorDeadError, match=r"Echo.*not found"):
+        ref.tell("anyone?")
 
 
 def test_a_message_put_into_a_closed_inbox_is_refused(rt: Runtime) -> None:

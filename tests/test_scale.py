@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from typing import Any
 
-from sessiontree.actors import RealClock, VirtualClock
+import pytest
+
+from sessiontree.actors import RealClock, SessionCond, VirtualClock
 from sessiontree.protocol import SessionKind, SessionState, SpawnSpec
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests.conftest import WAIT, settle
@@ -70,3 +73,103 @@ def test_ttls_fire_for_every_session_from_the_one_heap(make_node: Any, clock: Vi
         result = node.wait(answer.ref, timeout=WAIT)
         assert result is not None
         assert result.status is SessionState.EXPIRED
+
+
+# -- what a session leaves for the garbage collector ---------------------------
+
+
+@pytest.mark.parametrize("actor_type", ["pooled", "threading"])
+def test_ended_sessions_leave_no_cyclic_garbage(
+    make_node: Any, clock: VirtualClock, actor_type: str
+) -> None:
+    # Freed with their last reference, not by the cyclic collector: a node
+    # ending thousands of sessions must not leave them all for a collection.
+    node = make_node(AGENT, grace=0.0, actor_type=actor_type, retain_terminal=1)
+    main = node.main("agent")
+    ended = 200
+    gc.collect()
+    gc.disable()
+    try:
+        specs = [SpawnSpec(kind=SessionKind.WORKER, skill="waits")] * ended
+        answers = node.spawn_many(main, specs)
+        assert all(a.ok for a in answers)
+        settle(node)
+        for answer in answers:
+            assert node.cancel(answer.ref) is None
+        settle(node)
+        clock.advance(1.0)
+        settle(node)
+        assert node.stats()["live_sessions"] == 1  # the Main
+        unreachable = gc.collect()
+    finally:
+        gc.enable()
+    assert unreachable < ended // 4, f"{unreachable} objects in cycles after {ended} endings"
+
+
+def test_a_tuned_node_raises_the_collector_thresholds_until_the_last_one_closes(
+    clock: VirtualClock,
+) -> None:
+    found = gc.get_threshold()
+    tuned = (50_000, 20, 20)  # as NodeConfig.gc_tuning says
+    first = Node([AGENT], NodeConfig(gc_tuning=True), clock=clock)
+    second = Node([AGENT], NodeConfig(gc_tuning=True), clock=clock)
+    plain = Node([AGENT], NodeConfig(), clock=clock)
+    try:
+        assert gc.get_threshold() == tuned
+        first.shutdown(grace=0, timeout=WAIT)
+        first.shutdown(grace=0, timeout=WAIT)  # idempotent: still one holder left
+        assert gc.get_threshold() == tuned
+    finally:
+        second.shutdown(grace=0, timeout=WAIT)
+        plain.shutdown(grace=0, timeout=WAIT)
+    assert gc.get_threshold() == found
+
+
+def test_a_node_leaves_the_collector_alone_unless_asked(make_node: Any) -> None:
+    found = gc.get_threshold()
+    make_node(AGENT)
+    assert gc.get_threshold() == found
+
+
+def test_gc_tuning_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match=r"NodeConfig\.gc_tuning must be True or False"):
+        NodeConfig(gc_tuning="yes")  # type: ignore[arg-type]
+
+
+# -- the session's lock ---------------------------------------------------------
+
+
+def test_session_cond_wakes_every_waiting_thread() -> None:
+    cond = SessionCond()
+    flag = [False]
+    inside: list[int] = []
+    woke: list[int] = []
+    both_in = threading.Event()
+
+    def waiter(i: int) -> None:
+        with cond:
+            inside.append(i)
+            if len(inside) == 2:
+                both_in.set()  # the lock is free again only once this one waits too
+            while not flag[0]:
+                cond.wait()
+            woke.append(i)
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    assert both_in.wait(WAIT)
+    with cond:
+        flag[0] = True
+        cond.notify_all()
+    for thread in threads:
+        thread.join(WAIT)
+    assert sorted(woke) == [0, 1]
+
+
+def test_session_cond_is_reentrant_and_refuses_a_wait_without_the_lock() -> None:
+    cond = SessionCond()
+    with cond, cond:  # re-entrant, like the RLock of threading.Condition()
+        cond.notify_all()  # nobody waits: nothing happens
+    with pytest.raises(RuntimeError, match="un-acquired lock"):
+        cond.wait()
