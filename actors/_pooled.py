@@ -469,10 +469,14 @@ class PooledActor(pykka.Actor):
         # pykka's Actor.__init__, with two costs taken out of every start: the
         # URN from a seeded generator instead of one read of the OS's random
         # source each, and a plain flag instead of a threading.Event.
-        self.actor_urn = f"urn:uuid:{uuid.UUID(int=_urns.getrandbits(128), version=4)}"
+        self.actor_urn = self._new_urn()
         self.actor_inbox = self._create_actor_inbox()
         self.actor_stopped = _StopFlag()  # type: ignore[assignment]
         self._actor_ref = pykka.ActorRef(self)
+
+    def _new_urn(self) -> str:
+        """This actor's ``actor_urn``: a random UUID URN (a subclass may name its own)."""
+        return f"urn:uuid:{uuid.UUID(int=_urns.getrandbits(128), version=4)}"
 
     def _create_actor_inbox(self) -> _Inbox:  # type: ignore[override]
         self._pooled_started = False

@@ -145,8 +145,8 @@ class SessionActorLogic:
         on_rejected: Callable[[object], None],
         on_fatal: Callable[[BaseException], None],
     ) -> None:
+        self.core = core  # before the base's __init__: a pooled actor's URN reads it
         super().__init__()
-        self.core = core
         self.host = host
         self.skill = skill
         self.is_async = is_async
@@ -158,6 +158,10 @@ class SessionActorLogic:
         self.inputs: collections.deque[Any] = collections.deque()
         self.cycle_running = False
         self.cycles = 0
+
+    def _new_urn(self) -> str:
+        """A pooled session actor is named after its session: no UUID made per spawn."""
+        return f"urn:uuid:{self.core.session_id}"
 
     def on_stop(self) -> None:
         """Runs on the actor's thread as it stops: what is still queued is dropped

@@ -33,6 +33,14 @@ class ComputeSlots:
         """Callers queued for a slot."""
         return len(self._waiters)
 
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody queues for one; never queues."""
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return True
+            return False
+
     def acquire_or_queue(self, granted: Callable[[], None]) -> bool:
         """Take a slot now (True) or queue ``granted`` to be called with one later (False)."""
         with self._lock:

@@ -741,7 +741,7 @@ class CortexLogic:
         """Write a new session's record; False when there is no store. Until the
         write is durable, ``entry.on_persisted`` collects who waits for it; if it
         fails, the session is taken out again as if never created."""
-        future = self.persist.created(entry, self._now())
+        future = self.persist.created(entry, entry.info.created_at)
         if future is None:
             return False
         entry.persisted = False
@@ -905,6 +905,9 @@ class CortexLogic:
         self._want_slot(entry)
 
     def _want_slot(self, entry: Entry) -> None:
+        if self.rt.slots.try_acquire():  # the common case: no callback made for it
+            self._activate(entry)
+            return
         ref, activity, sid = self.self_ref, self.rt.activity, entry.session_id
         assert ref is not None
 
