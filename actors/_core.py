@@ -309,27 +309,21 @@ class SessionCore:
 
     def _timeout(
         self, timeout: float | None, loop: asyncio.AbstractEventLoop | None = None
-    ) -> tuple[list[bool], _Cancellable | None]:
+    ) -> tuple[_Timeout, _Cancellable | None]:
         """A flag set (and the skill woken) when ``timeout`` passes on the clock.
 
         For an async wait (``loop``) on a clock that can time it on that loop
         (``RealClock.call_later_on``) the timer never crosses threads.
         """
-        fired = [False]
-
-        def on_timeout() -> None:
-            with self.cond:
-                fired[0] = True
-                self.wake()
-
+        on_timeout = _Timeout(self)
         if timeout is None:
-            return fired, None
+            return on_timeout, None
         on_loop = None if loop is None else getattr(self.clock, "call_later_on", None)
         if on_loop is not None:
             timer: _Cancellable = on_loop(loop, timeout, on_timeout)
         else:
             timer = self.clock.call_later(timeout, on_timeout)
-        return fired, timer
+        return on_timeout, timer
 
     def block_until(
         self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
@@ -339,11 +333,11 @@ class SessionCore:
         Releases the compute slot while blocked and takes one again before
         returning (unless fenced); the caller checks what happened.
         """
-        fired, timer = self._timeout(timeout)
+        timed_out, timer = self._timeout(timeout)
         released = False
         try:
             with self.cond:
-                while not (ready() or self._interrupted(parking=parking) or fired[0]):
+                while not (ready() or self._interrupted(parking=parking) or timed_out.fired):
                     if self.holds_slot:
                         self.holds_slot = False
                         released = True
@@ -367,13 +361,13 @@ class SessionCore:
     ) -> None:
         """``block_until`` for async skills: parks the task, never a thread."""
         loop = asyncio.get_running_loop()
-        fired, timer = self._timeout(timeout, loop)
+        timed_out, timer = self._timeout(timeout, loop)
         released = False
         try:
             while True:
                 fut: asyncio.Future[None] | None = None
                 with self.cond:
-                    if ready() or self._interrupted(parking=parking) or fired[0]:
+                    if ready() or self._interrupted(parking=parking) or timed_out.fired:
                         break
                     if self.holds_slot:
                         self.holds_slot = False
@@ -403,6 +397,23 @@ class SessionCore:
         """Note a checkpoint (for stuck detection)."""
         self.last_checkpoint = self.clock.monotonic()
         self.stuck = False
+
+
+class _Timeout:
+    """The timer callback of a wait: sets ``fired`` and wakes the skill. One
+    object where a closure over a flag took five; every waiting session holds one."""
+
+    __slots__ = ("core", "fired")
+
+    def __init__(self, core: SessionCore) -> None:
+        self.core = core
+        self.fired = False
+
+    def __call__(self) -> None:
+        core = self.core
+        with core.cond:
+            self.fired = True
+            core.wake()
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:

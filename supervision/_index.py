@@ -106,7 +106,9 @@ class Granted:
     session_id: uuid.UUID
 
 
-@dataclass(frozen=True, slots=True)
+# Made once per session: plain slots (a frozen dataclass's __init__ costs
+# about five times as much, through object.__setattr__ per field).
+@dataclass(slots=True)
 class Expire:
     session_id: uuid.UUID
 
@@ -156,7 +158,7 @@ class Reap:
 # -- state ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per spawn: not frozen, see Expire
 class SpawnAnswer:
     """The Cortex's answer to a spawn: a session id or an error; ``existing`` for a
     repeated ``request_id``."""
