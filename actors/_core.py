@@ -43,9 +43,14 @@ class Cancelled(BaseException):
     """
 
     def __init__(self, code: ErrorCode, session_id: uuid.UUID) -> None:
-        super().__init__(f"session {session_id} cancelled ({code})")
+        # The message is made when shown, not here: a cascade raises one per
+        # session and almost none is ever printed.
+        super().__init__(code, session_id)
         self.code = code
         self.session_id = session_id
+
+    def __str__(self) -> str:
+        return f"session {self.session_id} cancelled ({self.code})"
 
 
 @dataclass

@@ -450,7 +450,7 @@ class AsyncSession(_Base):
         core = self._core
         deadline = None if timeout is None else core.clock.monotonic() + timeout
         while True:
-            await self.checkpoint()
+            await self._checkpoint("checkpoint")
             if ready():
                 return
             remaining = None if deadline is None else deadline - core.clock.monotonic()
@@ -539,7 +539,7 @@ class AsyncSession(_Base):
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the session's clock; see ``Session.sleep``."""
         await self._wait_for(_never, seconds)
-        await self.checkpoint()
+        await self._checkpoint("checkpoint")
 
     async def memory_put(self, key: str, value: Any) -> str:
         """Write shared memory; see ``Session.memory_put``."""

@@ -169,14 +169,16 @@ class Persister:
         """A new session: its record, its link under its parent, a Main's key."""
         if self.store is None:
             return None
-        batch = WriteBatch()
+        # Straight into an open batch (a batched spawn): none of these writes
+        # can fail half-way, so nothing partial is ever left in it.
+        batch = self._open if self._open is not None else WriteBatch()
         self._add_record(batch, entry, now=now)
         info = entry.info
         if info.parent_id is not None:
             batch.link(info.parent_id, info.session_id)
         if info.kind is SessionKind.MAIN and info.key is not None:
             batch.main(info.agent_id, info.key, info.session_id)
-        return self._submit(batch)
+        return self.shared if batch is self._open else self._submit(batch)
 
     def inbound(self, entry: Entry, seq: int, message: Any, now: float) -> Future | None:
         """An inbound message a Main accepted (dropped by the cycle that runs it)."""
