@@ -42,9 +42,13 @@ class Cancelled(BaseException):
     """
 
     def __init__(self, code: ErrorCode, session_id: uuid.UUID) -> None:
-        super().__init__(f"session {session_id} cancelled ({code})")
+        # the message is made when asked for: a cascade raises one per session
+        super().__init__(code, session_id)
         self.code = code
         self.session_id = session_id
+
+    def __str__(self) -> str:
+        return f"session {self.session_id} cancelled ({self.code})"
 
 
 @dataclass
@@ -137,6 +141,14 @@ class SessionCore:
             self.holds_slot = False
         self.slots.release()
 
+    def run_over(self) -> None:
+        """A run ended: give its slot back (if held) and note that no skill runs."""
+        with self.cond:
+            held, self.holds_slot = self.holds_slot, False
+            self.skill_running = False
+        if held:
+            self.slots.release()
+
     def acquire_slot_blocking(self) -> None:
         """Wait (this thread) for a compute slot."""
         self.slots.acquire_blocking()
@@ -144,6 +156,9 @@ class SessionCore:
 
     async def acquire_slot_async(self) -> None:
         """Wait (this task) for a compute slot without holding a thread."""
+        if self.slots.try_acquire():
+            self.take_slot()
+            return
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
@@ -310,11 +325,19 @@ class SessionCore:
         loop = asyncio.get_running_loop()
         fired, timer = self._timeout(timeout, loop)
         released = False
+        unmarked = False
         try:
             while True:
                 fut: asyncio.Future[None] | None = None
                 with self.cond:
                     if ready() or self._interrupted(parking=parking) or fired[0]:
+                        # done under this one acquisition: unblocked, and the
+                        # slot back at once when one is free (the usual case)
+                        self._unmark_blocked()
+                        unmarked = True
+                        if released and not self.fenced and self.slots.try_acquire():
+                            self.holds_slot = True
+                            released = False
                         break
                     if self.holds_slot:
                         self.holds_slot = False
@@ -330,8 +353,9 @@ class SessionCore:
         finally:
             if timer is not None:
                 timer.cancel()
-            with self.cond:
-                self._unmark_blocked()
+            if not unmarked:
+                with self.cond:
+                    self._unmark_blocked()
         if released and not self.fenced:
             await self.acquire_slot_async()
 

@@ -42,6 +42,14 @@ class ComputeSlots:
             self._waiters[granted] = None
             return False
 
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody queues for it; never queues."""
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return True
+            return False
+
     def forget(self, granted: Callable[[], None]) -> bool:
         """Drop a queued waiter; False if it was already served (it then holds a slot)."""
         with self._lock:
