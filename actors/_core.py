@@ -208,7 +208,12 @@ class SessionCore:
         if self._blocked:
             self._blocked = False
             self.activity.begin()
-        self.cond.notify_all()
+        # Condition.notify_all costs two Python calls even when no thread waits
+        # (an async skill's session, every child result filed on a parent)
+        if self.cond._waiters:  # type: ignore[attr-defined]
+            self.cond.notify_all()
+        if not self._async_waiters:
+            return
         waiters, self._async_waiters = self._async_waiters, []
         if batch is not None:
             batch.extend(waiters)

@@ -213,8 +213,9 @@ class CortexLogic:
         full batch: waking thousands of actor threads to stop must not hold up
         the state changes of a cascade, nor may ended threads pile up."""
         refs, self.to_stop = self.to_stop, []
+        stop, activity = StopSession(), self.rt.activity
         for ref in refs:
-            post(ref, StopSession(), self.rt.activity)
+            post(ref, stop, activity)
 
     def on_idle(self) -> None:
         """``Activity.on_idle``: ask for a ``Reap`` if ended actors wait to stop.
