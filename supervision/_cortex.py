@@ -1053,19 +1053,19 @@ class CortexLogic:
                 self.main_zombies += 1  # a thread of the Main pool, not the step pool
             else:
                 self.zombies += 1
-        outcome = outcome or Outcome()
+        info = entry.info
+        if outcome is None:
+            outcome = _NO_OUTCOME
         result = SessionResult(
-            session_id=entry.session_id,
+            session_id=info.session_id,
             status=state,
-            parent_id=entry.info.parent_id,
-            kind=entry.kind,
+            parent_id=info.parent_id,
+            kind=info.kind,
             summary=outcome.summary,
             artifacts=dict(outcome.artifacts),
             memory_ids=tuple(outcome.memory_ids),
             error=error,
-            timings=Timings(
-                created_at=entry.info.created_at, started_at=entry.started_at, ended_at=now
-            ),
+            timings=Timings(created_at=info.created_at, started_at=entry.started_at, ended_at=now),
         )
         entry.result = result
         entry.final_write = self.persist.ended(entry, result, now)
@@ -1832,6 +1832,7 @@ class CortexLogic:
 _DEFERRED = object()
 #: Operations that answer their caller themselves (after a store write).
 _EVICT_TRIES = 16
+_NO_OUTCOME = Outcome()  # frozen; its fields are copied into each result
 _TAKES_REPLY = frozenset({"main", "spawn", "spawn_many", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.
