@@ -41,7 +41,7 @@ from sessiontree.actors._mailbox import (
     start_actor,
     stop_actor,
 )
-from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor
+from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
 from sessiontree.actors._process_pool import ProcessBackend
 from sessiontree.actors._ray_pool import RayBackend
 from sessiontree.actors._remote import (
@@ -133,6 +133,7 @@ __all__ = [
     "start_actor",
     "start_run",
     "stop_actor",
+    "stop_unstarted",
     "text_tree",
     "to_outcome",
     "wake_batch",

@@ -201,6 +201,14 @@ class SessionCore:
             self.holds_slot = False
         self.slots.release()
 
+    def run_over(self) -> None:
+        """A run ended: give its slot back (if held) and note that no skill runs."""
+        with self.cond:
+            held, self.holds_slot = self.holds_slot, False
+            self.skill_running = False
+        if held:
+            self.slots.release()
+
     def acquire_slot_blocking(self) -> None:
         """Wait (this thread) for a compute slot."""
         self.slots.acquire_blocking()
@@ -208,6 +216,9 @@ class SessionCore:
 
     async def acquire_slot_async(self) -> None:
         """Wait (this task) for a compute slot without holding a thread."""
+        if self.slots.try_acquire():
+            self.take_slot()
+            return
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
@@ -257,7 +268,12 @@ class SessionCore:
         if self._blocked:
             self._blocked = False
             self.activity.begin()
-        self.cond.notify_all()
+        # a call saved when no thread waits (an async skill's session, every
+        # child result filed on a parent)
+        if self.cond._waiters:
+            self.cond.notify_all()
+        if not self._async_waiters:
+            return
         waiters, self._async_waiters = self._async_waiters, []
         if batch is not None:
             batch.extend(waiters)
@@ -368,11 +384,19 @@ class SessionCore:
         loop = asyncio.get_running_loop()
         timed_out, timer = self._timeout(timeout, loop)
         released = False
+        unmarked = False
         try:
             while True:
                 fut: asyncio.Future[None] | None = None
                 with self.cond:
                     if ready() or self._interrupted(parking=parking) or timed_out.fired:
+                        # done under this one acquisition: unblocked, and the
+                        # slot back at once when one is free (the usual case)
+                        self._unmark_blocked()
+                        unmarked = True
+                        if released and not self.fenced and self.slots.try_acquire():
+                            self.holds_slot = True
+                            released = False
                         break
                     if self.holds_slot:
                         self.holds_slot = False
@@ -388,8 +412,9 @@ class SessionCore:
         finally:
             if timer is not None:
                 timer.cancel()
-            with self.cond:
-                self._unmark_blocked()
+            if not unmarked:
+                with self.cond:
+                    self._unmark_blocked()
         if released and not self.fenced:
             await self.acquire_slot_async()
 

@@ -134,12 +134,15 @@ def _iterable(value: object) -> tuple[object, ...]:
     return (None,)
 
 
+_CANCELLED = RunEnd(cancelled=True)  # frozen: one shared by every cancelled run
+
+
 def _end_by(exc: BaseException, cycle: int) -> RunEnd:
     """How a raise ends a run: ``Cancelled`` (or a forced task's ``CancelledError``)
     is a cancellation, ``KeyboardInterrupt``/``SystemExit`` a crash that also stops
     the node, anything else a crash."""
     if isinstance(exc, Cancelled | asyncio.CancelledError):
-        return RunEnd(cancelled=True, cycle=cycle)
+        return _CANCELLED if cycle == 0 else RunEnd(cancelled=True, cycle=cycle)
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
     return RunEnd(error=crash_info(exc), cycle=cycle)
@@ -238,7 +241,7 @@ class EventLoopThread:
 
     def is_current(self) -> bool:
         """True on the loop's own thread."""
-        return threading.current_thread() is self._thread
+        return threading.get_ident() == self._thread.ident
 
     def submit(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Start ``make()`` as a task on the loop. Once ``close`` began, ``make``
@@ -277,9 +280,7 @@ class EventLoopThread:
 
 def finish_run(host: SessionHost, core: SessionCore, end: RunEnd) -> None:
     """Report a run's end exactly once: slot back, flag off, host told, activity down."""
-    core.release_slot()
-    with core.cond:
-        core.skill_running = False
+    core.run_over()
     try:
         host.run_ended(core, end)
     finally:

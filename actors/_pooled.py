@@ -45,7 +45,7 @@ from pykka._envelope import Envelope
 
 from sessiontree.actors._clock import RealClock
 
-__all__ = ["BlockedHandler", "Dispatcher", "PooledActor"]
+__all__ = ["BlockedHandler", "Dispatcher", "PooledActor", "stop_unstarted"]
 
 log = logging.getLogger("sessiontree.dispatcher")
 
@@ -391,6 +391,36 @@ class _Inbox:
             self.messages.clear()
         for envelope in left:
             _refuse(self.dead, envelope, raise_for_tell=False)
+
+    def close_unstarted(self) -> PooledActor | None:
+        """Close an inbox that never got a message (so its actor never ran a hook
+        and no pool thread serves it); its actor, or None if it did get one."""
+        with self.lock:
+            actor = self.actor
+            if self.scheduled or self.messages or actor is None or actor._pooled_started:
+                return None
+            self.scheduled = True  # never served from now on
+        self._teardown()
+        return actor
+
+
+def stop_unstarted(ref: pykka.ActorRef[Any]) -> bool:
+    """Stop a pooled actor that never got a message, on the calling thread and
+    without a pool turn: it ran no hook (``start_on_first_message``), so none
+    runs now. True if it was stopped so; False for any other actor (stop it as
+    usual). A message sent to it afterwards gets ``ActorDeadError``.
+
+    A node ends tens of thousands of worker sessions whose actors never got a
+    message; a stop message each would cost a pool turn each.
+    """
+    inbox = ref.actor_inbox
+    if not isinstance(inbox, _Inbox):
+        return False
+    actor = inbox.close_unstarted()
+    if actor is None:
+        return False
+    actor.actor_stopped.set()
+    return True
 
 
 def _refuse(name: str, envelope: Envelope[Any], *, raise_for_tell: bool) -> None:

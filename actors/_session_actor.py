@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pykka
-
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._core import SessionCore
 from sessiontree.actors._execution import (
@@ -195,6 +193,8 @@ class SessionActorLogic:
     def _dispatch(self, body: Any) -> Any:
         core = self.core
         match body:
+            case StopSession():  # first: every ended session gets one
+                self._stop_now()
             case Start():
                 if core.info.kind is not SessionKind.MAIN and not core.fenced:
                     self._submit(None, 0)
@@ -218,10 +218,6 @@ class SessionActorLogic:
             case Passivate(mark=mark, done=done):
                 idle = not self.inputs and not self.cycle_running and not core.fenced
                 done(mark if idle else None)
-            case StopSession():
-                # Stop now, on this message, so the stop is counted in activity
-                # until done (wait_idle then sees no ended actor still winding down).
-                pykka.Actor._stop(self)  # type: ignore[arg-type]
             case _:
                 self.on_rejected(body)
                 return ErrorInfo(
@@ -229,6 +225,20 @@ class SessionActorLogic:
                     message=f"session {core.session_id} does not take {type(body).__name__}",
                 )
         return None
+
+    def _stop_now(self) -> None:
+        """Stop now, on this message, so the stop is counted in activity until
+        done (wait_idle then sees no ended actor still winding down).
+
+        pykka's ``Actor._stop`` without its registry removal and its two debug
+        lines (each formatting the actor's name): a session actor is never in
+        pykka's registry, and a cascade stops tens of thousands of them.
+        """
+        self.actor_stopped.set()  # type: ignore[attr-defined]
+        try:
+            self.on_stop()
+        except Exception:
+            log.exception("session %s: on_stop raised", self.core.session_id)
 
     def _force(self) -> None:
         core = self.core

@@ -49,6 +49,7 @@ from sessiontree.actors import (
     start_actor,
     start_run,
     stop_actor,
+    stop_unstarted,
     wake_batch,
 )
 from sessiontree.protocol import (
@@ -144,6 +145,8 @@ class CortexLogic:
         # is_async_skill by skill (id -> the skill, kept alive, and the answer):
         # inspecting a function's flags twice a spawn cost more than a dict hit
         self.async_skills: dict[int, tuple[Callable[[Any], Any], bool]] = {}
+        # the open batch's future and how many writes in it _count_failures counts
+        self.counted_writes: tuple[concurrent.futures.Future[None], list[int]] | None = None
 
     # -- pykka hooks --------------------------------------------------------
 
@@ -213,8 +216,11 @@ class CortexLogic:
         full batch: waking thousands of actor threads to stop must not hold up
         the state changes of a cascade, nor may ended threads pile up."""
         refs, self.to_stop = self.to_stop, []
+        stop, activity = StopSession(), self.rt.activity
         for ref in refs:
-            post(ref, StopSession(), self.rt.activity)
+            # a worker's actor that never got a message stops here, no pool turn
+            if not stop_unstarted(ref):
+                post(ref, stop, activity)
 
     def on_idle(self) -> None:
         """``Activity.on_idle``: ask for a ``Reap`` if ended actors wait to stop.
@@ -305,14 +311,17 @@ class CortexLogic:
         previous: SessionState | None = None,
         code: ErrorCode | None = None,
         data: dict[str, Any] | None = None,
+        at: float | None = None,
     ) -> None:
         events = self.rt.events
         if not events.observed:  # nobody listens: no event is built
             return
+        if at is None:
+            at = self._now()
         if entry is None:
             event = Event(
                 kind=kind,
-                at=self._now(),
+                at=at,
                 previous=previous._value_ if previous else None,
                 code=code._value_ if code else None,
                 data=data or {},
@@ -323,7 +332,7 @@ class CortexLogic:
             info = core.info
             event = Event(
                 kind=kind,
-                at=self._now(),
+                at=at,
                 session_id=core.session_id,
                 parent_id=info.parent_id,
                 session_kind=info.kind._value_,
@@ -338,18 +347,40 @@ class CortexLogic:
         if entry.ref is not None:
             post(entry.ref, message, self.rt.activity)
 
-    def _set_state(self, entry: Entry, new: SessionState, code: ErrorCode | None = None) -> None:
+    def _set_state(
+        self,
+        entry: Entry,
+        new: SessionState,
+        code: ErrorCode | None = None,
+        *,
+        at: float | None = None,
+        ending: bool = False,
+    ) -> None:
+        """Change ``entry``'s state (and emit it). ``ending``: it becomes terminal,
+        so under the same lock its compute slot is given back and, unless its
+        skill still runs (a forced task is yet to be cancelled), its task dropped."""
         old = entry.state
         if not is_legal_transition(old, new):  # a broken invariant: the node fails loudly
             msg = f"session {entry.session_id}: {old} -> {new} is not a legal transition"
             raise InvalidTransitionError(msg, session_id=entry.session_id)
-        with entry.core.cond:
-            entry.core.state = new
-        self._emit(EventKind.TRANSITION, entry, previous=old, code=code)
+        core = entry.core
+        held = False
+        with core.cond:
+            core.state = new
+            if ending:
+                held, core.holds_slot = core.holds_slot, False
+                if not core.skill_running:
+                    core.task = None
+                    core.task_loop = None
+        if held:
+            core.slots.release()
+        self._emit(EventKind.TRANSITION, entry, previous=old, code=code, at=at)
         if new is SessionState.SUSPENDED or old is SessionState.SUSPENDED:
             # a Branch's context is written on suspend (it may come back after
             # a restart); a resume is written so a crash then fails it instead
-            self.persist.snapshot(entry, self._now(), resume=entry.shutdown_park)
+            self.persist.snapshot(
+                entry, self._now() if at is None else at, resume=entry.shutdown_park
+            )
 
     def _lookup(self, session_id: uuid.UUID) -> Entry:
         entry = self._entry(session_id)
@@ -358,15 +389,21 @@ class CortexLogic:
             raise UnknownSessionError(msg, session_id=session_id)
         return entry
 
-    def _descendants(self, entry: Entry) -> Iterator[Entry]:
+    def _uncancelled_descendants(self, entry: Entry) -> list[Entry]:
+        """``entry``'s live descendants not yet asked to cancel, parents before
+        their children (a list, not a generator: a cascade walks tens of thousands)."""
+        found: list[Entry] = []
         stack = [entry]
+        entries = self.entries
         while stack:
             current = stack.pop()
             for child_id in current.children:
-                child = self.entries.get(child_id)
-                if child is not None and not child.state.is_terminal:
-                    yield child
+                child = entries.get(child_id)
+                if child is not None and not child.core.state.is_terminal:
+                    if child.cancel_code is None:
+                        found.append(child)
                     stack.append(child)
+        return found
 
     def _arm_tick(self) -> None:
         ref = self.self_ref
@@ -1014,8 +1051,7 @@ class CortexLogic:
             # False: the Granted message is in flight and _granted releases the slot
             self.rt.slots.forget(entry.grant)
             entry.grant = None
-        self._set_state(entry, state, code)
-        entry.core.release_slot()
+        self._set_state(entry, state, code, at=now, ending=True)
         self.live -= 1
         if entry.needs_thread:
             self.sync_threads -= 1
@@ -1025,48 +1061,62 @@ class CortexLogic:
                 self.main_zombies += 1  # a thread of the Main pool, not the step pool
             else:
                 self.zombies += 1
-        outcome = outcome or Outcome()
+        info = entry.info
+        if outcome is None:
+            outcome = _NO_OUTCOME
         result = SessionResult(
-            session_id=entry.session_id,
+            session_id=info.session_id,
             status=state,
-            parent_id=entry.info.parent_id,
-            kind=entry.kind,
+            parent_id=info.parent_id,
+            kind=info.kind,
             summary=outcome.summary,
             artifacts=dict(outcome.artifacts),
             memory_ids=tuple(outcome.memory_ids),
             error=error,
-            timings=Timings(
-                created_at=entry.info.created_at, started_at=entry.started_at, ended_at=now
-            ),
+            timings=Timings(created_at=info.created_at, started_at=entry.started_at, ended_at=now),
         )
         entry.result = result
         entry.final_write = self.persist.ended(entry, result, now)
         if entry.final_write is not None:
-            entry.final_write.add_done_callback(self._count_failed_write)
+            self._count_failures(entry.final_write)
         for reply in entry.waiters:
             self._answer_durable(entry, reply)
         entry.waiters.clear()
-        self._deliver(entry, result)
+        self._deliver(entry, result, now)
         if entry.ref is not None:
             self.to_stop.append(entry.ref)
         # Drop what an ended session no longer needs, so the retained record is
-        # small for the garbage collector (its actor, task and timer are done).
+        # small for the garbage collector (its actor, task and timer are done;
+        # _set_state dropped the task).
         entry.ref = None
         entry.ttl_timer = None
-        with entry.core.cond:
-            if not entry.core.skill_running:  # a forced task still needs cancelling
-                entry.core.task = None
-                entry.core.task_loop = None
         self.terminal.append(entry.session_id)
         self._evict()
         self._cleanup_children(entry)
         if self.shutdown_waiters:
             self._check_shutdown()
 
-    def _count_failed_write(self, future: concurrent.futures.Future[None]) -> None:
-        # on the writer thread: only counted here; the waiters get the error
-        if future.exception() is not None:
-            self.rt.counters["store_write_errors"] += 1
+    def _count_failures(self, future: concurrent.futures.Future[None]) -> None:
+        """Count ``future``'s failure (once per write made) as a store write error.
+
+        The writes of an open batch share one future, so it gets one callback
+        that counts them all: one per ending cost a callback call each.
+        """
+        counted = self.counted_writes
+        if counted is not None and counted[0] is future:
+            counted[1][0] += 1
+            return
+        writes = [1]
+        if future is self.persist.shared:
+            self.counted_writes = (future, writes)
+        counters = self.rt.counters
+
+        def count(finished: concurrent.futures.Future[None]) -> None:
+            # on the writer thread: only counted here; the waiters get the error
+            if finished.exception() is not None:
+                counters["store_write_errors"] += writes[0]
+
+        future.add_done_callback(count)
 
     def _answer_durable(self, entry: Entry, reply: Reply) -> None:
         """Answer ``reply`` with the ended session's result once its terminal
@@ -1085,7 +1135,7 @@ class CortexLogic:
 
         future.add_done_callback(answer)
 
-    def _deliver(self, entry: Entry, result: SessionResult) -> None:
+    def _deliver(self, entry: Entry, result: SessionResult, now: float) -> None:
         parent = entry.parent
         if parent is None:
             return
@@ -1101,7 +1151,9 @@ class CortexLogic:
             self._input(parent)
             self._post(parent, Deliver(result))
         if self.rt.events.observed:
-            self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)})
+            self._emit(
+                EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)}, at=now
+            )
 
     def _evict(self) -> None:
         # Bounded work per ending: zombies are passed over at most _EVICT_TRIES
@@ -1111,14 +1163,18 @@ class CortexLogic:
         # in the order they were made, so the endings after it wait for theirs too.
         terminal, entries = self.terminal, self.entries
         passed = 0
+        durable = None  # a write seen done (a batch's endings share one)
         for _ in range(len(terminal) - self.rt.config.retain_terminal):
             sid = terminal[0]
             old = entries.get(sid)
             if old is None:
                 terminal.popleft()
                 continue
-            if old.final_write is not None and not old.final_write.done():
-                return  # the store still holds its old state (reads fall back to it)
+            write = old.final_write
+            if write is not None and write is not durable:
+                if not write.done():
+                    return  # the store still holds its old state (reads fall back to it)
+                durable = write
             terminal.popleft()
             if old.zombie:  # its thread may still report: a later round
                 terminal.append(sid)
@@ -1133,16 +1189,17 @@ class CortexLogic:
                 if old.info.request_id is not None:
                     parent.requests.pop(old.info.request_id, None)
             old.parent = None
-            key = (old.agent.agent_id, old.info.key or "")
-            if self.mains.get(key) == sid:  # a newer Main may hold the key
-                del self.mains[key]
+            if old.kind is SessionKind.MAIN:
+                key = (old.agent.agent_id, old.info.key or "")
+                if self.mains.get(key) == sid:  # a newer Main may hold the key
+                    del self.mains[key]
 
     def _cleanup_children(self, entry: Entry) -> None:
         # A session that was itself cancelled had its whole subtree marked then
         # (and could spawn nothing since), so there is nothing left to walk.
         if entry.live_children == 0 or entry.cancel_code is not None:
             return
-        group = [child for child in self._descendants(entry) if child.cancel_code is None]
+        group = self._uncancelled_descendants(entry)
         self._cancel_group(group, ErrorCode.PARENT_TERMINATED)
 
     # -- cancellation -----------------------------------------------------------
@@ -1171,10 +1228,11 @@ class CortexLogic:
         grace = self.rt.config.grace if grace is None else grace
         running: list[Entry] = []
         wakeups: list[Any] = []
+        now = self._now()
         for entry in group:
             entry_code = code if (first is None or entry is first) else ErrorCode.PARENT_TERMINATED
             entry.cancel_code = entry_code
-            self._emit(EventKind.CANCEL_REQUESTED, entry, code=entry_code)
+            self._emit(EventKind.CANCEL_REQUESTED, entry, code=entry_code, at=now)
             if entry.state is SessionState.PENDING or entry.rerun:  # nothing runs to wrap up
                 self._finish(
                     entry,
@@ -1248,7 +1306,7 @@ class CortexLogic:
             )
         if entry.cancel_code is not None:
             return None  # one request, one deadline: a second cancel changes nothing
-        group = [entry, *(d for d in self._descendants(entry) if d.cancel_code is None)]
+        group = [entry, *self._uncancelled_descendants(entry)]
         self._cancel_group(group, ErrorCode.CANCELLED, first=entry)
         return None
 
@@ -1782,6 +1840,7 @@ class CortexLogic:
 _DEFERRED = object()
 #: Operations that answer their caller themselves (after a store write).
 _EVICT_TRIES = 16
+_NO_OUTCOME = Outcome()  # frozen; its fields are copied into each result
 _TAKES_REPLY = frozenset({"main", "spawn", "spawn_many", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.

@@ -298,16 +298,16 @@ class _Host:
         # Async runs ending in one pass of the loop go to the Cortex as one
         # message: a cancel cascade ends thousands at once, and a thread
         # hand-off per session was most of its cost.
-        self.node.activity.begin()  # counted until the batch is posted
-        self._ended.append(RunEnded(core.session_id, end))
-        if len(self._ended) == 1:
+        ended = self._ended
+        ended.append(RunEnded(core.session_id, end))
+        if len(ended) == 1:
+            self.node.activity.begin()  # the batch is counted until it is posted
             loop.loop.call_soon(self._flush_ended)
 
     def _flush_ended(self) -> None:
         batch, self._ended = self._ended, []
         self.node._tell(RunsEnded(tuple(batch)))
-        for _ in batch:
-            self.node.activity.end()
+        self.node.activity.end()
 
     def refused(self, core: SessionCore, what: str) -> None:
         self.node._tell(Refused(core.session_id, what))

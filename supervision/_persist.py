@@ -209,7 +209,8 @@ class Persister:
         in the outbox if the parent lives, filed on its record if it has ended."""
         if self.store is None:
             return None
-        batch = WriteBatch()
+        # straight into an open batch (a cascade's endings), not one batch each
+        batch = WriteBatch() if self._open is None else self._open
         self._add_record(batch, entry, now=now)
         self._receipts(batch, entry, ended=True)
         if entry.kind is SessionKind.MAIN:
@@ -220,4 +221,4 @@ class Persister:
                 batch.file(parent.session_id, result)
             else:
                 batch.owe(parent.session_id, result)
-        return self._submit(batch)
+        return self.shared if batch is self._open else self._submit(batch)

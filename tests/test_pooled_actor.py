@@ -21,7 +21,7 @@ from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope
 
 from sessiontree.actors import _pooled
-from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor
+from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
 
 WAIT = 5.0  # real seconds any bounded wait may take before the test fails
 
@@ -502,6 +502,40 @@ def test_an_actor_started_on_its_first_message_runs_on_start_and_on_stop_when_st
     ref.stop(timeout=WAIT)
     assert stopped.is_set()
     assert [kind for kind, _ in journal] == ["on_start", "on_stop"]
+
+
+def test_an_actor_that_never_got_a_message_is_stopped_on_the_calling_thread_without_hooks(
+    rt: Runtime,
+) -> None:
+    dispatcher = rt.dispatcher(threads=2, name="unstarted")
+    journal: list[tuple[str, str]] = []
+    ref = rt.start(
+        LazyLifecycle, journal, threading.Event(), threading.Event(), dispatcher=dispatcher
+    )
+    assert stop_unstarted(ref) is True
+    assert not ref.is_alive()
+    assert journal == []  # it ran no hook, so none runs now
+    assert dispatcher.live_threads == 0  # and no pool thread was taken for it
+    with pytest.raises(ActorDeadError, match="LazyLifecycle"):
+        ref.tell("anyone?")
+    assert ref.stop(timeout=WAIT) is False
+
+
+def test_an_actor_that_got_a_message_is_not_stopped_unstarted(rt: Runtime) -> None:
+    dispatcher = rt.dispatcher(threads=2)
+    journal: list[tuple[str, str]] = []
+    lazy = rt.start(
+        LazyLifecycle, journal, threading.Event(), threading.Event(), dispatcher=dispatcher
+    )
+    assert lazy.ask("hello", timeout=WAIT) == "hello"
+    eager = rt.start(Echo, dispatcher=dispatcher)
+    threading_ref = rt.start(pykka.ThreadingActor)  # not a pooled actor
+    assert stop_unstarted(lazy) is False
+    assert stop_unstarted(eager) is False
+    assert stop_unstarted(threading_ref) is False
+    assert lazy.ask("still there", timeout=WAIT) == "still there"
+    assert lazy.stop(timeout=WAIT) is True
+    assert [kind for kind, _ in journal][-1] == "on_stop"
 
 
 def test_on_start_raising_stops_the_actor_and_its_asks_get_actor_dead_error(
