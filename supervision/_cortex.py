@@ -355,10 +355,12 @@ class CortexLogic:
         *,
         at: float | None = None,
         ending: bool = False,
+        taking_slot: bool = False,
     ) -> None:
         """Change ``entry``'s state (and emit it). ``ending``: it becomes terminal,
         so under the same lock its compute slot is given back and, unless its
-        skill still runs (a forced task is yet to be cancelled), its task dropped."""
+        skill still runs (a forced task is yet to be cancelled), its task dropped.
+        ``taking_slot``: it starts, holding the compute slot granted to it."""
         old = entry.state
         if not is_legal_transition(old, new):  # a broken invariant: the node fails loudly
             msg = f"session {entry.session_id}: {old} -> {new} is not a legal transition"
@@ -367,6 +369,8 @@ class CortexLogic:
         held = False
         with core.cond:
             core.state = new
+            if taking_slot:
+                core.holds_slot = True
             if ending:
                 held, core.holds_slot = core.holds_slot, False
                 if not core.skill_running:
@@ -971,9 +975,8 @@ class CortexLogic:
         if entry.ref is None:  # a branch restored from the store gets its actor to run
             self._start_actor(entry)
         entry.rerun = False
-        entry.core.take_slot()
-        entry.started_at = self._now()
-        self._set_state(entry, SessionState.ACTIVE)
+        entry.started_at = now = self._now()
+        self._set_state(entry, SessionState.ACTIVE, at=now, taking_slot=True)
         if not entry.core.fenced:
             rt = self.rt
             start_run(entry.core, rt.host, entry.skill, entry.is_async, rt.executor, rt.loop)
