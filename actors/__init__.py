@@ -61,7 +61,6 @@ from sessiontree.actors._session_actor import (
     Inspect,
     Passivate,
     SessionActorLogic,
-    Start,
     StopSession,
     start_run,
 )
@@ -112,7 +111,6 @@ __all__ = [
     "SessionCore",
     "SessionHost",
     "SpawnedLike",
-    "Start",
     "StepEnd",
     "StepExecutor",
     "StepJob",

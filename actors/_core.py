@@ -268,10 +268,7 @@ class SessionCore:
         if self._blocked:
             self._blocked = False
             self.activity.begin()
-        # a call saved when no thread waits (an async skill's session, every
-        # child result filed on a parent)
-        if self.cond._waiters:
-            self.cond.notify_all()
+        self.cond.notify_all()  # nothing to do when no thread waits (async skills)
         if not self._async_waiters:
             return
         waiters, self._async_waiters = self._async_waiters, []

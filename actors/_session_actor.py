@@ -1,10 +1,12 @@
 """The session actor: one mailbox per session, never running skill code.
 
-It takes what the Cortex tells it — start, a Main's inbound messages and
-child results, a Main's cancel, forced termination — and hands skill runs to
-the step executor or the event loop. Cancel and suspend requests of branches
-and workers are set by the Cortex straight on the session's shared state, so
-a skill blocked for minutes in a model call never delays them.
+It takes what the Cortex tells it — a Main's inbound messages and child
+results, a Main's cancel, forced termination, its stop — and hands a Main's
+message cycles to the step executor or the event loop (``start_run``; the
+Cortex starts a Branch's or Worker's one run itself). Cancel and suspend
+requests of branches and workers are set by the Cortex straight on the
+session's shared state, so a skill blocked for minutes in a model call never
+delays them.
 """
 
 from __future__ import annotations
@@ -45,17 +47,11 @@ __all__ = [
     "Inspect",
     "Passivate",
     "SessionActorLogic",
-    "Start",
     "StopSession",
     "start_run",
 ]
 
 log = logging.getLogger("sessiontree.session")
-
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    """Run the skill (branches and workers) or begin taking messages (mains)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +191,6 @@ class SessionActorLogic:
         match body:
             case StopSession():  # first: every ended session gets one
                 self._stop_now()
-            case Start():
-                if core.info.kind is not SessionKind.MAIN and not core.fenced:
-                    self._submit(None, 0)
             case Inbound():
                 self.inputs.append(body)
                 self._next_cycle()

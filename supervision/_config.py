@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiontree.actors import ACTOR_TYPES, BACKENDS
+from sessiontree.actors import ACTOR_TYPES, BACKENDS, is_async_skill
 from sessiontree.protocol import DmScope, SessionKind
 
 __all__ = ["Agent", "NodeConfig"]
@@ -184,6 +184,7 @@ class Agent:
     model_tiers: tuple[str, ...] = ("small", "large")
     ttls: Mapping[SessionKind, float | None] = field(default_factory=dict)
     dm_scope: str = "main"
+    _async_skills: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.agent_id or not isinstance(self.agent_id, str):
@@ -216,6 +217,13 @@ class Agent:
         if not self.model_tiers:
             msg = f"agent {self.agent_id!r} needs at least one model tier"
             raise ValueError(msg)
+        # decided once here: inspecting a function's flags on every spawn cost more
+        asyncs = frozenset(name for name, skill in self.skills.items() if is_async_skill(skill))
+        object.__setattr__(self, "_async_skills", asyncs)
+
+    def is_async(self, skill: str) -> bool:
+        """Whether the skill called ``skill`` must be awaited (an ``async def``)."""
+        return skill in self._async_skills
 
     @property
     def default(self) -> str:

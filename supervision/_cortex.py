@@ -38,13 +38,11 @@ from sessiontree.actors import (
     RunEnd,
     SessionActorLogic,
     SessionCore,
-    Start,
     StopSession,
     TimerHandle,
     actor_class,
     drain_inbox,
     handler_scope,
-    is_async_skill,
     post,
     start_actor,
     start_run,
@@ -142,9 +140,6 @@ class CortexLogic:
         self.dormant: dict[uuid.UUID, SessionRecord] = {}
         self.next_seqs: dict[uuid.UUID, int] = {}
         self.batched: list[Callable[[BaseException | None], None]] | None = None
-        # is_async_skill by skill (id -> the skill, kept alive, and the answer):
-        # inspecting a function's flags twice a spawn cost more than a dict hit
-        self.async_skills: dict[int, tuple[Callable[[Any], Any], bool]] = {}
         # the open batch's future and how many writes in it _count_failures counts
         self.counted_writes: tuple[concurrent.futures.Future[None], list[int]] | None = None
 
@@ -318,29 +313,19 @@ class CortexLogic:
             return
         if at is None:
             at = self._now()
-        if entry is None:
-            event = Event(
-                kind=kind,
-                at=at,
-                previous=previous._value_ if previous else None,
-                code=code._value_ if code else None,
-                data=data or {},
-            )
-        else:
-            # _value_ (a plain attribute) rather than .value (an enum property)
-            core = entry.core
-            info = core.info
-            event = Event(
-                kind=kind,
-                at=at,
-                session_id=core.session_id,
-                parent_id=info.parent_id,
-                session_kind=info.kind._value_,
-                state=core.state._value_,
-                previous=previous._value_ if previous else None,
-                code=code._value_ if code else None,
-                data=data or {},
-            )
+        # _value_ (a plain attribute) rather than .value (an enum property)
+        core = entry.core if entry is not None else None
+        event = Event(
+            kind=kind,
+            at=at,
+            session_id=core.session_id if core else None,
+            parent_id=core.info.parent_id if core else None,
+            session_kind=core.info.kind._value_ if core else None,
+            state=core.state._value_ if core else None,
+            previous=previous._value_ if previous else None,
+            code=code._value_ if code else None,
+            data=data or {},
+        )
         events.emit(event)
 
     def _post(self, entry: Entry, message: object) -> None:
@@ -489,7 +474,7 @@ class CortexLogic:
         core.remote = remote
         # A remote step is awaited on the loop: it holds no step thread and is
         # killed, never abandoned, so it is never a zombie.
-        is_async = remote is not None or self._is_async(skill)
+        is_async = remote is not None or agent.is_async(info.skill)
         entry = Entry(core=core, agent=agent, skill=skill, is_async=is_async, parent=parent)
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = self.rt.clock.monotonic()
@@ -507,14 +492,6 @@ class CortexLogic:
                 data.update(restored=True, created_at=info.created_at)
             self._emit(EventKind.SPAWNED, entry, data=data)
         return entry
-
-    def _is_async(self, skill: Callable[[Any], Any]) -> bool:
-        known = self.async_skills.get(id(skill))
-        if known is not None and known[0] is skill:
-            return known[1]
-        answer = is_async_skill(skill)
-        self.async_skills[id(skill)] = (skill, answer)
-        return answer
 
     def _start_actor(self, entry: Entry) -> None:
         entry.ref = start_actor(
@@ -570,7 +547,6 @@ class CortexLogic:
         entry = self._new_entry(agent, SessionKind.MAIN, None, spec, ttl, key)
         self.mains[(agent_id, key)] = entry.session_id
         entry.started_at = self._now()
-        self._post(entry, Start())
         self._persist_new(entry)
         return self._answer_when_persisted(entry, reply, entry.session_id)
 
@@ -619,9 +595,8 @@ class CortexLogic:
                 cancelling=parent.cancel_code is not None,
             )
         agent = parent.agent if parent is not None else None
-        skill = None
-        if agent is not None:
-            skill = agent.skills.get(spec.skill or agent.default)
+        skill_name = (spec.skill or agent.default) if agent is not None else ""
+        skill = agent.skills.get(skill_name) if agent is not None else None
         backend = spec.backend or (
             self.rt.config.backend if spec.kind is SessionKind.WORKER else "inline"
         )
@@ -629,7 +604,10 @@ class CortexLogic:
             live_sessions=self.live,
             zombies=self.zombies + self.main_zombies,
             sync_threads=self.sync_threads + self.zombies,
-            needs_thread=skill is not None and backend == "inline" and not self._is_async(skill),
+            needs_thread=skill is not None
+            and agent is not None
+            and backend == "inline"
+            and not agent.is_async(skill_name),
         )
         error = check_spawn(view, spec, agent, self.rt.config, capacity)
         remote = None
@@ -896,7 +874,6 @@ class CortexLogic:
             parent.live_children += 1
         if info.kind is SessionKind.MAIN:
             entry.started_at = self._now()
-            self._post(entry, Start())
         else:
             entry.suspend_requested = True
             entry.rerun = True
@@ -1214,21 +1191,29 @@ class CortexLogic:
         first: Entry | None = None,
         grace: float | None = None,
     ) -> None:
-        """``_cancel_group_now`` with every write it makes in one commit."""
-        with self._one_commit():
-            self._cancel_group_now(group, code, first, grace)
-
-    def _cancel_group_now(
-        self,
-        group: list[Entry],
-        code: ErrorCode,
-        first: Entry | None = None,
-        grace: float | None = None,
-    ) -> None:
         """Request cancellation of ``group`` (``first`` gets ``code``, the rest
         ``parent_terminated``) with one deadline for all of them: now + ``grace``
-        (default: the node's)."""
+        (default: the node's). Every write it makes goes into one commit."""
         grace = self.rt.config.grace if grace is None else grace
+        with self._one_commit():
+            ids = tuple(e.session_id for e in self._request_cancel(group, code, first))
+            if ids and grace <= 0:
+                self._deadline(ids)
+        if not ids or grace <= 0:
+            return
+        ref, activity = self.self_ref, self.rt.activity
+        assert ref is not None
+
+        def fire() -> None:
+            post(ref, Deadline(ids), activity)
+
+        self.rt.clock.call_later(grace, fire)
+
+    def _request_cancel(
+        self, group: list[Entry], code: ErrorCode, first: Entry | None
+    ) -> list[Entry]:
+        """Mark ``group`` cancelled and wake its skills; end at once what runs
+        nothing; the sessions left to wrap up (their deadline is the caller's)."""
         running: list[Entry] = []
         wakeups: list[Any] = []
         now = self._now()
@@ -1264,19 +1249,7 @@ class CortexLogic:
                 entry.core.request_cancel(entry_code, wakeups)
             running.append(entry)
         wake_batch(wakeups)
-        if not running:
-            return
-        ids = tuple(e.session_id for e in running)
-        if grace <= 0:
-            self._deadline(ids)
-            return
-        ref, activity = self.self_ref, self.rt.activity
-        assert ref is not None
-
-        def fire() -> None:
-            post(ref, Deadline(ids), activity)
-
-        self.rt.clock.call_later(grace, fire)
+        return running
 
     def _deadline(self, session_ids: tuple[uuid.UUID, ...]) -> None:
         with self._one_commit():

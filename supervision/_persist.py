@@ -150,8 +150,16 @@ class Persister:
         for result in taken:
             batch.file(entry.session_id, result).receipt(result.session_id)
 
+    def _batch(self) -> WriteBatch:
+        """Where a write that cannot fail half-way goes: straight into the open
+        batch if there is one (a batched spawn, a cascade's endings), else a
+        batch of its own. A write that may raise part-way builds its own."""
+        return self._open if self._open is not None else WriteBatch()
+
     def _submit(self, batch: WriteBatch) -> Future | None:
         assert self.store is not None
+        if batch is self._open:
+            return self.shared
         if self._open is not None:
             self._open.extend(batch)
             return self.shared
@@ -169,16 +177,14 @@ class Persister:
         """A new session: its record, its link under its parent, a Main's key."""
         if self.store is None:
             return None
-        # Straight into an open batch (a batched spawn): none of these writes
-        # can fail half-way, so nothing partial is ever left in it.
-        batch = self._open if self._open is not None else WriteBatch()
+        batch = self._batch()
         self._add_record(batch, entry, now=now)
         info = entry.info
         if info.parent_id is not None:
             batch.link(info.parent_id, info.session_id)
         if info.kind is SessionKind.MAIN and info.key is not None:
             batch.main(info.agent_id, info.key, info.session_id)
-        return self.shared if batch is self._open else self._submit(batch)
+        return self._submit(batch)
 
     def inbound(self, entry: Entry, seq: int, message: Any, now: float) -> Future | None:
         """An inbound message a Main accepted (dropped by the cycle that runs it)."""
@@ -209,8 +215,7 @@ class Persister:
         in the outbox if the parent lives, filed on its record if it has ended."""
         if self.store is None:
             return None
-        # straight into an open batch (a cascade's endings), not one batch each
-        batch = WriteBatch() if self._open is None else self._open
+        batch = self._batch()
         self._add_record(batch, entry, now=now)
         self._receipts(batch, entry, ended=True)
         if entry.kind is SessionKind.MAIN:
@@ -221,4 +226,4 @@ class Persister:
                 batch.file(parent.session_id, result)
             else:
                 batch.owe(parent.session_id, result)
-        return self.shared if batch is self._open else self._submit(batch)
+        return self._submit(batch)
