@@ -51,6 +51,8 @@ from sessiontree.actors import (
     wake_batch,
 )
 from sessiontree.protocol import (
+    TERMINAL_STATES,
+    TRANSITIONS,
     BackendUnavailableError,
     CancelCmd,
     ErrorCode,
@@ -961,11 +963,19 @@ class CortexLogic:
     # -- endings --------------------------------------------------------------
 
     def _runs_ended(self, ends: tuple[RunEnded, ...]) -> None:
+        """Runs that ended in one pass of the event loop: their writes go into one
+        commit, they end at one instant (one clock read), and the retained
+        endings are evicted once after them rather than after each (with the
+        same budget in all: ``_EVICT_TRIES`` an ending)."""
+        now = self._now()
         with self._one_commit():
             for ended in ends:
-                self._run_ended(ended.session_id, ended.end)
+                self._run_ended(ended.session_id, ended.end, now, evict=False)
+            self._evict(_EVICT_TRIES * len(ends))
 
-    def _run_ended(self, session_id: uuid.UUID, end: RunEnd) -> None:
+    def _run_ended(
+        self, session_id: uuid.UUID, end: RunEnd, now: float | None = None, *, evict: bool = True
+    ) -> None:
         entry = self.entries.get(session_id)
         if entry is None:
             return
@@ -975,12 +985,14 @@ class CortexLogic:
                 self.main_zombies -= 1
             else:
                 self.zombies -= 1
-        if entry.state.is_terminal:
+        core = entry.core
+        if core.state in TERMINAL_STATES:
             if end.outcome is not None or end.error is not None:
                 self.rt.counters["refused_after_fence"] += 1
                 self._emit(EventKind.REFUSED, entry, data={"what": "result"})
             return
-        if entry.kind is SessionKind.MAIN and entry.cancel_code is None:
+        cancel_code = entry.cancel_code
+        if cancel_code is None and core.info.kind is SessionKind.MAIN:
             self._emit(
                 EventKind.CYCLE_ENDED,
                 entry,
@@ -991,21 +1003,33 @@ class CortexLogic:
                 self.rt.counters["main_cycles_failed"] += 1
             self._input(entry)
             entry.snapshot_write = self.persist.snapshot(
-                entry, self._now(), consumed=entry.core.input_seq
+                entry, self._now() if now is None else now, consumed=core.input_seq
             )
             if not (self.closing and self.store is not None):
                 # Closing with a store: no new cycle starts, for one could end after
                 # the Cortex stops and then run again after the restart. What is
                 # queued stays in the stored inbox and outbox and runs once then.
                 self._post(entry, CycleDone())
-        elif entry.cancel_code is not None:
-            self._finish(entry, SessionState.CANCELLED, entry.cancel_code, end.outcome)
+        elif cancel_code is not None:
+            self._finish(
+                entry, SessionState.CANCELLED, cancel_code, end.outcome, now=now, evict=evict
+            )
         elif end.error is not None:
-            self._finish(entry, SessionState.FAILED, end.error.code, None, error=end.error)
+            self._finish(
+                entry,
+                SessionState.FAILED,
+                end.error.code,
+                None,
+                error=end.error,
+                now=now,
+                evict=evict,
+            )
         elif end.cancelled:
-            self._finish(entry, SessionState.CANCELLED, ErrorCode.CANCELLED, None)
+            self._finish(
+                entry, SessionState.CANCELLED, ErrorCode.CANCELLED, None, now=now, evict=evict
+            )
         else:
-            self._finish(entry, SessionState.COMPLETED, None, end.outcome)
+            self._finish(entry, SessionState.COMPLETED, None, end.outcome, now=now, evict=evict)
         if end.fatal is not None:
             self.rt.on_fatal(end.fatal)
 
@@ -1018,63 +1042,137 @@ class CortexLogic:
         *,
         error: ErrorInfo | None = None,
         message: str | None = None,
+        now: float | None = None,
+        evict: bool = True,
     ) -> None:
-        """Make ``entry`` terminal, deliver its one result, then clean up its subtree."""
-        now = self._now()
+        """Make ``entry`` terminal, deliver its one result, then clean up its subtree.
+
+        ``now``: when it ended (default: the clock's now). ``evict``: False when
+        the caller evicts retained endings itself, once after a batch of them.
+        An illegal transition raises ``InvalidTransitionError`` before anything
+        changed (a broken invariant: the handler fails the node).
+        """
+        if now is None:
+            now = self._now()
+        core = entry.core
+        info = core.info
         if code is not None and error is None:
             error = ErrorInfo(
-                code=code, message=message or _ENDING_MESSAGES[code].format(entry.session_id)
+                code=code, message=message or _ENDING_MESSAGES[code].format(_id_text(entry))
             )
-        if entry.ttl_timer is not None:
-            entry.ttl_timer.cancel()
+        timer = entry.ttl_timer
+        if timer is not None:
+            timer.cancel()
+            entry.ttl_timer = None  # done: the retained record stays small for the GC
         if entry.grant is not None:
             # False: the Granted message is in flight and _granted releases the slot
             self.rt.slots.forget(entry.grant)
             entry.grant = None
-        self._set_state(entry, state, code, at=now, ending=True)
+        self._end_state(entry, state, code, now)
         self.live -= 1
-        if entry.needs_thread:
+        if not entry.is_async:
+            self._thread_ended(entry)
+        timings = Timings(created_at=info.created_at, started_at=entry.started_at, ended_at=now)
+        if outcome is None:  # the defaults: no summary, artifacts or memory ids
+            result = SessionResult(
+                session_id=core.session_id,
+                status=state,
+                parent_id=info.parent_id,
+                kind=info.kind,
+                error=error,
+                timings=timings,
+            )
+        else:
+            result = SessionResult(
+                session_id=core.session_id,
+                status=state,
+                parent_id=info.parent_id,
+                kind=info.kind,
+                summary=outcome.summary,
+                artifacts=dict(outcome.artifacts),
+                memory_ids=tuple(outcome.memory_ids),
+                error=error,
+                timings=timings,
+            )
+        entry.result = result
+        write = entry.final_write = self.persist.ended(entry, result, now)
+        if write is not None:
+            counted = self.counted_writes
+            if counted is not None and counted[0] is write:  # _count_failures' own shortcut
+                counted[1][0] += 1
+            else:
+                self._count_failures(write)
+        if entry.waiters:
+            for reply in entry.waiters:
+                self._answer_durable(entry, reply)
+            entry.waiters.clear()
+        if entry.parent is not None:
+            self._deliver(entry, entry.parent, result, now)
+        if entry.ref is not None:
+            self.to_stop.append(entry.ref)
+            entry.ref = None  # its actor is done: not kept by the retained record
+        self.terminal.append(core.session_id)
+        if evict:
+            self._evict(_EVICT_TRIES)
+        # A session that was itself cancelled had its whole subtree marked then
+        # (and could spawn nothing since), so there is nothing left to walk.
+        if entry.live_children and entry.cancel_code is None:
+            self._cancel_group(self._uncancelled_descendants(entry), ErrorCode.PARENT_TERMINATED)
+        if self.shutdown_waiters:
+            self._check_shutdown()
+
+    def _thread_ended(self, entry: Entry) -> None:
+        """A sync session ended: a Branch's or Worker's step thread is no longer
+        counted, and one its skill still runs on is abandoned (a zombie)."""
+        main = entry.core.info.kind is SessionKind.MAIN
+        if not main:
             self.sync_threads -= 1
-        if not entry.is_async and entry.core.skill_running:  # its thread is abandoned
+        if entry.core.skill_running:
             entry.zombie = True
-            if entry.kind is SessionKind.MAIN:
+            if main:
                 self.main_zombies += 1  # a thread of the Main pool, not the step pool
             else:
                 self.zombies += 1
-        info = entry.info
-        if outcome is None:
-            outcome = _NO_OUTCOME
-        result = SessionResult(
-            session_id=info.session_id,
-            status=state,
-            parent_id=info.parent_id,
-            kind=info.kind,
-            summary=outcome.summary,
-            artifacts=dict(outcome.artifacts),
-            memory_ids=tuple(outcome.memory_ids),
-            error=error,
-            timings=Timings(created_at=info.created_at, started_at=entry.started_at, ended_at=now),
-        )
-        entry.result = result
-        entry.final_write = self.persist.ended(entry, result, now)
-        if entry.final_write is not None:
-            self._count_failures(entry.final_write)
-        for reply in entry.waiters:
-            self._answer_durable(entry, reply)
-        entry.waiters.clear()
-        self._deliver(entry, result, now)
-        if entry.ref is not None:
-            self.to_stop.append(entry.ref)
-        # Drop what an ended session no longer needs, so the retained record is
-        # small for the garbage collector (its actor, task and timer are done;
-        # _set_state dropped the task).
-        entry.ref = None
-        entry.ttl_timer = None
-        self.terminal.append(entry.session_id)
-        self._evict()
-        self._cleanup_children(entry)
-        if self.shutdown_waiters:
-            self._check_shutdown()
+
+    def _end_state(
+        self, entry: Entry, state: SessionState, code: ErrorCode | None, now: float
+    ) -> None:
+        """``_set_state`` for an ending: ``entry`` becomes ``state`` (terminal) and
+        the event says so; under the same lock its compute slot is given back
+        and, unless its skill still runs (a forced task is yet to be cancelled),
+        its task dropped. ``InvalidTransitionError`` (nothing changed) if the
+        transition is illegal."""
+        core = entry.core
+        old = core.state
+        if state not in TRANSITIONS[old]:  # a broken invariant: the node fails loudly
+            msg = f"session {core.session_id}: {old} -> {state} is not a legal transition"
+            raise InvalidTransitionError(msg, session_id=core.session_id)
+        with core.cond:
+            core.state = state
+            held, core.holds_slot = core.holds_slot, False
+            if not core.skill_running:
+                core.task = None
+                core.task_loop = None
+        if held:
+            core.slots.release()
+        events = self.rt.events
+        if events.observed:
+            info = core.info
+            events.emit(
+                Event(
+                    kind=EventKind.TRANSITION,
+                    at=now,
+                    session_id=core.session_id,
+                    parent_id=info.parent_id,
+                    session_kind=info.kind._value_,
+                    state=state._value_,
+                    previous=old._value_,
+                    code=code._value_ if code else None,
+                )
+            )
+        if old is SessionState.SUSPENDED:
+            # as _set_state writes a Branch leaving suspension (the ending's own write follows)
+            self.persist.snapshot(entry, now, resume=entry.shutdown_park)
 
     def _count_failures(self, future: concurrent.futures.Future[None]) -> None:
         """Count ``future``'s failure (once per write made) as a store write error.
@@ -1115,32 +1213,48 @@ class CortexLogic:
 
         future.add_done_callback(answer)
 
-    def _deliver(self, entry: Entry, result: SessionResult, now: float) -> None:
-        parent = entry.parent
-        if parent is None:
-            return
-        if self.store is not None and not parent.state.is_terminal:
+    def _deliver(self, entry: Entry, parent: Entry, result: SessionResult, now: float) -> None:
+        """File ``entry``'s result on ``parent`` and say so (a RESULT_DELIVERED event)."""
+        parent_core = parent.core
+        parent_live = parent_core.state not in TERMINAL_STATES
+        if parent_live and self.store is not None:
             parent.receipts.append(result)  # its next snapshot records the receipt
         parent.live_children -= 1
         # Filed at once (so results() and a waiting skill see it now); a live
         # Main also gets it in its mailbox, where it starts a message cycle.
         # Closing with a store, it stays owed and runs after the restart (see _run_ended).
-        parent.core.add_result(result)
-        live_main = parent.kind is SessionKind.MAIN and not parent.state.is_terminal
+        parent_core.add_result(result)
+        live_main = parent_live and parent_core.info.kind is SessionKind.MAIN
         if live_main and not (self.closing and self.store is not None):
             self._input(parent)
             self._post(parent, Deliver(result))
-        if self.rt.events.observed:
-            self._emit(
-                EventKind.RESULT_DELIVERED, entry, data={"to": str(parent.session_id)}, at=now
+        events = self.rt.events
+        if events.observed:
+            core = entry.core
+            info = core.info
+            events.emit(
+                Event(
+                    kind=EventKind.RESULT_DELIVERED,
+                    at=now,
+                    session_id=core.session_id,
+                    parent_id=info.parent_id,
+                    session_kind=info.kind._value_,
+                    state=core.state._value_,
+                    data={"to": _id_text(parent)},
+                )
             )
 
-    def _evict(self) -> None:
-        # Bounded work per ending: zombies are passed over at most _EVICT_TRIES
-        # times a call. (Passing over every one of them each time made a cascade
-        # of 90,000 sessions quadratic while their writes were queued.) An ending
-        # whose terminal write is not yet durable stops the round: writes commit
-        # in the order they were made, so the endings after it wait for theirs too.
+    def _evict(self, tries: int) -> None:
+        """Forget the oldest endings past ``retain_terminal`` whose terminal write
+        is durable (the store answers for them from then on).
+
+        Bounded work per ending: zombies are passed over at most ``tries`` times
+        a call (``_EVICT_TRIES`` an ending; passing over every one of them each
+        time made a cascade of 90,000 sessions quadratic while their writes were
+        queued). An ending whose terminal write is not yet durable stops the
+        round: writes commit in the order they were made, so the endings after
+        it wait for theirs too.
+        """
         terminal, entries = self.terminal, self.entries
         passed = 0
         durable = None  # a write seen done (a batch's endings share one)
@@ -1159,7 +1273,7 @@ class CortexLogic:
             if old.zombie:  # its thread may still report: a later round
                 terminal.append(sid)
                 passed += 1
-                if passed >= _EVICT_TRIES:
+                if passed >= tries:
                     return
                 continue
             del entries[sid]
@@ -1173,14 +1287,6 @@ class CortexLogic:
                 key = (old.agent.agent_id, old.info.key or "")
                 if self.mains.get(key) == sid:  # a newer Main may hold the key
                     del self.mains[key]
-
-    def _cleanup_children(self, entry: Entry) -> None:
-        # A session that was itself cancelled had its whole subtree marked then
-        # (and could spawn nothing since), so there is nothing left to walk.
-        if entry.live_children == 0 or entry.cancel_code is not None:
-            return
-        group = self._uncancelled_descendants(entry)
-        self._cancel_group(group, ErrorCode.PARENT_TERMINATED)
 
     # -- cancellation -----------------------------------------------------------
 
@@ -1816,7 +1922,6 @@ class CortexLogic:
 _DEFERRED = object()
 #: Operations that answer their caller themselves (after a store write).
 _EVICT_TRIES = 16
-_NO_OUTCOME = Outcome()  # frozen; its fields are copied into each result
 _TAKES_REPLY = frozenset({"main", "spawn", "spawn_many", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.
@@ -1881,6 +1986,15 @@ class _Slot:
 
     def fail(self, error: BaseException) -> None:
         self.gather.answer(self.i, self.gather.refused(error))
+
+
+def _id_text(entry: Entry) -> str:
+    """``str(entry.session_id)``, made once per session: a cascade needs it in the
+    session's ending message and in the delivery event of each of its children."""
+    text = entry.id_text
+    if text is None:
+        text = entry.id_text = str(entry.core.session_id)
+    return text
 
 
 def _with_state(entry: Entry) -> SessionInfo:

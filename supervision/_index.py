@@ -209,6 +209,8 @@ class Entry:
     inflight: int = 0
     passivating: int | None = None
     snapshot_write: concurrent.futures.Future[None] | None = None
+    # str(session_id), once it was needed (see _cortex._id_text)
+    id_text: str | None = None
 
     @property
     def session_id(self) -> uuid.UUID:

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from sessiontree.actors import ContextMessage, SessionContext
-from sessiontree.protocol import RejectedInputError, SessionKind, SessionResult
+from sessiontree.protocol import TERMINAL_STATES, RejectedInputError, SessionKind, SessionResult
 from sessiontree.store import (
     ContextEntry,
     ContextRecord,
@@ -212,18 +212,36 @@ class Persister:
 
     def ended(self, entry: Entry, result: SessionResult, now: float) -> Future | None:
         """A terminal state and, in the same batch, the result owed to the parent:
-        in the outbox if the parent lives, filed on its record if it has ended."""
+        in the outbox if the parent lives, filed on its record if it has ended.
+
+        ``RejectedInputError`` (nothing added) if the record cannot be stored
+        even without its context."""
         if self.store is None:
             return None
         batch = self._batch()
-        self._add_record(batch, entry, now=now)
-        self._receipts(batch, entry, ended=True)
-        if entry.kind is SessionKind.MAIN:
-            batch.clear_inbox(entry.session_id)
+        core = entry.core
+        info = core.info
+        if info.kind is SessionKind.WORKER:
+            # _add_record's record of a worker, built here: it holds no context
+            # that could be left out when it cannot be stored
+            record = SessionRecord(
+                info=msgspec.structs.replace(
+                    info, state=core.state, task="", context_summary="", metadata={}
+                ),
+                result=result,
+                updated_at=now,
+            )
+            batch.session(record)
+        else:
+            self._add_record(batch, entry, now=now)
+        if entry.receipts:
+            self._receipts(batch, entry, ended=True)
+        if info.kind is SessionKind.MAIN:
+            batch.clear_inbox(core.session_id)
         parent = entry.parent
         if parent is not None:
-            if parent.state.is_terminal:
-                batch.file(parent.session_id, result)
+            if parent.core.state in TERMINAL_STATES:
+                batch.file(parent.core.session_id, result)
             else:
-                batch.owe(parent.session_id, result)
+                batch.owe(parent.core.session_id, result)
         return self._submit(batch)
