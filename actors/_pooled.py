@@ -399,8 +399,11 @@ class _Inbox:
             actor = self.actor
             if self.scheduled or self.messages or actor is None or actor._pooled_started:
                 return None
+            # _teardown's work in the same lock round (nothing is queued to refuse)
             self.scheduled = True  # never served from now on
-        self._teardown()
+            self.actor = None
+            self.dead = f"{type(actor).__name__} ({actor.actor_urn})"
+            self.closed = True
         return actor
 
 

@@ -390,7 +390,7 @@ class CortexLogic:
             current = stack.pop()
             for child_id in current.children:
                 child = entries.get(child_id)
-                if child is not None and not child.core.state.is_terminal:
+                if child is not None and child.core.state not in TERMINAL_STATES:
                     if child.cancel_code is None:
                         found.append(child)
                     stack.append(child)
@@ -1302,7 +1302,7 @@ class CortexLogic:
         (default: the node's). Every write it makes goes into one commit."""
         grace = self.rt.config.grace if grace is None else grace
         with self._one_commit():
-            ids = tuple(e.session_id for e in self._request_cancel(group, code, first))
+            ids = tuple([e.core.session_id for e in self._request_cancel(group, code, first)])
             if ids and grace <= 0:
                 self._deadline(ids)
         if not ids or grace <= 0:
@@ -1323,36 +1323,51 @@ class CortexLogic:
         running: list[Entry] = []
         wakeups: list[Any] = []
         now = self._now()
+        events = self.rt.events
+        observed = events.observed
         for entry in group:
             entry_code = code if (first is None or entry is first) else ErrorCode.PARENT_TERMINATED
             entry.cancel_code = entry_code
-            self._emit(EventKind.CANCEL_REQUESTED, entry, code=entry_code, at=now)
-            if entry.state is SessionState.PENDING or entry.rerun:  # nothing runs to wrap up
+            core = entry.core
+            state = core.state
+            kind = core.info.kind
+            if observed:  # _emit's CANCEL_REQUESTED, built in place
+                events.emit(
+                    Event(
+                        kind=EventKind.CANCEL_REQUESTED,
+                        at=now,
+                        session_id=core.session_id,
+                        parent_id=core.info.parent_id,
+                        session_kind=kind._value_,
+                        state=state._value_,
+                        code=entry_code._value_,
+                    )
+                )
+            if state is SessionState.PENDING or entry.rerun:  # nothing runs to wrap up
                 self._finish(
                     entry,
                     SessionState.CANCELLED,
                     entry_code,
                     None,
-                    message=f"session {entry.session_id} was cancelled before it ran",
+                    message=f"session {_id_text(entry)} was cancelled before it ran",
                 )
                 continue
-            if entry.kind is SessionKind.MAIN:
-                with entry.core.cond:
-                    idle = not entry.core.skill_running
+            if kind is SessionKind.MAIN:
+                with core.cond:
+                    idle = not core.skill_running
                 if idle:
-                    entry.core.fence(entry_code)  # a cycle racing this cancel stops at once
+                    core.fence(entry_code)  # a cycle racing this cancel stops at once
                     self._post(entry, CancelSignal(entry_code))
                     self._finish(entry, SessionState.CANCELLED, entry_code, None)
                     continue
-            if entry.kind is SessionKind.MAIN:
                 self._post(entry, CancelSignal(entry_code))  # its actor also drops queued input
             else:
-                if entry.state is SessionState.SUSPENDED:  # it wakes to wrap up in grace
+                if state is SessionState.SUSPENDED:  # it wakes to wrap up in grace
                     self._set_state(entry, SessionState.ACTIVE, entry_code)
                 entry.suspend_requested = False
                 # Straight onto the shared state: a mailbox hop per session made
                 # cancelling a 4,681-session tree cost a thread wake-up each.
-                entry.core.request_cancel(entry_code, wakeups)
+                core.request_cancel(entry_code, wakeups)
             running.append(entry)
         wake_batch(wakeups)
         return running
