@@ -102,6 +102,9 @@ def _cascade(store: pathlib.Path, clock: VirtualClock) -> dict[str, Any]:
             if event.session_id in names and event.kind is not EventKind.SPAWNED:
                 seen[names[event.session_id]].append(named(event))
         assert node.store is not None
+        node.store.flush(WAIT)  # every terminal write durable before it is read back
+        stats = node.stats()
+        del stats["store_commits"]  # how many commits the writes shared: timing, not outcome
         return {
             "events": seen,
             "results": {name: named(node.result(sid)) for sid, name in names.items()},
@@ -109,7 +112,7 @@ def _cascade(store: pathlib.Path, clock: VirtualClock) -> dict[str, Any]:
             "records": {name: named(node.store.session(sid)) for sid, name in names.items()},
             "filed": {name: _by_id(named(node.store.received(sid))) for sid, name in names.items()},
             "outbox": named(list(node.store.outbox())),
-            "stats": node.stats(),
+            "stats": stats,
         }
     finally:
         node.shutdown(grace=0, timeout=WAIT)
@@ -149,3 +152,30 @@ def test_a_batch_of_ended_runs_ends_them_as_one_by_one_does(
     partial_result = batched["results"]["m/0/2"]
     assert partial_result["summary"] == "partial"
     assert partial_result["error"]["code"] == "parent_terminated"
+
+
+def test_an_ending_names_its_session_and_the_parent_it_delivered_to(make_node: Any) -> None:
+    skills = {"main": main_cycle, "branch": branch, "resident": resident, "partial": partial}
+    node = make_node(Agent("a", skills, main_skill="main"))
+    delivered: dict[uuid.UUID, Any] = {}
+    node.subscribe(
+        lambda e: (
+            delivered.__setitem__(e.session_id, e.data["to"])
+            if e.kind is EventKind.RESULT_DELIVERED
+            else None
+        )
+    )
+    main = node.main("a")
+    (spawned,) = node.spawn_many(main, [SpawnSpec(kind=SessionKind.BRANCH, skill="branch")])
+    settle(node)
+    assert main.cancel() is None
+    settle(node)
+    branch_id = spawned.session_id
+    assert branch_id is not None
+    result = node.result(branch_id)
+    assert result is not None
+    assert result.error is not None
+    assert result.error.message == f"session {branch_id} was cancelled because its parent ended"
+    assert delivered[branch_id] == str(main.session_id)
+    worker = node.results(branch_id)[0]
+    assert delivered[worker.session_id] == str(branch_id)
