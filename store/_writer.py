@@ -80,6 +80,16 @@ class PreconditionFailedError(Exception):
     """A batch's ``expect`` did not hold at commit time (the writer fails that batch alone)."""
 
 
+def _encoded(record: msgspec.Struct) -> bytes:
+    """``record``'s stored bytes; ``RejectedInputError`` naming its type if msgpack
+    cannot hold a value in it."""
+    try:
+        return encode_record(record)
+    except (TypeError, msgspec.EncodeError) as exc:
+        msg = f"cannot store a {type(record).__name__}: {exc}"
+        raise RejectedInputError(msg, field="value") from exc
+
+
 def pair_key(first: uuid.UUID, second: uuid.UUID) -> bytes:
     return first.bytes + second.bytes
 
@@ -114,11 +124,7 @@ class WriteBatch:
     size: int = 0
 
     def _put(self, db: str, key: bytes, record: msgspec.Struct) -> None:
-        try:
-            value = encode_record(record)
-        except (TypeError, msgspec.EncodeError) as exc:
-            msg = f"cannot store a {type(record).__name__}: {exc}"
-            raise RejectedInputError(msg, field="value") from exc
+        value = _encoded(record)
         self.ops.append(("put", db, key, value))
         self.size += len(key) + len(value)
 
@@ -181,6 +187,32 @@ class WriteBatch:
 
     def unlink(self, parent_id: uuid.UUID, child_id: uuid.UUID) -> WriteBatch:
         self._delete("children", pair_key(parent_id, child_id))
+        return self
+
+    def ended(
+        self, record: SessionRecord, parent_id: uuid.UUID, *, parent_ended: bool
+    ) -> WriteBatch:
+        """A terminal session's record (``session``) and the result it owes its
+        parent: filed on the parent's record if ``parent_ended`` (``file``), else
+        in the outbox (``owe``). Both are encoded before either is added, so
+        ``RejectedInputError`` leaves the batch as it was. (One call for the
+        writes of most endings: a cascade makes tens of thousands.)"""
+        result = record.result
+        if result is None:
+            msg = f"session {record.info.session_id}: an ending's record carries its result"
+            raise RejectedInputError(msg, field="result")
+        child = record.info.session_id.bytes
+        value = _encoded(record)
+        if parent_ended:
+            db, key = "received", parent_id.bytes + child
+            owed = _encoded(ReceivedRecord(result=result))
+        else:
+            db, key = "outbox", child
+            owed = _encoded(OutboxRecord(parent_id=parent_id, result=result))
+        ops = self.ops
+        ops.append(("put", "sessions", child, value))
+        ops.append(("put", db, key, owed))
+        self.size += len(child) + len(value) + len(key) + len(owed)
         return self
 
     # -- results ------------------------------------------------------------------

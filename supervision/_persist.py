@@ -214,16 +214,18 @@ class Persister:
         """A terminal state and, in the same batch, the result owed to the parent:
         in the outbox if the parent lives, filed on its record if it has ended.
 
-        ``RejectedInputError`` (nothing added) if the record cannot be stored
-        even without its context."""
+        ``RejectedInputError`` if the record cannot be stored even without its
+        context."""
         if self.store is None:
             return None
         batch = self._batch()
         core = entry.core
         info = core.info
-        if info.kind is SessionKind.WORKER:
-            # _add_record's record of a worker, built here: it holds no context
-            # that could be left out when it cannot be stored
+        parent = entry.parent
+        if info.kind is SessionKind.WORKER and parent is not None:
+            # Most endings: a worker's record (_add_record's, built here: it holds
+            # no context to leave out when it cannot be stored) and the result it
+            # owes, in one call. A worker has no children, so no receipts.
             record = SessionRecord(
                 info=msgspec.structs.replace(
                     info, state=core.state, task="", context_summary="", metadata={}
@@ -231,14 +233,16 @@ class Persister:
                 result=result,
                 updated_at=now,
             )
-            batch.session(record)
-        else:
-            self._add_record(batch, entry, now=now)
+            parent_core = parent.core
+            batch.ended(
+                record, parent_core.session_id, parent_ended=parent_core.state in TERMINAL_STATES
+            )
+            return self._submit(batch)
+        self._add_record(batch, entry, now=now)
         if entry.receipts:
             self._receipts(batch, entry, ended=True)
         if info.kind is SessionKind.MAIN:
             batch.clear_inbox(core.session_id)
-        parent = entry.parent
         if parent is not None:
             if parent.core.state in TERMINAL_STATES:
                 batch.file(parent.core.session_id, result)

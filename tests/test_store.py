@@ -35,6 +35,7 @@ import pytest
 from sessiontree.protocol import (
     CorruptRecordError,
     ErrorCode,
+    RejectedInputError,
     SessionInfo,
     SessionKind,
     SessionResult,
@@ -51,6 +52,7 @@ from sessiontree.store import (
     SessionRecord,
     Store,
     StoreIO,
+    WriteBatch,
     decode_record,
 )
 
@@ -222,6 +224,35 @@ class FaultIO(StoreIO):
 
 
 # -- acknowledged writes (19, 20) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("parent_ended", [False, True])
+def test_an_ending_written_in_one_call_is_its_record_and_its_owed_or_filed_result(
+    parent_ended: bool,
+) -> None:
+    parent_id, child_id = uuid.uuid4(), uuid.uuid4()
+    result = SessionResult(session_id=child_id, status=SessionState.CANCELLED, parent_id=parent_id)
+    record = msgspec.structs.replace(_record(child_id), result=result)
+    one = WriteBatch().ended(record, parent_id, parent_ended=parent_ended)
+    apart = WriteBatch().session(record)
+    if parent_ended:
+        apart.file(parent_id, result)
+    else:
+        apart.owe(parent_id, result)
+    assert one.ops == apart.ops
+    assert one.size == apart.size
+
+
+def test_an_ending_whose_record_cannot_be_stored_adds_nothing() -> None:
+    parent_id, child_id = uuid.uuid4(), uuid.uuid4()
+    result = SessionResult(session_id=child_id, status=SessionState.COMPLETED, parent_id=parent_id)
+    info = msgspec.structs.replace(_info(child_id), metadata={"bad": object()})
+    batch = WriteBatch()
+    with pytest.raises(RejectedInputError, match="SessionRecord"):
+        batch.ended(SessionRecord(info=info, result=result), parent_id, parent_ended=False)
+    with pytest.raises(RejectedInputError, match="result"):
+        batch.ended(SessionRecord(info=_info(child_id)), parent_id, parent_ended=False)
+    assert not batch
 
 
 def test_a_write_is_readable_as_soon_as_write_returns(tmp_path: pathlib.Path) -> None:
