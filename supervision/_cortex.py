@@ -19,6 +19,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 
 import msgspec
@@ -584,6 +585,78 @@ class CortexLogic:
                 if entry is None:
                     return answer
                 return self._answer_when_persisted(entry, reply, answer)
+        admitted = self._admit(parent, parent_id, spec)
+        if isinstance(admitted, ErrorInfo):
+            return SpawnAnswer(None, admitted)
+        assert parent is not None  # admitted: it exists
+        entry = self._create_child(parent, admitted)
+        if isinstance(entry, SpawnAnswer):
+            return entry
+        if not self._persist_new(entry):
+            self._want_slot(entry)
+            return SpawnAnswer(entry.session_id, None)
+
+        def written(error: BaseException | None) -> None:
+            if error is None and entry.state is SessionState.PENDING:
+                self._want_slot(entry)
+            if reply is not None:
+                reply.set(_written_answer(entry, error))
+
+        entry.on_persisted.insert(0, written)
+        return _DEFERRED
+
+    def op_spawn_many(
+        self, parent_id: uuid.UUID, specs: tuple[SpawnSpec, ...], reply: Reply | None = None
+    ) -> object:
+        """``op_spawn`` for each spec, in order, in one turn of the Cortex (their
+        records share one commit); answered with the list of answers once every
+        one is (a refused spawn does not stop the ones after it).
+
+        A spec repeated in the batch (the same object) is validated in full once;
+        for the children after, only what a spawn changes is checked again (the
+        parent's live children and the node's counters), and the first that no
+        longer fits is validated in full, so it gets the answer ``op_spawn``
+        would give. What waits for the records runs once for the batch.
+        """
+        answers: list[SpawnAnswer | None] = [None] * len(specs)
+
+        def refused(error: BaseException) -> SpawnAnswer:  # a failed write, as spawn answers it
+            return SpawnAnswer(None, _store_error(error, parent_id))
+
+        waiting = _Gather(len(specs), answers, reply, refused)
+        parent = None if self.closing else self._entry(parent_id)
+        created: list[tuple[int, Entry]] = []
+        admitted: _Admitted | ErrorInfo | None = None
+        with self._one_commit():
+            for i, spec in enumerate(specs):
+                if parent is None or spec.request_id is not None:  # op_spawn answers those
+                    value = self.op_spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
+                    if value is not _DEFERRED:
+                        waiting.answer(i, value)
+                    continue
+                if not (
+                    isinstance(admitted, _Admitted)
+                    and spec is admitted.spec
+                    and self._still_admits(parent, admitted)
+                ):
+                    admitted = self._admit(parent, parent_id, spec)
+                    if isinstance(admitted, ErrorInfo):
+                        waiting.answer(i, SpawnAnswer(None, admitted))
+                        continue
+                child = self._create_child(parent, admitted)
+                if isinstance(child, SpawnAnswer):
+                    waiting.answer(i, child)
+                else:
+                    created.append((i, child))
+            if created:
+                self._persist_children(created, waiting)
+        return _DEFERRED if reply is not None else answers
+
+    def _admit(
+        self, parent: Entry | None, parent_id: uuid.UUID, spec: SpawnSpec
+    ) -> _Admitted | ErrorInfo:
+        """Validate a spawn under ``parent`` (DESIGN.md §4's order) and resolve what
+        its child gets; a refusal is counted, emitted and returned."""
         view = None
         if parent is not None:
             view = ParentView(
@@ -600,14 +673,17 @@ class CortexLogic:
         backend = spec.backend or (
             self.rt.config.backend if spec.kind is SessionKind.WORKER else "inline"
         )
+        needs_thread = (
+            skill is not None
+            and agent is not None
+            and backend == "inline"
+            and not agent.is_async(skill_name)
+        )
         capacity = Capacity(
             live_sessions=self.live,
             zombies=self.zombies + self.main_zombies,
             sync_threads=self.sync_threads + self.zombies,
-            needs_thread=skill is not None
-            and agent is not None
-            and backend == "inline"
-            and not agent.is_async(skill_name),
+            needs_thread=needs_thread,
         )
         error = check_spawn(view, spec, agent, self.rt.config, capacity)
         remote = None
@@ -615,59 +691,85 @@ class CortexLogic:
             remote, error = self._remote_for(backend, skill, spec)
         if error is not None:
             self._rejected_spawn(parent_id, spec, error)
-            return SpawnAnswer(None, error)
-        assert parent is not None
+            return error
         assert agent is not None
+        return _Admitted(spec, agent, backend, remote, resolve_ttl(spec, agent), needs_thread)
+
+    def _still_admits(self, parent: Entry, admitted: _Admitted) -> bool:
+        """Whether one more child as ``admitted`` still passes every check. Within
+        one turn of the Cortex only these change as children are created."""
+        config = self.rt.config
+        return (
+            parent.live_children < parent.agent.max_children
+            and self.live < config.max_sessions
+            and self.zombies + self.main_zombies < config.max_zombies
+            and not (
+                admitted.needs_thread
+                and self.sync_threads + self.zombies >= config.max_step_threads
+            )
+        )
+
+    def _create_child(self, parent: Entry, admitted: _Admitted) -> Entry | SpawnAnswer:
+        """Index an admitted child under ``parent`` and start its actor; a refusal
+        if no actor could be started (then nothing was registered)."""
+        spec = admitted.spec
         try:
-            ttl = resolve_ttl(spec, agent)
-            entry = self._new_entry(agent, spec.kind, parent, spec, ttl, None, backend, remote)
-        except RuntimeError as exc:  # "can't start new thread": nothing was registered
+            entry = self._new_entry(
+                admitted.agent,
+                spec.kind,
+                parent,
+                spec,
+                admitted.ttl,
+                None,
+                admitted.backend,
+                admitted.remote,
+            )
+        except RuntimeError as exc:  # "can't start new thread"
             error = ErrorInfo(
                 code=ErrorCode.CAPACITY_EXCEEDED,
-                message=f"no actor could be started for a child of {parent_id}: {exc}",
+                message=f"no actor could be started for a child of {parent.session_id}: {exc}",
                 detail={"limit": "threads"},
             )
-            self._rejected_spawn(parent_id, spec, error)
+            self._rejected_spawn(parent.session_id, spec, error)
             return SpawnAnswer(None, error)
         parent.children[entry.session_id] = None
         parent.live_children += 1
         if spec.request_id is not None:
             parent.requests[spec.request_id] = entry.session_id
-        if not self._persist_new(entry):
-            self._want_slot(entry)
-            return SpawnAnswer(entry.session_id, None)
+        return entry
+
+    def _persist_children(self, created: list[tuple[int, Entry]], waiting: _Gather) -> None:
+        """Write the records of a batch's new children; once durable, each starts
+        (wants a slot) and its place in ``waiting`` is answered, in order, before
+        whoever else waits for it. A failed write takes every one out again."""
+        future = None
+        for _, entry in created:
+            future = self.persist.created(entry, entry.info.created_at)
+            if future is None:  # no store: they start now
+                break
+            entry.persisted = False
+        if future is None:
+            for i, entry in created:
+                self._want_slot(entry)
+                waiting.answer(i, SpawnAnswer(entry.session_id, None))
+            return
 
         def written(error: BaseException | None) -> None:
-            if error is None and entry.state is SessionState.PENDING:
-                self._want_slot(entry)
-            if reply is None:
-                return
-            if error is None or entry.state.is_terminal:
-                reply.set(SpawnAnswer(entry.session_id, None))
-            else:
-                reply.set(SpawnAnswer(None, _store_error(error, entry.session_id)))
+            for i, entry in created:
+                entry.persisted = True
+                if error is not None:
+                    self._store_failed(error)
+                    self._discard(entry)
+                elif entry.state is SessionState.PENDING:
+                    self._want_slot(entry)
+                waiting.answer(i, _written_answer(entry, error))
+                if entry.on_persisted:
+                    others, entry.on_persisted = entry.on_persisted, []
+                    for then in others:
+                        then(error)
 
-        entry.on_persisted.insert(0, written)
-        return _DEFERRED
-
-    def op_spawn_many(
-        self, parent_id: uuid.UUID, specs: tuple[SpawnSpec, ...], reply: Reply | None = None
-    ) -> object:
-        """``op_spawn`` for each spec, in order, in one turn of the Cortex (their
-        records share one commit); answered with the list of answers once every
-        one is (a refused spawn does not stop the ones after it)."""
-        answers: list[SpawnAnswer | None] = [None] * len(specs)
-
-        def refused(error: BaseException) -> SpawnAnswer:  # a failed write, as spawn answers it
-            return SpawnAnswer(None, _store_error(error, parent_id))
-
-        waiting = _Gather(len(specs), answers, reply, refused)
-        with self._one_commit():
-            for i, spec in enumerate(specs):
-                value = self.op_spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
-                if value is not _DEFERRED:
-                    waiting.answer(i, value)
-        return _DEFERRED if reply is not None else answers
+        # Inside one commit every record shares its future: one callback for all.
+        self._when_written(future, written)
 
     def _remote_for(
         self, name: str, skill: Callable[[Any], Any], spec: SpawnSpec
@@ -1881,6 +1983,27 @@ class _Slot:
 
     def fail(self, error: BaseException) -> None:
         self.gather.answer(self.i, self.gather.refused(error))
+
+
+@dataclass(slots=True)
+class _Admitted:
+    """A validated spawn: what its child gets (for every child of a batch that
+    repeats the spec, as long as ``CortexLogic._still_admits``)."""
+
+    spec: SpawnSpec
+    agent: Agent
+    backend: str
+    remote: tuple[ExecutionBackend, bytes] | None
+    ttl: float | None
+    needs_thread: bool
+
+
+def _written_answer(entry: Entry, error: BaseException | None) -> SpawnAnswer:
+    """A spawn's answer once its record's write finished: the child, or the
+    store's error (a child that already ended is still the answer)."""
+    if error is None or entry.state.is_terminal:
+        return SpawnAnswer(entry.session_id, None)
+    return SpawnAnswer(None, _store_error(error, entry.session_id))
 
 
 def _with_state(entry: Entry) -> SessionInfo:
