@@ -20,13 +20,14 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import pykka
 
 from sessiontree.actors import (
     BACKENDS,
+    Activity,
     CancelSignal,
     Counted,
     CycleDone,
@@ -95,6 +96,7 @@ from sessiontree.supervision._index import (
     RunEnded,
     RunsEnded,
     Runtime,
+    SharedTtl,
     SpawnAnswer,
     Tick,
 )
@@ -265,8 +267,9 @@ class CortexLogic:
                 self._parked(sid)
             case Idle(session_id=sid, mark=mark):
                 self._idle(sid, mark)
-            case Expire(session_id=sid):
-                self._expire(sid)
+            case Expire(session_ids=ids):
+                for sid in ids:
+                    self._expire(sid)
             case Deadline(session_ids=ids):
                 self._deadline(ids)
             case Progress(session_id=sid, note=note, data=data):
@@ -418,6 +421,7 @@ class CortexLogic:
         key: str | None,
         backend: str = "inline",
         remote: tuple[ExecutionBackend, bytes] | None = None,
+        ttl_share: SharedTtl | None = None,
     ) -> Entry:
         now = self._now()
         skill_name = agent.main if kind is SessionKind.MAIN else (spec.skill or agent.default)
@@ -448,7 +452,7 @@ class CortexLogic:
             metadata=dict(spec.metadata),
             backend=backend,
         )
-        return self._register(agent, info, parent, ttl, remote=remote)
+        return self._register(agent, info, parent, ttl, remote=remote, ttl_share=ttl_share)
 
     def _register(
         self,
@@ -459,10 +463,11 @@ class CortexLogic:
         *,
         restored: bool = False,
         remote: tuple[ExecutionBackend, bytes] | None = None,
+        ttl_share: SharedTtl | None = None,
     ) -> Entry:
-        """Index a session and start its actor (its first TTL timer: ``ttl`` s);
-        ``restored``: it comes back from the store (its event says so);
-        ``remote``: its skill runs on that backend."""
+        """Index a session and start its actor (its first TTL timer: ``ttl`` s,
+        on ``ttl_share`` if given); ``restored``: it comes back from the store
+        (its event says so); ``remote``: its skill runs on that backend."""
         skill = agent.skills[info.skill]
         kind = info.kind
         core = SessionCore(
@@ -486,7 +491,7 @@ class CortexLogic:
         if entry.needs_thread:
             self.sync_threads += 1
         if ttl is not None:
-            self._arm_ttl(entry, max(ttl, 0.0))
+            self._arm_ttl(entry, max(ttl, 0.0), ttl_share)
         if self.rt.events.observed:
             data: dict[str, Any] = {"kind": kind._value_, "skill": info.skill}
             if restored:
@@ -517,13 +522,23 @@ class CortexLogic:
     def _rejected_by_session(self, body: object) -> None:
         self.rt.counters["rejected_messages"] += 1
 
-    def _arm_ttl(self, entry: Entry, ttl: float) -> None:
+    def _arm_ttl(self, entry: Entry, ttl: float, share: SharedTtl | None = None) -> None:
+        """Expire ``entry`` in ``ttl`` s: on a timer of its own, or on ``share``'s
+        (armed by its first member; its members share their creation instant)."""
         ref = self.self_ref
         if ref is None:
             return
-        # a partial, not a closure: held by every live session, so fewer objects
-        fire = functools.partial(post, ref, Expire(entry.session_id), self.rt.activity)
-        entry.ttl_timer = self.rt.clock.call_later(ttl, cast("Callable[[], None]", fire))
+        if share is None:
+            share = self._ttl_share()
+        if share.timer is None:
+            share.timer = self.rt.clock.call_later(ttl, share)
+        share.add(entry.session_id)
+        entry.ttl_timer = share
+
+    def _ttl_share(self) -> SharedTtl:
+        ref, activity = self.self_ref, self.rt.activity
+        assert ref is not None
+        return SharedTtl(functools.partial(_post_to, ref, activity))
 
     def op_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
         """Get or create the one Main of ``agent_id`` for session ``key`` (answered
@@ -581,10 +596,10 @@ class CortexLogic:
                 first = self._stored_request(parent, spec.request_id)
             if first is not None:
                 answer = SpawnAnswer(first, None, existing=True)
-                entry = self.entries.get(first)
-                if entry is None:
+                known = self.entries.get(first)
+                if known is None:
                     return answer
-                return self._answer_when_persisted(entry, reply, answer)
+                return self._answer_when_persisted(known, reply, answer)
         admitted = self._admit(parent, parent_id, spec)
         if isinstance(admitted, ErrorInfo):
             return SpawnAnswer(None, admitted)
@@ -712,18 +727,32 @@ class CortexLogic:
     def _create_child(self, parent: Entry, admitted: _Admitted) -> Entry | SpawnAnswer:
         """Index an admitted child under ``parent`` and start its actor; a refusal
         if no actor could be started (then nothing was registered)."""
-        spec = admitted.spec
+        spec, ttl = admitted.spec, admitted.ttl
+        share = admitted.ttl_share
+        if share is None and ttl is not None:
+            share = admitted.ttl_share = self._ttl_share()
         try:
-            entry = self._new_entry(
-                admitted.agent,
-                spec.kind,
-                parent,
-                spec,
-                admitted.ttl,
-                None,
-                admitted.backend,
-                admitted.remote,
-            )
+            last = admitted.last
+            if last is None:
+                entry = self._new_entry(
+                    admitted.agent,
+                    spec.kind,
+                    parent,
+                    spec,
+                    ttl,
+                    None,
+                    admitted.backend,
+                    admitted.remote,
+                    share,
+                )
+            else:  # its sibling's identity but for the id: made at the same instant
+                info = msgspec.structs.replace(
+                    last, session_id=new_session_id(), metadata=dict(spec.metadata)
+                )
+                entry = self._register(
+                    admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
+                )
+            admitted.last = entry.info
         except RuntimeError as exc:  # "can't start new thread"
             error = ErrorInfo(
                 code=ErrorCode.CAPACITY_EXCEEDED,
@@ -914,6 +943,7 @@ class CortexLogic:
             return
         if entry.ttl_timer is not None:
             entry.ttl_timer.cancel()
+            entry.ttl_timer = None
         if entry.grant is not None:
             self.rt.slots.forget(entry.grant)
             entry.grant = None
@@ -1996,6 +2026,12 @@ class _Admitted:
     remote: tuple[ExecutionBackend, bytes] | None
     ttl: float | None
     needs_thread: bool
+    last: SessionInfo | None = None  # the identity of the last child made from it
+    ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)
+
+
+def _post_to(ref: pykka.ActorRef[Any], activity: Activity, message: object) -> None:
+    post(ref, message, activity)
 
 
 def _written_answer(entry: Entry, error: BaseException | None) -> SpawnAnswer:

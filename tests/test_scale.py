@@ -56,13 +56,60 @@ def test_ttls_of_every_session_share_one_timer_heap_and_thread() -> None:
     clock = RealClock()
     before = threading.active_count()
     with Node([AGENT], NodeConfig(grace=0.0, actor_type="pooled"), clock=clock) as node:
-        spawn_all(node)
-        # one heap entry per session's TTL (and the periodic check), one thread for all
-        assert len(clock._heap) >= SESSIONS
+        spawn_all(node)  # one batch: its children share one timer
+        main = node.main("agent", "internal:channel:other")
+        for _ in range(10):  # a spawn of its own has a timer of its own
+            assert node.spawn(main, SpawnSpec(kind=SessionKind.WORKER, skill="waits")).ok
+        live = [t for _, _, t in clock._heap._heap if not t.cancelled]
+        assert 11 <= len(live) <= 14  # the batch, the ten, the periodic check (and Mains')
         assert clock._thread is not None
         assert clock._thread.name == "sessiontree-timers"
         assert threading.active_count() - before < 10
     clock.close()
+
+
+def test_a_batch_shares_one_ttl_timer_until_its_last_child_ends(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    node = make_node(AGENT, grace=0.0)
+    pending = clock.pending_timers
+    answers = spawn_all(node)
+    assert clock.pending_timers == pending + SESSIONS + 1  # their sleeps, and one TTL
+    for answer in answers[:-1]:
+        assert node.cancel(answer.ref) is None
+    settle(node)
+    assert all(node.get(a.ref).state is SessionState.CANCELLED for a in answers[:-1])
+    # one child still lives: its TTL (the batch's timer) still runs, and ends it alone
+    clock.advance(600.0)
+    result = node.wait(answers[-1].ref, timeout=WAIT)
+    assert result is not None
+    assert result.status is SessionState.EXPIRED
+    assert all(node.get(a.ref).state is SessionState.CANCELLED for a in answers[:-1])
+
+
+def test_a_batch_ttl_timer_is_cancelled_when_every_child_ended(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    node = make_node(AGENT, grace=0.0)
+    main = node.main("agent")
+    settle(node)
+    pending = clock.pending_timers
+    answers = node.spawn_many(main, [SpawnSpec(kind=SessionKind.WORKER, skill="waits")] * 50)
+    settle(node)
+    assert all(node.cancel(a.ref) is None for a in answers)
+    settle(node)
+    heap = clock._heap._heap
+    assert sum(not t.cancelled for _, _, t in heap) <= pending  # the batch's timer is gone
+
+
+def test_children_of_a_batch_share_their_creation_instant(make_node: Any) -> None:
+    node = make_node(AGENT, grace=0.0)
+    answers = spawn_all(node)
+    infos = [node.get(a.ref) for a in answers]
+    assert len({i.session_id for i in infos}) == SESSIONS
+    assert {(i.created_at, i.deadline) for i in infos} == {
+        (infos[0].created_at, infos[0].created_at + 600.0)
+    }
 
 
 def test_ttls_fire_for_every_session_from_the_one_heap(make_node: Any, clock: VirtualClock) -> None:
