@@ -120,6 +120,10 @@ class CortexLogic:
         self.rt = runtime
         self.entries: dict[uuid.UUID, Entry] = {}
         self.mains: dict[tuple[str, str], uuid.UUID] = {}
+        # for the periodic check: the Mains holding an actor (dropped by it once
+        # gone), and the sessions its stuck check has yet to look at this round
+        self.resident_mains: dict[uuid.UUID, Entry] = {}
+        self.sweep: list[Entry] = []
         self.terminal: collections.deque[uuid.UUID] = collections.deque()
         self.live = 0
         self.sync_threads = 0
@@ -484,6 +488,7 @@ class CortexLogic:
         entry = Entry(core=core, agent=agent, skill=skill, is_async=is_async, parent=parent)
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = self.rt.clock.monotonic()
+            self.resident_mains[info.session_id] = entry
         if not (restored and kind is SessionKind.BRANCH):  # a suspended branch waits for one
             self._start_actor(entry)
         self.entries[info.session_id] = entry
@@ -1573,55 +1578,77 @@ class CortexLogic:
         self._emit(EventKind.CHILD_UPDATE, entry, data={"to": str(parent.session_id)})
 
     def _tick(self) -> None:
+        """The periodic check: idle Mains asked whether they may be passivated,
+        a slice of the sessions checked for being stuck, memory pressure.
+
+        Its cost is bounded, not a walk of every session each time (a tenth of
+        a second at 100,000 sessions): it walks the resident Mains, at most
+        ``_SWEEP_SLICE`` sessions for the stuck check (a node holding more is
+        swept over several checks), and the branches only when the probe says
+        memory is short.
+        """
         config = self.rt.config
         now = self.rt.clock.monotonic()
-        pressure = config.memory_pressure
-        candidates: list[Entry] = []
         idle_after = config.passivate_after
-        if self.store is None or self.closing:
-            idle_after = None  # passivation writes a Main out: only with a store
-        for entry in self.entries.values():
-            core = entry.core
-            if entry.state is not SessionState.ACTIVE:
-                continue
-            if (
-                idle_after is not None
-                and entry.kind is SessionKind.MAIN
-                and now - entry.idle_since >= idle_after
-            ):
-                self._ask_idle(entry)
-            if (
-                core.skill_running
-                and not core.blocked
-                and not core.stuck
-                and core.remote is None  # its worker's liveness is the backend's to watch
-                and now - core.last_checkpoint >= config.stuck_after
-            ):
-                core.stuck = True
-                self.rt.counters["stuck_flagged"] += 1
-                self._emit(
-                    EventKind.STUCK, entry, data={"since_checkpoint_s": now - core.last_checkpoint}
-                )
-            if (
-                pressure is not None
-                and entry.kind is SessionKind.BRANCH
-                and not entry.suspend_requested
-                and entry.cancel_code is None
-                and entry.core.remote is None
-            ):
-                candidates.append(entry)
-        if pressure is not None and candidates and not self.closing:
+        if self.store is not None and not self.closing and idle_after is not None:
+            self._ask_idle_mains(now, idle_after)
+        self._sweep_stuck(now, config.stuck_after)
+        pressure = config.memory_pressure
+        if pressure is not None and not self.closing:
             try:
                 under_pressure = pressure()
             except Exception:
                 log.exception("memory-pressure probe raised; treated as no pressure")
                 under_pressure = False
             if under_pressure:
-                victim = min(candidates, key=lambda e: e.core.last_checkpoint)
-                self._emit(EventKind.MEMORY_PRESSURE, victim)
-                self.op_suspend(victim.session_id)
+                self._relieve_pressure()
         if not self.closing:
             self._arm_tick()
+
+    def _ask_idle_mains(self, now: float, idle_after: float) -> None:
+        entries, resident = self.entries, self.resident_mains
+        for sid, entry in list(resident.items()):
+            if entries.get(sid) is not entry or entry.state.is_terminal:
+                del resident[sid]  # passivated or ended since
+            elif entry.state is SessionState.ACTIVE and now - entry.idle_since >= idle_after:
+                self._ask_idle(entry)
+
+    def _sweep_stuck(self, now: float, stuck_after: float) -> None:
+        sweep = self.sweep
+        if not sweep:
+            sweep = self.sweep = list(self.entries.values())
+        for _ in range(min(len(sweep), _SWEEP_SLICE)):
+            entry = sweep.pop()
+            core = entry.core
+            if (
+                core.skill_running
+                and not core.blocked
+                and not core.stuck
+                and core.state is SessionState.ACTIVE
+                and core.remote is None  # its worker's liveness is the backend's to watch
+                and now - core.last_checkpoint >= stuck_after
+            ):
+                core.stuck = True
+                self.rt.counters["stuck_flagged"] += 1
+                self._emit(
+                    EventKind.STUCK, entry, data={"since_checkpoint_s": now - core.last_checkpoint}
+                )
+
+    def _relieve_pressure(self) -> None:
+        """Memory is short: suspend the active branch whose last checkpoint is oldest."""
+        candidates = [
+            entry
+            for entry in self.entries.values()
+            if entry.kind is SessionKind.BRANCH
+            and entry.state is SessionState.ACTIVE
+            and not entry.suspend_requested
+            and entry.cancel_code is None
+            and entry.core.remote is None
+        ]
+        if candidates:
+            victim = min(candidates, key=lambda e: e.core.last_checkpoint)
+            self._emit(EventKind.MEMORY_PRESSURE, victim)
+            self.op_suspend(victim.session_id)
 
     # -- passivation --------------------------------------------------------------
 
@@ -1948,6 +1975,7 @@ class CortexLogic:
 _DEFERRED = object()
 #: Operations that answer their caller themselves (after a store write).
 _EVICT_TRIES = 16
+_SWEEP_SLICE = 10_000  # sessions the periodic check looks at for being stuck
 _NO_OUTCOME = Outcome()  # frozen; its fields are copied into each result
 _TAKES_REPLY = frozenset({"main", "spawn", "spawn_many", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);

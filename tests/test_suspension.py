@@ -10,6 +10,7 @@ import pytest
 from sessiontree.actors import VirtualClock
 from sessiontree.protocol import ErrorCode, SessionState
 from sessiontree.supervision import Agent, EventKind, Node
+from sessiontree.supervision import _cortex as cortex_module
 from tests.conftest import WAIT, settle
 
 STARTED = threading.Event()
@@ -191,3 +192,28 @@ def test_a_skill_without_checkpoints_is_flagged_stuck_never_killed(
     gate.set()
     assert ref.wait(WAIT).summary == "unblocked"
     assert waiting.state is SessionState.ACTIVE
+
+
+def test_the_stuck_check_sweeps_a_large_node_over_several_checks(
+    make_node: Any, clock: VirtualClock, gate: threading.Event, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(cortex_module, "_SWEEP_SLICE", 2)  # a check looks at two sessions
+    node = make_node(make_agent(gate), grace=5.0, stuck_after=60.0, check_interval=10.0)
+    main = node.main("agent")
+    for _ in range(3):
+        assert main.spawn(kind="branch", skill="waits").ok
+    settle(node)
+    STARTED.clear()
+    ref = main.spawn(kind="branch", skill="blocks").ref
+    assert STARTED.wait(WAIT)
+    flagged = []
+    for _ in range(9):  # a check every 10 s; node.stuck() waits for each to be done
+        clock.advance(10.0)
+        flagged.append(len(node.stuck()))
+    # stuck from the check at 60 s on, found by one of the three checks it takes
+    # to look at all five sessions two at a time
+    assert flagged[:5] == [0] * 5
+    assert flagged[-1] == 1
+    assert [s.session_id for s in node.stuck()] == [ref.session_id]
+    gate.set()
+    assert ref.wait(WAIT).summary == "unblocked"
