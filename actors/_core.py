@@ -42,12 +42,24 @@ class Cancelled(BaseException):
     ``node_closed`` (a branch that never parked during a shutdown).
     """
 
-    def __init__(self, code: ErrorCode, session_id: uuid.UUID) -> None:
-        # The message is made when shown, not here: a cascade raises one per
-        # session and almost none is ever printed.
-        super().__init__(code, session_id)
-        self.code = code
-        self.session_id = session_id
+    # No __init__ of its own: ``Cancelled(code, session_id)`` is built by
+    # BaseException alone (a cascade raises one per session), and the two fields
+    # are read from ``args``. The message is made when shown, for the same reason.
+    if TYPE_CHECKING:
+
+        def __init__(self, code: ErrorCode, session_id: uuid.UUID) -> None: ...
+
+    @property
+    def code(self) -> ErrorCode:
+        """Why the session was cancelled."""
+        code: ErrorCode = self.args[0]
+        return code
+
+    @property
+    def session_id(self) -> uuid.UUID:
+        """The session it was raised into."""
+        session_id: uuid.UUID = self.args[1]
+        return session_id
 
     def __str__(self) -> str:
         return f"session {self.session_id} cancelled ({self.code})"

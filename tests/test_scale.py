@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import gc
+import pickle
 import threading
+import uuid
 from typing import Any
 
 import pytest
 
-from sessiontree.actors import RealClock, SessionCond, VirtualClock
-from sessiontree.protocol import SessionKind, SessionState, SpawnSpec
+from sessiontree.actors import Cancelled, RealClock, SessionCond, VirtualClock
+from sessiontree.protocol import ErrorCode, SessionKind, SessionState, SpawnSpec
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests.conftest import WAIT, settle
 
@@ -173,3 +175,13 @@ def test_session_cond_is_reentrant_and_refuses_a_wait_without_the_lock() -> None
         cond.notify_all()  # nobody waits: nothing happens
     with pytest.raises(RuntimeError, match="un-acquired lock"):
         cond.wait()
+
+
+def test_cancelled_carries_its_code_and_session_and_pickles() -> None:
+    session_id = uuid.uuid4()
+    exc = Cancelled(ErrorCode.PARENT_TERMINATED, session_id)
+    assert exc.code is ErrorCode.PARENT_TERMINATED
+    assert exc.session_id == session_id
+    assert str(exc) == f"session {session_id} cancelled ({ErrorCode.PARENT_TERMINATED})"
+    back = pickle.loads(pickle.dumps(exc))
+    assert (back.code, back.session_id) == (exc.code, session_id)
