@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import collections
 import contextlib
 import heapq
 import itertools
-import threading
 import uuid
 import weakref
 from collections.abc import Callable
@@ -90,45 +90,33 @@ class _Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
-class SessionCond:
+# typeshed marks RLock final; the C type is subclassable (3.11 to 3.13 checked).
+class SessionCond(_thread.RLock):  # type: ignore[misc]
     """``threading.Condition()`` (over an ``RLock``), as the session's shared
     state needs it: ``with``, ``acquire``/``release``, ``wait()`` without a
     timeout, ``notify_all()``. A Condition keeps five bound methods of its
     lock and a deque of waiters per instance; a node holds one per session,
-    and the garbage collector walks them all. This is two objects, the list of
-    waiters made only when a thread waits (async skills never do).
+    and the garbage collector walks them all. This is the ``RLock`` itself
+    (so ``with`` takes it without a Python call: every checkpoint, wait and
+    ending passes here), the list of waiters made only when a thread waits
+    (async skills never do).
 
     ``wait`` raises ``RuntimeError`` unless the calling thread holds the lock;
     ``notify_all`` must be called holding it (not checked: it is on every wake).
     """
 
-    __slots__ = ("_lock", "_waiters")
+    __slots__ = ("_waiters",)
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
         self._waiters: list[Any] | None = None
-
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
-
-    def __exit__(self, *_exc: object) -> None:
-        self._lock.release()
-
-    def acquire(self) -> bool:
-        """Take the lock (re-entrant)."""
-        return self._lock.acquire()
-
-    def release(self) -> None:
-        """Give the lock back once."""
-        self._lock.release()
 
     def wait(self) -> None:
         """Release the lock fully, block until ``notify_all``, take it back."""
-        lock: Any = self._lock
+        lock: Any = self  # the private methods threading.Condition uses too
         if not lock._is_owned():
             msg = "cannot wait on an un-acquired lock"
             raise RuntimeError(msg)
-        waiter = threading.Lock()
+        waiter = _thread.allocate_lock()
         waiter.acquire()
         if self._waiters is None:
             self._waiters = []
