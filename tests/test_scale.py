@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import pickle
 import threading
-from typing import Any
+import uuid
+from typing import Any, cast
 
 import pytest
 
-from sessiontree.actors import RealClock, SessionCond, VirtualClock
-from sessiontree.protocol import SessionKind, SessionState, SpawnSpec
+from sessiontree.actors import Cancelled, RealClock, SessionCond, VirtualClock
+from sessiontree.actors._core import _LoopTimeouts, _Timeout
+from sessiontree.protocol import ErrorCode, SessionKind, SessionState, SpawnSpec
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests.conftest import WAIT, settle
 
@@ -220,3 +224,100 @@ def test_session_cond_is_reentrant_and_refuses_a_wait_without_the_lock() -> None
         cond.notify_all()  # nobody waits: nothing happens
     with pytest.raises(RuntimeError, match="un-acquired lock"):
         cond.wait()
+
+
+# -- the timeouts of async waits ------------------------------------------------
+
+
+class _Woken:
+    """What a wait's timeout touches of its session: the lock and ``wake``."""
+
+    def __init__(self, name: str, woken: list[str]) -> None:
+        self.cond = SessionCond()
+        self.name = name
+        self.woken = woken
+
+    def wake(self) -> None:
+        self.woken.append(self.name)
+
+
+def test_async_timeouts_fire_in_order_from_one_loop_timer() -> None:
+    clock = RealClock()
+    loop = asyncio.new_event_loop()
+    woken: list[str] = []
+    timeouts = _LoopTimeouts(clock.call_later_on)
+    waits = {name: _Timeout(cast("Any", _Woken(name, woken))) for name in ("a", "b", "c", "d")}
+
+    async def run() -> None:
+        timeouts.add(loop, 0.15, waits["c"])
+        timeouts.add(loop, 0.05, waits["a"])  # earlier than the loop's timer: it moves
+        timeouts.add(loop, 0.10, waits["b"])
+        timeouts.add(loop, 0.08, waits["d"])
+        waits["d"].cancel()  # a wait that ended first: its timeout never fires
+        waits["d"].cancel()  # twice is nothing
+        await asyncio.sleep(0.07)
+        assert woken == ["a"]
+        await asyncio.sleep(0.2)
+
+    try:
+        loop.run_until_complete(run())
+        assert woken == ["a", "b", "c"]
+        assert [waits[name].fired for name in "abcd"] == [True, True, True, False]
+        waits["a"].cancel()  # after it fired: nothing
+        assert not any(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+
+
+def test_cancelled_async_timeouts_are_dropped_from_the_heap() -> None:
+    clock = RealClock()
+    loop = asyncio.new_event_loop()
+    woken: list[str] = []
+    timeouts = _LoopTimeouts(clock.call_later_on)
+    waits = [_Timeout(cast("Any", _Woken(str(i), woken))) for i in range(300)]
+
+    async def run() -> None:
+        for wait in waits:
+            timeouts.add(loop, 3_600.0, wait)
+        for wait in waits[:200]:
+            wait.cancel()
+        assert len(timeouts._heap) < 200  # rebuilt once half of it was dead
+        for wait in waits[200:]:
+            wait.cancel()
+        assert timeouts._heap == []
+
+    try:
+        loop.run_until_complete(run())
+        assert not any(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
+        assert woken == []
+    finally:
+        loop.close()
+
+
+async def naps(session: Any) -> str:
+    await session.sleep(0.05)
+    return "rested"
+
+
+def test_async_sleeps_on_a_real_clock_end_and_cancel() -> None:
+    agent = Agent("agent", {"main": lambda session: None, "naps": naps, "waits": waits})
+    with Node([agent], NodeConfig(grace=0.0), clock=RealClock()) as node:
+        main = node.main("agent")
+        napping = [main.spawn(kind=SessionKind.WORKER, skill="naps").ref for _ in range(3)]
+        waiting = main.spawn(kind=SessionKind.WORKER, skill="waits").ref
+        for ref in napping:
+            assert ref.wait(WAIT).summary == "rested"
+        settle(node)
+        waiting.cancel()
+        result = waiting.wait(WAIT)
+        assert result.status is SessionState.CANCELLED
+
+
+def test_cancelled_carries_its_code_and_session_and_pickles() -> None:
+    session_id = uuid.uuid4()
+    exc = Cancelled(ErrorCode.PARENT_TERMINATED, session_id)
+    assert exc.code is ErrorCode.PARENT_TERMINATED
+    assert exc.session_id == session_id
+    assert str(exc) == f"session {session_id} cancelled ({ErrorCode.PARENT_TERMINATED})"
+    back = pickle.loads(pickle.dumps(exc))
+    assert (back.code, back.session_id) == (exc.code, session_id)

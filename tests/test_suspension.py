@@ -35,6 +35,10 @@ def make_agent(gate: threading.Event) -> Agent:
         session.sleep(10_000)
         return "done"
 
+    async def waits_async(session: Any) -> str:
+        await session.sleep(10_000)
+        return "done"
+
     def blocks(session: Any) -> str:
         session.checkpoint()
         STARTED.set()
@@ -49,6 +53,7 @@ def make_agent(gate: threading.Event) -> Agent:
             "steps": steps,
             "steps_async": steps_async,
             "waits": waits,
+            "waits_async": waits_async,
             "blocks": blocks,
         },
     )
@@ -110,8 +115,9 @@ def test_ttl_keeps_counting_while_suspended(node: Node, clock: VirtualClock) -> 
     assert ref.wait(WAIT).error.code is ErrorCode.TTL_EXPIRED
 
 
-def test_cancelling_a_suspended_branch_ends_it(node: Node, clock: VirtualClock) -> None:
-    ref = node.main("agent").spawn(kind="branch", skill="steps").ref
+@pytest.mark.parametrize("skill", ["steps", "steps_async"])
+def test_cancelling_a_suspended_branch_ends_it(node: Node, clock: VirtualClock, skill: str) -> None:
+    ref = node.main("agent").spawn(kind="branch", skill=skill).ref
     settle(node)
     ref.suspend()
     clock.advance(1.0)
@@ -122,10 +128,11 @@ def test_cancelling_a_suspended_branch_ends_it(node: Node, clock: VirtualClock) 
     assert result.error.code is ErrorCode.CANCELLED
 
 
+@pytest.mark.parametrize("skill", ["waits", "waits_async"])
 def test_a_waiting_branch_parks_at_once_and_keeps_waiting_after_resume(
-    node: Node, clock: VirtualClock
+    node: Node, clock: VirtualClock, skill: str
 ) -> None:
-    ref = node.main("agent").spawn(kind="branch", skill="waits", ttl=20_000.0).ref
+    ref = node.main("agent").spawn(kind="branch", skill=skill, ttl=20_000.0).ref
     settle(node)
     ref.suspend()
     settle(node)
