@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import collections
 import contextlib
-import threading
+import heapq
+import itertools
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,12 +45,24 @@ class Cancelled(BaseException):
     ``node_closed`` (a branch that never parked during a shutdown).
     """
 
-    def __init__(self, code: ErrorCode, session_id: uuid.UUID) -> None:
-        # The message is made when shown, not here: a cascade raises one per
-        # session and almost none is ever printed.
-        super().__init__(code, session_id)
-        self.code = code
-        self.session_id = session_id
+    # No __init__ of its own: ``Cancelled(code, session_id)`` is built by
+    # BaseException alone (a cascade raises one per session), and the two fields
+    # are read from ``args``. The message is made when shown, for the same reason.
+    if TYPE_CHECKING:
+
+        def __init__(self, code: ErrorCode, session_id: uuid.UUID) -> None: ...
+
+    @property
+    def code(self) -> ErrorCode:
+        """Why the session was cancelled."""
+        code: ErrorCode = self.args[0]
+        return code
+
+    @property
+    def session_id(self) -> uuid.UUID:
+        """The session it was raised into."""
+        session_id: uuid.UUID = self.args[1]
+        return session_id
 
     def __str__(self) -> str:
         return f"session {self.session_id} cancelled ({self.code})"
@@ -75,45 +90,33 @@ class _Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
-class SessionCond:
+# typeshed marks RLock final; the C type is subclassable (3.11 to 3.13 checked).
+class SessionCond(_thread.RLock):  # type: ignore[misc]
     """``threading.Condition()`` (over an ``RLock``), as the session's shared
     state needs it: ``with``, ``acquire``/``release``, ``wait()`` without a
     timeout, ``notify_all()``. A Condition keeps five bound methods of its
     lock and a deque of waiters per instance; a node holds one per session,
-    and the garbage collector walks them all. This is two objects, the list of
-    waiters made only when a thread waits (async skills never do).
+    and the garbage collector walks them all. This is the ``RLock`` itself
+    (so ``with`` takes it without a Python call: every checkpoint, wait and
+    ending passes here), the list of waiters made only when a thread waits
+    (async skills never do).
 
     ``wait`` raises ``RuntimeError`` unless the calling thread holds the lock;
     ``notify_all`` must be called holding it (not checked: it is on every wake).
     """
 
-    __slots__ = ("_lock", "_waiters")
+    __slots__ = ("_waiters",)
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
         self._waiters: list[Any] | None = None
-
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
-
-    def __exit__(self, *_exc: object) -> None:
-        self._lock.release()
-
-    def acquire(self) -> bool:
-        """Take the lock (re-entrant)."""
-        return self._lock.acquire()
-
-    def release(self) -> None:
-        """Give the lock back once."""
-        self._lock.release()
 
     def wait(self) -> None:
         """Release the lock fully, block until ``notify_all``, take it back."""
-        lock: Any = self._lock
+        lock: Any = self  # the private methods threading.Condition uses too
         if not lock._is_owned():
             msg = "cannot wait on an un-acquired lock"
             raise RuntimeError(msg)
-        waiter = threading.Lock()
+        waiter = _thread.allocate_lock()
         waiter.acquire()
         if self._waiters is None:
             self._waiters = []
@@ -338,10 +341,10 @@ class SessionCore:
             return on_timeout, None
         on_loop = None if loop is None else getattr(self.clock, "call_later_on", None)
         if on_loop is not None:
-            timer: _Cancellable = on_loop(loop, timeout, on_timeout)
-        else:
-            timer = self.clock.call_later(timeout, on_timeout)
-        return on_timeout, timer
+            assert loop is not None
+            _loop_timeouts(loop, on_loop).add(loop, timeout, on_timeout)
+            return on_timeout, on_timeout
+        return on_timeout, self.clock.call_later(timeout, on_timeout)
 
     def block_until(
         self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
@@ -391,7 +394,7 @@ class SessionCore:
                         # slot back at once when one is free (the usual case)
                         self._unmark_blocked()
                         unmarked = True
-                        if released and not self.fenced and self.slots.try_acquire():
+                        if released and self.fence_code is None and self.slots.try_acquire():
                             self.holds_slot = True
                             released = False
                         break
@@ -428,19 +431,129 @@ class SessionCore:
 
 class _Timeout:
     """The timer callback of a wait: sets ``fired`` and wakes the skill. One
-    object where a closure over a flag took five; every waiting session holds one."""
+    object where a closure over a flag took five; every waiting session holds one.
 
-    __slots__ = ("core", "fired")
+    On a loop's :class:`_LoopTimeouts` it is its own timer: ``timeouts`` is set
+    while it is queued there, and ``cancel`` drops it.
+    """
+
+    __slots__ = ("core", "fired", "timeouts")
 
     def __init__(self, core: SessionCore) -> None:
-        self.core = core
+        self.core: SessionCore | None = core
         self.fired = False
+        self.timeouts: _LoopTimeouts | None = None
 
     def __call__(self) -> None:
         core = self.core
+        if core is None:  # cancelled
+            return
         with core.cond:
             self.fired = True
             core.wake()
+
+    def cancel(self) -> None:
+        """Never fire (on the loop's thread); nothing if it fired or was cancelled.
+        The session is let go at once: the entry may stay in the heap a while."""
+        self.core = None
+        timeouts = self.timeouts
+        if timeouts is not None:
+            self.timeouts = None
+            timeouts.dropped()
+
+
+class _LoopTimeouts:
+    """The timeouts of the async waits on one event loop, in one heap; the loop
+    holds a timer (from the clock's ``call_later_on``) for the earliest only.
+
+    A loop timer per wait cost a handle, a push onto the loop's heap and a
+    cancel per session, and ten thousand sessions sleeping for a day are the
+    usual case. Cancelled entries stay in the heap until it is half dead, then
+    it is rebuilt (as asyncio does with its own). Used on the loop's thread only.
+    A due timeout runs as a loop callback of its own, as its timer did.
+
+    Only the loop's timer (and the waits queued here) hold it: whatever it
+    holds goes with the loop, as the loop's own timers did.
+    """
+
+    __slots__ = ("__weakref__", "_dead", "_heap", "_on_loop", "_seq", "_timer", "_timer_when")
+
+    def __init__(self, on_loop: Callable[..., _Cancellable]) -> None:
+        self._on_loop = on_loop
+        self._heap: list[tuple[float, int, _Timeout]] = []
+        self._seq = itertools.count()  # ties in time fire in the order they were added
+        self._dead = 0  # cancelled entries still in the heap
+        self._timer: _Cancellable | None = None
+        self._timer_when = 0.0
+
+    def add(self, loop: asyncio.AbstractEventLoop, delay: float, timeout: _Timeout) -> None:
+        """Have ``timeout`` called on ``loop`` once ``delay`` seconds passed."""
+        when = loop.time() + delay
+        timeout.timeouts = self
+        heapq.heappush(self._heap, (when, next(self._seq), timeout))
+        if self._timer is None or when < self._timer_when:
+            self._schedule(loop, when, delay)
+
+    def dropped(self) -> None:
+        """One entry was cancelled; rebuild the heap once half of it is dead (and
+        drop it with the loop's timer once all of it is)."""
+        self._dead += 1
+        heap = self._heap
+        if self._dead == len(heap):
+            heap.clear()
+        elif self._dead > _MIN_DEAD and 2 * self._dead > len(heap):
+            self._heap = heap = [entry for entry in heap if entry[2].timeouts is self]
+            heapq.heapify(heap)
+        else:
+            return
+        self._dead = 0
+        if not heap and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, when: float, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._on_loop(loop, delay, self._fire)
+        self._timer_when = when
+
+    def _fire(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            timeout = heapq.heappop(heap)[2]
+            if timeout.timeouts is None:  # cancelled
+                self._dead -= 1
+                continue
+            timeout.timeouts = None
+            loop.call_soon(timeout)
+        if heap:
+            when = heap[0][0]
+            self._schedule(loop, when, when - now)
+
+
+_MIN_DEAD = 64  # a heap with fewer cancelled entries is never rebuilt
+
+# Weak both ways: an entry goes with its loop, and with its timeouts once nothing
+# is queued there (then the next wait on that loop makes new ones).
+_TIMEOUTS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.ReferenceType[_LoopTimeouts]
+] = weakref.WeakKeyDictionary()
+
+
+def _loop_timeouts(
+    loop: asyncio.AbstractEventLoop, on_loop: Callable[..., _Cancellable]
+) -> _LoopTimeouts:
+    """The timeouts of ``loop``, timed with ``on_loop`` (``call_later_on`` of the
+    clock that asked: any clock that has it keeps the loop's time)."""
+    ref = _TIMEOUTS.get(loop)
+    timeouts = None if ref is None else ref()
+    if timeouts is None:
+        timeouts = _LoopTimeouts(on_loop)
+        _TIMEOUTS[loop] = weakref.ref(timeouts)
+    return timeouts
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:
@@ -459,8 +572,9 @@ def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args:
 
 
 def _set_all(futures: list[asyncio.Future[None]]) -> None:
-    for fut in futures:
-        _set_done(fut)
+    for fut in futures:  # _set_done, inline: a cascade sets thousands in one call
+        if not fut.done():
+            fut.set_result(None)
 
 
 def wake_batch(batch: list[AsyncWaiter]) -> None:

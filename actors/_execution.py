@@ -141,7 +141,7 @@ def _end_by(exc: BaseException, cycle: int) -> RunEnd:
     """How a raise ends a run: ``Cancelled`` (or a forced task's ``CancelledError``)
     is a cancellation, ``KeyboardInterrupt``/``SystemExit`` a crash that also stops
     the node, anything else a crash."""
-    if isinstance(exc, Cancelled | asyncio.CancelledError):
+    if type(exc) is Cancelled or isinstance(exc, Cancelled | asyncio.CancelledError):
         return _CANCELLED if cycle == 0 else RunEnd(cancelled=True, cycle=cycle)
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
@@ -227,11 +227,13 @@ class EventLoopThread:
         )
         self._wake_pending = False
         self._ready = threading.Event()
+        self._ident: int | None = None  # the thread's, read on every run's end
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self._ready.wait(timeout=10.0)
 
     def _run(self) -> None:
+        self._ident = threading.get_ident()
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._ready.set)
         try:
@@ -241,7 +243,7 @@ class EventLoopThread:
 
     def is_current(self) -> bool:
         """True on the loop's own thread."""
-        return threading.get_ident() == self._thread.ident
+        return threading.get_ident() == self._ident
 
     def submit(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Start ``make()`` as a task on the loop. Once ``close`` began, ``make``
@@ -323,8 +325,9 @@ async def run_async(
 
     Run as a task of its own: it notes that task on ``core`` (a forced end cancels it).
     """
-    core.task = asyncio.current_task()
-    core.task_loop = asyncio.get_running_loop()
+    loop = asyncio.get_running_loop()
+    core.task = asyncio.current_task(loop)
+    core.task_loop = loop
     end: RunEnd
     if core.fenced:
         finish_run(host, core, RunEnd(cancelled=True, cycle=cycle))

@@ -150,15 +150,16 @@ class _Base:
             self._host.refused(core, what)
             raise Cancelled(fence_code, core.session_id)
         with core.cond:
-            if core.cancel_code is not None:
-                if not core.cancel_raised:
-                    core.cancel_raised = True
-                    raise Cancelled(core.cancel_code, core.session_id)
+            code = core.cancel_code
+            if code is None:
+                if core.suspend_requested:
+                    core.parked = True
+                    return True
                 return False
-            if core.suspend_requested:
-                core.parked = True
-                return True
-            return False
+            if core.cancel_raised:
+                return False
+            core.cancel_raised = True
+        raise Cancelled(code, core.session_id)  # raised with the lock released
 
     def _unpark(self) -> None:
         with self._core.cond:
@@ -422,12 +423,19 @@ class AsyncSession(_Base):
         await self._checkpoint("checkpoint")
 
     async def _checkpoint(self, what: str) -> None:
-        while self._raise_if_cancelled(what):
-            self._host.parked(self._core)
-            await self._core.block_until_async(
-                lambda: not self._core.suspend_requested, None, parking=True
-            )
+        if self._raise_if_cancelled(what):
+            await self._park(what)
+
+    async def _park(self, what: str) -> None:
+        """Park until the suspension is lifted, then checkpoint again (and park
+        again if suspended again). ``Cancelled`` as at any checkpoint."""
+        core = self._core
+        while True:
+            self._host.parked(core)
+            await core.block_until_async(lambda: not core.suspend_requested, None, parking=True)
             self._unpark()
+            if not self._raise_if_cancelled(what):
+                return
 
     async def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SpawnedLike:
         """Spawn a child; see ``Session.spawn``."""
@@ -450,7 +458,10 @@ class AsyncSession(_Base):
         core = self._core
         deadline = None if timeout is None else core.clock.monotonic() + timeout
         while True:
-            await self._checkpoint("checkpoint")
+            # the checkpoint, inline: a coroutine (and a frame for Cancelled to
+            # unwind through) only when it parks
+            if self._raise_if_cancelled("checkpoint"):
+                await self._park("checkpoint")
             if ready():
                 return
             remaining = None if deadline is None else deadline - core.clock.monotonic()

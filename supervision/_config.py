@@ -45,9 +45,12 @@ class NodeConfig:
     always run inline. The node's backend starts with the node; another one
     starts when a spawn first names it (``ray`` only if the application
     initialised Ray: Ray must be started on the main thread).
-    ``memory_pressure``: a probe; while
-    it returns True the Cortex suspends the least recently active branch every
-    ``check_interval`` (which also paces the stuck check). With a store:
+    ``memory_pressure``: a probe, called every ``check_interval``; while it
+    returns True the Cortex suspends the least recently active branch each
+    time. ``check_interval`` also paces passivation and the stuck check (a
+    check looks at up to 10,000 sessions; a node holding more is swept over
+    several checks, so a stuck skill may be flagged a few intervals later
+    than ``stuck_after``). With a store:
     ``export_path`` (a canonical JSONL export of the store, rewritten every
     ``housekeeping_interval``) and ``prune_after`` (terminal sessions that
     ended longer ago are deleted from the store on the same schedule,

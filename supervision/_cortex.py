@@ -19,13 +19,15 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import pykka
 
 from sessiontree.actors import (
     BACKENDS,
+    Activity,
     CancelSignal,
     Counted,
     CycleDone,
@@ -96,6 +98,7 @@ from sessiontree.supervision._index import (
     RunEnded,
     RunsEnded,
     Runtime,
+    SharedTtl,
     SpawnAnswer,
     Tick,
 )
@@ -119,6 +122,10 @@ class CortexLogic:
         self.rt = runtime
         self.entries: dict[uuid.UUID, Entry] = {}
         self.mains: dict[tuple[str, str], uuid.UUID] = {}
+        # for the periodic check: the Mains holding an actor (dropped by it once
+        # gone), and the sessions its stuck check has yet to look at this round
+        self.resident_mains: dict[uuid.UUID, Entry] = {}
+        self.sweep: list[Entry] = []
         self.terminal: collections.deque[uuid.UUID] = collections.deque()
         self.live = 0
         self.sync_threads = 0
@@ -266,8 +273,9 @@ class CortexLogic:
                 self._parked(sid)
             case Idle(session_id=sid, mark=mark):
                 self._idle(sid, mark)
-            case Expire(session_id=sid):
-                self._expire(sid)
+            case Expire(session_ids=ids):
+                for sid in ids:
+                    self._expire(sid)
             case Deadline(session_ids=ids):
                 self._deadline(ids)
             case Progress(session_id=sid, note=note, data=data):
@@ -419,6 +427,7 @@ class CortexLogic:
         key: str | None,
         backend: str = "inline",
         remote: tuple[ExecutionBackend, bytes] | None = None,
+        ttl_share: SharedTtl | None = None,
     ) -> Entry:
         now = self._now()
         skill_name = agent.main if kind is SessionKind.MAIN else (spec.skill or agent.default)
@@ -449,7 +458,7 @@ class CortexLogic:
             metadata=dict(spec.metadata),
             backend=backend,
         )
-        return self._register(agent, info, parent, ttl, remote=remote)
+        return self._register(agent, info, parent, ttl, remote=remote, ttl_share=ttl_share)
 
     def _register(
         self,
@@ -460,10 +469,11 @@ class CortexLogic:
         *,
         restored: bool = False,
         remote: tuple[ExecutionBackend, bytes] | None = None,
+        ttl_share: SharedTtl | None = None,
     ) -> Entry:
-        """Index a session and start its actor (its first TTL timer: ``ttl`` s);
-        ``restored``: it comes back from the store (its event says so);
-        ``remote``: its skill runs on that backend."""
+        """Index a session and start its actor (its first TTL timer: ``ttl`` s,
+        on ``ttl_share`` if given); ``restored``: it comes back from the store
+        (its event says so); ``remote``: its skill runs on that backend."""
         skill = agent.skills[info.skill]
         kind = info.kind
         core = SessionCore(
@@ -480,6 +490,7 @@ class CortexLogic:
         entry = Entry(core=core, agent=agent, skill=skill, is_async=is_async, parent=parent)
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = self.rt.clock.monotonic()
+            self.resident_mains[info.session_id] = entry
         if not (restored and kind is SessionKind.BRANCH):  # a suspended branch waits for one
             self._start_actor(entry)
         self.entries[info.session_id] = entry
@@ -487,7 +498,7 @@ class CortexLogic:
         if entry.needs_thread:
             self.sync_threads += 1
         if ttl is not None:
-            self._arm_ttl(entry, max(ttl, 0.0))
+            self._arm_ttl(entry, max(ttl, 0.0), ttl_share)
         if self.rt.events.observed:
             data: dict[str, Any] = {"kind": kind._value_, "skill": info.skill}
             if restored:
@@ -518,13 +529,23 @@ class CortexLogic:
     def _rejected_by_session(self, body: object) -> None:
         self.rt.counters["rejected_messages"] += 1
 
-    def _arm_ttl(self, entry: Entry, ttl: float) -> None:
+    def _arm_ttl(self, entry: Entry, ttl: float, share: SharedTtl | None = None) -> None:
+        """Expire ``entry`` in ``ttl`` s: on a timer of its own, or on ``share``'s
+        (armed by its first member; its members share their creation instant)."""
         ref = self.self_ref
         if ref is None:
             return
-        # a partial, not a closure: held by every live session, so fewer objects
-        fire = functools.partial(post, ref, Expire(entry.session_id), self.rt.activity)
-        entry.ttl_timer = self.rt.clock.call_later(ttl, cast("Callable[[], None]", fire))
+        if share is None:
+            share = self._ttl_share()
+        if share.timer is None:
+            share.timer = self.rt.clock.call_later(ttl, share)
+        share.add(entry.session_id)
+        entry.ttl_timer = share
+
+    def _ttl_share(self) -> SharedTtl:
+        ref, activity = self.self_ref, self.rt.activity
+        assert ref is not None
+        return SharedTtl(functools.partial(_post_to, ref, activity))
 
     def op_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
         """Get or create the one Main of ``agent_id`` for session ``key`` (answered
@@ -582,10 +603,82 @@ class CortexLogic:
                 first = self._stored_request(parent, spec.request_id)
             if first is not None:
                 answer = SpawnAnswer(first, None, existing=True)
-                entry = self.entries.get(first)
-                if entry is None:
+                known = self.entries.get(first)
+                if known is None:
                     return answer
-                return self._answer_when_persisted(entry, reply, answer)
+                return self._answer_when_persisted(known, reply, answer)
+        admitted = self._admit(parent, parent_id, spec)
+        if isinstance(admitted, ErrorInfo):
+            return SpawnAnswer(None, admitted)
+        assert parent is not None  # admitted: it exists
+        entry = self._create_child(parent, admitted)
+        if isinstance(entry, SpawnAnswer):
+            return entry
+        if not self._persist_new(entry):
+            self._want_slot(entry)
+            return SpawnAnswer(entry.session_id, None)
+
+        def written(error: BaseException | None) -> None:
+            if error is None and entry.state is SessionState.PENDING:
+                self._want_slot(entry)
+            if reply is not None:
+                reply.set(_written_answer(entry, error))
+
+        entry.on_persisted.insert(0, written)
+        return _DEFERRED
+
+    def op_spawn_many(
+        self, parent_id: uuid.UUID, specs: tuple[SpawnSpec, ...], reply: Reply | None = None
+    ) -> object:
+        """``op_spawn`` for each spec, in order, in one turn of the Cortex (their
+        records share one commit); answered with the list of answers once every
+        one is (a refused spawn does not stop the ones after it).
+
+        A spec repeated in the batch (the same object) is validated in full once;
+        for the children after, only what a spawn changes is checked again (the
+        parent's live children and the node's counters), and the first that no
+        longer fits is validated in full, so it gets the answer ``op_spawn``
+        would give. What waits for the records runs once for the batch.
+        """
+        answers: list[SpawnAnswer | None] = [None] * len(specs)
+
+        def refused(error: BaseException) -> SpawnAnswer:  # a failed write, as spawn answers it
+            return SpawnAnswer(None, _store_error(error, parent_id))
+
+        waiting = _Gather(len(specs), answers, reply, refused)
+        parent = None if self.closing else self._entry(parent_id)
+        created: list[tuple[int, Entry]] = []
+        admitted: _Admitted | ErrorInfo | None = None
+        with self._one_commit():
+            for i, spec in enumerate(specs):
+                if parent is None or spec.request_id is not None:  # op_spawn answers those
+                    value = self.op_spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
+                    if value is not _DEFERRED:
+                        waiting.answer(i, value)
+                    continue
+                if not (
+                    isinstance(admitted, _Admitted)
+                    and spec is admitted.spec
+                    and self._still_admits(parent, admitted)
+                ):
+                    admitted = self._admit(parent, parent_id, spec)
+                    if isinstance(admitted, ErrorInfo):
+                        waiting.answer(i, SpawnAnswer(None, admitted))
+                        continue
+                child = self._create_child(parent, admitted)
+                if isinstance(child, SpawnAnswer):
+                    waiting.answer(i, child)
+                else:
+                    created.append((i, child))
+            if created:
+                self._persist_children(created, waiting)
+        return _DEFERRED if reply is not None else answers
+
+    def _admit(
+        self, parent: Entry | None, parent_id: uuid.UUID, spec: SpawnSpec
+    ) -> _Admitted | ErrorInfo:
+        """Validate a spawn under ``parent`` (DESIGN.md §4's order) and resolve what
+        its child gets; a refusal is counted, emitted and returned."""
         view = None
         if parent is not None:
             view = ParentView(
@@ -602,14 +695,17 @@ class CortexLogic:
         backend = spec.backend or (
             self.rt.config.backend if spec.kind is SessionKind.WORKER else "inline"
         )
+        needs_thread = (
+            skill is not None
+            and agent is not None
+            and backend == "inline"
+            and not agent.is_async(skill_name)
+        )
         capacity = Capacity(
             live_sessions=self.live,
             zombies=self.zombies + self.main_zombies,
             sync_threads=self.sync_threads + self.zombies,
-            needs_thread=skill is not None
-            and agent is not None
-            and backend == "inline"
-            and not agent.is_async(skill_name),
+            needs_thread=needs_thread,
         )
         error = check_spawn(view, spec, agent, self.rt.config, capacity)
         remote = None
@@ -617,59 +713,99 @@ class CortexLogic:
             remote, error = self._remote_for(backend, skill, spec)
         if error is not None:
             self._rejected_spawn(parent_id, spec, error)
-            return SpawnAnswer(None, error)
-        assert parent is not None
+            return error
         assert agent is not None
+        return _Admitted(spec, agent, backend, remote, resolve_ttl(spec, agent), needs_thread)
+
+    def _still_admits(self, parent: Entry, admitted: _Admitted) -> bool:
+        """Whether one more child as ``admitted`` still passes every check. Within
+        one turn of the Cortex only these change as children are created."""
+        config = self.rt.config
+        return (
+            parent.live_children < parent.agent.max_children
+            and self.live < config.max_sessions
+            and self.zombies + self.main_zombies < config.max_zombies
+            and not (
+                admitted.needs_thread
+                and self.sync_threads + self.zombies >= config.max_step_threads
+            )
+        )
+
+    def _create_child(self, parent: Entry, admitted: _Admitted) -> Entry | SpawnAnswer:
+        """Index an admitted child under ``parent`` and start its actor; a refusal
+        if no actor could be started (then nothing was registered)."""
+        spec, ttl = admitted.spec, admitted.ttl
+        share = admitted.ttl_share
+        if share is None and ttl is not None:
+            share = admitted.ttl_share = self._ttl_share()
         try:
-            ttl = resolve_ttl(spec, agent)
-            entry = self._new_entry(agent, spec.kind, parent, spec, ttl, None, backend, remote)
-        except RuntimeError as exc:  # "can't start new thread": nothing was registered
+            last = admitted.last
+            if last is None:
+                entry = self._new_entry(
+                    admitted.agent,
+                    spec.kind,
+                    parent,
+                    spec,
+                    ttl,
+                    None,
+                    admitted.backend,
+                    admitted.remote,
+                    share,
+                )
+            else:  # its sibling's identity but for the id: made at the same instant
+                info = msgspec.structs.replace(
+                    last, session_id=new_session_id(), metadata=dict(spec.metadata)
+                )
+                entry = self._register(
+                    admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
+                )
+            admitted.last = entry.info
+        except RuntimeError as exc:  # "can't start new thread"
             error = ErrorInfo(
                 code=ErrorCode.CAPACITY_EXCEEDED,
-                message=f"no actor could be started for a child of {parent_id}: {exc}",
+                message=f"no actor could be started for a child of {parent.session_id}: {exc}",
                 detail={"limit": "threads"},
             )
-            self._rejected_spawn(parent_id, spec, error)
+            self._rejected_spawn(parent.session_id, spec, error)
             return SpawnAnswer(None, error)
         parent.children[entry.session_id] = None
         parent.live_children += 1
         if spec.request_id is not None:
             parent.requests[spec.request_id] = entry.session_id
-        if not self._persist_new(entry):
-            self._want_slot(entry)
-            return SpawnAnswer(entry.session_id, None)
+        return entry
+
+    def _persist_children(self, created: list[tuple[int, Entry]], waiting: _Gather) -> None:
+        """Write the records of a batch's new children; once durable, each starts
+        (wants a slot) and its place in ``waiting`` is answered, in order, before
+        whoever else waits for it. A failed write takes every one out again."""
+        future = None
+        for _, entry in created:
+            future = self.persist.created(entry, entry.info.created_at)
+            if future is None:  # no store: they start now
+                break
+            entry.persisted = False
+        if future is None:
+            for i, entry in created:
+                self._want_slot(entry)
+                waiting.answer(i, SpawnAnswer(entry.session_id, None))
+            return
 
         def written(error: BaseException | None) -> None:
-            if error is None and entry.state is SessionState.PENDING:
-                self._want_slot(entry)
-            if reply is None:
-                return
-            if error is None or entry.state.is_terminal:
-                reply.set(SpawnAnswer(entry.session_id, None))
-            else:
-                reply.set(SpawnAnswer(None, _store_error(error, entry.session_id)))
+            for i, entry in created:
+                entry.persisted = True
+                if error is not None:
+                    self._store_failed(error)
+                    self._discard(entry)
+                elif entry.state is SessionState.PENDING:
+                    self._want_slot(entry)
+                waiting.answer(i, _written_answer(entry, error))
+                if entry.on_persisted:
+                    others, entry.on_persisted = entry.on_persisted, []
+                    for then in others:
+                        then(error)
 
-        entry.on_persisted.insert(0, written)
-        return _DEFERRED
-
-    def op_spawn_many(
-        self, parent_id: uuid.UUID, specs: tuple[SpawnSpec, ...], reply: Reply | None = None
-    ) -> object:
-        """``op_spawn`` for each spec, in order, in one turn of the Cortex (their
-        records share one commit); answered with the list of answers once every
-        one is (a refused spawn does not stop the ones after it)."""
-        answers: list[SpawnAnswer | None] = [None] * len(specs)
-
-        def refused(error: BaseException) -> SpawnAnswer:  # a failed write, as spawn answers it
-            return SpawnAnswer(None, _store_error(error, parent_id))
-
-        waiting = _Gather(len(specs), answers, reply, refused)
-        with self._one_commit():
-            for i, spec in enumerate(specs):
-                value = self.op_spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
-                if value is not _DEFERRED:
-                    waiting.answer(i, value)
-        return _DEFERRED if reply is not None else answers
+        # Inside one commit every record shares its future: one callback for all.
+        self._when_written(future, written)
 
     def _remote_for(
         self, name: str, skill: Callable[[Any], Any], spec: SpawnSpec
@@ -814,6 +950,7 @@ class CortexLogic:
             return
         if entry.ttl_timer is not None:
             entry.ttl_timer.cancel()
+            entry.ttl_timer = None
         if entry.grant is not None:
             self.rt.slots.forget(entry.grant)
             entry.grant = None
@@ -1562,55 +1699,77 @@ class CortexLogic:
         self._emit(EventKind.CHILD_UPDATE, entry, data={"to": str(parent.session_id)})
 
     def _tick(self) -> None:
+        """The periodic check: idle Mains asked whether they may be passivated,
+        a slice of the sessions checked for being stuck, memory pressure.
+
+        Its cost is bounded, not a walk of every session each time (a tenth of
+        a second at 100,000 sessions): it walks the resident Mains, at most
+        ``_SWEEP_SLICE`` sessions for the stuck check (a node holding more is
+        swept over several checks), and the branches only when the probe says
+        memory is short.
+        """
         config = self.rt.config
         now = self.rt.clock.monotonic()
-        pressure = config.memory_pressure
-        candidates: list[Entry] = []
         idle_after = config.passivate_after
-        if self.store is None or self.closing:
-            idle_after = None  # passivation writes a Main out: only with a store
-        for entry in self.entries.values():
-            core = entry.core
-            if entry.state is not SessionState.ACTIVE:
-                continue
-            if (
-                idle_after is not None
-                and entry.kind is SessionKind.MAIN
-                and now - entry.idle_since >= idle_after
-            ):
-                self._ask_idle(entry)
-            if (
-                core.skill_running
-                and not core.blocked
-                and not core.stuck
-                and core.remote is None  # its worker's liveness is the backend's to watch
-                and now - core.last_checkpoint >= config.stuck_after
-            ):
-                core.stuck = True
-                self.rt.counters["stuck_flagged"] += 1
-                self._emit(
-                    EventKind.STUCK, entry, data={"since_checkpoint_s": now - core.last_checkpoint}
-                )
-            if (
-                pressure is not None
-                and entry.kind is SessionKind.BRANCH
-                and not entry.suspend_requested
-                and entry.cancel_code is None
-                and entry.core.remote is None
-            ):
-                candidates.append(entry)
-        if pressure is not None and candidates and not self.closing:
+        if self.store is not None and not self.closing and idle_after is not None:
+            self._ask_idle_mains(now, idle_after)
+        self._sweep_stuck(now, config.stuck_after)
+        pressure = config.memory_pressure
+        if pressure is not None and not self.closing:
             try:
                 under_pressure = pressure()
             except Exception:
                 log.exception("memory-pressure probe raised; treated as no pressure")
                 under_pressure = False
             if under_pressure:
-                victim = min(candidates, key=lambda e: e.core.last_checkpoint)
-                self._emit(EventKind.MEMORY_PRESSURE, victim)
-                self.op_suspend(victim.session_id)
+                self._relieve_pressure()
         if not self.closing:
             self._arm_tick()
+
+    def _ask_idle_mains(self, now: float, idle_after: float) -> None:
+        entries, resident = self.entries, self.resident_mains
+        for sid, entry in list(resident.items()):
+            if entries.get(sid) is not entry or entry.state.is_terminal:
+                del resident[sid]  # passivated or ended since
+            elif entry.state is SessionState.ACTIVE and now - entry.idle_since >= idle_after:
+                self._ask_idle(entry)
+
+    def _sweep_stuck(self, now: float, stuck_after: float) -> None:
+        sweep = self.sweep
+        if not sweep:
+            sweep = self.sweep = list(self.entries.values())
+        for _ in range(min(len(sweep), _SWEEP_SLICE)):
+            entry = sweep.pop()
+            core = entry.core
+            if (
+                core.skill_running
+                and not core.blocked
+                and not core.stuck
+                and core.state is SessionState.ACTIVE
+                and core.remote is None  # its worker's liveness is the backend's to watch
+                and now - core.last_checkpoint >= stuck_after
+            ):
+                core.stuck = True
+                self.rt.counters["stuck_flagged"] += 1
+                self._emit(
+                    EventKind.STUCK, entry, data={"since_checkpoint_s": now - core.last_checkpoint}
+                )
+
+    def _relieve_pressure(self) -> None:
+        """Memory is short: suspend the active branch whose last checkpoint is oldest."""
+        candidates = [
+            entry
+            for entry in self.entries.values()
+            if entry.kind is SessionKind.BRANCH
+            and entry.state is SessionState.ACTIVE
+            and not entry.suspend_requested
+            and entry.cancel_code is None
+            and entry.core.remote is None
+        ]
+        if candidates:
+            victim = min(candidates, key=lambda e: e.core.last_checkpoint)
+            self._emit(EventKind.MEMORY_PRESSURE, victim)
+            self.op_suspend(victim.session_id)
 
     # -- passivation --------------------------------------------------------------
 
@@ -1937,6 +2096,7 @@ class CortexLogic:
 _DEFERRED = object()
 #: Operations that answer their caller themselves (after a store write).
 _EVICT_TRIES = 16
+_SWEEP_SLICE = 10_000  # sessions the periodic check looks at for being stuck
 _TAKES_REPLY = frozenset({"main", "spawn", "spawn_many", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.
@@ -2001,6 +2161,33 @@ class _Slot:
 
     def fail(self, error: BaseException) -> None:
         self.gather.answer(self.i, self.gather.refused(error))
+
+
+@dataclass(slots=True)
+class _Admitted:
+    """A validated spawn: what its child gets (for every child of a batch that
+    repeats the spec, as long as ``CortexLogic._still_admits``)."""
+
+    spec: SpawnSpec
+    agent: Agent
+    backend: str
+    remote: tuple[ExecutionBackend, bytes] | None
+    ttl: float | None
+    needs_thread: bool
+    last: SessionInfo | None = None  # the identity of the last child made from it
+    ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)
+
+
+def _post_to(ref: pykka.ActorRef[Any], activity: Activity, message: object) -> None:
+    post(ref, message, activity)
+
+
+def _written_answer(entry: Entry, error: BaseException | None) -> SpawnAnswer:
+    """A spawn's answer once its record's write finished: the child, or the
+    store's error (a child that already ended is still the answer)."""
+    if error is None or entry.state.is_terminal:
+        return SpawnAnswer(entry.session_id, None)
+    return SpawnAnswer(None, _store_error(error, entry.session_id))
 
 
 def _id_text(entry: Entry) -> str:

@@ -57,6 +57,7 @@ __all__ = [
     "RunEnded",
     "RunsEnded",
     "Runtime",
+    "SharedTtl",
     "SpawnAnswer",
     "Tick",
 ]
@@ -106,11 +107,46 @@ class Granted:
     session_id: uuid.UUID
 
 
-# Made once per session: plain slots (a frozen dataclass's __init__ costs
-# about five times as much, through object.__setattr__ per field).
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Expire:
-    session_id: uuid.UUID
+    """The TTL of these sessions ran out (those still live end ``expired``)."""
+
+    session_ids: tuple[uuid.UUID, ...]
+
+
+class SharedTtl:
+    """One TTL timer for sessions created at one instant with one TTL: the
+    children of a batched spawn (any other session has a share of its own).
+    A timer and its callback per child were a tenth of a spawn.
+
+    Each member calls ``cancel()`` once, as it ends; the timer is cancelled
+    when the last member has ended. When it fires (on the clock's thread),
+    ``expire`` gets one ``Expire`` of every member; the Cortex passes over
+    those already ended.
+    """
+
+    __slots__ = ("expire", "ids", "left", "timer")
+
+    def __init__(self, expire: Callable[[Expire], object]) -> None:
+        self.expire = expire
+        self.ids: list[uuid.UUID] = []
+        self.left = 0
+        self.timer: TimerHandle | None = None
+
+    def add(self, session_id: uuid.UUID) -> None:
+        self.ids.append(session_id)
+        self.left += 1
+
+    def cancel(self) -> None:
+        """One member ended (call once per member)."""
+        self.left -= 1
+        if self.left <= 0 and self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+            self.ids = []  # rebound, not cleared: a firing timer may be reading it
+
+    def __call__(self) -> None:
+        self.expire(Expire(tuple(self.ids)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +219,7 @@ class Entry:
     requests: dict[str, uuid.UUID] = field(default_factory=dict)
     cancel_code: ErrorCode | None = None
     suspend_requested: bool = False
-    ttl_timer: TimerHandle | None = None
+    ttl_timer: SharedTtl | None = None
     grant: Callable[[], None] | None = None
     result: SessionResult | None = None
     waiters: list[Reply] = field(default_factory=list)

@@ -443,6 +443,9 @@ class Node:
         self._close_owned()
 
     def _event_loop(self) -> EventLoopThread:
+        loop = self._loop  # once made, it stays: no lock to read it (a run starts each)
+        if loop is not None:
+            return loop
         with self._loop_lock:
             if self._loop is None:
                 self._loop = EventLoopThread()

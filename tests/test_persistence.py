@@ -31,6 +31,7 @@ from sessiontree.protocol import (
     SessionKind,
     SessionResult,
     SessionState,
+    SpawnSpec,
     StoreError,
     StoreLockedError,
     UnknownSessionError,
@@ -1073,6 +1074,35 @@ def test_a_failed_commit_refuses_the_spawn_and_the_node_goes_on(
     assert result is not None
     assert result.summary == "done"
     assert stored(node, spawned.session_id).info.state is SessionState.COMPLETED
+
+
+def test_a_failed_commit_refuses_every_spawn_of_a_batch(
+    open_node: Callable[..., Node], store_path: pathlib.Path, make_store: Callable[..., Store]
+) -> None:
+    io = FailingIO()
+    store = make_store(store_path, io=io)
+    node = open_node(store, Agent("agent", {"main": MainLog(), "finished": finished}))
+    main = node.main("agent")
+    settle(node)
+    errors_before = node.stats()["store_write_errors"]
+    io.failing.set()
+    answers = main.spawn_many([SpawnSpec(kind=SessionKind.BRANCH, skill="finished")] * 3)
+    io.failing.clear()
+    assert [a.ok for a in answers] == [False] * 3
+    for answer in answers:
+        assert answer.error is not None
+        assert answer.error.code is ErrorCode.STORE_FAILED
+        assert "injected I/O error" in answer.error.message
+    assert node.stats()["store_write_errors"] >= errors_before + 3  # one per child
+    assert node.sessions(kind=SessionKind.BRANCH) == []
+    assert store.children(main.session_id) == []
+    settle(node)
+    again = main.spawn_many([SpawnSpec(kind=SessionKind.BRANCH, skill="finished")] * 2)
+    assert all(a.ok for a in again)
+    for answer in again:
+        result = answer.ref.wait(WAIT)
+        assert result is not None
+        assert result.summary == "done"
 
 
 def test_a_main_whose_record_cannot_be_written_is_not_created(

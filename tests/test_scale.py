@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import pickle
 import threading
-from typing import Any
+import uuid
+from typing import Any, cast
 
 import pytest
 
-from sessiontree.actors import RealClock, SessionCond, VirtualClock
-from sessiontree.protocol import SessionKind, SessionState, SpawnSpec
+from sessiontree.actors import Cancelled, RealClock, SessionCond, VirtualClock
+from sessiontree.actors._core import _LoopTimeouts, _Timeout
+from sessiontree.protocol import ErrorCode, SessionKind, SessionState, SpawnSpec
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests.conftest import WAIT, settle
 
@@ -56,13 +60,60 @@ def test_ttls_of_every_session_share_one_timer_heap_and_thread() -> None:
     clock = RealClock()
     before = threading.active_count()
     with Node([AGENT], NodeConfig(grace=0.0, actor_type="pooled"), clock=clock) as node:
-        spawn_all(node)
-        # one heap entry per session's TTL (and the periodic check), one thread for all
-        assert len(clock._heap) >= SESSIONS
+        spawn_all(node)  # one batch: its children share one timer
+        main = node.main("agent", "internal:channel:other")
+        for _ in range(10):  # a spawn of its own has a timer of its own
+            assert node.spawn(main, SpawnSpec(kind=SessionKind.WORKER, skill="waits")).ok
+        live = [t for _, _, t in clock._heap._heap if not t.cancelled]
+        assert 11 <= len(live) <= 14  # the batch, the ten, the periodic check (and Mains')
         assert clock._thread is not None
         assert clock._thread.name == "sessiontree-timers"
         assert threading.active_count() - before < 10
     clock.close()
+
+
+def test_a_batch_shares_one_ttl_timer_until_its_last_child_ends(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    node = make_node(AGENT, grace=0.0)
+    pending = clock.pending_timers
+    answers = spawn_all(node)
+    assert clock.pending_timers == pending + SESSIONS + 1  # their sleeps, and one TTL
+    for answer in answers[:-1]:
+        assert node.cancel(answer.ref) is None
+    settle(node)
+    assert all(node.get(a.ref).state is SessionState.CANCELLED for a in answers[:-1])
+    # one child still lives: its TTL (the batch's timer) still runs, and ends it alone
+    clock.advance(600.0)
+    result = node.wait(answers[-1].ref, timeout=WAIT)
+    assert result is not None
+    assert result.status is SessionState.EXPIRED
+    assert all(node.get(a.ref).state is SessionState.CANCELLED for a in answers[:-1])
+
+
+def test_a_batch_ttl_timer_is_cancelled_when_every_child_ended(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    node = make_node(AGENT, grace=0.0)
+    main = node.main("agent")
+    settle(node)
+    pending = clock.pending_timers
+    answers = node.spawn_many(main, [SpawnSpec(kind=SessionKind.WORKER, skill="waits")] * 50)
+    settle(node)
+    assert all(node.cancel(a.ref) is None for a in answers)
+    settle(node)
+    heap = clock._heap._heap
+    assert sum(not t.cancelled for _, _, t in heap) <= pending  # the batch's timer is gone
+
+
+def test_children_of_a_batch_share_their_creation_instant(make_node: Any) -> None:
+    node = make_node(AGENT, grace=0.0)
+    answers = spawn_all(node)
+    infos = [node.get(a.ref) for a in answers]
+    assert len({i.session_id for i in infos}) == SESSIONS
+    assert {(i.created_at, i.deadline) for i in infos} == {
+        (infos[0].created_at, infos[0].created_at + 600.0)
+    }
 
 
 def test_ttls_fire_for_every_session_from_the_one_heap(make_node: Any, clock: VirtualClock) -> None:
@@ -173,3 +224,100 @@ def test_session_cond_is_reentrant_and_refuses_a_wait_without_the_lock() -> None
         cond.notify_all()  # nobody waits: nothing happens
     with pytest.raises(RuntimeError, match="un-acquired lock"):
         cond.wait()
+
+
+# -- the timeouts of async waits ------------------------------------------------
+
+
+class _Woken:
+    """What a wait's timeout touches of its session: the lock and ``wake``."""
+
+    def __init__(self, name: str, woken: list[str]) -> None:
+        self.cond = SessionCond()
+        self.name = name
+        self.woken = woken
+
+    def wake(self) -> None:
+        self.woken.append(self.name)
+
+
+def test_async_timeouts_fire_in_order_from_one_loop_timer() -> None:
+    clock = RealClock()
+    loop = asyncio.new_event_loop()
+    woken: list[str] = []
+    timeouts = _LoopTimeouts(clock.call_later_on)
+    waits = {name: _Timeout(cast("Any", _Woken(name, woken))) for name in ("a", "b", "c", "d")}
+
+    async def run() -> None:
+        timeouts.add(loop, 0.15, waits["c"])
+        timeouts.add(loop, 0.05, waits["a"])  # earlier than the loop's timer: it moves
+        timeouts.add(loop, 0.10, waits["b"])
+        timeouts.add(loop, 0.08, waits["d"])
+        waits["d"].cancel()  # a wait that ended first: its timeout never fires
+        waits["d"].cancel()  # twice is nothing
+        await asyncio.sleep(0.07)
+        assert woken == ["a"]
+        await asyncio.sleep(0.2)
+
+    try:
+        loop.run_until_complete(run())
+        assert woken == ["a", "b", "c"]
+        assert [waits[name].fired for name in "abcd"] == [True, True, True, False]
+        waits["a"].cancel()  # after it fired: nothing
+        assert not any(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+
+
+def test_cancelled_async_timeouts_are_dropped_from_the_heap() -> None:
+    clock = RealClock()
+    loop = asyncio.new_event_loop()
+    woken: list[str] = []
+    timeouts = _LoopTimeouts(clock.call_later_on)
+    waits = [_Timeout(cast("Any", _Woken(str(i), woken))) for i in range(300)]
+
+    async def run() -> None:
+        for wait in waits:
+            timeouts.add(loop, 3_600.0, wait)
+        for wait in waits[:200]:
+            wait.cancel()
+        assert len(timeouts._heap) < 200  # rebuilt once half of it was dead
+        for wait in waits[200:]:
+            wait.cancel()
+        assert timeouts._heap == []
+
+    try:
+        loop.run_until_complete(run())
+        assert not any(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
+        assert woken == []
+    finally:
+        loop.close()
+
+
+async def naps(session: Any) -> str:
+    await session.sleep(0.05)
+    return "rested"
+
+
+def test_async_sleeps_on_a_real_clock_end_and_cancel() -> None:
+    agent = Agent("agent", {"main": lambda session: None, "naps": naps, "waits": waits})
+    with Node([agent], NodeConfig(grace=0.0), clock=RealClock()) as node:
+        main = node.main("agent")
+        napping = [main.spawn(kind=SessionKind.WORKER, skill="naps").ref for _ in range(3)]
+        waiting = main.spawn(kind=SessionKind.WORKER, skill="waits").ref
+        for ref in napping:
+            assert ref.wait(WAIT).summary == "rested"
+        settle(node)
+        waiting.cancel()
+        result = waiting.wait(WAIT)
+        assert result.status is SessionState.CANCELLED
+
+
+def test_cancelled_carries_its_code_and_session_and_pickles() -> None:
+    session_id = uuid.uuid4()
+    exc = Cancelled(ErrorCode.PARENT_TERMINATED, session_id)
+    assert exc.code is ErrorCode.PARENT_TERMINATED
+    assert exc.session_id == session_id
+    assert str(exc) == f"session {session_id} cancelled ({ErrorCode.PARENT_TERMINATED})"
+    back = pickle.loads(pickle.dumps(exc))
+    assert (back.code, back.session_id) == (exc.code, session_id)

@@ -316,6 +316,57 @@ def test_spawn_many_answers_each_spec_in_order_and_a_refusal_does_not_stop_the_r
     assert all(node.wait(a.ref, timeout=WAIT).ok for a in answers if a.ref is not None)
 
 
+def test_spawn_many_of_one_repeated_spec_answers_as_spawning_one_by_one(make_node: Any) -> None:
+    # A repeated spec is validated in full once; its later children must still
+    # meet every limit a spawn changes, and get the very refusal spawn gives.
+    batched = make_node(AGENT, grace=0.0, max_sessions=7)
+    single = make_node(AGENT, grace=0.0, max_sessions=7)
+    spec = SpawnSpec(kind=SessionKind.WORKER, skill="waits_async")
+    answers = batched.main("agent").spawn_many([spec] * 9)
+    one_main = single.main("agent")
+    one_by_one = [one_main.spawn(spec) for _ in range(9)]
+    assert [a.ok for a in answers] == [a.ok for a in one_by_one] == [True] * 6 + [False] * 3
+    for got, want in zip(answers[6:], one_by_one[6:], strict=True):
+        assert got.error is not None
+        assert want.error is not None
+        assert (got.error.code, got.error.detail) == (want.error.code, want.error.detail)
+        assert got.error.code is ErrorCode.CAPACITY_EXCEEDED  # 1 main + 6 workers = 7
+    assert batched.stats()["rejected_capacity_exceeded"] == 3
+    assert len(batched.sessions(kind=SessionKind.WORKER)) == 6
+
+
+def test_spawn_many_of_a_repeated_spec_stops_at_the_children_limit(node: Any) -> None:
+    spec = SpawnSpec(kind=SessionKind.WORKER, skill="waits_async")
+    answers = node.main("agent").spawn_many([spec] * 10)
+    assert [a.ok for a in answers] == [True] * 8 + [False] * 2
+    for refused in answers[8:]:
+        assert refused.error is not None
+        assert refused.error.code is ErrorCode.CHILDREN_EXCEEDED
+        assert "already has 8 live children" in refused.error.message
+
+
+def test_spawn_many_of_a_repeated_sync_spec_stops_at_the_step_threads(make_node: Any) -> None:
+    node = make_node(AGENT, grace=0.0, max_step_threads=3)
+    spec = SpawnSpec(kind=SessionKind.WORKER, skill="waits")
+    answers = node.main("agent").spawn_many([spec] * 5)
+    assert [a.ok for a in answers] == [True] * 3 + [False] * 2
+    for refused in answers[3:]:
+        assert refused.error is not None
+        assert refused.error.code is ErrorCode.CAPACITY_EXCEEDED
+        assert refused.error.detail == {"limit": "max_step_threads"}
+
+
+def test_spawn_many_of_a_repeated_spec_with_a_request_id_makes_one_child(node: Any) -> None:
+    spec = SpawnSpec(kind=SessionKind.WORKER, skill="waits_async", request_id="r1")
+    first, again, third = node.main("agent").spawn_many([spec] * 3)
+    assert first.ok
+    assert not first.existing
+    assert again.session_id == third.session_id == first.session_id
+    assert again.existing
+    assert third.existing
+    assert len(node.sessions(kind=SessionKind.WORKER)) == 1
+
+
 def test_spawn_many_refuses_an_item_that_is_not_a_spawn_spec_naming_it(node: Any) -> None:
     main = node.main("agent")
     with pytest.raises(RejectedInputError) as caught:

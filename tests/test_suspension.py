@@ -10,6 +10,7 @@ import pytest
 from sessiontree.actors import VirtualClock
 from sessiontree.protocol import ErrorCode, SessionState
 from sessiontree.supervision import Agent, EventKind, Node
+from sessiontree.supervision import _cortex as cortex_module
 from tests.conftest import WAIT, settle
 
 STARTED = threading.Event()
@@ -34,6 +35,10 @@ def make_agent(gate: threading.Event) -> Agent:
         session.sleep(10_000)
         return "done"
 
+    async def waits_async(session: Any) -> str:
+        await session.sleep(10_000)
+        return "done"
+
     def blocks(session: Any) -> str:
         session.checkpoint()
         STARTED.set()
@@ -48,6 +53,7 @@ def make_agent(gate: threading.Event) -> Agent:
             "steps": steps,
             "steps_async": steps_async,
             "waits": waits,
+            "waits_async": waits_async,
             "blocks": blocks,
         },
     )
@@ -109,8 +115,9 @@ def test_ttl_keeps_counting_while_suspended(node: Node, clock: VirtualClock) -> 
     assert ref.wait(WAIT).error.code is ErrorCode.TTL_EXPIRED
 
 
-def test_cancelling_a_suspended_branch_ends_it(node: Node, clock: VirtualClock) -> None:
-    ref = node.main("agent").spawn(kind="branch", skill="steps").ref
+@pytest.mark.parametrize("skill", ["steps", "steps_async"])
+def test_cancelling_a_suspended_branch_ends_it(node: Node, clock: VirtualClock, skill: str) -> None:
+    ref = node.main("agent").spawn(kind="branch", skill=skill).ref
     settle(node)
     ref.suspend()
     clock.advance(1.0)
@@ -121,10 +128,11 @@ def test_cancelling_a_suspended_branch_ends_it(node: Node, clock: VirtualClock) 
     assert result.error.code is ErrorCode.CANCELLED
 
 
+@pytest.mark.parametrize("skill", ["waits", "waits_async"])
 def test_a_waiting_branch_parks_at_once_and_keeps_waiting_after_resume(
-    node: Node, clock: VirtualClock
+    node: Node, clock: VirtualClock, skill: str
 ) -> None:
-    ref = node.main("agent").spawn(kind="branch", skill="waits", ttl=20_000.0).ref
+    ref = node.main("agent").spawn(kind="branch", skill=skill, ttl=20_000.0).ref
     settle(node)
     ref.suspend()
     settle(node)
@@ -191,3 +199,28 @@ def test_a_skill_without_checkpoints_is_flagged_stuck_never_killed(
     gate.set()
     assert ref.wait(WAIT).summary == "unblocked"
     assert waiting.state is SessionState.ACTIVE
+
+
+def test_the_stuck_check_sweeps_a_large_node_over_several_checks(
+    make_node: Any, clock: VirtualClock, gate: threading.Event, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(cortex_module, "_SWEEP_SLICE", 2)  # a check looks at two sessions
+    node = make_node(make_agent(gate), grace=5.0, stuck_after=60.0, check_interval=10.0)
+    main = node.main("agent")
+    for _ in range(3):
+        assert main.spawn(kind="branch", skill="waits").ok
+    settle(node)
+    STARTED.clear()
+    ref = main.spawn(kind="branch", skill="blocks").ref
+    assert STARTED.wait(WAIT)
+    flagged = []
+    for _ in range(9):  # a check every 10 s; node.stuck() waits for each to be done
+        clock.advance(10.0)
+        flagged.append(len(node.stuck()))
+    # stuck from the check at 60 s on, found by one of the three checks it takes
+    # to look at all five sessions two at a time
+    assert flagged[:5] == [0] * 5
+    assert flagged[-1] == 1
+    assert [s.session_id for s in node.stuck()] == [ref.session_id]
+    gate.set()
+    assert ref.wait(WAIT).summary == "unblocked"
