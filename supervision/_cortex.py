@@ -349,30 +349,20 @@ class CortexLogic:
         code: ErrorCode | None = None,
         *,
         at: float | None = None,
-        ending: bool = False,
         taking_slot: bool = False,
     ) -> None:
-        """Change ``entry``'s state (and emit it). ``ending``: it becomes terminal,
-        so under the same lock its compute slot is given back and, unless its
-        skill still runs (a forced task is yet to be cancelled), its task dropped.
-        ``taking_slot``: it starts, holding the compute slot granted to it."""
+        """Change ``entry``'s state (and emit it); an ending goes through
+        ``_end_state``. ``taking_slot``: it starts, holding the compute slot
+        granted to it."""
         old = entry.state
         if not is_legal_transition(old, new):  # a broken invariant: the node fails loudly
             msg = f"session {entry.session_id}: {old} -> {new} is not a legal transition"
             raise InvalidTransitionError(msg, session_id=entry.session_id)
         core = entry.core
-        held = False
         with core.cond:
             core.state = new
             if taking_slot:
                 core.holds_slot = True
-            if ending:
-                held, core.holds_slot = core.holds_slot, False
-                if not core.skill_running:
-                    core.task = None
-                    core.task_loop = None
-        if held:
-            core.slots.release()
         self._emit(EventKind.TRANSITION, entry, previous=old, code=code, at=at)
         if new is SessionState.SUSPENDED or old is SessionState.SUSPENDED:
             # a Branch's context is written on suspend (it may come back after
