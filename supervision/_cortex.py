@@ -1224,11 +1224,7 @@ class CortexLogic:
         entry.result = result
         write = entry.final_write = self.persist.ended(entry, result, now)
         if write is not None:
-            counted = self.counted_writes
-            if counted is not None and counted[0] is write:  # _count_failures' own shortcut
-                counted[1][0] += 1
-            else:
-                self._count_failures(write)
+            self._count_failures(write)
         if entry.waiters:
             for reply in entry.waiters:
                 self._answer_durable(entry, reply)
@@ -1282,21 +1278,7 @@ class CortexLogic:
                 core.task_loop = None
         if held:
             core.slots.release()
-        events = self.rt.events
-        if events.observed:
-            info = core.info
-            events.emit(
-                Event(
-                    kind=EventKind.TRANSITION,
-                    at=now,
-                    session_id=core.session_id,
-                    parent_id=info.parent_id,
-                    session_kind=info.kind._value_,
-                    state=state._value_,
-                    previous=old._value_,
-                    code=code._value_ if code else None,
-                )
-            )
+        self._emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now)
         if old is SessionState.SUSPENDED:
             # as _set_state writes a Branch leaving suspension (the ending's own write follows)
             self.persist.snapshot(entry, now, resume=entry.shutdown_park)
@@ -1355,21 +1337,8 @@ class CortexLogic:
         if live_main and not (self.closing and self.store is not None):
             self._input(parent)
             self._post(parent, Deliver(result))
-        events = self.rt.events
-        if events.observed:
-            core = entry.core
-            info = core.info
-            events.emit(
-                Event(
-                    kind=EventKind.RESULT_DELIVERED,
-                    at=now,
-                    session_id=core.session_id,
-                    parent_id=info.parent_id,
-                    session_kind=info.kind._value_,
-                    state=core.state._value_,
-                    data={"to": _id_text(parent)},
-                )
-            )
+        if self.rt.events.observed:
+            self._emit(EventKind.RESULT_DELIVERED, entry, data={"to": _id_text(parent)}, at=now)
 
     def _evict(self, tries: int) -> None:
         """Forget the oldest endings past ``retain_terminal`` whose terminal write
@@ -1450,26 +1419,13 @@ class CortexLogic:
         running: list[Entry] = []
         wakeups: list[Any] = []
         now = self._now()
-        events = self.rt.events
-        observed = events.observed
         for entry in group:
             entry_code = code if (first is None or entry is first) else ErrorCode.PARENT_TERMINATED
             entry.cancel_code = entry_code
             core = entry.core
             state = core.state
             kind = core.info.kind
-            if observed:  # _emit's CANCEL_REQUESTED, built in place
-                events.emit(
-                    Event(
-                        kind=EventKind.CANCEL_REQUESTED,
-                        at=now,
-                        session_id=core.session_id,
-                        parent_id=core.info.parent_id,
-                        session_kind=kind._value_,
-                        state=state._value_,
-                        code=entry_code._value_,
-                    )
-                )
+            self._emit(EventKind.CANCEL_REQUESTED, entry, code=entry_code, at=now)
             if state is SessionState.PENDING or entry.rerun:  # nothing runs to wrap up
                 self._finish(
                     entry,
