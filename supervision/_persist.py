@@ -223,16 +223,10 @@ class Persister:
         info = core.info
         parent = entry.parent
         if info.kind is SessionKind.WORKER and parent is not None:
-            # Most endings: a worker's record (_add_record's, built here: it holds
-            # no context to leave out when it cannot be stored) and the result it
-            # owes, in one call. A worker has no children, so no receipts.
-            record = SessionRecord(
-                info=msgspec.structs.replace(
-                    info, state=core.state, task="", context_summary="", metadata={}
-                ),
-                result=result,
-                updated_at=now,
-            )
+            # Most endings: a worker's record (it holds no context to leave out
+            # when it cannot be stored) and the result it owes, in one call. A
+            # worker has no children, so no receipts.
+            record = self._record(entry, context=False, now=now)
             parent_core = parent.core
             batch.ended(
                 record, parent_core.session_id, parent_ended=parent_core.state in TERMINAL_STATES
