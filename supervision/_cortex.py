@@ -324,18 +324,28 @@ class CortexLogic:
         if at is None:
             at = self._now()
         # _value_ (a plain attribute) rather than .value (an enum property)
-        core = entry.core if entry is not None else None
-        event = Event(
-            kind=kind,
-            at=at,
-            session_id=core.session_id if core else None,
-            parent_id=core.info.parent_id if core else None,
-            session_kind=core.info.kind._value_ if core else None,
-            state=core.state._value_ if core else None,
-            previous=previous._value_ if previous else None,
-            code=code._value_ if code else None,
-            data=data or {},
-        )
+        if entry is None:
+            event = Event(
+                kind=kind,
+                at=at,
+                previous=None if previous is None else previous._value_,
+                code=None if code is None else code._value_,
+                data={} if data is None else data,
+            )
+        else:
+            core = entry.core
+            info = core.info
+            event = Event(
+                kind=kind,
+                at=at,
+                session_id=core.session_id,
+                parent_id=info.parent_id,
+                session_kind=info.kind._value_,
+                state=core.state._value_,
+                previous=None if previous is None else previous._value_,
+                code=None if code is None else code._value_,
+                data={} if data is None else data,
+            )
         events.emit(event)
 
     def _post(self, entry: Entry, message: object) -> None:
