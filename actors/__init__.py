@@ -2,7 +2,7 @@
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._backends import BACKENDS, Backends
-from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
+from sessiontree.actors._clock import Clock, LoopTimer, RealClock, TimerHandle, VirtualClock
 from sessiontree.actors._conversation import (
     EXPORT_FORMATS,
     Conversation,
@@ -94,6 +94,7 @@ __all__ = [
     "ForceStop",
     "Inbound",
     "Inspect",
+    "LoopTimer",
     "MemoryBackend",
     "Passivate",
     "PooledActor",

@@ -16,10 +16,11 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["Clock", "RealClock", "TimerHandle", "VirtualClock"]
+__all__ = ["Clock", "LoopTimer", "RealClock", "TimerHandle", "VirtualClock"]
 
 log = logging.getLogger("sessiontree.clock")
 
@@ -114,6 +115,101 @@ def _fire(handle: TimerHandle) -> None:
         log.exception("timer callback %r raised; the timer is dropped", callback)
 
 
+class LoopTimer:
+    """A callback :meth:`RealClock.call_later_on` put on an event loop;
+    ``cancel()`` (on the loop's thread) makes sure it never runs and lets go of
+    it at once."""
+
+    __slots__ = ("callback", "timers")
+
+    def __init__(self, callback: Callable[[], None], timers: _LoopTimers) -> None:
+        self.callback: Callable[[], None] | None = callback
+        self.timers: _LoopTimers | None = timers  # None once fired or cancelled
+
+    def cancel(self) -> None:
+        """Cancel the timer (idempotent; nothing once it fired)."""
+        self.callback = None
+        timers = self.timers
+        if timers is not None:
+            self.timers = None
+            timers.dropped()
+
+
+class _LoopTimers:
+    """One clock's timers on one event loop: one heap, and one loop timer for
+    the earliest only. Used on the loop's thread only.
+
+    A loop timer per wait cost a handle, a push onto the loop's heap and a
+    cancel each, and ten thousand sessions sleeping for a day are the usual
+    case. Cancelled entries stay in the heap until it is half dead, then it is
+    rebuilt (as asyncio does with its own); once all are, the loop's timer goes
+    too. A due timer runs as a loop callback of its own.
+    """
+
+    __slots__ = ("_dead", "_heap", "_seq", "_timer", "_timer_when")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, LoopTimer]] = []
+        self._seq = itertools.count()  # ties in time fire in the order they were added
+        self._dead = 0  # cancelled entries still in the heap
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_when = 0.0
+
+    def add(
+        self, loop: asyncio.AbstractEventLoop, delay: float, callback: Callable[[], None]
+    ) -> LoopTimer:
+        when = loop.time() + delay
+        timer = LoopTimer(callback, self)
+        heapq.heappush(self._heap, (when, next(self._seq), timer))
+        if self._timer is None or when < self._timer_when:
+            self._schedule(loop, when)
+        return timer
+
+    def dropped(self) -> None:
+        """One entry was cancelled."""
+        self._dead += 1
+        heap = self._heap
+        if self._dead == len(heap):
+            heap.clear()
+        elif self._dead > _MIN_DEAD and 2 * self._dead > len(heap):
+            self._heap = heap = [entry for entry in heap if entry[2].timers is self]
+            heapq.heapify(heap)
+        else:
+            return
+        self._dead = 0
+        if not heap and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def fire_due(self, loop: asyncio.AbstractEventLoop, now: float | None = None) -> None:
+        """Hand every timer due at ``now`` (default: the loop's time) to the loop,
+        in order, and time the loop for the next one. The loop's timer calls it."""
+        if now is None:
+            now = loop.time()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            timer = heapq.heappop(heap)[2]
+            if timer.timers is None or timer.callback is None:  # cancelled
+                self._dead -= 1
+                continue
+            timer.timers = None
+            loop.call_soon(timer.callback, context=_EMPTY_CONTEXT)
+        if heap:
+            self._schedule(loop, heap[0][0])
+        elif self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self.fire_due, loop, context=_EMPTY_CONTEXT)
+        self._timer_when = when
+
+
+_MIN_DEAD = 64  # a heap with fewer cancelled entries is never rebuilt
+
+
 class RealClock:
     """The system clock; timers fire on one daemon thread started on first use."""
 
@@ -122,6 +218,10 @@ class RealClock:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # the timers of call_later_on, per loop (they go with their loop, or the clock)
+        self._on_loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopTimers] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def time(self) -> float:
         return time.time()
@@ -149,12 +249,16 @@ class RealClock:
 
     def call_later_on(
         self, loop: asyncio.AbstractEventLoop, delay: float, callback: Callable[[], None]
-    ) -> asyncio.TimerHandle:
+    ) -> LoopTimer:
         """``call_later`` timed by ``loop`` itself, for a wait of a coroutine on that
-        loop: no timer-thread hop (an asyncio loop's time is ``time.monotonic``,
-        this clock's monotonic time). ``callback`` runs in an empty context
-        (asyncio would copy the caller's into every timer)."""
-        return loop.call_later(delay, callback, context=_EMPTY_CONTEXT)
+        loop; call it on the loop's thread. No timer-thread hop (an asyncio
+        loop's time is ``time.monotonic``, this clock's monotonic time); the
+        clock keeps its timers on a loop in one heap, and ``callback`` runs as a
+        loop callback in an empty context (asyncio would copy the caller's)."""
+        timers = self._on_loops.get(loop)
+        if timers is None:
+            timers = self._on_loops[loop] = _LoopTimers()
+        return timers.add(loop, delay, callback)
 
     def close(self) -> None:
         """Stop the timer thread; pending timers never fire."""

@@ -6,10 +6,7 @@ import _thread
 import asyncio
 import collections
 import contextlib
-import heapq
-import itertools
 import uuid
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -341,10 +338,10 @@ class SessionCore:
             return on_timeout, None
         on_loop = None if loop is None else getattr(self.clock, "call_later_on", None)
         if on_loop is not None:
-            assert loop is not None
-            _loop_timeouts(loop, on_loop).add(loop, timeout, on_timeout)
-            return on_timeout, on_timeout
-        return on_timeout, self.clock.call_later(timeout, on_timeout)
+            timer: _Cancellable = on_loop(loop, timeout, on_timeout)
+        else:
+            timer = self.clock.call_later(timeout, on_timeout)
+        return on_timeout, timer
 
     def block_until(
         self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
@@ -431,129 +428,19 @@ class SessionCore:
 
 class _Timeout:
     """The timer callback of a wait: sets ``fired`` and wakes the skill. One
-    object where a closure over a flag took five; every waiting session holds one.
+    object where a closure over a flag took five; every waiting session holds one."""
 
-    On a loop's :class:`_LoopTimeouts` it is its own timer: ``timeouts`` is set
-    while it is queued there, and ``cancel`` drops it.
-    """
-
-    __slots__ = ("core", "fired", "timeouts")
+    __slots__ = ("core", "fired")
 
     def __init__(self, core: SessionCore) -> None:
-        self.core: SessionCore | None = core
+        self.core = core
         self.fired = False
-        self.timeouts: _LoopTimeouts | None = None
 
     def __call__(self) -> None:
         core = self.core
-        if core is None:  # cancelled
-            return
         with core.cond:
             self.fired = True
             core.wake()
-
-    def cancel(self) -> None:
-        """Never fire (on the loop's thread); nothing if it fired or was cancelled.
-        The session is let go at once: the entry may stay in the heap a while."""
-        self.core = None
-        timeouts = self.timeouts
-        if timeouts is not None:
-            self.timeouts = None
-            timeouts.dropped()
-
-
-class _LoopTimeouts:
-    """The timeouts of the async waits on one event loop, in one heap; the loop
-    holds a timer (from the clock's ``call_later_on``) for the earliest only.
-
-    A loop timer per wait cost a handle, a push onto the loop's heap and a
-    cancel per session, and ten thousand sessions sleeping for a day are the
-    usual case. Cancelled entries stay in the heap until it is half dead, then
-    it is rebuilt (as asyncio does with its own). Used on the loop's thread only.
-    A due timeout runs as a loop callback of its own, as its timer did.
-
-    Only the loop's timer (and the waits queued here) hold it: whatever it
-    holds goes with the loop, as the loop's own timers did.
-    """
-
-    __slots__ = ("__weakref__", "_dead", "_heap", "_on_loop", "_seq", "_timer", "_timer_when")
-
-    def __init__(self, on_loop: Callable[..., _Cancellable]) -> None:
-        self._on_loop = on_loop
-        self._heap: list[tuple[float, int, _Timeout]] = []
-        self._seq = itertools.count()  # ties in time fire in the order they were added
-        self._dead = 0  # cancelled entries still in the heap
-        self._timer: _Cancellable | None = None
-        self._timer_when = 0.0
-
-    def add(self, loop: asyncio.AbstractEventLoop, delay: float, timeout: _Timeout) -> None:
-        """Have ``timeout`` called on ``loop`` once ``delay`` seconds passed."""
-        when = loop.time() + delay
-        timeout.timeouts = self
-        heapq.heappush(self._heap, (when, next(self._seq), timeout))
-        if self._timer is None or when < self._timer_when:
-            self._schedule(loop, when, delay)
-
-    def dropped(self) -> None:
-        """One entry was cancelled; rebuild the heap once half of it is dead (and
-        drop it with the loop's timer once all of it is)."""
-        self._dead += 1
-        heap = self._heap
-        if self._dead == len(heap):
-            heap.clear()
-        elif self._dead > _MIN_DEAD and 2 * self._dead > len(heap):
-            self._heap = heap = [entry for entry in heap if entry[2].timeouts is self]
-            heapq.heapify(heap)
-        else:
-            return
-        self._dead = 0
-        if not heap and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _schedule(self, loop: asyncio.AbstractEventLoop, when: float, delay: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._on_loop(loop, delay, self._fire)
-        self._timer_when = when
-
-    def _fire(self) -> None:
-        self._timer = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            timeout = heapq.heappop(heap)[2]
-            if timeout.timeouts is None:  # cancelled
-                self._dead -= 1
-                continue
-            timeout.timeouts = None
-            loop.call_soon(timeout)
-        if heap:
-            when = heap[0][0]
-            self._schedule(loop, when, when - now)
-
-
-_MIN_DEAD = 64  # a heap with fewer cancelled entries is never rebuilt
-
-# Weak both ways: an entry goes with its loop, and with its timeouts once nothing
-# is queued there (then the next wait on that loop makes new ones).
-_TIMEOUTS: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, weakref.ReferenceType[_LoopTimeouts]
-] = weakref.WeakKeyDictionary()
-
-
-def _loop_timeouts(
-    loop: asyncio.AbstractEventLoop, on_loop: Callable[..., _Cancellable]
-) -> _LoopTimeouts:
-    """The timeouts of ``loop``, timed with ``on_loop`` (``call_later_on`` of the
-    clock that asked: any clock that has it keeps the loop's time)."""
-    ref = _TIMEOUTS.get(loop)
-    timeouts = None if ref is None else ref()
-    if timeouts is None:
-        timeouts = _LoopTimeouts(on_loop)
-        _TIMEOUTS[loop] = weakref.ref(timeouts)
-    return timeouts
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:

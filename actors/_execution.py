@@ -141,7 +141,7 @@ def _end_by(exc: BaseException, cycle: int) -> RunEnd:
     """How a raise ends a run: ``Cancelled`` (or a forced task's ``CancelledError``)
     is a cancellation, ``KeyboardInterrupt``/``SystemExit`` a crash that also stops
     the node, anything else a crash."""
-    if type(exc) is Cancelled or isinstance(exc, Cancelled | asyncio.CancelledError):
+    if isinstance(exc, Cancelled | asyncio.CancelledError):
         return _CANCELLED if cycle == 0 else RunEnd(cancelled=True, cycle=cycle)
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)

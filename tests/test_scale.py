@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import pickle
 import threading
 import uuid
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from sessiontree.actors import Cancelled, RealClock, SessionCond, VirtualClock
-from sessiontree.actors._core import _LoopTimeouts, _Timeout
 from sessiontree.protocol import ErrorCode, SessionKind, SessionState, SpawnSpec
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests.conftest import WAIT, settle
@@ -229,67 +229,57 @@ def test_session_cond_is_reentrant_and_refuses_a_wait_without_the_lock() -> None
 # -- the timeouts of async waits ------------------------------------------------
 
 
-class _Woken:
-    """What a wait's timeout touches of its session: the lock and ``wake``."""
-
-    def __init__(self, name: str, woken: list[str]) -> None:
-        self.cond = SessionCond()
-        self.name = name
-        self.woken = woken
-
-    def wake(self) -> None:
-        self.woken.append(self.name)
-
-
-def test_async_timeouts_fire_in_order_from_one_loop_timer() -> None:
+def test_loop_timers_fire_in_order_from_one_loop_timer() -> None:
     clock = RealClock()
     loop = asyncio.new_event_loop()
-    woken: list[str] = []
-    timeouts = _LoopTimeouts(clock.call_later_on)
-    waits = {name: _Timeout(cast("Any", _Woken(name, woken))) for name in ("a", "b", "c", "d")}
+    fired: list[str] = []
+    handles: dict[str, Any] = {}
 
     async def run() -> None:
-        timeouts.add(loop, 0.15, waits["c"])
-        timeouts.add(loop, 0.05, waits["a"])  # earlier than the loop's timer: it moves
-        timeouts.add(loop, 0.10, waits["b"])
-        timeouts.add(loop, 0.08, waits["d"])
-        waits["d"].cancel()  # a wait that ended first: its timeout never fires
-        waits["d"].cancel()  # twice is nothing
-        await asyncio.sleep(0.07)
-        assert woken == ["a"]
-        await asyncio.sleep(0.2)
+        start = loop.time()
+        for name, delay in (("c", 0.15), ("a", 0.05), ("b", 0.10), ("d", 0.08)):
+            handles[name] = clock.call_later_on(loop, delay, functools.partial(fired.append, name))
+        timers = clock._on_loops[loop]
+        assert timers._timer_when == pytest.approx(start + 0.05, abs=0.01)  # moved for "a"
+        handles["d"].cancel()  # a wait that ended first: its timer never fires
+        handles["d"].cancel()  # twice is nothing
+        timers.fire_due(loop, now=start + 0.07)
+        await asyncio.sleep(0)  # the due callbacks run (in the order they were due)
+        assert fired == ["a"]
+        timers.fire_due(loop, now=start + 1.0)
+        await asyncio.sleep(0)
 
     try:
         loop.run_until_complete(run())
-        assert woken == ["a", "b", "c"]
-        assert [waits[name].fired for name in "abcd"] == [True, True, True, False]
-        waits["a"].cancel()  # after it fired: nothing
+        assert fired == ["a", "b", "c"]
+        handles["a"].cancel()  # after it fired: nothing
         assert not any(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
     finally:
         loop.close()
 
 
-def test_cancelled_async_timeouts_are_dropped_from_the_heap() -> None:
+def test_cancelled_loop_timers_are_dropped_from_the_heap() -> None:
     clock = RealClock()
     loop = asyncio.new_event_loop()
-    woken: list[str] = []
-    timeouts = _LoopTimeouts(clock.call_later_on)
-    waits = [_Timeout(cast("Any", _Woken(str(i), woken))) for i in range(300)]
+    fired: list[int] = []
 
     async def run() -> None:
-        for wait in waits:
-            timeouts.add(loop, 3_600.0, wait)
-        for wait in waits[:200]:
-            wait.cancel()
-        assert len(timeouts._heap) < 200  # rebuilt once half of it was dead
-        for wait in waits[200:]:
-            wait.cancel()
-        assert timeouts._heap == []
+        handles = [
+            clock.call_later_on(loop, 3_600.0, functools.partial(fired.append, i))
+            for i in range(300)
+        ]
+        timers = clock._on_loops[loop]
+        for handle in handles[:200]:
+            handle.cancel()
+        assert len(timers._heap) < 200  # rebuilt once half of it was dead
+        for handle in handles[200:]:
+            handle.cancel()
+        assert timers._heap == []
 
     try:
         loop.run_until_complete(run())
         assert not any(not handle.cancelled() for handle in loop._scheduled)  # type: ignore[attr-defined]
-        assert woken == []
+        assert fired == []
     finally:
         loop.close()
 
