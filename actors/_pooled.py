@@ -381,12 +381,17 @@ class _Inbox:
                 worker.reported = False
                 self.dispatcher._unblocked()
 
+    def _close(self) -> PooledActor | None:
+        """Close, letting go of the actor (call holding the lock); the actor."""
+        actor, self.actor = self.actor, None
+        if actor is not None:
+            self.dead = f"{type(actor).__name__} ({actor.actor_urn})"  # as ActorRef says it
+        self.closed = True
+        return actor
+
     def _teardown(self) -> None:
         with self.lock:
-            actor, self.actor = self.actor, None
-            if actor is not None:
-                self.dead = f"{type(actor).__name__} ({actor.actor_urn})"  # as ActorRef says it
-            self.closed = True
+            self._close()
             left = list(self.messages)
             self.messages.clear()
         for envelope in left:
@@ -399,12 +404,8 @@ class _Inbox:
             actor = self.actor
             if self.scheduled or self.messages or actor is None or actor._pooled_started:
                 return None
-            # _teardown's work in the same lock round (nothing is queued to refuse)
             self.scheduled = True  # never served from now on
-            self.actor = None
-            self.dead = f"{type(actor).__name__} ({actor.actor_urn})"
-            self.closed = True
-        return actor
+            return self._close()  # nothing queued to refuse
 
 
 def stop_unstarted(ref: pykka.ActorRef[Any]) -> bool:

@@ -1046,14 +1046,23 @@ class FailingIO(StoreIO):
         super().commit(txn)
 
 
-def test_a_failed_commit_refuses_the_spawn_and_the_node_goes_on(
+def failing_main(
     open_node: Callable[..., Node], store_path: pathlib.Path, make_store: Callable[..., Store]
-) -> None:
+) -> tuple[FailingIO, Store, Node, Any]:
+    """A node on a store whose commits fail while ``io.failing`` is set, and its
+    settled Main (whose skill ``finished`` children can run)."""
     io = FailingIO()
     store = make_store(store_path, io=io)
     node = open_node(store, Agent("agent", {"main": MainLog(), "finished": finished}))
     main = node.main("agent")
     settle(node)
+    return io, store, node, main
+
+
+def test_a_failed_commit_refuses_the_spawn_and_the_node_goes_on(
+    open_node: Callable[..., Node], store_path: pathlib.Path, make_store: Callable[..., Store]
+) -> None:
+    io, store, node, main = failing_main(open_node, store_path, make_store)
     errors_before = node.stats()["store_write_errors"]
     io.failing.set()
     refused = main.spawn(kind="branch", skill="finished")
@@ -1079,11 +1088,7 @@ def test_a_failed_commit_refuses_the_spawn_and_the_node_goes_on(
 def test_a_failed_commit_refuses_every_spawn_of_a_batch(
     open_node: Callable[..., Node], store_path: pathlib.Path, make_store: Callable[..., Store]
 ) -> None:
-    io = FailingIO()
-    store = make_store(store_path, io=io)
-    node = open_node(store, Agent("agent", {"main": MainLog(), "finished": finished}))
-    main = node.main("agent")
-    settle(node)
+    io, store, node, main = failing_main(open_node, store_path, make_store)
     errors_before = node.stats()["store_write_errors"]
     io.failing.set()
     answers = main.spawn_many([SpawnSpec(kind=SessionKind.BRANCH, skill="finished")] * 3)

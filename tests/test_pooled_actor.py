@@ -483,8 +483,8 @@ def test_an_actor_started_on_its_first_message_takes_no_pool_thread_until_then(
     ref = rt.start(
         LazyLifecycle, journal, threading.Event(), threading.Event(), dispatcher=dispatcher
     )
-    time.sleep(0.05)
-    assert journal == []  # not scheduled: on_start waits for the first message
+    assert not ref.actor_inbox.scheduled  # no pool thread will serve it until a message
+    assert journal == []  # on_start waits for the first message
     assert dispatcher.live_threads == 0
     ref.tell("first")
     assert ref.ask("second", timeout=WAIT) == "second"
