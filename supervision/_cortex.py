@@ -263,8 +263,8 @@ class CortexLogic:
                     reply.set(value)
             case AfterWrite(then=then, error=error):
                 then(error)
-            case RunEnded(session_id=sid, end=end):
-                self._run_ended(sid, end)
+            case RunEnded():
+                self._runs_ended((body,))
             case RunsEnded(ends=ends):
                 self._runs_ended(ends)
             case Granted(session_id=sid):
@@ -1107,12 +1107,11 @@ class CortexLogic:
         now = self._now()
         with self._one_commit():
             for ended in ends:
-                self._run_ended(ended.session_id, ended.end, now, evict=False)
+                self._run_ended(ended.session_id, ended.end, now)
             self._evict(_EVICT_TRIES * len(ends))
 
-    def _run_ended(
-        self, session_id: uuid.UUID, end: RunEnd, now: float | None = None, *, evict: bool = True
-    ) -> None:
+    def _run_ended(self, session_id: uuid.UUID, end: RunEnd, now: float) -> None:
+        """One run's end (see ``_runs_ended``, which evicts after it)."""
         entry = self.entries.get(session_id)
         if entry is None:
             return
@@ -1139,34 +1138,15 @@ class CortexLogic:
             if end.error is not None:
                 self.rt.counters["main_cycles_failed"] += 1
             self._input(entry)
-            entry.snapshot_write = self.persist.snapshot(
-                entry, self._now() if now is None else now, consumed=core.input_seq
-            )
+            entry.snapshot_write = self.persist.snapshot(entry, now, consumed=core.input_seq)
             if not (self.closing and self.store is not None):
                 # Closing with a store: no new cycle starts, for one could end after
                 # the Cortex stops and then run again after the restart. What is
                 # queued stays in the stored inbox and outbox and runs once then.
                 self._post(entry, CycleDone())
-        elif cancel_code is not None:
-            self._finish(
-                entry, SessionState.CANCELLED, cancel_code, end.outcome, now=now, evict=evict
-            )
-        elif end.error is not None:
-            self._finish(
-                entry,
-                SessionState.FAILED,
-                end.error.code,
-                None,
-                error=end.error,
-                now=now,
-                evict=evict,
-            )
-        elif end.cancelled:
-            self._finish(
-                entry, SessionState.CANCELLED, ErrorCode.CANCELLED, None, now=now, evict=evict
-            )
         else:
-            self._finish(entry, SessionState.COMPLETED, None, end.outcome, now=now, evict=evict)
+            state, code, outcome, error = _ending_of(end, cancel_code)
+            self._finish(entry, state, code, outcome, error=error, now=now, evict=False)
         if end.fatal is not None:
             self.rt.on_fatal(end.fatal)
 
@@ -2050,9 +2030,9 @@ class CortexLogic:
 
 
 _DEFERRED = object()
-#: Operations that answer their caller themselves (after a store write).
-_EVICT_TRIES = 16
+_EVICT_TRIES = 16  # zombies an ending's eviction passes over at most
 _SWEEP_SLICE = 10_000  # sessions the periodic check looks at for being stuck
+#: Operations that answer their caller themselves (after a store write).
 _TAKES_REPLY = frozenset({"main", "spawn", "spawn_many", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.
@@ -2154,6 +2134,21 @@ def _id_text(entry: Entry) -> str:
     if text is None:
         text = entry.id_text = msgspec.to_builtins(entry.core.session_id)
     return text
+
+
+def _ending_of(
+    end: RunEnd, cancel_code: ErrorCode | None
+) -> tuple[SessionState, ErrorCode | None, Outcome | None, ErrorInfo | None]:
+    """How a run's end ends its session (state, code, outcome, error): cancelled
+    once cancellation was asked (what it returned is the partial result), else
+    failed on its error, cancelled by a ``Cancelled`` of its own, or completed."""
+    if cancel_code is not None:
+        return SessionState.CANCELLED, cancel_code, end.outcome, None
+    if end.error is not None:
+        return SessionState.FAILED, end.error.code, None, end.error
+    if end.cancelled:
+        return SessionState.CANCELLED, ErrorCode.CANCELLED, None, None
+    return SessionState.COMPLETED, None, end.outcome, None
 
 
 def _with_state(entry: Entry) -> SessionInfo:
