@@ -1103,18 +1103,22 @@ class CortexLogic:
         """Runs that ended in one pass of the event loop: their writes go into one
         commit, they end at one instant (one clock read), and the retained
         endings are evicted once after them rather than after each (with the
-        same budget in all: ``_EVICT_TRIES`` an ending)."""
+        same budget in all: ``_EVICT_TRIES`` an ending). A run whose end ends
+        no session (a Main's cycle, a zombie's return) evicts nothing, as before."""
         now = self._now()
+        endings = 0
         with self._one_commit():
             for ended in ends:
-                self._run_ended(ended.session_id, ended.end, now)
-            self._evict(_EVICT_TRIES * len(ends))
+                endings += self._run_ended(ended.session_id, ended.end, now)
+            if endings:
+                self._evict(_EVICT_TRIES * endings)
 
-    def _run_ended(self, session_id: uuid.UUID, end: RunEnd, now: float) -> None:
-        """One run's end (see ``_runs_ended``, which evicts after it)."""
+    def _run_ended(self, session_id: uuid.UUID, end: RunEnd, now: float) -> bool:
+        """One run's end; True if it ended its session (``_runs_ended`` evicts
+        after them)."""
         entry = self.entries.get(session_id)
         if entry is None:
-            return
+            return False
         if entry.zombie:
             entry.zombie = False
             if entry.kind is SessionKind.MAIN:
@@ -1126,7 +1130,7 @@ class CortexLogic:
             if end.outcome is not None or end.error is not None:
                 self.rt.counters["refused_after_fence"] += 1
                 self._emit(EventKind.REFUSED, entry, data={"what": "result"})
-            return
+            return False
         cancel_code = entry.cancel_code
         if cancel_code is None and core.info.kind is SessionKind.MAIN:
             self._emit(
@@ -1144,11 +1148,14 @@ class CortexLogic:
                 # the Cortex stops and then run again after the restart. What is
                 # queued stays in the stored inbox and outbox and runs once then.
                 self._post(entry, CycleDone())
+            ended = False
         else:
             state, code, outcome, error = _ending_of(end, cancel_code)
             self._finish(entry, state, code, outcome, error=error, now=now, evict=False)
+            ended = True
         if end.fatal is not None:
             self.rt.on_fatal(end.fatal)
+        return ended
 
     def _finish(
         self,
