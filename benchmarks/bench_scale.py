@@ -57,6 +57,7 @@ from _common import log
 from sessiontree.actors import Inspect, post
 from sessiontree.protocol import SessionKind, SpawnSpec
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
+from sessiontree.supervision._requests import GetActorRef
 
 FANOUT = 8
 TREE = 1 + 8 + 64 + 512 + 4096
@@ -134,7 +135,7 @@ def compare(actor_type: str, n: int, messages: int, workdir: str) -> dict[str, f
         spawn_s = time.perf_counter() - t0
         log(f"  {actor_type}: {n} spawned in {spawn_s:.2f} s ({n / spawn_s:,.0f}/s)")
 
-        refs = [node._call("actor_ref", s.session_id) for s in spawned]
+        refs = [node._call(GetActorRef(s.session_id)) for s in spawned]
         counted = itertools.count(1)
         done = threading.Event()
 

@@ -84,7 +84,6 @@ from sessiontree.supervision._config import Agent
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._index import (
     AfterWrite,
-    Call,
     ChildUpdate,
     Deadline,
     Entry,
@@ -104,6 +103,34 @@ from sessiontree.supervision._index import (
 )
 from sessiontree.supervision._persist import context_from_record
 from sessiontree.supervision._recovery import Recovered
+from sessiontree.supervision._requests import (
+    AwaitResult,
+    BeginShutdown,
+    BringBack,
+    Call,
+    Cancel,
+    Control,
+    ForceWorkers,
+    ForgetWaiter,
+    GetActorRef,
+    GetInfo,
+    GetResult,
+    GetResults,
+    GetStats,
+    GetTree,
+    ListSessions,
+    ListStuck,
+    OpenMain,
+    ProbeParked,
+    Request,
+    Resume,
+    Send,
+    ShutdownDeadline,
+    Spawn,
+    SpawnMany,
+    StopAll,
+    Suspend,
+)
 from sessiontree.supervision._rules import Capacity, ParentView, check_spawn, resolve_ttl
 
 __all__ = ["CortexLogic"]
@@ -239,28 +266,8 @@ class CortexLogic:
         if self.failed is not None and not isinstance(body, Call):
             return None  # the index is untrusted: nothing more is decided from it
         match body:
-            case Call(name=name, args=args, reply=reply):
-                op = getattr(self, f"op_{name}", None)
-                if op is None:
-                    self._reject(body)
-                    if reply is not None:
-                        reply.fail(RejectedInputError(f"the cortex has no operation {name!r}"))
-                    return None
-                if self.failed is not None and name != "stop_all":
-                    if reply is not None:
-                        reply.fail(NodeClosedError(f"node failed: {self.failed!r}"))
-                    return None
-                try:
-                    value = op(*args, reply=reply) if name in _TAKES_REPLY else op(*args)
-                except _CALLER_MISTAKES as exc:  # answered; the index is untouched
-                    if reply is None:  # nobody waits for the answer: count it, never fail
-                        self.rt.counters["rejected_messages"] += 1
-                        log.warning("cortex refused %s%r: %s", name, args, exc)
-                        return None
-                    reply.fail(exc)
-                    return None
-                if reply is not None and value is not _DEFERRED:
-                    reply.set(value)
+            case Call(request=request, reply=reply):
+                self._call(request, reply)
             case AfterWrite(then=then, error=error):
                 then(error)
             case RunEnded():
@@ -298,6 +305,86 @@ class CortexLogic:
                     message=f"the cortex does not take {type(body).__name__}",
                 )
         return None
+
+    def _call(self, request: Request[Any], reply: Reply | None) -> None:
+        """Answer one request on ``reply``. A caller's mistake fails the reply
+        (or, with nobody waiting, is counted) and changes nothing."""
+        if self.failed is not None and not isinstance(request, StopAll):
+            if reply is not None:
+                reply.fail(NodeClosedError(f"node failed: {self.failed!r}"))
+            return
+        try:
+            value = self._answer(request, reply)
+        except _CALLER_MISTAKES as exc:  # answered; the index is untouched
+            if reply is None:  # nobody waits for the answer: count it, never fail
+                self.rt.counters["rejected_messages"] += 1
+                log.warning("cortex refused %r: %s", request, exc)
+                return
+            reply.fail(exc)
+            return
+        if reply is not None and value is not _DEFERRED:
+            reply.set(value)
+
+    def _answer(self, request: Request[Any], reply: Reply | None) -> object:
+        """The answer to ``request``, or ``_DEFERRED`` when the operation answers
+        ``reply`` itself (after a store write, or once a session ends)."""
+        match request:
+            case Spawn(parent_id=parent_id, spec=spec):
+                return self.op_spawn(parent_id, spec, reply)
+            case SpawnMany(parent_id=parent_id, specs=specs):
+                return self.op_spawn_many(parent_id, specs, reply)
+            case Send(session_id=sid, message=message):
+                return self.op_send(sid, message, reply)
+            case Cancel(session_id=sid):
+                return self.op_cancel(sid)
+            case Suspend(session_id=sid):
+                return self.op_suspend(sid)
+            case Resume(session_id=sid):
+                return self.op_resume(sid)
+            case Control(command=command):
+                return self.op_control(command, reply)
+            case OpenMain(agent_id=agent_id, key=key):
+                return self.op_main(agent_id, key, reply)
+            case BringBack():
+                self.op_bring_back()
+                return None
+            case GetInfo(session_id=sid):
+                return self.op_info(sid)
+            case AwaitResult(session_id=sid):
+                assert reply is not None
+                return self.op_result(sid, reply)
+            case ForgetWaiter(session_id=sid, reply=waiter):
+                self.op_forget_waiter(sid, waiter)
+                return None
+            case GetResult(session_id=sid):
+                return self.op_result_now(sid)
+            case GetResults(session_id=sid):
+                return self.op_results(sid)
+            case GetTree(session_id=sid):
+                return self.op_tree(sid)
+            case ListSessions(state=state, kind=kind):
+                return self.op_sessions(state, kind)
+            case ListStuck():
+                return self.op_stuck()
+            case GetStats():
+                return self.op_stats()
+            case GetActorRef(session_id=sid):
+                return self.op_actor_ref(sid)
+            case ProbeParked(session_id=sid, probe=probe):
+                return self.op_probe_parked(sid, probe)
+            case BeginShutdown(grace=grace):
+                assert reply is not None
+                return self.op_begin_shutdown(grace, reply)
+            case ShutdownDeadline():
+                self.op_shutdown_deadline()
+                return None
+            case ForceWorkers():
+                self.op_force_workers()
+                return None
+            case StopAll():
+                return self.op_stop_all()
+        msg = f"the cortex has no operation {type(request).__name__}"
+        raise RejectedInputError(msg)
 
     def _reject(self, body: object) -> None:
         self.rt.counters["rejected_messages"] += 1
@@ -1964,7 +2051,7 @@ class CortexLogic:
         assert ref is not None
 
         def give_up() -> None:
-            post(ref, Call("shutdown_deadline", ()), activity)
+            post(ref, Call(ShutdownDeadline()), activity)
 
         if grace > 0:
             self.rt.clock.call_later(grace, give_up)
@@ -2039,8 +2126,6 @@ class CortexLogic:
 _DEFERRED = object()
 _EVICT_TRIES = 16  # zombies an ending's eviction passes over at most
 _SWEEP_SLICE = 10_000  # sessions the periodic check looks at for being stuck
-#: Operations that answer their caller themselves (after a store write).
-_TAKES_REPLY = frozenset({"main", "spawn", "spawn_many", "send", "control"})
 #: What an operation raises for a bad request (before it changes anything);
 #: anything else raised in a handler is a broken invariant and fails the node.
 _CALLER_MISTAKES = (UnknownSessionError, RejectedInputError, NodeClosedError)

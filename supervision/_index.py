@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AfterWrite",
-    "Call",
     "ChildUpdate",
     "Deadline",
     "Entry",
@@ -64,15 +63,6 @@ __all__ = [
 
 
 # -- messages ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """A request: run ``op_<name>(*args)`` and answer on ``reply``."""
-
-    name: str
-    args: tuple[Any, ...]
-    reply: Reply | None = None
 
 
 # Made once per ended run, on the event loop: plain slots (a frozen

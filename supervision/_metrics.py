@@ -36,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sessiontree.protocol import ErrorCode, SessionKind, SessionState, SessionTreeError
 from sessiontree.supervision._events import Event, EventKind
+from sessiontree.supervision._requests import GetStats
 
 if TYPE_CHECKING:
     from sessiontree.supervision._node import Node
@@ -669,7 +670,7 @@ class NodeMetrics:
 
     def _cortex_section(self) -> Iterator[Metric]:
         """The Cortex's own figures: one call to it, bounded by ``_STATS_TIMEOUT``."""
-        stats: dict[str, int] = self.node._call("stats", check=False, timeout=_STATS_TIMEOUT)
+        stats: dict[str, int] = self.node._call(GetStats(), check=False, timeout=_STATS_TIMEOUT)
         yield _single("sessiontree_zombie_threads", stats.get("zombies", 0))
         yield _single("sessiontree_step_threads", stats.get("sync_threads", 0))
         yield _single("sessiontree_indexed_sessions", stats.get("indexed_sessions", 0))

@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pykka
@@ -79,7 +79,6 @@ from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._gc import release_gc, tune_gc
 from sessiontree.supervision._housekeeping import Housekeeper
 from sessiontree.supervision._index import (
-    Call,
     ChildUpdate,
     Parked,
     Progress,
@@ -98,11 +97,41 @@ from sessiontree.supervision._patterns import (
 )
 from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._recovery import recover
+from sessiontree.supervision._requests import (
+    AwaitResult,
+    BeginShutdown,
+    BringBack,
+    Call,
+    Cancel,
+    Control,
+    ForceWorkers,
+    ForgetWaiter,
+    GetActorRef,
+    GetInfo,
+    GetResult,
+    GetResults,
+    GetStats,
+    GetTree,
+    ListSessions,
+    ListStuck,
+    OpenMain,
+    ProbeParked,
+    Request,
+    Resume,
+    Send,
+    ShutdownDeadline,
+    Spawn,
+    SpawnMany,
+    StopAll,
+    Suspend,
+)
 from sessiontree.supervision._retry import Restarts
 
 __all__ = ["Node", "SessionRef", "Spawned"]
 
 log = logging.getLogger("sessiontree.node")
+
+T = TypeVar("T")
 
 _NIL = uuid.UUID(int=0)
 
@@ -228,21 +257,21 @@ class _Host:
     # back as a value, like any refused spawn.
     def spawn(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
         try:
-            answer = self.node._call("spawn", parent.session_id, spec, check=False)
+            answer = self.node._call(Spawn(parent.session_id, spec), check=False)
         except NodeClosedError as exc:
             return Spawned(None, exc.to_info())
         return self.node._spawned(answer)
 
     async def spawn_async(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
         try:
-            answer = await self.node._acall("spawn", parent.session_id, spec, check=False)
+            answer = await self.node._acall(Spawn(parent.session_id, spec), check=False)
         except NodeClosedError as exc:
             return Spawned(None, exc.to_info())
         return self.node._spawned(answer)
 
     def spawn_many(self, parent: SessionCore, specs: tuple[SpawnSpec, ...]) -> list[Spawned]:
         try:
-            answers = self.node._call("spawn_many", parent.session_id, specs, check=False)
+            answers = self.node._call(SpawnMany(parent.session_id, specs), check=False)
         except NodeClosedError as exc:
             return [Spawned(None, exc.to_info()) for _ in specs]
         return self.node._all_spawned(answers)
@@ -251,7 +280,7 @@ class _Host:
         self, parent: SessionCore, specs: tuple[SpawnSpec, ...]
     ) -> list[Spawned]:
         try:
-            answers = await self.node._acall("spawn_many", parent.session_id, specs, check=False)
+            answers = await self.node._acall(SpawnMany(parent.session_id, specs), check=False)
         except NodeClosedError as exc:
             return [Spawned(None, exc.to_info()) for _ in specs]
         return self.node._all_spawned(answers)
@@ -269,7 +298,7 @@ class _Host:
         self.node._tell(Progress(core.session_id, note, dict(data)))
 
     def cancel(self, core: SessionCore, child_id: uuid.UUID) -> ErrorInfo | None:
-        self.node._tell(Call("cancel", (child_id,)))  # never blocks a skill's loop
+        self.node._tell(Call(Cancel(child_id)))  # never blocks a skill's loop
         return None
 
     def send_to_parent(self, core: SessionCore, message: Any) -> None:
@@ -409,7 +438,7 @@ class Node:
         cortex_class = actor_class(CortexLogic, "threading")
         self._cortex = start_actor(cortex_class, self._runtime)
         if recovered is not None:  # sessions it starts report through self._cortex
-            self._tell(Call("bring_back", ()))
+            self._tell(Call(BringBack()))
         self._housekeeper = self._start_housekeeping()
         if self.config.gc_tuning:  # last: nothing after it can fail Node()
             tune_gc()
@@ -463,24 +492,30 @@ class Node:
         if not post(self._cortex, message, self.activity):
             log.warning("cortex is gone; dropped %s", type(message).__name__)
 
-    def _send_call(self, name: str, args: tuple[Any, ...], reply: Reply) -> None:
-        if not post(self._cortex, Call(name, args, reply), self.activity):
+    def _send(self, request: Request[Any], reply: Reply) -> None:
+        if not post(self._cortex, Call(request, reply), self.activity):
             msg = "the cortex is not running"
             raise NodeClosedError(msg)
 
-    def _call(self, name: str, *args: Any, timeout: float | None = None, check: bool = True) -> Any:
+    def _call(self, request: Request[T], *, timeout: float | None = None, check: bool = True) -> T:
+        """Ask the Cortex ``request`` and wait for its answer (``check``: refuse
+        first if the node is closed). Raises what the Cortex failed the request
+        with, ``NodeClosedError`` if it is gone, ``AskTimeoutError`` past ``timeout``."""
         if check:
             self._check_open()
         reply = Reply()
-        self._send_call(name, args, reply)
-        return reply.get(self.config.ask_timeout if timeout is None else timeout)
+        self._send(request, reply)
+        answer: T = reply.get(self.config.ask_timeout if timeout is None else timeout)
+        return answer
 
-    async def _acall(self, name: str, *args: Any, check: bool = True) -> Any:
+    async def _acall(self, request: Request[T], *, check: bool = True) -> T:
+        """Awaitable ``_call``."""
         if check:
             self._check_open()
         reply = Reply()
-        self._send_call(name, args, reply)
-        return await reply.get_async(self.config.ask_timeout)
+        self._send(request, reply)
+        answer: T = await reply.get_async(self.config.ask_timeout)
+        return answer
 
     def _on_fatal(self, error: BaseException) -> None:
         """A KeyboardInterrupt/SystemExit inside the runtime: shut down in order."""
@@ -520,13 +555,13 @@ class Node:
 
         Raises ``RejectedInputError`` for an unknown agent or a malformed key.
         """
-        return SessionRef(self, self._call("main", agent_id, key))
+        return SessionRef(self, self._call(OpenMain(agent_id, key)))
 
     def spawn(
         self, parent: uuid.UUID | SessionRef, spec: SpawnSpec | None = None, /, **fields: Any
     ) -> Spawned:
         """Spawn a child of ``parent``; a refused spawn comes back as ``Spawned.error``."""
-        return self._spawned(self._call("spawn", _sid(parent), make_spec(spec, **fields)))
+        return self._spawned(self._call(Spawn(_sid(parent), make_spec(spec, **fields))))
 
     def spawn_many(
         self, parent: uuid.UUID | SessionRef, specs: Iterable[SpawnSpec]
@@ -536,7 +571,7 @@ class Node:
         checked as ``spawn`` checks it (a refused one does not stop the rest);
         ``RejectedInputError`` naming the field for a spec that is not a
         ``SpawnSpec``. The batched path for spawning thousands at once."""
-        return self._all_spawned(self._call("spawn_many", _sid(parent), spawn_batch(specs)))
+        return self._all_spawned(self._call(SpawnMany(_sid(parent), spawn_batch(specs))))
 
     def _spawned(self, answer: SpawnAnswer) -> Spawned:
         ref = SessionRef(self, answer.session_id) if answer.session_id else None
@@ -566,36 +601,33 @@ class Node:
 
     def get(self, session_id: uuid.UUID | SessionRef) -> SessionInfo:
         """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
-        info: SessionInfo = self._call("info", _sid(session_id), check=False)
-        return info
+        return self._call(GetInfo(_sid(session_id)), check=False)
 
     def sessions(
         self, state: SessionState | None = None, kind: SessionKind | None = None
     ) -> list[SessionInfo]:
         """Every session the node holds, optionally filtered by state and kind."""
-        sessions: list[SessionInfo] = self._call("sessions", state, kind, check=False)
-        return sessions
+        return self._call(ListSessions(state, kind), check=False)
 
     def tree(self, root: uuid.UUID | SessionRef) -> dict[str, Any]:
         """The subtree under ``root``: ``{"info", "result", "children": [...]}``."""
-        tree: dict[str, Any] = self._call("tree", _sid(root), check=False)
-        return tree
+        return self._call(GetTree(_sid(root)), check=False)
 
     def cancel(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
         """Cancel a session and its subtree (one deadline: now + grace); None when accepted."""
-        return self._call("cancel", _sid(session_id))  # type: ignore[no-any-return]
+        return self._call(Cancel(_sid(session_id)))
 
     def suspend(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
         """Park a Branch at its next checkpoint; ``invalid_transition`` for other kinds."""
-        return self._call("suspend", _sid(session_id))  # type: ignore[no-any-return]
+        return self._call(Suspend(_sid(session_id)))
 
     def resume(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
         """Resume a suspended Branch."""
-        return self._call("resume", _sid(session_id))  # type: ignore[no-any-return]
+        return self._call(Resume(_sid(session_id)))
 
     def send(self, session_id: uuid.UUID | SessionRef, message: Any) -> ErrorInfo | None:
         """Send a Main an inbound message (one message cycle); an error if it cannot take it."""
-        return self._call("send", _sid(session_id), message)  # type: ignore[no-any-return]
+        return self._call(Send(_sid(session_id), message))
 
     def conversation(self, session_id: uuid.UUID | SessionRef) -> Conversation:
         """A session's conversation tree (``UnknownSessionError`` for an unknown id)."""
@@ -745,7 +777,7 @@ class Node:
             with self._state_lock:
                 self.rejected_input += 1
             raise
-        return self._call("control", command)
+        return self._call(Control(command))
 
     def wait(
         self, session_id: uuid.UUID | SessionRef, timeout: float | None = None
@@ -753,30 +785,30 @@ class Node:
         """The session's result once it ends; None if ``timeout`` real seconds pass first."""
         sid = _sid(session_id)
         reply = Reply()
-        self._send_call("result", (sid, reply), reply)
+        self._send(AwaitResult(sid), reply)
         try:
             return reply.get(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
         except AskTimeoutError:
             return None
         finally:
             if not reply.done:
-                self._tell(Call("forget_waiter", (sid, reply)))
+                self._tell(Call(ForgetWaiter(sid, reply)))
 
     def result(self, session_id: uuid.UUID | SessionRef) -> SessionResult | None:
         """The session's result if it has ended, else None (never waits)."""
-        return self._call("result_now", _sid(session_id), check=False)  # type: ignore[no-any-return]
+        return self._call(GetResult(_sid(session_id)), check=False)
 
     def results(self, session_id: uuid.UUID | SessionRef) -> list[SessionResult]:
         """The child results a session has received (most recent ones)."""
-        return self._call("results", _sid(session_id), check=False)  # type: ignore[no-any-return]
+        return self._call(GetResults(_sid(session_id)), check=False)
 
     def stuck(self) -> list[SessionInfo]:
         """Sessions flagged as stuck."""
-        return self._call("stuck", check=False)  # type: ignore[no-any-return]
+        return self._call(ListStuck(), check=False)
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges: live sessions, zombies, refusals, slots…"""
-        stats: dict[str, int] = self._call("stats", check=False)
+        stats = self._call(GetStats(), check=False)
         stats["rejected_input"] = self.rejected_input
         if self.store is not None:
             figures = self.store.stats()
@@ -806,9 +838,9 @@ class Node:
         if in_actor_handler():
             msg = "an actor handler may not block on an ask (deadlock); tell instead"
             raise DeadlockError(msg)
-        ref = self._call("actor_ref", _sid(session_id), check=False)
+        ref = self._call(GetActorRef(_sid(session_id)), check=False)
         if ref is None:
-            parked, value, error = self._call("probe_parked", _sid(session_id), probe, check=False)
+            parked, value, error = self._call(ProbeParked(_sid(session_id), probe), check=False)
             if error is not None:
                 raise error
             if parked:
@@ -840,18 +872,18 @@ class Node:
     # -- awaitable twins ------------------------------------------------------------
 
     async def amain(self, agent_id: str, key: str = "internal:main:main") -> SessionRef:
-        return SessionRef(self, await self._acall("main", agent_id, key))
+        return SessionRef(self, await self._acall(OpenMain(agent_id, key)))
 
     async def aspawn(
         self, parent: uuid.UUID | SessionRef, spec: SpawnSpec | None = None, /, **fields: Any
     ) -> Spawned:
-        return self._spawned(await self._acall("spawn", _sid(parent), make_spec(spec, **fields)))
+        return self._spawned(await self._acall(Spawn(_sid(parent), make_spec(spec, **fields))))
 
     async def aspawn_many(
         self, parent: uuid.UUID | SessionRef, specs: Iterable[SpawnSpec]
     ) -> list[Spawned]:
         """Awaitable ``spawn_many``."""
-        return self._all_spawned(await self._acall("spawn_many", _sid(parent), spawn_batch(specs)))
+        return self._all_spawned(await self._acall(SpawnMany(_sid(parent), spawn_batch(specs))))
 
     async def arun(
         self,
@@ -867,55 +899,55 @@ class Node:
         return await self.await_result(spawned.ref, timeout)
 
     async def aget(self, session_id: uuid.UUID | SessionRef) -> SessionInfo:
-        return await self._acall("info", _sid(session_id))  # type: ignore[no-any-return]
+        return await self._acall(GetInfo(_sid(session_id)))
 
     async def acancel(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
-        return await self._acall("cancel", _sid(session_id))  # type: ignore[no-any-return]
+        return await self._acall(Cancel(_sid(session_id)))
 
     async def asuspend(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
-        return await self._acall("suspend", _sid(session_id))  # type: ignore[no-any-return]
+        return await self._acall(Suspend(_sid(session_id)))
 
     async def aresume(self, session_id: uuid.UUID | SessionRef) -> ErrorInfo | None:
-        return await self._acall("resume", _sid(session_id))  # type: ignore[no-any-return]
+        return await self._acall(Resume(_sid(session_id)))
 
     async def aroute(self, inbound: object, agent_id: str | None = None) -> Routed:
         """Awaitable ``route`` (run off the event loop: it waits for durable writes)."""
         return await asyncio.to_thread(self.route, inbound, agent_id)
 
     async def asend(self, session_id: uuid.UUID | SessionRef, message: Any) -> ErrorInfo | None:
-        return await self._acall("send", _sid(session_id), message)  # type: ignore[no-any-return]
+        return await self._acall(Send(_sid(session_id), message))
 
     async def await_result(
         self, session_id: uuid.UUID | SessionRef, timeout: float | None = None
     ) -> SessionResult | None:
         sid = _sid(session_id)
         reply = Reply()
-        self._send_call("result", (sid, reply), reply)
+        self._send(AwaitResult(sid), reply)
         try:
             return await reply.get_async(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
         except AskTimeoutError:
             return None
         finally:
             if not reply.done:  # timed out or cancelled: the Cortex forgets the waiter
-                self._tell(Call("forget_waiter", (sid, reply)))
+                self._tell(Call(ForgetWaiter(sid, reply)))
 
     async def aresult(self, session_id: uuid.UUID | SessionRef) -> SessionResult | None:
         """Awaitable ``result``: the result if the session has ended, else None."""
-        return await self._acall("result_now", _sid(session_id), check=False)  # type: ignore[no-any-return]
+        return await self._acall(GetResult(_sid(session_id)), check=False)
 
     async def aresults(self, session_id: uuid.UUID | SessionRef) -> list[SessionResult]:
-        return await self._acall("results", _sid(session_id))  # type: ignore[no-any-return]
+        return await self._acall(GetResults(_sid(session_id)))
 
     async def atree(self, root: uuid.UUID | SessionRef) -> dict[str, Any]:
-        return await self._acall("tree", _sid(root))  # type: ignore[no-any-return]
+        return await self._acall(GetTree(_sid(root)))
 
     async def asessions(
         self, state: SessionState | None = None, kind: SessionKind | None = None
     ) -> list[SessionInfo]:
-        return await self._acall("sessions", state, kind)  # type: ignore[no-any-return]
+        return await self._acall(ListSessions(state, kind))
 
     async def astats(self) -> dict[str, int]:
-        return await self._acall("stats")  # type: ignore[no-any-return]
+        return await self._acall(GetStats())
 
     async def await_idle(self, timeout: float = 10.0) -> bool:
         """Awaitable ``wait_idle`` (runs the wait on a helper thread)."""
@@ -946,17 +978,17 @@ class Node:
         try:
             if self.failure is None:
                 reply = Reply()
-                self._send_call("begin_shutdown", (grace, reply), reply)
+                self._send(BeginShutdown(grace), reply)
                 if self._forced:  # force_shutdown came first
                     self._force_now()
                 try:
                     reply.get(timeout)
                 except AskTimeoutError:
                     log.warning("shutdown did not settle in %.1f s; forcing", timeout)
-                    self._call("shutdown_deadline", check=False)
-                    self._call("force_workers", check=False)
-                self.final_sessions = self._call("sessions", None, None, check=False)
-                self._call("stop_all", check=False)
+                    self._call(ShutdownDeadline(), check=False)
+                    self._call(ForceWorkers(), check=False)
+                self.final_sessions = self._call(ListSessions(), check=False)
+                self._call(StopAll(), check=False)
         except NodeClosedError:
             pass
         finally:
@@ -991,7 +1023,7 @@ class Node:
 
     def _force_now(self) -> None:
         try:
-            self._call("shutdown_deadline", check=False, timeout=5.0)
+            self._call(ShutdownDeadline(), check=False, timeout=5.0)
         except (NodeClosedError, AskTimeoutError) as exc:
             log.warning("could not force the shutdown: %r", exc)
 

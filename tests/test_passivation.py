@@ -14,6 +14,7 @@ import pytest
 from sessiontree.actors import VirtualClock
 from sessiontree.protocol import ErrorCode, SessionKind, SessionState
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
+from sessiontree.supervision._requests import GetActorRef
 from tests.conftest import WAIT, settle
 from tests.test_persistence import MainLog
 
@@ -79,7 +80,7 @@ def actor_of(node: Node, session: Any) -> Any:
     """The session's actor ref, None while it holds none (a diagnostic: never
     brings a passivated Main back)."""
     sid = getattr(session, "session_id", session)
-    return node._call("actor_ref", sid)
+    return node._call(GetActorRef(sid))
 
 
 def events_of(node: Node, kind: EventKind) -> list[Event]:

@@ -32,7 +32,7 @@ from sessiontree.supervision import (
     normalise_answer,
     parse_continuation,
 )
-from sessiontree.supervision._index import Call
+from sessiontree.supervision._requests import Call, Cancel
 from tests.conftest import WAIT, settle
 
 
@@ -855,7 +855,7 @@ def test_a_fire_and_forget_call_the_cortex_refuses_is_counted_not_fatal(
     make_node: Any, clock: VirtualClock
 ) -> None:
     node = make(make_node, Work())
-    node._tell(Call("cancel", (uuid.uuid4(),)))  # as a pattern cancels a child long evicted
+    node._tell(Call(Cancel(uuid.uuid4())))  # as a pattern cancels a child long evicted
     settle(node)
     assert node.stats()["rejected_messages"] == 1
     assert not node.closed

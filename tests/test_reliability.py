@@ -24,6 +24,7 @@ from sessiontree.protocol import (
     UnknownSessionError,
 )
 from sessiontree.supervision import Agent, Cortex, Node, NodeConfig
+from sessiontree.supervision._requests import GetActorRef
 from tests.conftest import WAIT, settle
 
 
@@ -373,7 +374,7 @@ def test_a_broken_cortex_fails_the_node_loudly(node: Node, monkeypatch: pytest.M
 def test_unknown_messages_are_counted_and_actors_survive(node: Node) -> None:
     ref = node.main("agent").spawn(kind="branch", skill="waits").ref
     settle(node)
-    actor = node._call("actor_ref", ref.session_id)
+    actor = node._call(GetActorRef(ref.session_id))
     post(actor, {"type": "mystery"}, node.activity)
     post(node._cortex, object(), node.activity)
     settle(node)
@@ -386,7 +387,7 @@ def test_a_result_for_a_stranger_is_just_filed(node: Node) -> None:
     """A Deliver never crashes an actor, even for a child it never had."""
     ref = node.main("agent").spawn(kind="branch", skill="waits").ref
     settle(node)
-    actor = node._call("actor_ref", ref.session_id)
+    actor = node._call(GetActorRef(ref.session_id))
     stray = SessionResult(session_id=uuid.uuid4(), status=SessionState.COMPLETED)
     post(actor, Deliver(stray), node.activity)
     settle(node)

@@ -1,0 +1,225 @@
+"""What the Node asks of the Cortex: one frozen type per operation.
+
+Each request names the type of its answer (``Request[T]``), so
+``Node._call(Spawn(parent_id, spec))`` is a ``SpawnAnswer`` to mypy and to a
+reader, and the Cortex handles each one in a ``match`` (``CortexLogic._answer``).
+A request travels in a ``Call`` envelope with the ``Reply`` its caller waits on
+(None for a request nobody waits for).
+
+A request the Cortex cannot apply for a caller's reason (an unknown session,
+bad input, a closed node) fails its reply with that typed error and changes
+nothing; a refused spawn or send is an answer (``SpawnAnswer``, ``ErrorInfo``),
+not an error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import pykka
+
+from sessiontree.actors import Reply, SessionCore
+from sessiontree.protocol import (
+    ControlMessage,
+    ErrorInfo,
+    SessionInfo,
+    SessionKind,
+    SessionResult,
+    SessionState,
+    SpawnSpec,
+)
+from sessiontree.supervision._index import SpawnAnswer
+
+__all__ = [
+    "AwaitResult",
+    "BeginShutdown",
+    "BringBack",
+    "Call",
+    "Cancel",
+    "Control",
+    "ForceWorkers",
+    "ForgetWaiter",
+    "GetActorRef",
+    "GetInfo",
+    "GetResult",
+    "GetResults",
+    "GetStats",
+    "GetTree",
+    "ListSessions",
+    "ListStuck",
+    "OpenMain",
+    "ProbeParked",
+    "Request",
+    "Resume",
+    "Send",
+    "ShutdownDeadline",
+    "Spawn",
+    "SpawnMany",
+    "StopAll",
+    "Suspend",
+]
+
+T = TypeVar("T")
+
+
+class Request(msgspec.Struct, Generic[T], frozen=True):
+    """A Node -> Cortex operation whose answer is a ``T``."""
+
+
+class Call(msgspec.Struct, frozen=True):
+    """The envelope: ``request``, answered on ``reply`` (None: nobody waits)."""
+
+    request: Request[Any]
+    reply: Reply | None = None
+
+
+# -- changing the tree -----------------------------------------------------------
+
+
+class OpenMain(Request[uuid.UUID], frozen=True):
+    """Get or create the one Main of ``agent_id`` for session ``key``."""
+
+    agent_id: str
+    key: str
+
+
+class Spawn(Request[SpawnAnswer], frozen=True):
+    """Validate and create a child of ``parent_id``."""
+
+    parent_id: uuid.UUID
+    spec: SpawnSpec
+
+
+class SpawnMany(Request[list[SpawnAnswer]], frozen=True):
+    """``Spawn`` for each spec, in one turn of the Cortex and one commit."""
+
+    parent_id: uuid.UUID
+    specs: tuple[SpawnSpec, ...]
+
+
+class Send(Request[ErrorInfo | None], frozen=True):
+    """Queue an inbound message for a Main (one message cycle)."""
+
+    session_id: uuid.UUID
+    message: object
+
+
+class Cancel(Request[ErrorInfo | None], frozen=True):
+    """Cancel a session and its whole subtree, with one deadline."""
+
+    session_id: uuid.UUID
+
+
+class Suspend(Request[ErrorInfo | None], frozen=True):
+    """Ask a Branch to park at its next checkpoint."""
+
+    session_id: uuid.UUID
+
+
+class Resume(Request[ErrorInfo | None], frozen=True):
+    """Resume a suspended Branch (or withdraw a suspension not yet taken)."""
+
+    session_id: uuid.UUID
+
+
+class Control(Request[object], frozen=True):
+    """Apply one decoded control command; its answer is the command's."""
+
+    command: ControlMessage
+
+
+class BringBack(Request[None], frozen=True):
+    """Apply recovery's plan: the first request a node with a store sends."""
+
+
+# -- reading the tree --------------------------------------------------------------
+
+
+class GetInfo(Request[SessionInfo], frozen=True):
+    """The session's identity with its current state."""
+
+    session_id: uuid.UUID
+
+
+class AwaitResult(Request[SessionResult | None], frozen=True):
+    """Answer once the session has a result (and its terminal write is durable);
+    the call's reply is the waiter ``ForgetWaiter`` names."""
+
+    session_id: uuid.UUID
+
+
+class ForgetWaiter(Request[None], frozen=True):
+    """Drop the waiter of an ``AwaitResult`` whose caller gave up."""
+
+    session_id: uuid.UUID
+    reply: Reply
+
+
+class GetResult(Request[SessionResult | None], frozen=True):
+    """The session's result if it has ended, else None."""
+
+    session_id: uuid.UUID
+
+
+class GetResults(Request[list[SessionResult]], frozen=True):
+    """The results the session has received."""
+
+    session_id: uuid.UUID
+
+
+class GetTree(Request[dict[str, Any]], frozen=True):
+    """The subtree under ``session_id`` as nested dicts."""
+
+    session_id: uuid.UUID
+
+
+class ListSessions(Request[list[SessionInfo]], frozen=True):
+    """Every session the index holds, optionally filtered."""
+
+    state: SessionState | None = None
+    kind: SessionKind | None = None
+
+
+class ListStuck(Request[list[SessionInfo]], frozen=True):
+    """Sessions flagged as stuck."""
+
+
+class GetStats(Request[dict[str, int]], frozen=True):
+    """Counters and gauges of the tree."""
+
+
+class GetActorRef(Request[pykka.ActorRef[Any] | None], frozen=True):
+    """The session's actor, for diagnostics (None when it holds none)."""
+
+    session_id: uuid.UUID
+
+
+class ProbeParked(Request[tuple[bool, object, Exception | None]], frozen=True):
+    """Run ``probe`` on a live session that holds no actor (a parked branch)."""
+
+    session_id: uuid.UUID
+    probe: Callable[[SessionCore], object]
+
+
+# -- shutting down ------------------------------------------------------------------
+
+
+class BeginShutdown(Request[list[SessionInfo]], frozen=True):
+    """Stop taking work and settle the tree within ``grace`` seconds."""
+
+    grace: float
+
+
+class ShutdownDeadline(Request[None], frozen=True):
+    """The shutdown's grace ran out: force what still runs, then settle."""
+
+
+class ForceWorkers(Request[None], frozen=True):
+    """Force every worker and remote step still running."""
+
+
+class StopAll(Request[int], frozen=True):
+    """Stop every session actor still running (the last step of a shutdown)."""
