@@ -9,7 +9,7 @@ from sessiontree.supervision._aggregate import (
 from sessiontree.supervision._chat import COMMANDS, chat_command, is_command
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._conversations import StoreConversations
-from sessiontree.supervision._cortex import CortexLogic as Cortex
+from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import Event, EventBus, EventKind
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
 from sessiontree.supervision._metrics import REJECT_REASONS, NodeMetrics

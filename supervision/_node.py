@@ -74,20 +74,11 @@ from sessiontree.store import Store
 from sessiontree.supervision._chat import chat_command, is_command
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._conversations import StoreConversations
-from sessiontree.supervision._cortex import CortexLogic
+from sessiontree.supervision._cortex import Cortex
+from sessiontree.supervision._entry import SpawnAnswer
 from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._gc import release_gc, tune_gc
 from sessiontree.supervision._housekeeping import Housekeeper
-from sessiontree.supervision._index import (
-    ChildUpdate,
-    Parked,
-    Progress,
-    Refused,
-    RunEnded,
-    RunsEnded,
-    Runtime,
-    SpawnAnswer,
-)
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
 from sessiontree.supervision._patterns import (
     NodeDriver,
@@ -97,6 +88,14 @@ from sessiontree.supervision._patterns import (
 )
 from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._recovery import recover
+from sessiontree.supervision._reports import (
+    ChildUpdate,
+    Parked,
+    Progress,
+    Refused,
+    RunEnded,
+    RunsEnded,
+)
 from sessiontree.supervision._requests import (
     AwaitResult,
     BeginShutdown,
@@ -126,6 +125,7 @@ from sessiontree.supervision._requests import (
     Suspend,
 )
 from sessiontree.supervision._retry import Restarts
+from sessiontree.supervision._runtime import Runtime
 
 __all__ = ["Node", "SessionRef", "Spawned"]
 
@@ -435,7 +435,7 @@ class Node:
         )
         # The Cortex decides every change of the tree: a thread of its own, never
         # a turn in the pool its sessions share.
-        cortex_class = actor_class(CortexLogic, "threading")
+        cortex_class = actor_class(Cortex, "threading")
         self._cortex = start_actor(cortex_class, self._runtime)
         if recovered is not None:  # sessions it starts report through self._cortex
             self._tell(Call(BringBack()))

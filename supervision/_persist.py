@@ -33,7 +33,7 @@ from sessiontree.store import (
     Store,
     WriteBatch,
 )
-from sessiontree.supervision._index import Entry
+from sessiontree.supervision._entry import Entry
 
 __all__ = ["Persister", "context_from_record"]
 

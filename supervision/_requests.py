@@ -2,7 +2,7 @@
 
 Each request names the type of its answer (``Request[T]``), so
 ``Node._call(Spawn(parent_id, spec))`` is a ``SpawnAnswer`` to mypy and to a
-reader, and the Cortex handles each one in a ``match`` (``CortexLogic._answer``).
+reader, and the Cortex handles each one in a ``match`` (``Cortex._answer``).
 A request travels in a ``Call`` envelope with the ``Reply`` its caller waits on
 (None for a request nobody waits for).
 
@@ -31,9 +31,10 @@ from sessiontree.protocol import (
     SessionState,
     SpawnSpec,
 )
-from sessiontree.supervision._index import SpawnAnswer
+from sessiontree.supervision._entry import SpawnAnswer
 
 __all__ = [
+    "DEFERRED",
     "AwaitResult",
     "BeginShutdown",
     "BringBack",
@@ -223,3 +224,8 @@ class ForceWorkers(Request[None], frozen=True):
 
 class StopAll(Request[int], frozen=True):
     """Stop every session actor still running (the last step of a shutdown)."""
+
+
+#: What an operation returns when it answers its reply itself, later (after a
+#: store write, or once a session ends).
+DEFERRED: object = object()

@@ -1,19 +1,32 @@
-"""Spawn validation as a pure function: the first failing check is the answer."""
+"""The Cortex's rules as pure functions over plain data: spawn validation (the
+first failing check is the answer), what a new session inherits, how a run's
+end ends its session."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionState, SpawnSpec
+from sessiontree.actors import RunEnd
+from sessiontree.protocol import (
+    ErrorCode,
+    ErrorInfo,
+    Outcome,
+    SessionKind,
+    SessionState,
+    SpawnSpec,
+)
 from sessiontree.supervision._config import Agent, NodeConfig
 
 __all__ = [
+    "ENDING_MESSAGES",
     "MAX_BRANCH_DEPTH",
     "MAX_WORKER_DEPTH",
     "Capacity",
     "ParentView",
     "check_spawn",
+    "ending_of",
+    "model_tier",
     "resolve_ttl",
 ]
 
@@ -142,3 +155,42 @@ def check_spawn(
             limit="max_step_threads",
         )
     return None
+
+
+def model_tier(spec: SpawnSpec, agent: Agent, parent_tier: str | None, *, root: bool) -> str | None:
+    """The model tier a new session gets: the spawn's own; else the cheapest for
+    a Worker, its parent's for a Branch, the best for a root (DESIGN.md §1)."""
+    if spec.model_tier is not None:
+        return spec.model_tier
+    if spec.kind is SessionKind.WORKER:
+        return agent.model_tiers[0]
+    if not root:
+        return parent_tier
+    return agent.model_tiers[-1]
+
+
+def ending_of(
+    end: RunEnd, cancel_code: ErrorCode | None
+) -> tuple[SessionState, ErrorCode | None, Outcome | None, ErrorInfo | None]:
+    """How a run's end ends its session (state, code, outcome, error): cancelled
+    once cancellation was asked (what it returned is the partial result), else
+    failed on its error, cancelled by a ``Cancelled`` of its own, or completed."""
+    if cancel_code is not None:
+        return SessionState.CANCELLED, cancel_code, end.outcome, None
+    if end.error is not None:
+        return SessionState.FAILED, end.error.code, None, end.error
+    if end.cancelled:
+        return SessionState.CANCELLED, ErrorCode.CANCELLED, None, None
+    return SessionState.COMPLETED, None, end.outcome, None
+
+
+#: The message of an ending's error, by its code ({} is the session id).
+ENDING_MESSAGES: dict[ErrorCode, str] = {
+    ErrorCode.CANCELLED: "session {} was cancelled",
+    ErrorCode.PARENT_TERMINATED: "session {} was cancelled because its parent ended",
+    ErrorCode.TERMINATED_BY_FORCE: "session {} was still running at its deadline and was "
+    "terminated by force",
+    ErrorCode.TTL_EXPIRED: "session {} outlived its ttl",
+    ErrorCode.NODE_RESTARTED: "session {} was running when the node stopped",
+    ErrorCode.NODE_CLOSED: "session {} was stopped with the node",
+}

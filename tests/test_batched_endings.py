@@ -15,8 +15,8 @@ import pytest
 from sessiontree.actors import Cancelled, RunEnd, SessionCore, VirtualClock
 from sessiontree.protocol import SessionKind, SpawnSpec
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
-from sessiontree.supervision._index import RunEnded
 from sessiontree.supervision._node import _Host
+from sessiontree.supervision._reports import RunEnded
 from tests.conftest import WAIT, settle
 
 FANOUT = 3

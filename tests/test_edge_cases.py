@@ -17,7 +17,7 @@ from sessiontree.protocol import (
     SessionState,
 )
 from sessiontree.supervision import Agent, EventKind, Node, NodeConfig
-from sessiontree.supervision import _cortex as cortex_module
+from sessiontree.supervision import _tree as tree_module
 from tests.conftest import WAIT, settle
 
 
@@ -252,7 +252,7 @@ def test_a_spawn_whose_actor_cannot_start_is_capacity_exceeded(
     def no_thread(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(cortex_module, "start_actor", no_thread)
+    monkeypatch.setattr(tree_module, "start_actor", no_thread)
     refused = main.spawn(kind="worker", skill="quick")
     assert refused.error.code is ErrorCode.CAPACITY_EXCEEDED
     assert "can't start new thread" in refused.error.message

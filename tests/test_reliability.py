@@ -23,7 +23,8 @@ from sessiontree.protocol import (
     SessionState,
     UnknownSessionError,
 )
-from sessiontree.supervision import Agent, Cortex, Node, NodeConfig
+from sessiontree.supervision import Agent, Node, NodeConfig
+from sessiontree.supervision import _queries as queries
 from sessiontree.supervision._requests import GetActorRef
 from tests.conftest import WAIT, settle
 
@@ -357,10 +358,10 @@ def test_a_broken_cortex_fails_the_node_loudly(node: Node, monkeypatch: pytest.M
     waiting = main.spawn(kind="branch", skill="waits").ref
     settle(node)
 
-    def broken(self: Any) -> None:
+    def broken(tree: Any) -> None:
         raise RuntimeError("index corrupted")
 
-    monkeypatch.setattr(Cortex, "op_stats", broken)
+    monkeypatch.setattr(queries, "stats", broken)
     with pytest.raises(NodeClosedError, match="index corrupted"):
         node.stats()
     assert isinstance(node.failure, RuntimeError)

@@ -10,7 +10,7 @@ import pytest
 from sessiontree.actors import VirtualClock
 from sessiontree.protocol import ErrorCode, SessionState
 from sessiontree.supervision import Agent, EventKind, Node
-from sessiontree.supervision import _cortex as cortex_module
+from sessiontree.supervision import _periodic as periodic_module
 from tests.conftest import WAIT, settle
 
 STARTED = threading.Event()
@@ -204,7 +204,7 @@ def test_a_skill_without_checkpoints_is_flagged_stuck_never_killed(
 def test_the_stuck_check_sweeps_a_large_node_over_several_checks(
     make_node: Any, clock: VirtualClock, gate: threading.Event, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(cortex_module, "_SWEEP_SLICE", 2)  # a check looks at two sessions
+    monkeypatch.setattr(periodic_module, "SWEEP_SLICE", 2)  # a check looks at two sessions
     node = make_node(make_agent(gate), grace=5.0, stuck_after=60.0, check_interval=10.0)
     main = node.main("agent")
     for _ in range(3):

@@ -1,31 +1,18 @@
-"""The Cortex's index and mailbox vocabulary: its messages, its record of each
-session (``Entry``) and the runtime pieces it drives (``Runtime``)."""
+"""The Cortex's record of one session in the tree index (``Entry``), the
+answer to a spawn, and the TTL timer a batch of children shares."""
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import msgspec
 import pykka
 
-from sessiontree.actors import (
-    Activity,
-    Backends,
-    Clock,
-    ComputeSlots,
-    Dispatcher,
-    EventLoopThread,
-    Reply,
-    RunEnd,
-    SessionCore,
-    SessionHost,
-    StepExecutor,
-    TimerHandle,
-)
+from sessiontree.actors import Reply, SessionCore, TimerHandle
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
@@ -34,76 +21,10 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
 )
-from sessiontree.supervision._config import Agent, NodeConfig
-from sessiontree.supervision._events import EventBus
+from sessiontree.supervision._config import Agent
+from sessiontree.supervision._reports import Expire
 
-if TYPE_CHECKING:
-    from sessiontree.supervision._persist import Persister
-    from sessiontree.supervision._recovery import Recovered
-
-__all__ = [
-    "AfterWrite",
-    "ChildUpdate",
-    "Deadline",
-    "Entry",
-    "Expire",
-    "Granted",
-    "Idle",
-    "Parked",
-    "Progress",
-    "Reap",
-    "Refused",
-    "RunEnded",
-    "RunsEnded",
-    "Runtime",
-    "SharedTtl",
-    "SpawnAnswer",
-    "Tick",
-]
-
-
-# -- messages ---------------------------------------------------------------
-
-
-# Made once per ended run, on the event loop: plain slots (a frozen
-# dataclass's __init__ costs several times as much, an object.__setattr__ a field).
-@dataclass(slots=True)
-class RunEnded:
-    session_id: uuid.UUID
-    end: RunEnd
-
-
-@dataclass(frozen=True, slots=True)
-class RunsEnded:
-    """Runs that ended in one pass of the event loop, reported together."""
-
-    ends: tuple[RunEnded, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Parked:
-    session_id: uuid.UUID
-
-
-@dataclass(frozen=True, slots=True)
-class Idle:
-    """A Main's actor answered ``Passivate``: nothing queued, no cycle running
-    (``mark`` is the input count it saw; None: it was busy)."""
-
-    session_id: uuid.UUID
-    mark: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Granted:
-    session_id: uuid.UUID
-
-
-@dataclass(frozen=True, slots=True)
-class Expire:
-    """The TTL of these sessions ran out (those still live end ``expired``)."""
-
-    session_ids: tuple[uuid.UUID, ...]
+__all__ = ["Entry", "SharedTtl", "SpawnAnswer", "id_text", "with_state"]
 
 
 class SharedTtl:
@@ -139,51 +60,6 @@ class SharedTtl:
 
     def __call__(self) -> None:
         self.expire(Expire(tuple(self.ids)))
-
-
-@dataclass(frozen=True, slots=True)
-class Deadline:
-    session_ids: tuple[uuid.UUID, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    session_id: uuid.UUID
-    note: str
-    data: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ChildUpdate:
-    session_id: uuid.UUID
-    message: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    session_id: uuid.UUID
-    what: str
-
-
-@dataclass(frozen=True, slots=True)
-class AfterWrite:
-    """A store write the Cortex waited on finished: run ``then(error)`` (None: durable)."""
-
-    then: Callable[[BaseException | None], None]
-    error: BaseException | None
-
-
-@dataclass(frozen=True, slots=True)
-class Tick:
-    """The periodic check: stuck sessions and memory pressure."""
-
-
-@dataclass(frozen=True, slots=True)
-class Reap:
-    """The node went idle: stop the actors of sessions that ended meanwhile."""
-
-
-# -- state ------------------------------------------------------------------
 
 
 @dataclass(slots=True)  # one per spawn: not frozen, see Expire
@@ -237,7 +113,7 @@ class Entry:
     inflight: int = 0
     passivating: int | None = None
     snapshot_write: concurrent.futures.Future[None] | None = None
-    # str(session_id), once it was needed (see _cortex._id_text)
+    # str(session_id), once it was needed (see id_text)
     id_text: str | None = None
 
     @property
@@ -261,24 +137,19 @@ class Entry:
         return not self.is_async and self.kind is not SessionKind.MAIN
 
 
-@dataclass
-class Runtime:
-    """The pieces of a node the Cortex drives (built by ``Node``)."""
+def id_text(entry: Entry) -> str:
+    """``str(entry.session_id)``, made once per session: a cascade needs it in the
+    session's ending message and in the delivery event of each of its children.
+    (msgspec writes the same canonical form in C, at a fifth of the cost.)"""
+    text = entry.id_text
+    if text is None:
+        text = entry.id_text = msgspec.to_builtins(entry.core.session_id)
+    return text
 
-    config: NodeConfig
-    clock: Clock
-    activity: Activity
-    slots: ComputeSlots
-    executor: StepExecutor
-    main_executor: StepExecutor
-    loop: Callable[[], EventLoopThread]
-    events: EventBus
-    host: SessionHost
-    agents: dict[str, Agent]
-    on_fatal: Callable[[BaseException], None]
-    on_failed: Callable[[BaseException], None]
-    persist: Persister
-    recovered: Recovered | None = None
-    dispatcher: Dispatcher | None = None
-    backends: Backends = field(default_factory=lambda: Backends({}))
-    counters: collections.Counter[str] = field(default_factory=collections.Counter)
+
+def with_state(entry: Entry) -> SessionInfo:
+    """The session's identity with its current state."""
+    info = entry.info
+    if info.state is entry.state:
+        return info
+    return msgspec.structs.replace(info, state=entry.state)

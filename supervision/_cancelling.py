@@ -1,0 +1,159 @@
+"""Cancellation, deadlines, fencing and expiry.
+
+One cancellation request fixes one deadline (now + grace) for the whole
+subtree it reaches; at the deadline what still runs is fenced and ended
+``terminated_by_force`` (DESIGN.md §3, "Cancellation, in one table").
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sessiontree.actors import CancelSignal, ForceStop, post, wake_batch
+from sessiontree.protocol import (
+    ErrorCode,
+    ErrorInfo,
+    Outcome,
+    SessionKind,
+    SessionState,
+)
+from sessiontree.supervision._commits import Commits
+from sessiontree.supervision._endings import Endings
+from sessiontree.supervision._entry import Entry, id_text
+from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._reports import Deadline
+from sessiontree.supervision._tree import Tree
+
+__all__ = ["Cancelling"]
+
+
+class Cancelling:
+    """Cancels, expires and forces sessions (Cortex thread)."""
+
+    def __init__(self, tree: Tree, commits: Commits, endings: Endings) -> None:
+        self.tree = tree
+        self.commits = commits
+        self.endings = endings
+
+    def cancel(self, session_id: uuid.UUID) -> ErrorInfo | None:
+        """Cancel a session and its whole subtree, with one deadline; an
+        ``ErrorInfo`` if it already ended (``UnknownSessionError`` if unknown)."""
+        entry = self.tree.lookup(session_id)
+        if entry.state.is_terminal:
+            return ErrorInfo(
+                code=ErrorCode.INVALID_TRANSITION,
+                message=f"session {session_id} already ended ({entry.state.value})",
+            )
+        if entry.cancel_code is not None:
+            return None  # one request, one deadline: a second cancel changes nothing
+        group = [entry, *self.tree.uncancelled_descendants(entry)]
+        self.cancel_group(group, ErrorCode.CANCELLED, first=entry)
+        return None
+
+    def orphans(self, entry: Entry) -> None:
+        """``entry`` ended: its live descendants are cancelled (``parent_terminated``)."""
+        self.cancel_group(self.tree.uncancelled_descendants(entry), ErrorCode.PARENT_TERMINATED)
+
+    def cancel_group(
+        self,
+        group: list[Entry],
+        code: ErrorCode,
+        first: Entry | None = None,
+        grace: float | None = None,
+    ) -> None:
+        """Request cancellation of ``group`` (``first`` gets ``code``, the rest
+        ``parent_terminated``) with one deadline for all of them: now + ``grace``
+        (default: the node's). Every write it makes goes into one commit."""
+        rt = self.tree.rt
+        grace = rt.config.grace if grace is None else grace
+        with self.commits.one_commit():
+            ids = tuple([e.core.session_id for e in self._request_cancel(group, code, first)])
+            if ids and grace <= 0:
+                self.deadline(ids)
+        if not ids or grace <= 0:
+            return
+        ref, activity = self.tree.ref, rt.activity
+        assert ref is not None
+
+        def fire() -> None:
+            post(ref, Deadline(ids), activity)
+
+        rt.clock.call_later(grace, fire)
+
+    def _request_cancel(
+        self, group: list[Entry], code: ErrorCode, first: Entry | None
+    ) -> list[Entry]:
+        """Mark ``group`` cancelled and wake its skills; end at once what runs
+        nothing; the sessions left to wrap up (their deadline is the caller's)."""
+        tree, finish = self.tree, self.endings.finish
+        running: list[Entry] = []
+        wakeups: list[Any] = []
+        now = tree.now()
+        for entry in group:
+            entry_code = code if (first is None or entry is first) else ErrorCode.PARENT_TERMINATED
+            entry.cancel_code = entry_code
+            core = entry.core
+            state = core.state
+            kind = core.info.kind
+            tree.emit(EventKind.CANCEL_REQUESTED, entry, code=entry_code, at=now)
+            if state is SessionState.PENDING or entry.rerun:  # nothing runs to wrap up
+                finish(
+                    entry,
+                    SessionState.CANCELLED,
+                    entry_code,
+                    None,
+                    message=f"session {id_text(entry)} was cancelled before it ran",
+                )
+                continue
+            if kind is SessionKind.MAIN:
+                with core.cond:
+                    idle = not core.skill_running
+                if idle:
+                    core.fence(entry_code)  # a cycle racing this cancel stops at once
+                    tree.post(entry, CancelSignal(entry_code))
+                    finish(entry, SessionState.CANCELLED, entry_code, None)
+                    continue
+                tree.post(entry, CancelSignal(entry_code))  # its actor also drops queued input
+            else:
+                if state is SessionState.SUSPENDED:  # it wakes to wrap up in grace
+                    tree.set_state(entry, SessionState.ACTIVE, entry_code)
+                entry.suspend_requested = False
+                # Straight onto the shared state: a mailbox hop per session made
+                # cancelling a 4,681-session tree cost a thread wake-up each.
+                core.request_cancel(entry_code, wakeups)
+            running.append(entry)
+        wake_batch(wakeups)
+        return running
+
+    def deadline(self, session_ids: tuple[uuid.UUID, ...]) -> None:
+        """The grace of ``session_ids`` ran out: those still live end by force."""
+        with self.commits.one_commit():
+            for sid in session_ids:
+                entry = self.tree.entries.get(sid)
+                if entry is None or entry.state.is_terminal:
+                    continue
+                self.fence(entry, ErrorCode.TERMINATED_BY_FORCE)
+                self.endings.finish(
+                    entry, SessionState.CANCELLED, ErrorCode.TERMINATED_BY_FORCE, None
+                )
+
+    def fence(self, entry: Entry, code: ErrorCode) -> None:
+        """Nothing the skill does counts from now on; its actor drops queued
+        input and an async task is cancelled."""
+        entry.core.fence(code)
+        if entry.ref is not None:
+            self.tree.post(entry, ForceStop())
+        else:  # a parked branch holds no actor
+            entry.core.cancel_task()
+
+    def expire(self, session_id: uuid.UUID) -> None:
+        """The TTL of ``session_id`` ran out: it ends ``expired`` at once, with
+        what it reported so far (a passivated Main comes back to end)."""
+        entry = self.tree.entry(session_id)
+        if entry is None or entry.state.is_terminal:
+            return
+        self.fence(entry, ErrorCode.TTL_EXPIRED)
+        summary, data = entry.last_progress or ("", {})
+        outcome = Outcome(summary=summary, artifacts={"progress": data} if data else {})
+        self.endings.finish(entry, SessionState.EXPIRED, ErrorCode.TTL_EXPIRED, outcome)

@@ -1,0 +1,294 @@
+"""Endings: a session becomes terminal, its one result goes to its parent,
+then its subtree is cleaned up; the oldest endings are evicted from the index.
+
+The order is the specification's: the state is terminal at once and the
+result is delivered at once, then the descendants are cancelled (through
+``on_orphans``, which the Cortex wires to ``Cancelling.orphans``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from sessiontree.actors import CycleDone, Deliver, RunEnd
+from sessiontree.protocol import (
+    TERMINAL_STATES,
+    TRANSITIONS,
+    ErrorCode,
+    ErrorInfo,
+    InvalidTransitionError,
+    Outcome,
+    SessionKind,
+    SessionResult,
+    SessionState,
+    Timings,
+)
+from sessiontree.supervision._commits import Commits, answer_durable
+from sessiontree.supervision._entry import Entry, id_text
+from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._reports import RunEnded
+from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
+from sessiontree.supervision._tree import Tree
+
+__all__ = ["Endings"]
+
+EVICT_TRIES = 16  # zombies an ending's eviction passes over at most
+
+
+class Endings:
+    """Ends sessions and delivers their results (Cortex thread)."""
+
+    def __init__(self, tree: Tree, commits: Commits) -> None:
+        self.tree = tree
+        self.commits = commits
+        # what cleans up an ended session's live descendants (not yet asked to cancel)
+        self.on_orphans: Callable[[Entry], None] = lambda entry: None
+
+    def runs_ended(self, ends: tuple[RunEnded, ...]) -> None:
+        """Runs that ended in one pass of the event loop: their writes go into one
+        commit, they end at one instant (one clock read), and the retained
+        endings are evicted once after them rather than after each (with the
+        same budget in all: ``EVICT_TRIES`` an ending). A run whose end ends
+        no session (a Main's cycle, a zombie's return) evicts nothing."""
+        now = self.tree.now()
+        endings = 0
+        with self.commits.one_commit():
+            for ended in ends:
+                endings += self._run_ended(ended.session_id, ended.end, now)
+            if endings:
+                self.evict(EVICT_TRIES * endings)
+
+    def _run_ended(self, session_id: uuid.UUID, end: RunEnd, now: float) -> bool:
+        """One run's end; True if it ended its session."""
+        tree = self.tree
+        entry = tree.entries.get(session_id)
+        if entry is None:
+            return False
+        if entry.zombie:
+            entry.zombie = False
+            if entry.kind is SessionKind.MAIN:
+                tree.main_zombies -= 1
+            else:
+                tree.zombies -= 1
+        core = entry.core
+        if core.state in TERMINAL_STATES:
+            if end.outcome is not None or end.error is not None:
+                tree.rt.counters["refused_after_fence"] += 1
+                tree.emit(EventKind.REFUSED, entry, data={"what": "result"})
+            return False
+        cancel_code = entry.cancel_code
+        if cancel_code is None and core.info.kind is SessionKind.MAIN:
+            tree.emit(
+                EventKind.CYCLE_ENDED,
+                entry,
+                code=end.error.code if end.error else None,
+                data={"cycle": end.cycle, **({"error": end.error.message} if end.error else {})},
+            )
+            if end.error is not None:
+                tree.rt.counters["main_cycles_failed"] += 1
+            tree.note_input(entry)
+            entry.snapshot_write = tree.persist.snapshot(entry, now, consumed=core.input_seq)
+            if not (tree.closing and tree.store is not None):
+                # Closing with a store: no new cycle starts, for one could end after
+                # the Cortex stops and then run again after the restart. What is
+                # queued stays in the stored inbox and outbox and runs once then.
+                tree.post(entry, CycleDone())
+            ended = False
+        else:
+            state, code, outcome, error = ending_of(end, cancel_code)
+            self.finish(entry, state, code, outcome, error=error, now=now, evict=False)
+            ended = True
+        if end.fatal is not None:
+            tree.rt.on_fatal(end.fatal)
+        return ended
+
+    def finish(
+        self,
+        entry: Entry,
+        state: SessionState,
+        code: ErrorCode | None,
+        outcome: Outcome | None,
+        *,
+        error: ErrorInfo | None = None,
+        message: str | None = None,
+        now: float | None = None,
+        evict: bool = True,
+    ) -> None:
+        """Make ``entry`` terminal, deliver its one result, then clean up its subtree.
+
+        ``now``: when it ended (default: the clock's now). ``evict``: False when
+        the caller evicts retained endings itself, once after a batch of them.
+        An illegal transition raises ``InvalidTransitionError`` before anything
+        changed (a broken invariant: the handler fails the node).
+        """
+        tree = self.tree
+        if now is None:
+            now = tree.now()
+        core = entry.core
+        info = core.info
+        if code is not None and error is None:
+            error = ErrorInfo(
+                code=code, message=message or ENDING_MESSAGES[code].format(id_text(entry))
+            )
+        timer = entry.ttl_timer
+        if timer is not None:
+            timer.cancel()
+            entry.ttl_timer = None  # done: the retained record stays small for the GC
+        if entry.grant is not None:
+            # False: the Granted message is in flight and Starting.granted releases the slot
+            tree.rt.slots.forget(entry.grant)
+            entry.grant = None
+        self._end_state(entry, state, code, now)
+        tree.live -= 1
+        if not entry.is_async:
+            self._thread_ended(entry)
+        timings = Timings(created_at=info.created_at, started_at=entry.started_at, ended_at=now)
+        if outcome is None:  # the defaults: no summary, artifacts or memory ids
+            result = SessionResult(
+                session_id=core.session_id,
+                status=state,
+                parent_id=info.parent_id,
+                kind=info.kind,
+                error=error,
+                timings=timings,
+            )
+        else:
+            result = SessionResult(
+                session_id=core.session_id,
+                status=state,
+                parent_id=info.parent_id,
+                kind=info.kind,
+                summary=outcome.summary,
+                artifacts=dict(outcome.artifacts),
+                memory_ids=tuple(outcome.memory_ids),
+                error=error,
+                timings=timings,
+            )
+        entry.result = result
+        write = entry.final_write = tree.persist.ended(entry, result, now)
+        if write is not None:
+            self.commits.count_failures(write)
+        if entry.waiters:
+            for reply in entry.waiters:
+                answer_durable(entry, reply)
+            entry.waiters.clear()
+        if entry.parent is not None:
+            self._deliver(entry, entry.parent, result, now)
+        if entry.ref is not None:
+            tree.to_stop.append(entry.ref)
+            entry.ref = None  # its actor is done: not kept by the retained record
+        tree.terminal.append(core.session_id)
+        if evict:
+            self.evict(EVICT_TRIES)
+        # A session that was itself cancelled had its whole subtree marked then
+        # (and could spawn nothing since), so there is nothing left to walk.
+        if entry.live_children and entry.cancel_code is None:
+            self.on_orphans(entry)
+        if tree.shutdown_waiters:
+            tree.check_shutdown()
+
+    def _thread_ended(self, entry: Entry) -> None:
+        """A sync session ended: a Branch's or Worker's step thread is no longer
+        counted, and one its skill still runs on is abandoned (a zombie)."""
+        tree = self.tree
+        main = entry.core.info.kind is SessionKind.MAIN
+        if not main:
+            tree.sync_threads -= 1
+        if entry.core.skill_running:
+            entry.zombie = True
+            if main:
+                tree.main_zombies += 1  # a thread of the Main pool, not the step pool
+            else:
+                tree.zombies += 1
+
+    def _end_state(
+        self, entry: Entry, state: SessionState, code: ErrorCode | None, now: float
+    ) -> None:
+        """``Tree.set_state`` for an ending: ``entry`` becomes ``state`` (terminal)
+        and the event says so; under the same lock its compute slot is given
+        back and, unless its skill still runs (a forced task is yet to be
+        cancelled), its task dropped. ``InvalidTransitionError`` (nothing
+        changed) if the transition is illegal."""
+        core = entry.core
+        old = core.state
+        if state not in TRANSITIONS[old]:  # a broken invariant: the node fails loudly
+            msg = f"session {core.session_id}: {old} -> {state} is not a legal transition"
+            raise InvalidTransitionError(msg, session_id=core.session_id)
+        with core.cond:
+            core.state = state
+            held, core.holds_slot = core.holds_slot, False
+            if not core.skill_running:
+                core.task = None
+                core.task_loop = None
+        if held:
+            core.slots.release()
+        tree = self.tree
+        tree.emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now)
+        if old is SessionState.SUSPENDED:
+            # as set_state writes a Branch leaving suspension (the ending's own write follows)
+            tree.persist.snapshot(entry, now, resume=entry.shutdown_park)
+
+    def _deliver(self, entry: Entry, parent: Entry, result: SessionResult, now: float) -> None:
+        """File ``entry``'s result on ``parent`` and say so (a RESULT_DELIVERED event)."""
+        tree = self.tree
+        parent_core = parent.core
+        parent_live = parent_core.state not in TERMINAL_STATES
+        if parent_live and tree.store is not None:
+            parent.receipts.append(result)  # its next snapshot records the receipt
+        parent.live_children -= 1
+        # Filed at once (so results() and a waiting skill see it now); a live
+        # Main also gets it in its mailbox, where it starts a message cycle.
+        # Closing with a store, it stays owed and runs after the restart (see _run_ended).
+        parent_core.add_result(result)
+        live_main = parent_live and parent_core.info.kind is SessionKind.MAIN
+        if live_main and not (tree.closing and tree.store is not None):
+            tree.note_input(parent)
+            tree.post(parent, Deliver(result))
+        if tree.rt.events.observed:
+            tree.emit(EventKind.RESULT_DELIVERED, entry, data={"to": id_text(parent)}, at=now)
+
+    def evict(self, tries: int) -> None:
+        """Forget the oldest endings past ``retain_terminal`` whose terminal write
+        is durable (the store answers for them from then on).
+
+        Bounded work per ending: zombies are passed over at most ``tries`` times
+        a call (``EVICT_TRIES`` an ending; passing over every one of them each
+        time made a cascade of 90,000 sessions quadratic while their writes were
+        queued). An ending whose terminal write is not yet durable stops the
+        round: writes commit in the order they were made, so the endings after
+        it wait for theirs too.
+        """
+        tree = self.tree
+        terminal, entries = tree.terminal, tree.entries
+        passed = 0
+        durable = None  # a write seen done (a batch's endings share one)
+        for _ in range(len(terminal) - tree.rt.config.retain_terminal):
+            sid = terminal[0]
+            old = entries.get(sid)
+            if old is None:
+                terminal.popleft()
+                continue
+            write = old.final_write
+            if write is not None and write is not durable:
+                if not write.done():
+                    return  # the store still holds its old state (reads fall back to it)
+                durable = write
+            terminal.popleft()
+            if old.zombie:  # its thread may still report: a later round
+                terminal.append(sid)
+                passed += 1
+                if passed >= tries:
+                    return
+                continue
+            del entries[sid]
+            parent = old.parent
+            if parent is not None:
+                parent.children.pop(sid, None)
+                if old.info.request_id is not None:
+                    parent.requests.pop(old.info.request_id, None)
+            old.parent = None
+            if old.kind is SessionKind.MAIN:
+                key = (old.agent.agent_id, old.info.key or "")
+                if tree.mains.get(key) == sid:  # a newer Main may hold the key
+                    del tree.mains[key]

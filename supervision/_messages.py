@@ -1,0 +1,98 @@
+"""Messages that reach sessions: inbound messages to a Main (one message
+cycle each), progress notes, and a child's updates to its parent.
+
+A message a Main cannot take is refused with an ``ErrorInfo`` (not a Main,
+stopping or ended, node closing, the store refused it); a message too large
+or not encodable raises ``RejectedInputError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sessiontree.actors import Inbound, Reply
+from sessiontree.protocol import ErrorCode, ErrorInfo, RejectedInputError, SessionKind
+from sessiontree.supervision._commits import Commits, store_error
+from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._requests import DEFERRED
+from sessiontree.supervision._tree import Tree
+
+__all__ = ["Messages"]
+
+
+class Messages:
+    """Hands messages to sessions (Cortex thread)."""
+
+    def __init__(self, tree: Tree, commits: Commits) -> None:
+        self.tree = tree
+        self.commits = commits
+
+    def send(self, session_id: uuid.UUID, message: object, reply: Reply | None = None) -> object:
+        """Queue an inbound message for a Main (one message cycle). With a store it
+        is written to the Main's inbox first and accepted once durable."""
+        tree = self.tree
+        entry = tree.lookup(session_id)
+        if entry.kind is not SessionKind.MAIN:
+            return ErrorInfo(
+                code=ErrorCode.NOT_ALLOWED,
+                message=f"session {session_id} is a {entry.kind.value}; only mains take "
+                "messages (context reaches children only at spawn)",
+            )
+        if entry.state.is_terminal or entry.cancel_code is not None:
+            return ErrorInfo(
+                code=ErrorCode.SESSION_NOT_ACTIVE,
+                message=f"session {session_id} is stopping or ended ({entry.state.value}); "
+                "the message was not delivered",
+            )
+        if tree.closing:
+            return ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
+        seq = entry.next_seq
+        try:
+            future = tree.persist.inbound(entry, seq, message, tree.now())
+        except RejectedInputError as exc:
+            raise RejectedInputError(str(exc), field="message") from exc
+        tree.note_input(entry)
+        if future is None:
+            tree.post(entry, Inbound(message))
+            return None
+        entry.next_seq += 1
+        entry.inflight += 1
+
+        def written(error: BaseException | None) -> None:
+            entry.inflight -= 1
+            answer: ErrorInfo | None = None
+            if error is not None:
+                tree.store_failed(error)
+                answer = store_error(error, session_id)
+            elif entry.state.is_terminal or entry.cancel_code is not None:
+                answer = ErrorInfo(
+                    code=ErrorCode.SESSION_NOT_ACTIVE,
+                    message=f"session {session_id} ended before the message was accepted",
+                )
+            else:
+                tree.post(entry, Inbound(message, seq))
+            if reply is not None:
+                reply.set(answer)
+
+        self.commits.when_written(future, written)
+        return DEFERRED
+
+    def progress(self, session_id: uuid.UUID, note: str, data: dict[str, Any]) -> None:
+        """A session's progress note: kept (an expiry reports it) and emitted."""
+        entry = self.tree.entries.get(session_id)
+        if entry is None or entry.state.is_terminal:
+            return
+        entry.last_progress = (note, data)
+        self.tree.emit(EventKind.PROGRESS, entry, data={"note": note, **data})
+
+    def child_update(self, session_id: uuid.UUID, message: Any) -> None:
+        """A child's ``send_to_parent``: onto the parent's updates, if both still run."""
+        entry = self.tree.entries.get(session_id)
+        if entry is None or entry.state.is_terminal or entry.parent is None:
+            return
+        parent = entry.parent
+        if parent.state.is_terminal:
+            return
+        parent.core.add_update(session_id, message)
+        self.tree.emit(EventKind.CHILD_UPDATE, entry, data={"to": str(parent.session_id)})

@@ -1,0 +1,191 @@
+"""The periodic check: idle Mains passivated, stuck skills flagged, memory
+pressure relieved.
+
+Its cost is bounded, not a walk of every session each time (a tenth of a
+second at 100,000 sessions): it walks the resident Mains, at most
+``SWEEP_SLICE`` sessions for the stuck check (a node holding more is swept
+over several checks), and the branches only when the probe says memory is
+short. A probe that raises is logged and read as no pressure.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import uuid
+
+from sessiontree.actors import Passivate, TimerHandle, post
+from sessiontree.protocol import SessionKind, SessionState
+from sessiontree.store import SessionRecord
+from sessiontree.supervision._entry import Entry, with_state
+from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._reports import Idle, Tick
+from sessiontree.supervision._suspension import Suspension
+from sessiontree.supervision._tree import Tree
+
+__all__ = ["Periodic", "passivable"]
+
+log = logging.getLogger("sessiontree.cortex")
+
+SWEEP_SLICE = 10_000  # sessions the periodic check looks at for being stuck
+
+
+class Periodic:
+    """The periodic check and passivation (Cortex thread)."""
+
+    def __init__(self, tree: Tree, suspension: Suspension) -> None:
+        self.tree = tree
+        self.suspension = suspension
+        self.timer: TimerHandle | None = None
+        self.sweep: list[Entry] = []  # sessions the stuck check has yet to look at this round
+
+    def arm(self) -> None:
+        """Ask for the next check in ``check_interval`` seconds."""
+        ref = self.tree.ref
+        if ref is None:
+            return
+        activity = self.tree.rt.activity
+
+        def fire() -> None:
+            post(ref, Tick(), activity)
+
+        self.timer = self.tree.rt.clock.call_later(self.tree.rt.config.check_interval, fire)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def tick(self) -> None:
+        """One check (see the module docstring); the next is armed unless closing."""
+        tree = self.tree
+        config = tree.rt.config
+        now = tree.rt.clock.monotonic()
+        idle_after = config.passivate_after
+        if tree.store is not None and not tree.closing and idle_after is not None:
+            self._ask_idle_mains(now, idle_after)
+        self._sweep_stuck(now, config.stuck_after)
+        pressure = config.memory_pressure
+        if pressure is not None and not tree.closing:
+            try:
+                under_pressure = pressure()
+            except Exception:
+                log.exception("memory-pressure probe raised; treated as no pressure")
+                under_pressure = False
+            if under_pressure:
+                self._relieve_pressure()
+        if not tree.closing:
+            self.arm()
+
+    def _ask_idle_mains(self, now: float, idle_after: float) -> None:
+        entries, resident = self.tree.entries, self.tree.resident_mains
+        for sid, entry in list(resident.items()):
+            if entries.get(sid) is not entry or entry.state.is_terminal:
+                del resident[sid]  # passivated or ended since
+            elif entry.state is SessionState.ACTIVE and now - entry.idle_since >= idle_after:
+                self._ask_idle(entry)
+
+    def _sweep_stuck(self, now: float, stuck_after: float) -> None:
+        tree = self.tree
+        sweep = self.sweep
+        if not sweep:
+            sweep = self.sweep = list(tree.entries.values())
+        for _ in range(min(len(sweep), SWEEP_SLICE)):
+            entry = sweep.pop()
+            core = entry.core
+            if (
+                core.skill_running
+                and not core.blocked
+                and not core.stuck
+                and core.state is SessionState.ACTIVE
+                and core.remote is None  # its worker's liveness is the backend's to watch
+                and now - core.last_checkpoint >= stuck_after
+            ):
+                core.stuck = True
+                tree.rt.counters["stuck_flagged"] += 1
+                tree.emit(
+                    EventKind.STUCK, entry, data={"since_checkpoint_s": now - core.last_checkpoint}
+                )
+
+    def _relieve_pressure(self) -> None:
+        """Memory is short: suspend the active branch whose last checkpoint is oldest."""
+        candidates = [
+            entry
+            for entry in self.tree.entries.values()
+            if entry.kind is SessionKind.BRANCH
+            and entry.state is SessionState.ACTIVE
+            and not entry.suspend_requested
+            and entry.cancel_code is None
+            and entry.core.remote is None
+        ]
+        if candidates:
+            victim = min(candidates, key=lambda e: e.core.last_checkpoint)
+            self.tree.emit(EventKind.MEMORY_PRESSURE, victim)
+            self.suspension.suspend(victim.session_id)
+
+    # -- passivation ------------------------------------------------------------------
+
+    def _ask_idle(self, entry: Entry) -> None:
+        """Ask a long-idle Main's actor whether it holds anything (its answer is
+        an ``Idle``): only the actor knows what it has queued."""
+        if entry.passivating is not None or not passivable(entry):
+            return
+        ref, activity, sid = self.tree.ref, self.tree.rt.activity, entry.session_id
+        assert ref is not None
+
+        def done(mark: int | None) -> None:
+            post(ref, Idle(sid, mark), activity)
+
+        entry.passivating = entry.mark
+        self.tree.post(entry, Passivate(entry.mark, done))
+
+    def idle(self, session_id: uuid.UUID, mark: int | None) -> None:
+        """Passivate the Main if nothing reached it since it said it was idle: its
+        record is durable (written after its last cycle), so its actor stops and
+        the index keeps only what lists it; its next message brings it back."""
+        tree = self.tree
+        entry = tree.entries.get(session_id)
+        if entry is None:
+            return
+        entry.passivating = None
+        if mark is None or mark != entry.mark or tree.closing or not passivable(entry):
+            return
+        written = entry.snapshot_write
+        if written is not None and not written.done():
+            # Its record (and the results it files) must be durable before the
+            # store is what answers for it: ask again once the write is done.
+            ref, activity = tree.ref, tree.rt.activity
+            assert ref is not None
+            activity.begin()
+
+            def again(_: concurrent.futures.Future[None]) -> None:
+                post(ref, Idle(session_id, mark), activity)
+                activity.end()
+
+            entry.passivating = mark
+            written.add_done_callback(again)
+            return
+        tree.stop_actor(entry)
+        del tree.entries[session_id]
+        tree.live -= 1
+        tree.dormant[session_id] = SessionRecord(info=with_state(entry))
+        tree.next_seqs[session_id] = entry.next_seq
+        tree.rt.counters["passivated"] += 1
+        tree.emit(EventKind.PASSIVATED, entry)
+
+
+def passivable(entry: Entry) -> bool:
+    """Whether a Main may be written out and its actor stopped: active, idle,
+    nothing owed to it or in flight, its creation durable."""
+    core = entry.core
+    return (
+        entry.state is SessionState.ACTIVE
+        and entry.ref is not None
+        and entry.cancel_code is None
+        and not core.fenced
+        and not core.skill_running
+        and entry.live_children == 0
+        and entry.inflight == 0
+        and entry.persisted
+        and not entry.waiters
+        and not entry.receipts
+    )

@@ -1,0 +1,114 @@
+"""What the runtime reports to the Cortex: sessions' runs, timers and the store.
+
+Each is a small message the Cortex takes in its mailbox and ``match``es
+(``Cortex._dispatch``); none carries an answer back. The Node's own
+requests are in ``_requests``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sessiontree.actors import RunEnd
+
+__all__ = [
+    "AfterWrite",
+    "ChildUpdate",
+    "Deadline",
+    "Expire",
+    "Granted",
+    "Idle",
+    "Parked",
+    "Progress",
+    "Reap",
+    "Refused",
+    "RunEnded",
+    "RunsEnded",
+    "Tick",
+]
+
+
+# Made once per ended run, on the event loop: plain slots (a frozen
+# dataclass's __init__ costs several times as much, an object.__setattr__ a field).
+@dataclass(slots=True)
+class RunEnded:
+    session_id: uuid.UUID
+    end: RunEnd
+
+
+@dataclass(frozen=True, slots=True)
+class RunsEnded:
+    """Runs that ended in one pass of the event loop, reported together."""
+
+    ends: tuple[RunEnded, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    session_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """A Main's actor answered ``Passivate``: nothing queued, no cycle running
+    (``mark`` is the input count it saw; None: it was busy)."""
+
+    session_id: uuid.UUID
+    mark: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    session_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    """The TTL of these sessions ran out (those still live end ``expired``)."""
+
+    session_ids: tuple[uuid.UUID, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    session_ids: tuple[uuid.UUID, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    session_id: uuid.UUID
+    note: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ChildUpdate:
+    session_id: uuid.UUID
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    session_id: uuid.UUID
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class AfterWrite:
+    """A store write the Cortex waited on finished: run ``then(error)`` (None: durable)."""
+
+    then: Callable[[BaseException | None], None]
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The periodic check: stuck sessions and memory pressure."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reap:
+    """The node went idle: stop the actors of sessions that ended meanwhile."""

@@ -1,0 +1,47 @@
+"""The pieces of a node the Cortex drives, assembled by ``Node``."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sessiontree.actors import (
+    Activity,
+    Backends,
+    Clock,
+    ComputeSlots,
+    Dispatcher,
+    EventLoopThread,
+    SessionHost,
+    StepExecutor,
+)
+from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._events import EventBus
+from sessiontree.supervision._persist import Persister
+from sessiontree.supervision._recovery import Recovered
+
+__all__ = ["Runtime"]
+
+
+@dataclass
+class Runtime:
+    """The pieces of a node the Cortex drives (built by ``Node``)."""
+
+    config: NodeConfig
+    clock: Clock
+    activity: Activity
+    slots: ComputeSlots
+    executor: StepExecutor
+    main_executor: StepExecutor
+    loop: Callable[[], EventLoopThread]
+    events: EventBus
+    host: SessionHost
+    agents: dict[str, Agent]
+    on_fatal: Callable[[BaseException], None]
+    on_failed: Callable[[BaseException], None]
+    persist: Persister
+    recovered: Recovered | None = None
+    dispatcher: Dispatcher | None = None
+    backends: Backends = field(default_factory=lambda: Backends({}))
+    counters: collections.Counter[str] = field(default_factory=collections.Counter)

@@ -1,0 +1,103 @@
+"""A node's shutdown as the Cortex runs it (DESIGN.md §3, "Shutdown"): no new
+work; running Branches park (they resume after a restart); Workers and remote
+steps are cancelled with the grace, forced at its end; Mains stay. The caller
+is answered with every session once that has settled or the grace ran out.
+"""
+
+from __future__ import annotations
+
+from sessiontree.actors import Reply, post, stop_actor
+from sessiontree.protocol import ErrorCode, SessionKind, SessionState
+from sessiontree.supervision._cancelling import Cancelling
+from sessiontree.supervision._entry import Entry
+from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._periodic import Periodic
+from sessiontree.supervision._requests import DEFERRED, Call, ShutdownDeadline
+from sessiontree.supervision._suspension import Suspension
+from sessiontree.supervision._tree import Tree
+
+__all__ = ["Shutdown"]
+
+
+class Shutdown:
+    """Settles the tree for a node's shutdown (Cortex thread)."""
+
+    def __init__(
+        self, tree: Tree, cancelling: Cancelling, suspension: Suspension, periodic: Periodic
+    ) -> None:
+        self.tree = tree
+        self.cancelling = cancelling
+        self.suspension = suspension
+        self.periodic = periodic
+
+    def begin(self, grace: float, reply: Reply) -> object:
+        """Stop taking work; suspend running branches, cancel workers with ``grace``
+        (forced at its end, their parents told), keep mains. Answers ``reply`` with
+        every session once that has settled or the grace ran out."""
+        tree = self.tree
+        tree.closing = True
+        self.periodic.disarm()
+        workers: list[Entry] = []
+        for entry in list(tree.entries.values()):
+            if entry.state.is_terminal:
+                continue
+            remote = entry.core.remote is not None  # a remote step cannot park: cancelled
+            if (entry.kind is SessionKind.WORKER or remote) and entry.cancel_code is None:
+                workers.append(entry)
+            elif (
+                entry.kind is SessionKind.BRANCH
+                and entry.state is SessionState.ACTIVE
+                and entry.cancel_code is None
+                and not entry.suspend_requested
+            ):
+                entry.shutdown_park = True
+                self.suspension.request_suspend(entry)
+                tree.emit(EventKind.SUSPEND_REQUESTED, entry, data={"why": "shutdown"})
+        if workers:
+            self.cancelling.cancel_group(workers, ErrorCode.CANCELLED, grace=grace)
+        tree.shutdown_waiters.append(reply)
+        ref, activity = tree.ref, tree.rt.activity
+        assert ref is not None
+
+        def give_up() -> None:
+            post(ref, Call(ShutdownDeadline()), activity)
+
+        if grace > 0:
+            tree.rt.clock.call_later(grace, give_up)
+            tree.check_shutdown()
+        else:
+            self.deadline()
+        return DEFERRED
+
+    def deadline(self) -> None:
+        """The shutdown grace ran out: force workers still running, fence branches
+        that never parked, then settle."""
+        self.force_workers()
+        tree = self.tree
+        for entry in tree.entries.values():
+            if entry.suspend_requested and entry.state is SessionState.ACTIVE:
+                self.cancelling.fence(entry, ErrorCode.NODE_CLOSED)
+        tree.settle_shutdown()
+
+    def force_workers(self) -> None:
+        """Force every worker and remote step still running (a shutdown that ran
+        out of real time)."""
+        ids = tuple(
+            e.session_id
+            for e in self.tree.entries.values()
+            if (e.kind is SessionKind.WORKER or e.core.remote is not None)
+            and not e.state.is_terminal
+        )
+        self.cancelling.deadline(ids)
+
+    def stop_all(self) -> int:
+        """Stop every session actor still running (last step of a shutdown); how many."""
+        tree = self.tree
+        tree.stop_ended()
+        stopped = 0
+        for entry in tree.entries.values():
+            if entry.ref is not None and entry.ref.is_alive():
+                stop_actor(entry.ref)
+                stopped += 1
+        self.periodic.disarm()
+        return stopped

@@ -1,0 +1,488 @@
+"""Spawning: a Main opened for a session key, a child admitted under the rules
+and created, a batch of children in one turn and one commit.
+
+A refused spawn is an answer (``SpawnAnswer`` with an ``ErrorInfo``), counted
+and emitted, never raised; with a store, a new session is answered (and its
+run starts) once its record is durable, and a failed write takes it out again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from sessiontree.actors import BACKENDS, ExecutionBackend, Reply
+from sessiontree.protocol import (
+    BackendUnavailableError,
+    ErrorCode,
+    ErrorInfo,
+    NodeClosedError,
+    SessionInfo,
+    SessionKey,
+    SessionKind,
+    SessionState,
+    SpawnSpec,
+    UnknownAgentError,
+    new_session_id,
+)
+from sessiontree.supervision._commits import Commits, store_error
+from sessiontree.supervision._config import Agent
+from sessiontree.supervision._entry import Entry, SharedTtl, SpawnAnswer
+from sessiontree.supervision._events import Event, EventKind
+from sessiontree.supervision._requests import DEFERRED
+from sessiontree.supervision._rules import (
+    Capacity,
+    ParentView,
+    check_spawn,
+    model_tier,
+    resolve_ttl,
+)
+from sessiontree.supervision._starting import Starting
+from sessiontree.supervision._tree import Tree
+
+__all__ = ["Spawning"]
+
+
+class Spawning:
+    """Creates sessions (Cortex thread)."""
+
+    def __init__(self, tree: Tree, commits: Commits, starting: Starting) -> None:
+        self.tree = tree
+        self.commits = commits
+        self.starting = starting
+
+    def open_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
+        """Get or create the one Main of ``agent_id`` for session ``key`` (answered
+        once its record is durable). Raises ``NodeClosedError`` while closing,
+        ``UnknownAgentError``, or ``RejectedInputError`` for a malformed key."""
+        tree = self.tree
+        if tree.closing:
+            msg = "node is shutting down; no new main sessions"
+            raise NodeClosedError(msg)
+        agent = tree.rt.agents.get(agent_id)
+        if agent is None:
+            msg = f"unknown agent {agent_id!r}; registered: {sorted(tree.rt.agents)}"
+            raise UnknownAgentError(msg, field="agent_id")
+        key = str(SessionKey.parse(key))
+        existing = tree.mains.get((agent_id, key))
+        if existing is not None and existing in tree.dormant:
+            return existing  # it comes back when a message reaches it
+        if existing is not None and existing in tree.entries:
+            entry = tree.entries[existing]
+            if not entry.state.is_terminal:
+                return _answer_when_persisted(entry, reply, existing)
+        ttl = agent.ttl_for(SessionKind.MAIN)
+        spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
+        entry = self._new_entry(agent, None, spec, ttl, key)
+        tree.mains[(agent_id, key)] = entry.session_id
+        entry.started_at = tree.now()
+        tree.persist_new(entry)
+        return _answer_when_persisted(entry, reply, entry.session_id)
+
+    def spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, reply: Reply | None = None) -> object:
+        """Validate and create a child; never raises for a refused spawn. With a
+        store, the child starts (and ``reply`` is answered) once its record is
+        durable; a failed write answers the store's error and leaves no child."""
+        tree = self.tree
+        if tree.closing:
+            return SpawnAnswer(
+                None, ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
+            )
+        parent = tree.entry(parent_id)
+        if parent is not None and spec.request_id is not None:
+            first = parent.requests.get(spec.request_id)
+            if first is None and parent.core.resumed:
+                first = self._stored_request(parent, spec.request_id)
+            if first is not None:
+                answer = SpawnAnswer(first, None, existing=True)
+                known = tree.entries.get(first)
+                if known is None:
+                    return answer
+                return _answer_when_persisted(known, reply, answer)
+        admitted = self._admit(parent, parent_id, spec)
+        if isinstance(admitted, ErrorInfo):
+            return SpawnAnswer(None, admitted)
+        assert parent is not None  # admitted: it exists
+        entry = self._create_child(parent, admitted)
+        if isinstance(entry, SpawnAnswer):
+            return entry
+        if not tree.persist_new(entry):
+            self.starting.want_slot(entry)
+            return SpawnAnswer(entry.session_id, None)
+
+        def written(error: BaseException | None) -> None:
+            if error is None and entry.state is SessionState.PENDING:
+                self.starting.want_slot(entry)
+            if reply is not None:
+                reply.set(_written_answer(entry, error))
+
+        entry.on_persisted.insert(0, written)
+        return DEFERRED
+
+    def spawn_many(
+        self, parent_id: uuid.UUID, specs: tuple[SpawnSpec, ...], reply: Reply | None = None
+    ) -> object:
+        """``spawn`` for each spec, in order, in one turn of the Cortex (their
+        records share one commit); answered with the list of answers once every
+        one is (a refused spawn does not stop the ones after it).
+
+        A spec repeated in the batch (the same object) is validated in full once;
+        for the children after, only what a spawn changes is checked again (the
+        parent's live children and the node's counters), and the first that no
+        longer fits is validated in full, so it gets the answer ``spawn`` would
+        give. What waits for the records runs once for the batch.
+        """
+        answers: list[SpawnAnswer | None] = [None] * len(specs)
+
+        def refused(error: BaseException) -> SpawnAnswer:  # a failed write, as spawn answers it
+            return SpawnAnswer(None, store_error(error, parent_id))
+
+        waiting = _Gather(len(specs), answers, reply, refused)
+        parent = None if self.tree.closing else self.tree.entry(parent_id)
+        created: list[tuple[int, Entry]] = []
+        admitted: _Admitted | ErrorInfo | None = None
+        with self.commits.one_commit():
+            for i, spec in enumerate(specs):
+                if parent is None or spec.request_id is not None:  # spawn answers those
+                    value = self.spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
+                    if value is not DEFERRED:
+                        waiting.answer(i, value)
+                    continue
+                if not (
+                    isinstance(admitted, _Admitted)
+                    and spec is admitted.spec
+                    and self._still_admits(parent, admitted)
+                ):
+                    admitted = self._admit(parent, parent_id, spec)
+                    if isinstance(admitted, ErrorInfo):
+                        waiting.answer(i, SpawnAnswer(None, admitted))
+                        continue
+                child = self._create_child(parent, admitted)
+                if isinstance(child, SpawnAnswer):
+                    waiting.answer(i, child)
+                else:
+                    created.append((i, child))
+            if created:
+                self._persist_children(created, waiting)
+        return DEFERRED if reply is not None else answers
+
+    def _admit(
+        self, parent: Entry | None, parent_id: uuid.UUID, spec: SpawnSpec
+    ) -> _Admitted | ErrorInfo:
+        """Validate a spawn under ``parent`` (DESIGN.md §4's order) and resolve what
+        its child gets; a refusal is counted, emitted and returned."""
+        tree = self.tree
+        view = None
+        if parent is not None:
+            view = ParentView(
+                session_id=parent.session_id,
+                kind=parent.kind,
+                state=parent.state,
+                depth=parent.info.depth,
+                live_children=parent.live_children,
+                cancelling=parent.cancel_code is not None,
+            )
+        agent = parent.agent if parent is not None else None
+        skill_name = (spec.skill or agent.default) if agent is not None else ""
+        skill = agent.skills.get(skill_name) if agent is not None else None
+        config = tree.rt.config
+        backend = spec.backend or (config.backend if spec.kind is SessionKind.WORKER else "inline")
+        needs_thread = (
+            skill is not None
+            and agent is not None
+            and backend == "inline"
+            and not agent.is_async(skill_name)
+        )
+        capacity = Capacity(
+            live_sessions=tree.live,
+            zombies=tree.zombies + tree.main_zombies,
+            sync_threads=tree.sync_threads + tree.zombies,
+            needs_thread=needs_thread,
+        )
+        error = check_spawn(view, spec, agent, config, capacity)
+        remote = None
+        if error is None and skill is not None:
+            remote, error = self._remote_for(backend, skill, spec)
+        if error is not None:
+            self._rejected_spawn(parent_id, spec, error)
+            return error
+        assert agent is not None
+        return _Admitted(spec, agent, backend, remote, resolve_ttl(spec, agent), needs_thread)
+
+    def _still_admits(self, parent: Entry, admitted: _Admitted) -> bool:
+        """Whether one more child as ``admitted`` still passes every check. Within
+        one turn of the Cortex only these change as children are created."""
+        tree = self.tree
+        config = tree.rt.config
+        return (
+            parent.live_children < parent.agent.max_children
+            and tree.live < config.max_sessions
+            and tree.zombies + tree.main_zombies < config.max_zombies
+            and not (
+                admitted.needs_thread
+                and tree.sync_threads + tree.zombies >= config.max_step_threads
+            )
+        )
+
+    def _create_child(self, parent: Entry, admitted: _Admitted) -> Entry | SpawnAnswer:
+        """Index an admitted child under ``parent`` and start its actor; a refusal
+        if no actor could be started (then nothing was registered)."""
+        spec, ttl = admitted.spec, admitted.ttl
+        share = admitted.ttl_share
+        if share is None and ttl is not None:
+            share = admitted.ttl_share = self.tree.ttl_share()
+        try:
+            last = admitted.last
+            if last is None:
+                entry = self._new_entry(
+                    admitted.agent,
+                    parent,
+                    spec,
+                    ttl,
+                    None,
+                    admitted.backend,
+                    admitted.remote,
+                    share,
+                )
+            else:  # its sibling's identity but for the id: made at the same instant
+                info = msgspec.structs.replace(
+                    last, session_id=new_session_id(), metadata=dict(spec.metadata)
+                )
+                entry = self.tree.register(
+                    admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
+                )
+            admitted.last = entry.info
+        except RuntimeError as exc:  # "can't start new thread"
+            error = ErrorInfo(
+                code=ErrorCode.CAPACITY_EXCEEDED,
+                message=f"no actor could be started for a child of {parent.session_id}: {exc}",
+                detail={"limit": "threads"},
+            )
+            self._rejected_spawn(parent.session_id, spec, error)
+            return SpawnAnswer(None, error)
+        parent.children[entry.session_id] = None
+        parent.live_children += 1
+        if spec.request_id is not None:
+            parent.requests[spec.request_id] = entry.session_id
+        return entry
+
+    def _new_entry(
+        self,
+        agent: Agent,
+        parent: Entry | None,
+        spec: SpawnSpec,
+        ttl: float | None,
+        key: str | None,
+        backend: str = "inline",
+        remote: tuple[ExecutionBackend, bytes] | None = None,
+        ttl_share: SharedTtl | None = None,
+    ) -> Entry:
+        now = self.tree.now()
+        kind = spec.kind
+        main = kind is SessionKind.MAIN
+        info = SessionInfo(
+            session_id=new_session_id(),
+            agent_id=agent.agent_id,
+            parent_id=parent.session_id if parent else None,
+            kind=kind,
+            state=SessionState.ACTIVE if main else SessionState.PENDING,
+            depth=parent.info.depth + 1 if parent else 0,
+            created_at=now,
+            ttl=ttl,
+            deadline=None if ttl is None else now + ttl,
+            task=spec.task,
+            context_summary=spec.context_summary,
+            model_tier=model_tier(
+                spec, agent, parent.info.model_tier if parent else None, root=parent is None
+            ),
+            skill=agent.main if main else (spec.skill or agent.default),
+            key=key,
+            request_id=spec.request_id,
+            metadata=dict(spec.metadata),
+            backend=backend,
+        )
+        return self.tree.register(agent, info, parent, ttl, remote=remote, ttl_share=ttl_share)
+
+    def _persist_children(self, created: list[tuple[int, Entry]], waiting: _Gather) -> None:
+        """Write the records of a batch's new children; once durable, each starts
+        (wants a slot) and its place in ``waiting`` is answered, in order, before
+        whoever else waits for it. A failed write takes every one out again."""
+        tree = self.tree
+        future = None
+        for _, entry in created:
+            future = tree.persist.created(entry, entry.info.created_at)
+            if future is None:  # no store: they start now
+                break
+            entry.persisted = False
+        if future is None:
+            for i, entry in created:
+                self.starting.want_slot(entry)
+                waiting.answer(i, SpawnAnswer(entry.session_id, None))
+            return
+
+        def written(error: BaseException | None) -> None:
+            for i, entry in created:
+                entry.persisted = True
+                if error is not None:
+                    tree.store_failed(error)
+                    tree.discard(entry)
+                elif entry.state is SessionState.PENDING:
+                    self.starting.want_slot(entry)
+                waiting.answer(i, _written_answer(entry, error))
+                if entry.on_persisted:
+                    others, entry.on_persisted = entry.on_persisted, []
+                    for then in others:
+                        then(error)
+
+        # Inside one commit every record shares its future: one callback for all.
+        self.commits.when_written(future, written)
+
+    def _remote_for(
+        self, name: str, skill: Callable[[Any], Any], spec: SpawnSpec
+    ) -> tuple[tuple[ExecutionBackend, bytes] | None, ErrorInfo | None]:
+        """Where a new child's skill runs: None inline, else its backend and the
+        skill's bytes; or why it cannot run there (the spawn is refused)."""
+        backends = self.tree.rt.backends
+        skill_name = repr(spec.skill) if spec.skill else "the default skill"
+        try:
+            backend = backends.get(name)
+        except KeyError:
+            return None, ErrorInfo(
+                code=ErrorCode.UNKNOWN_BACKEND,
+                message=f"backend {name!r} is not one of {list(BACKENDS)}",
+                detail={"field": "backend", "backend": name},
+            )
+        except BackendUnavailableError as exc:
+            return None, ErrorInfo(
+                code=ErrorCode.BACKEND_UNAVAILABLE,
+                message=str(exc),
+                detail={"backend": name},
+            )
+        if backend is None:
+            return None, None
+        try:
+            data = backends.serialised(backend, skill)
+        except TypeError as exc:
+            return None, ErrorInfo(
+                code=ErrorCode.NOT_SERIALISABLE,
+                message=f"skill {skill_name} cannot run on the {name} backend: {exc}",
+                detail={"field": "skill", "backend": name, "skill": spec.skill},
+            )
+        return (backend, data), None
+
+    def _rejected_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, error: ErrorInfo) -> None:
+        rt = self.tree.rt
+        rt.counters[f"rejected_{error.code.value}"] += 1
+        rt.events.emit(
+            Event(
+                kind=EventKind.REJECTED,
+                at=self.tree.now(),
+                parent_id=parent_id,
+                code=error.code.value,
+                data={"kind": spec.kind.value, "message": error.message},
+            )
+        )
+
+    def _stored_request(self, parent: Entry, request_id: str) -> uuid.UUID | None:
+        """The child a session spawned with ``request_id`` before a restart (its
+        request map starts empty when it comes back from the store)."""
+        tree = self.tree
+        if tree.store is None:
+            return None
+        for child_id in parent.children:
+            child = tree.entries.get(child_id)
+            info = child.info if child is not None else None
+            if info is None:
+                record = tree.store.session(child_id)
+                info = record.info if record is not None else None
+            if info is not None and info.request_id == request_id:
+                parent.requests[request_id] = child_id
+                return child_id
+        return None
+
+
+def _answer_when_persisted(entry: Entry, reply: Reply | None, value: object) -> object:
+    """``value`` now if ``entry``'s record is durable, else ``DEFERRED`` and
+    ``reply`` answered once it is (with the store's error if the write failed)."""
+    if entry.persisted:
+        return value
+
+    def answer(error: BaseException | None) -> None:
+        if reply is None:
+            return
+        if error is None:
+            reply.set(value)
+        else:
+            reply.fail(error)
+
+    entry.on_persisted.append(answer)
+    return DEFERRED
+
+
+def _written_answer(entry: Entry, error: BaseException | None) -> SpawnAnswer:
+    """A spawn's answer once its record's write finished: the child, or the
+    store's error (a child that already ended is still the answer)."""
+    if error is None or entry.state.is_terminal:
+        return SpawnAnswer(entry.session_id, None)
+    return SpawnAnswer(None, store_error(error, entry.session_id))
+
+
+class _Gather:
+    """Collects the answers of a batch and answers ``reply`` once all are in;
+    a failed one is answered with ``refused(error)``."""
+
+    __slots__ = ("answers", "left", "refused", "reply")
+
+    def __init__(
+        self,
+        n: int,
+        answers: list[Any],
+        reply: Reply | None,
+        refused: Callable[[BaseException], Any],
+    ) -> None:
+        self.answers, self.left, self.reply, self.refused = answers, n, reply, refused
+        if n == 0 and reply is not None:
+            reply.set(answers)
+
+    def slot(self, i: int) -> _Slot:
+        return _Slot(self, i)
+
+    def answer(self, i: int, value: Any) -> None:
+        self.answers[i] = value
+        self.left -= 1
+        if self.left == 0 and self.reply is not None:
+            self.reply.set(self.answers)
+
+
+class _Slot:
+    """One place in a ``_Gather``, with the ``set``/``fail`` of a ``Reply``."""
+
+    __slots__ = ("gather", "i")
+
+    def __init__(self, gather: _Gather, i: int) -> None:
+        self.gather, self.i = gather, i
+
+    def set(self, value: Any) -> None:
+        self.gather.answer(self.i, value)
+
+    def fail(self, error: BaseException) -> None:
+        self.gather.answer(self.i, self.gather.refused(error))
+
+
+@dataclass(slots=True)
+class _Admitted:
+    """A validated spawn: what its child gets (for every child of a batch that
+    repeats the spec, as long as ``Spawning._still_admits``)."""
+
+    spec: SpawnSpec
+    agent: Agent
+    backend: str
+    remote: tuple[ExecutionBackend, bytes] | None
+    ttl: float | None
+    needs_thread: bool
+    last: SessionInfo | None = None  # the identity of the last child made from it
+    ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)

@@ -1,0 +1,99 @@
+"""Starting runs: a compute slot, the active state, the skill's run; and the
+sessions recovery brings back after a restart."""
+
+from __future__ import annotations
+
+import uuid
+
+from sessiontree.actors import Deliver, Inbound, post, start_run
+from sessiontree.protocol import SessionKind, SessionState
+from sessiontree.supervision._entry import Entry
+from sessiontree.supervision._recovery import Recovered
+from sessiontree.supervision._reports import Granted
+from sessiontree.supervision._tree import Tree
+
+__all__ = ["Starting"]
+
+
+class Starting:
+    """Gives sessions their compute slot and starts their runs (Cortex thread)."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+
+    def want_slot(self, entry: Entry) -> None:
+        """Start ``entry`` once a compute slot is free (now, in the common case)."""
+        slots = self.tree.rt.slots
+        if slots.try_acquire():  # the common case: no callback made for it
+            self.activate(entry)
+            return
+        ref, activity, sid = self.tree.ref, self.tree.rt.activity, entry.session_id
+        assert ref is not None
+
+        def granted() -> None:
+            post(ref, Granted(sid), activity)
+
+        if slots.acquire_or_queue(granted):
+            self.activate(entry)
+        else:
+            entry.grant = granted
+
+    def granted(self, session_id: uuid.UUID) -> None:
+        """A queued slot came free for ``session_id``; given back if it no longer wants one."""
+        tree = self.tree
+        entry = tree.entries.get(session_id)
+        wanted = entry is not None and (entry.state is SessionState.PENDING or entry.rerun)
+        if entry is None or not wanted or entry.state.is_terminal or tree.closing:
+            tree.rt.slots.release()  # it ended while it queued, or the node is closing
+            if entry is not None:
+                entry.grant = None
+            return
+        entry.grant = None
+        self.activate(entry)
+
+    def activate(self, entry: Entry) -> None:
+        tree = self.tree
+        if entry.ref is None:  # a branch restored from the store gets its actor to run
+            tree.start_actor(entry)
+        entry.rerun = False
+        entry.started_at = now = tree.now()
+        tree.set_state(entry, SessionState.ACTIVE, at=now, taking_slot=True)
+        if not entry.core.fenced:
+            rt = tree.rt
+            start_run(entry.core, rt.host, entry.skill, entry.is_async, rt.executor, rt.loop)
+
+    def rerun(self, entry: Entry) -> None:
+        """Run a restored Branch's skill again (it waits for a slot like a spawn)."""
+        entry.suspend_requested = False
+        self.want_slot(entry)
+
+    def bring_back(self, plan: Recovered) -> None:
+        """Apply recovery's plan: dormant Mains, suspended branches (those a
+        shutdown parked run again), results owed to them, the Mains'
+        acknowledged inbound messages. A raise here fails the node loudly."""
+        tree = self.tree
+        tree.dormant = plan.dormant
+        tree.mains.update(plan.mains)
+        rerun = []
+        for record in plan.suspended:
+            entry = tree.restore(record)  # recovery brought its parent back first
+            if record.resume:
+                rerun.append(entry)
+        for parent_id, results in plan.deliveries.items():
+            parent = tree.entry(parent_id)
+            if parent is None:
+                continue
+            for result in results:
+                parent.core.add_result(result)
+                parent.receipts.append(result)
+                if parent.kind is SessionKind.MAIN:
+                    tree.post(parent, Deliver(result))
+        for session_id, messages in plan.inbox.items():
+            main = tree.entry(session_id)
+            if main is None:
+                continue
+            for message in messages:
+                tree.post(main, Inbound(message.message, message.seq))
+                main.next_seq = max(main.next_seq, message.seq + 1)
+        for entry in rerun:
+            self.rerun(entry)
