@@ -1,0 +1,64 @@
+"""Assembling the node's ASGI app: the routes of every resource, the strict
+body hook, the exception handlers, the OpenAPI description."""
+
+from __future__ import annotations
+
+from litestar import Litestar, Router
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+
+from sessiontree.cli._api._bodies import close_request_schemas, strict_body
+from sessiontree.cli._api._chat import CHAT_ROUTES
+from sessiontree.cli._api._conversations import CONVERSATION_ROUTES
+from sessiontree.cli._api._errors import EXCEPTION_HANDLERS
+from sessiontree.cli._api._node import NODE_ROUTES, ROOT_ROUTES
+from sessiontree.cli._api._sessions import SESSION_ROUTES
+from sessiontree.cli._api._shared import MAX_BODY_BYTES, MAX_WAIT, Metrics
+from sessiontree.supervision import Node
+
+__all__ = ["create_app"]
+
+# the order of registration is the order of the paths in the OpenAPI document
+_V1 = [*NODE_ROUTES, *SESSION_ROUTES, *CHAT_ROUTES, *CONVERSATION_ROUTES]
+
+
+def create_app(
+    node: Node,
+    metrics: Metrics,
+    *,
+    name: str = "sessiontree",
+    max_body: int = MAX_BODY_BYTES,
+    max_wait: float = MAX_WAIT,
+) -> Litestar:
+    """The node's ASGI app. ``max_body`` caps request bodies (413 past it);
+    ``max_wait`` caps a long-poll's wait in seconds (at most ``MAX_WAIT``). The
+    app never shuts the node down itself: its owner does.
+
+    Nothing is checked here that could fail at request time; a route whose
+    signature Litestar cannot read fails here, at start-up."""
+    app = Litestar(
+        route_handlers=[*ROOT_ROUTES, Router("/v1", route_handlers=_V1)],
+        state=State(
+            {
+                "node": node,
+                "metrics": metrics,
+                "name": name,
+                "max_body": max_body,
+                "max_wait": max_wait,
+                "started_at": node.clock.time(),
+            }
+        ),
+        before_request=strict_body,
+        request_max_body_size=max_body,
+        exception_handlers=EXCEPTION_HANDLERS,
+        openapi_config=OpenAPIConfig(
+            title="sessiontree node",
+            version="1",
+            description="Supervision of AI-agent session trees: sessions, chat routing, "
+            "conversation trees.",
+        ),
+        debug=False,
+        logging_config=None,  # the cli configures logging; Litestar's own starts a thread
+    )
+    close_request_schemas(app)
+    return app

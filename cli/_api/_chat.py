@@ -1,0 +1,38 @@
+"""Chat routing under ``/v1/route``: an inbound chat message to its Main.
+
+A bad message is a 400 naming the field; an unknown ``agent_id`` a 404
+``unknown_agent``; a node at capacity or closing answers with that code's
+status (see ``_errors.status_for``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import post
+from litestar.datastructures import State
+from litestar.params import JSONBody, QueryParameter
+
+from sessiontree.cli._api._errors import ERRORS
+from sessiontree.cli._api._shared import node_of
+from sessiontree.protocol import Inbound, Routed
+
+__all__ = ["CHAT_ROUTES"]
+
+
+@post("/route", tags=["chat"], status_code=200, responses=ERRORS)
+async def route_inbound(
+    state: State,
+    data: JSONBody[Inbound],
+    agent_id: Annotated[str | None, QueryParameter(max_length=128)] = None,
+) -> Routed:
+    """Route an inbound chat message to its Main by per-sender session key;
+    chat commands (``/branches``…) are answered in ``reply``.
+
+    A message seen before is answered ``duplicate: true`` and not routed
+    again."""
+    return await node_of(state).aroute(data, agent_id)
+
+
+CHAT_ROUTES = (route_inbound,)
+"""Served under ``/v1``."""

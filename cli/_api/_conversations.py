@@ -1,0 +1,190 @@
+"""A session's conversation tree under ``/v1/sessions/{id}/conversation``:
+branches, the active context, fork, checkout, merge, two-step deletion, and
+the tree as JSON, text, HTML or a JSONL transcript.
+
+The conversation's operations are synchronous (they wait for durable
+writes), so every handler runs in a worker thread. An unknown session is a
+404 ``unknown_session``; an unknown message or branch a 404 naming the
+field; a name taken, the current branch named where another is needed, or a
+deletion token that no longer matches a 409; a write to a Worker's
+conversation (read-only) a 403 ``not_allowed``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Response, get, post
+from litestar.datastructures import State
+from litestar.params import JSONBody, QueryParameter
+
+from sessiontree.cli._api._errors import ERRORS
+from sessiontree.cli._api._shared import Sid, node_of
+from sessiontree.cli._wire import BranchRequest, ConfirmDeleteRequest, ForkRequest
+from sessiontree.protocol import BranchInfo, DeletePlan, Merged, Message
+
+__all__ = ["CONVERSATION_ROUTES"]
+
+
+@get(
+    "/sessions/{session_id:uuid}/conversation/branches",
+    tags=["conversation"],
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def branches(state: State, session_id: Sid) -> list[BranchInfo]:
+    """The conversation's branches (``current`` marks the active one)."""
+    return node_of(state).conversation(session_id).branches()
+
+
+@get(
+    "/sessions/{session_id:uuid}/conversation/context",
+    tags=["conversation"],
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def context(
+    state: State, session_id: Sid, limit: Annotated[int, QueryParameter(ge=0, le=10_000)] = 100
+) -> list[Message]:
+    """The active path, oldest first, at most ``limit`` messages."""
+    return node_of(state).conversation(session_id).context(limit)
+
+
+@post(
+    "/sessions/{session_id:uuid}/conversation/fork",
+    tags=["conversation"],
+    status_code=201,
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def fork(state: State, session_id: Sid, data: JSONBody[ForkRequest]) -> BranchInfo:
+    """Start a branch from a message; it becomes current.
+
+    An unknown message is a 404; a name already taken a 409 ``branch_exists``."""
+    return node_of(state).conversation(session_id).fork(data.from_message_id, data.name)
+
+
+@post(
+    "/sessions/{session_id:uuid}/conversation/checkout",
+    tags=["conversation"],
+    status_code=200,
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def checkout(state: State, session_id: Sid, data: JSONBody[BranchRequest]) -> BranchInfo:
+    """Switch to a branch (number, name, or a message id).
+
+    A branch or message that does not exist is a 404."""
+    return node_of(state).conversation(session_id).checkout(data.branch)
+
+
+@post(
+    "/sessions/{session_id:uuid}/conversation/merge",
+    tags=["conversation"],
+    status_code=200,
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def merge(state: State, session_id: Sid, data: JSONBody[BranchRequest]) -> Merged:
+    """Copy a branch's own messages onto the current branch (both stay).
+
+    An unknown branch is a 404 ``unknown_branch``; the current branch itself a
+    409 ``current_branch``."""
+    return node_of(state).conversation(session_id).merge(data.branch)
+
+
+@post(
+    "/sessions/{session_id:uuid}/conversation/delete-branch",
+    tags=["conversation"],
+    status_code=200,
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def delete_branch(state: State, session_id: Sid, data: JSONBody[BranchRequest]) -> DeletePlan:
+    """Step one of a deletion: what would go, and the token that confirms it.
+
+    Nothing is deleted yet; the current branch is a 409 ``current_branch``."""
+    return node_of(state).conversation(session_id).delete_branch(data.branch)
+
+
+@post(
+    "/sessions/{session_id:uuid}/conversation/delete-branch/confirm",
+    tags=["conversation"],
+    status_code=200,
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def confirm_delete(
+    state: State, session_id: Sid, data: JSONBody[ConfirmDeleteRequest]
+) -> DeletePlan:
+    """Step two: delete the branch the token was issued for.
+
+    A token of a plan that no longer holds (the branch changed since), or not
+    of ``branch``, is a 409 ``confirmation_mismatch`` and deletes nothing."""
+    return node_of(state).conversation(session_id).confirm_delete(data.token, data.branch)
+
+
+@get(
+    "/sessions/{session_id:uuid}/conversation/tree",
+    tags=["conversation"],
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def conversation_tree(state: State, session_id: Sid) -> dict[str, Any]:
+    """The whole message tree as nested JSON."""
+    return node_of(state).conversation(session_id).tree()
+
+
+@get(
+    "/sessions/{session_id:uuid}/conversation/tree.txt",
+    tags=["conversation"],
+    media_type="text/plain",
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def conversation_tree_text(state: State, session_id: Sid) -> Response[str]:
+    """The message tree drawn as text."""
+    content = node_of(state).conversation(session_id).export_tree("text")
+    return Response(content, media_type="text/plain")
+
+
+@get(
+    "/sessions/{session_id:uuid}/conversation/tree.html",
+    tags=["conversation"],
+    media_type="text/html",
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def conversation_tree_html(state: State, session_id: Sid) -> Response[str]:
+    """The message tree as one self-contained interactive HTML page."""
+    content = node_of(state).conversation(session_id).export_tree("html")
+    return Response(content, media_type="text/html")
+
+
+@get(
+    "/sessions/{session_id:uuid}/conversation/transcript",
+    tags=["conversation"],
+    media_type="application/x-ndjson",
+    responses=ERRORS,
+    sync_to_thread=True,
+)
+def transcript(state: State, session_id: Sid) -> Response[str]:
+    """The transcript as JSONL, one message a line, in the order written."""
+    text = "".join(node_of(state).conversation(session_id).transcript())
+    return Response(text, media_type="application/x-ndjson")
+
+
+CONVERSATION_ROUTES = (
+    branches,
+    context,
+    fork,
+    checkout,
+    merge,
+    delete_branch,
+    confirm_delete,
+    conversation_tree,
+    conversation_tree_text,
+    conversation_tree_html,
+    transcript,
+)
+"""Served under ``/v1``, in the order they are registered."""

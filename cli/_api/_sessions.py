@@ -1,0 +1,222 @@
+"""Sessions under ``/v1/sessions``: open a Main, list, spawn, read, control,
+message, and wait for results.
+
+An unknown session id is a 404 ``unknown_session`` naming it; a refusal the
+node returns (a spawn past the tree's limits, a transition the session's
+state forbids, a node at capacity or closing) is raised as ``RefusedError``
+and answered with its code's status (see ``_errors.status_for``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from litestar import Request, get, post
+from litestar.datastructures import State
+from litestar.params import JSONBody, QueryParameter
+
+from sessiontree.cli._api._errors import ERRORS, refuse
+from sessiontree.cli._api._shared import MAX_WAIT, Sid, node_of
+from sessiontree.cli._wire import (
+    MainRequest,
+    SendRequest,
+    SessionPage,
+    SessionView,
+    Spawn,
+    WaitResult,
+)
+from sessiontree.protocol import (
+    RejectedInputError,
+    SessionInfo,
+    SessionKind,
+    SessionResult,
+    SessionState,
+    SpawnSpec,
+)
+from sessiontree.supervision import Node
+
+__all__ = ["SESSION_ROUTES"]
+
+MAX_PAGE = 1000
+# a created_at as Python's repr writes it (maybe with an exponent), "_", a session id
+_CURSOR = (
+    r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?"
+    r"_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+)
+
+
+async def _view(node: Node, session_id: uuid.UUID) -> SessionView:
+    """A session and, once it ended, its result (``UnknownSessionError`` for
+    an unknown id)."""
+    info = await node.aget(session_id)
+    result = await node.aresult(session_id) if info.state.is_terminal else None
+    return SessionView(info=info, result=result)
+
+
+def _cursor(raw: str | None) -> tuple[float, str] | None:
+    """The position a page's ``next_cursor`` names; ``RejectedInputError``
+    naming ``cursor`` for one this API did not write."""
+    if raw is None:
+        return None
+    stamp, _, sid = raw.partition("_")
+    try:
+        return float(stamp), str(uuid.UUID(sid))
+    except ValueError:
+        msg = f"cursor {raw[:64]!r} is not one this API returned"
+        raise RejectedInputError(msg, field="cursor") from None
+
+
+def _sort_key(info: SessionInfo) -> tuple[float, str]:
+    return info.created_at, str(info.session_id)
+
+
+# GET and POST /v1/sessions are registered in this order (as the controller
+# that held them did), so the path's OPTIONS answer stays as it was.
+
+
+@get("/sessions", tags=["sessions"], responses=ERRORS)
+async def list_sessions(
+    request: Request[Any, Any, State],
+    session_state: Annotated[SessionState | None, QueryParameter(name="state")] = None,
+    kind: Annotated[SessionKind | None, QueryParameter()] = None,
+    agent: Annotated[str | None, QueryParameter(max_length=128)] = None,
+    key: Annotated[str | None, QueryParameter(max_length=1024)] = None,
+    limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 100,
+    cursor: Annotated[str | None, QueryParameter(pattern=_CURSOR)] = None,
+) -> SessionPage:
+    """Sessions oldest first, filtered by state, kind, agent and key; paginated.
+
+    A bad filter, limit or cursor is a 400 naming the parameter."""
+    node = node_of(request.app.state)
+    after = _cursor(cursor)
+    infos = [
+        info
+        for info in await node.asessions(session_state, kind)
+        if (agent is None or info.agent_id == agent)
+        and (key is None or info.key == key)
+        and (after is None or _sort_key(info) > after)
+    ]
+    infos.sort(key=_sort_key)
+    page = infos[:limit]
+    more = len(infos) > limit
+    last = page[-1] if page else None
+    next_cursor = f"{last.created_at!r}_{last.session_id}" if more and last else None
+    return SessionPage(items=page, next_cursor=next_cursor)
+
+
+@post("/sessions", tags=["sessions"], status_code=200, responses=ERRORS)
+async def open_main(state: State, data: JSONBody[MainRequest]) -> SessionView:
+    """Get or create the one Main of an agent for a session key.
+
+    An unknown agent is a 404 ``unknown_agent`` naming ``agent_id``."""
+    node = node_of(state)
+    ref = await node.amain(data.agent_id, data.key)
+    return await _view(node, ref.session_id)
+
+
+@post("/sessions/{session_id:uuid}/children", tags=["sessions"], status_code=201, responses=ERRORS)
+async def spawn_child(state: State, session_id: Sid, data: JSONBody[SpawnSpec]) -> Spawn:
+    """Spawn a child under a session (a repeated request_id returns the first).
+
+    A refused spawn is answered with its code's status and names the parent
+    (404 unknown, 409 the tree's rules, 400 a bad ``ttl`` or ``skill``)."""
+    node = node_of(state)
+    spawned = await node.aspawn(session_id, data)
+    if spawned.ref is None:
+        refuse(spawned.error, session_id)  # the refusal is about the parent
+        raise AssertionError  # a refusal always carries its error
+    return Spawn(info=await node.aget(spawned.ref.session_id), existing=spawned.existing)
+
+
+@get("/sessions/{session_id:uuid}", tags=["sessions"], responses=ERRORS)
+async def get_session(state: State, session_id: Sid) -> SessionView:
+    """One session and, once it ended, its result."""
+    return await _view(node_of(state), session_id)
+
+
+@get("/sessions/{session_id:uuid}/tree", tags=["sessions"], responses=ERRORS)
+async def session_tree(state: State, session_id: Sid) -> dict[str, Any]:
+    """The subtree under a session: ``{info, result, children: [...]}``."""
+    return await node_of(state).atree(session_id)
+
+
+@post("/sessions/{session_id:uuid}/cancel", tags=["sessions"], status_code=202, responses=ERRORS)
+async def cancel_session(state: State, session_id: Sid) -> SessionView:
+    """Cancel a session and its subtree (one deadline).
+
+    A session that already ended is a 409 ``invalid_transition``; a second
+    cancel of one still stopping is accepted and changes nothing."""
+    node = node_of(state)
+    refuse(await node.acancel(session_id), session_id)
+    return await _view(node, session_id)
+
+
+@post("/sessions/{session_id:uuid}/suspend", tags=["sessions"], status_code=202, responses=ERRORS)
+async def suspend_session(state: State, session_id: Sid) -> SessionView:
+    """Suspend a Branch at its next checkpoint.
+
+    Anything but an active inline Branch is a 409 ``invalid_transition``."""
+    node = node_of(state)
+    refuse(await node.asuspend(session_id), session_id)
+    return await _view(node, session_id)
+
+
+@post("/sessions/{session_id:uuid}/resume", tags=["sessions"], status_code=202, responses=ERRORS)
+async def resume_session(state: State, session_id: Sid) -> SessionView:
+    """Resume a suspended Branch.
+
+    Anything but a Branch suspended (or asked to) is a 409
+    ``invalid_transition``; a closing node is a 503 ``node_closed``."""
+    node = node_of(state)
+    refuse(await node.aresume(session_id), session_id)
+    return await _view(node, session_id)
+
+
+@post("/sessions/{session_id:uuid}/messages", tags=["sessions"], status_code=202, responses=ERRORS)
+async def send_message(state: State, session_id: Sid, data: JSONBody[SendRequest]) -> SessionView:
+    """Send a Main an inbound message (one message cycle).
+
+    Anything but a Main is a 403 ``not_allowed``; a Main stopping or ended a
+    409 ``session_not_active``; a closing node a 503 ``node_closed``."""
+    node = node_of(state)
+    refuse(await node.asend(session_id, data.message), session_id)
+    return await _view(node, session_id)
+
+
+@get("/sessions/{session_id:uuid}/result", tags=["sessions"], responses=ERRORS)
+async def wait_result(
+    state: State,
+    session_id: Sid,
+    timeout: Annotated[float, QueryParameter(ge=0, le=MAX_WAIT)] = 30.0,
+) -> WaitResult:
+    """Long-poll: the result once the session ends, or ``done: false`` after
+    ``timeout`` seconds (clamped to the node's maximum wait).
+
+    An unknown id is a 404 at once, not a wait."""
+    node = node_of(state)
+    await node.aget(session_id)  # unknown ids are a 404, not a wait
+    result = await node.await_result(session_id, min(timeout, state.max_wait))
+    return WaitResult(done=result is not None, result=result)
+
+
+@get("/sessions/{session_id:uuid}/results", tags=["sessions"], responses=ERRORS)
+async def child_results(state: State, session_id: Sid) -> list[SessionResult]:
+    """The results a session received from its children."""
+    return await node_of(state).aresults(session_id)
+
+
+SESSION_ROUTES = (
+    list_sessions,
+    open_main,
+    spawn_child,
+    get_session,
+    session_tree,
+    cancel_session,
+    suspend_session,
+    resume_session,
+    send_message,
+    wait_result,
+    child_results,
+)
+"""Served under ``/v1``, in the order they are registered."""
