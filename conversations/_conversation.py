@@ -37,12 +37,10 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from sessiontree.actors._clock import Clock
-from sessiontree.actors._tree_html import render_html
-from sessiontree.actors._tree_text import nested_json, preview_text, text_tree
+from sessiontree.conversations._html import render_html
+from sessiontree.conversations._text import nested_json, preview_text, text_tree
 from sessiontree.protocol import (
     MAX_BRANCH_NAME_CHARS,
-    MAX_CONTENT_BYTES,
     Branch,
     BranchInfo,
     ConversationError,
@@ -55,6 +53,8 @@ from sessiontree.protocol import (
     RejectedInputError,
     Role,
     StoreError,
+    as_json,
+    check_text,
 )
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "ConversationBackend",
     "Conversations",
     "MemoryBackend",
+    "TimeSource",
 ]
 
 EXPORT_FORMATS = ("json", "text", "html")
@@ -71,11 +72,18 @@ _SETTLE_TIMEOUT = 60.0  # seconds a write may wait for the store before it is gi
 _PREVIEW = 3  # messages a delete plan previews
 _NAME = re.compile(r"[^\x00-\x1f\x7f]+")
 _NUMBER = re.compile(r"[0-9]{1,9}")  # a branch number (not "²", not 5,000 digits)
-_ENCODER = msgspec.json.Encoder()
 _ROLES = tuple(r.value for r in Role)
 
 BranchRef = int | str | uuid.UUID
 F = TypeVar("F")
+
+
+class TimeSource(Protocol):
+    """The clock conversations stamp messages and branches with (a node's clock)."""
+
+    def time(self) -> float:
+        """Seconds since the epoch."""
+        ...
 
 
 class ConversationBackend(Protocol):
@@ -211,7 +219,9 @@ class _Shared:
     coroutine, a timeout) is booked when it really settles.
     """
 
-    def __init__(self, session_id: uuid.UUID, backend: ConversationBackend, clock: Clock) -> None:
+    def __init__(
+        self, session_id: uuid.UUID, backend: ConversationBackend, clock: TimeSource
+    ) -> None:
         self.session_id = session_id
         self.backend = backend
         self.clock = clock
@@ -377,7 +387,7 @@ class _Shared:
 class Conversations:
     """Every conversation of a node, by session id (each loaded once, on first use)."""
 
-    def __init__(self, backend: ConversationBackend, clock: Clock) -> None:
+    def __init__(self, backend: ConversationBackend, clock: TimeSource) -> None:
         self.backend = backend
         self.clock = clock
         self._shared: dict[uuid.UUID, _Shared] = {}
@@ -939,7 +949,7 @@ class Conversation:
                 f"characters, got {name!r}"
             )
             raise RejectedInputError(msg, field="name")
-        _check_text(name, "name")
+        check_text(name, "name")
         if (
             re.fullmatch(r"[0-9]+", name.strip())
             or _maybe_uuid(name) is not None
@@ -1049,39 +1059,11 @@ def _role(role: object) -> Role:
     raise RejectedInputError(msg, field="role")
 
 
-def as_json(name: str, value: Any) -> Any:
-    """``value`` as its JSON form (what every backend keeps: a tuple becomes a
-    list), or ``RejectedInputError`` naming ``name`` when it has none or is too big."""
-    if value is None or type(value) is bool:
-        return value
-    if type(value) is str and len(value) <= MAX_CONTENT_BYTES // 4:  # cannot be over the cap
-        _check_text(value, name)
-        return value
-    try:
-        encoded = _ENCODER.encode(value)
-    except (TypeError, msgspec.EncodeError, RecursionError, UnicodeEncodeError) as exc:
-        msg = f"{name} must be a JSON value: {exc}"
-        raise RejectedInputError(msg, field=name) from None
-    if len(encoded) > MAX_CONTENT_BYTES:
-        msg = f"{name} is {len(encoded)} bytes encoded; at most {MAX_CONTENT_BYTES}"
-        raise RejectedInputError(msg, field=name)
-    return msgspec.json.decode(encoded)
-
-
-def _check_text(text: str, field: str) -> None:
-    """``RejectedInputError`` naming ``field`` for text UTF-8 cannot hold (a lone surrogate)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        msg = f"{field} is not valid text: {exc.reason} at character {exc.start}"
-        raise RejectedInputError(msg, field=field) from None
-
-
 def _check_platform_id(platform_id: object) -> None:
     if not isinstance(platform_id, str) or not 1 <= len(platform_id) <= 256:
         msg = f"platform_id must be a string of 1-256 characters, got {platform_id!r}"
         raise RejectedInputError(msg, field="platform_id")
-    _check_text(platform_id, "platform_id")
+    check_text(platform_id, "platform_id")
 
 
 def _maybe_uuid(value: object) -> uuid.UUID | None:
