@@ -6,15 +6,11 @@ context, merge, delete, export) for a session id, on a
 in by ``sessiontree.supervision``. Imports only ``sessiontree.protocol``.
 """
 
-from sessiontree.conversations._conversation import (
-    EXPORT_FORMATS,
-    Conversation,
-    ConversationBackend,
-    Conversations,
-    MemoryBackend,
-    TimeSource,
-)
+from sessiontree.conversations._backend import ConversationBackend, TimeSource
+from sessiontree.conversations._conversation import Conversation, Conversations
+from sessiontree.conversations._export import EXPORT_FORMATS
 from sessiontree.conversations._html import render_html
+from sessiontree.conversations._memory import MemoryBackend
 from sessiontree.conversations._text import nested_json, preview_text, text_tree
 
 __all__ = [
