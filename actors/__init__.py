@@ -3,13 +3,7 @@
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._backends import BACKENDS, Backends
 from sessiontree.actors._clock import Clock, LoopTimer, RealClock, TimerHandle, VirtualClock
-from sessiontree.actors._conversation import (
-    EXPORT_FORMATS,
-    Conversation,
-    ConversationBackend,
-    Conversations,
-    MemoryBackend,
-)
+from sessiontree.actors._conversing import ConversationLike
 from sessiontree.actors._core import (
     Cancelled,
     ContextMessage,
@@ -65,13 +59,10 @@ from sessiontree.actors._session_actor import (
     start_run,
 )
 from sessiontree.actors._slots import ComputeSlots
-from sessiontree.actors._tree_html import render_html
-from sessiontree.actors._tree_text import nested_json, preview_text, text_tree
 
 __all__ = [
     "ACTOR_TYPES",
     "BACKENDS",
-    "EXPORT_FORMATS",
     "Activity",
     "AskTimeoutError",
     "AsyncSession",
@@ -82,9 +73,7 @@ __all__ = [
     "Clock",
     "ComputeSlots",
     "ContextMessage",
-    "Conversation",
-    "ConversationBackend",
-    "Conversations",
+    "ConversationLike",
     "Counted",
     "CycleDone",
     "Deliver",
@@ -95,7 +84,6 @@ __all__ = [
     "Inbound",
     "Inspect",
     "LoopTimer",
-    "MemoryBackend",
     "Passivate",
     "PooledActor",
     "ProcessBackend",
@@ -125,15 +113,11 @@ __all__ = [
     "handler_scope",
     "in_actor_handler",
     "is_async_skill",
-    "nested_json",
     "post",
-    "preview_text",
-    "render_html",
     "start_actor",
     "start_run",
     "stop_actor",
     "stop_unstarted",
-    "text_tree",
     "to_outcome",
     "wake_batch",
 ]

@@ -10,7 +10,7 @@ from sessiontree.protocol import ErrorInfo, SpawnSpec
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from sessiontree.actors._conversation import Conversation
+    from sessiontree.actors._conversing import ConversationLike
     from sessiontree.actors._core import SessionCore
     from sessiontree.actors._execution import RunEnd
 
@@ -90,7 +90,7 @@ class SessionHost(Protocol):
         """Run the coordination pattern ``name`` for an ``AsyncSession``."""
         ...
 
-    def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> Conversation:
+    def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> ConversationLike:
         """The session's conversation tree; ``guard(what)`` runs before every call on it."""
         ...
 

@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sessiontree.actors._conversation import as_json
 from sessiontree.actors._core import Cancelled, SessionContext, SessionCore
 from sessiontree.actors._execution import RunEnd, crash_info, finish_run, to_outcome
 from sessiontree.actors._host import SessionHost
@@ -42,6 +41,7 @@ from sessiontree.protocol import (
     Outcome,
     SessionInfo,
     SessionKind,
+    as_json,
 )
 
 __all__ = [

@@ -16,7 +16,7 @@ from typing import Any, cast
 import msgspec
 
 from sessiontree.actors._clock import Clock
-from sessiontree.actors._conversation import Conversation, as_json
+from sessiontree.actors._conversing import ConversationLike
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
 from sessiontree.protocol import (
@@ -30,6 +30,7 @@ from sessiontree.protocol import (
     SessionKind,
     SessionResult,
     SpawnSpec,
+    as_json,
     make_spec,
     spawn_batch,
 )
@@ -118,7 +119,7 @@ class _Base:
         return tuple(self._spawned)
 
     @property
-    def conversation(self) -> Conversation:
+    def conversation(self) -> ConversationLike:
         """This session's conversation tree (``append``, ``fork``, ``context``…).
 
         Every call on it is a checkpoint; a worker may read it but a write

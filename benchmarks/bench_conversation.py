@@ -82,7 +82,8 @@ from _common import (
     thread_window,
 )
 
-from sessiontree.actors import Conversation, Conversations, MemoryBackend, RealClock
+from sessiontree.actors import RealClock
+from sessiontree.conversations import Conversation, Conversations, MemoryBackend
 from sessiontree.store import Store
 from sessiontree.supervision import StoreConversations
 

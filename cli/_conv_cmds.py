@@ -26,14 +26,9 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from sessiontree.actors import (
-    Conversation,
-    Conversations,
-    RealClock,
-    nested_json,
-    preview_text,
-)
+from sessiontree.actors import RealClock
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.conversations import Conversation, Conversations, nested_json, preview_text
 from sessiontree.protocol import (
     MAIN_KEY,
     BranchInfo,

@@ -65,6 +65,7 @@ from sessiontree.protocol._errors import (
     UnknownSessionError,
 )
 from sessiontree.protocol._ids import SCOPES, SessionId, SessionKey, new_session_id
+from sessiontree.protocol._json import as_json, check_text
 from sessiontree.protocol._messages import (
     CancelCmd,
     ControlMessage,
@@ -151,6 +152,8 @@ __all__ = [
     "Timings",
     "UnknownAgentError",
     "UnknownSessionError",
+    "as_json",
+    "check_text",
     "decode_control",
     "decode_inbound",
     "decode_strict",

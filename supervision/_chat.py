@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from sessiontree.actors import EXPORT_FORMATS, Conversation, preview_text
+from sessiontree.conversations import EXPORT_FORMATS, Conversation, preview_text
 from sessiontree.protocol import (
     BranchInfo,
     ChatReply,

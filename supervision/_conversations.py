@@ -1,5 +1,5 @@
-"""Conversations on the node's LMDB store: the ``ConversationBackend`` the
-actors' ``Conversation`` runs on when the node has a store."""
+"""Conversations on the node's LMDB store: the ``ConversationBackend`` that
+``sessiontree.conversations`` runs on when the node has a store."""
 
 from __future__ import annotations
 

@@ -27,12 +27,9 @@ from sessiontree.actors import (
     Backends,
     Clock,
     ComputeSlots,
-    Conversation,
-    Conversations,
     Dispatcher,
     EventLoopThread,
     Inspect,
-    MemoryBackend,
     ProcessBackend,
     RayBackend,
     RealClock,
@@ -46,6 +43,7 @@ from sessiontree.actors import (
     start_actor,
 )
 from sessiontree.actors._mailbox import AskTimeoutError
+from sessiontree.conversations import Conversation, Conversations, MemoryBackend
 from sessiontree.protocol import (
     ChatMessage,
     ControlMessage,

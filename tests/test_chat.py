@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessiontree.actors import Conversation, Conversations, MemoryBackend, VirtualClock
+from sessiontree.actors import VirtualClock
+from sessiontree.conversations import Conversation, Conversations, MemoryBackend
 from sessiontree.protocol import ChatReply, ErrorCode, Role
 from sessiontree.supervision import chat_command
 

@@ -20,7 +20,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sessiontree.actors import Conversation, Conversations, VirtualClock
+from sessiontree.actors import VirtualClock
+from sessiontree.conversations import Conversation, Conversations
 from sessiontree.protocol import ConversationError, Role, StoreError
 from sessiontree.store import Store, StoreIO
 from sessiontree.supervision import StoreConversations

@@ -17,7 +17,8 @@ from typing import Any
 import lmdb
 import pytest
 
-from sessiontree.actors import Conversation, Conversations, MemoryBackend, VirtualClock
+from sessiontree.actors import VirtualClock
+from sessiontree.conversations import Conversation, Conversations, MemoryBackend
 from sessiontree.protocol import (
     MAX_CONTENT_BYTES,
     ConversationError,

@@ -2,7 +2,8 @@
 ``os.getenv`` or ``os.putenv`` in skill execution paths.
 
 Two checks, as issue 2 asks: an AST scan of every source file of the packages
-skills run through (``actors/``, ``supervision/``, ``protocol/``), and a runtime
+skills run through (``actors/``, ``supervision/``, ``protocol/``,
+``conversations/``), and a runtime
 guard (``tests/_guard.py``, the ``ambient_guard`` fixture) that fails any use
 from the threads that run skills.
 """
@@ -34,7 +35,7 @@ from tests.conftest import WAIT, settle
 __all__ = ["ambient_guard"]  # the fixture, imported so pytest finds it here
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("actors", "supervision", "protocol")
+PACKAGES = ("actors", "supervision", "protocol", "conversations")
 
 #: Attributes of ``os`` that are ambient process state. The issue names the first
 #: four; the rest are the same thing under another name.
@@ -173,6 +174,7 @@ def test_scan_covers_every_source_file_of_the_skill_paths() -> None:
         "supervision/_cortex.py",
         "supervision/_node.py",
         "protocol/_codec.py",
+        "conversations/_conversation.py",
     ):
         assert expected in files
     assert all("__pycache__" not in f for f in files)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from sessiontree.actors._tree_html import render_html
+from sessiontree.conversations import render_html
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, BrowserContext, Page

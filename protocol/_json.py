@@ -1,0 +1,42 @@
+"""JSON values: what a message, a progress note or conversation content may carry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from sessiontree.protocol._conversation import MAX_CONTENT_BYTES
+from sessiontree.protocol._errors import RejectedInputError
+
+__all__ = ["as_json", "check_text"]
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def as_json(name: str, value: Any) -> Any:
+    """``value`` as its JSON form (what every backend keeps: a tuple becomes a
+    list), or ``RejectedInputError`` naming ``name`` when it has none or is too big."""
+    if value is None or type(value) is bool:
+        return value
+    if type(value) is str and len(value) <= MAX_CONTENT_BYTES // 4:  # cannot be over the cap
+        check_text(value, name)
+        return value
+    try:
+        encoded = _ENCODER.encode(value)
+    except (TypeError, msgspec.EncodeError, RecursionError, UnicodeEncodeError) as exc:
+        msg = f"{name} must be a JSON value: {exc}"
+        raise RejectedInputError(msg, field=name) from None
+    if len(encoded) > MAX_CONTENT_BYTES:
+        msg = f"{name} is {len(encoded)} bytes encoded; at most {MAX_CONTENT_BYTES}"
+        raise RejectedInputError(msg, field=name)
+    return msgspec.json.decode(encoded)
+
+
+def check_text(text: str, field: str) -> None:
+    """``RejectedInputError`` naming ``field`` for text UTF-8 cannot hold (a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        msg = f"{field} is not valid text: {exc.reason} at character {exc.start}"
+        raise RejectedInputError(msg, field=field) from None
