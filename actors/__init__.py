@@ -1,7 +1,6 @@
 """Sessions as actors: the session actor, the handles skills get, clocks, execution."""
 
 from sessiontree.actors._activity import Activity
-from sessiontree.actors._backends import BACKENDS, Backends
 from sessiontree.actors._clock import Clock, LoopTimer, RealClock, TimerHandle, VirtualClock
 from sessiontree.actors._conversation import (
     EXPORT_FORMATS,
@@ -42,15 +41,6 @@ from sessiontree.actors._mailbox import (
     stop_actor,
 )
 from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
-from sessiontree.actors._process_pool import ProcessBackend
-from sessiontree.actors._ray_pool import RayBackend
-from sessiontree.actors._remote import (
-    ExecutionBackend,
-    RemoteRun,
-    RemoteSession,
-    StepEnd,
-    StepJob,
-)
 from sessiontree.actors._session import AsyncSession, Session
 from sessiontree.actors._session_actor import (
     CancelSignal,
@@ -67,6 +57,17 @@ from sessiontree.actors._session_actor import (
 from sessiontree.actors._slots import ComputeSlots
 from sessiontree.actors._tree_html import render_html
 from sessiontree.actors._tree_text import nested_json, preview_text, text_tree
+from sessiontree.actors.backends import (
+    BACKENDS,
+    ExecutionBackend,
+    ProcessBackend,
+    RayBackend,
+    RemoteRun,
+    RemoteSession,
+    StepEnd,
+    StepJob,
+)
+from sessiontree.actors.backends._registry import Backends
 
 __all__ = [
     "ACTOR_TYPES",

@@ -34,8 +34,8 @@ from sessiontree.actors._execution import (
 )
 from sessiontree.actors._host import SessionHost
 from sessiontree.actors._mailbox import Counted, drain_inbox, handler_scope
-from sessiontree.actors._remote import run_remote
 from sessiontree.actors._session import AsyncSession, Session
+from sessiontree.actors.backends._worker import run_remote
 from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionResult
 
 __all__ = [

@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from sessiontree.actors._remote import (
+from sessiontree.actors.backends._worker import (
     Event,
     PooledRun,
     StepControl,

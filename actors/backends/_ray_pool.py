@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sessiontree.actors._remote import (
+from sessiontree.actors.backends._worker import (
     Event,
     PooledRun,
     StepControl,
