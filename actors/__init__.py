@@ -19,14 +19,13 @@ from sessiontree.actors._core import (
 )
 from sessiontree.actors._execution import (
     EventLoopThread,
-    RunEnd,
     StepExecutor,
     crash_info,
     finish_run,
     is_async_skill,
     to_outcome,
 )
-from sessiontree.actors._host import SessionHost, SpawnedLike
+from sessiontree.actors._host import RunEnd, SessionHost, SpawnedLike
 from sessiontree.actors._mailbox import (
     ACTOR_TYPES,
     AskTimeoutError,

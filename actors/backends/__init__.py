@@ -8,20 +8,21 @@ A skill on ``process`` or ``ray`` gets a :class:`RemoteSession`: a leaf that
 reports progress, sends to its parent and honours cancellation.
 
 :class:`ExecutionBackend` is the protocol a backend implements: it takes a
-:class:`StepJob`, reports events while the step runs, and
+:class:`StepJob`, reports :data:`StepEvent` values while the step runs, and
 ends it with one :class:`StepEnd` through the :class:`RemoteRun` it returned.
 """
 
 from sessiontree.actors.backends._process_pool import ProcessBackend
-from sessiontree.actors.backends._ray_pool import RayBackend
-from sessiontree.actors.backends._registry import BACKENDS
-from sessiontree.actors.backends._worker import (
+from sessiontree.actors.backends._protocol import (
     ExecutionBackend,
     RemoteRun,
-    RemoteSession,
     StepEnd,
+    StepEvent,
     StepJob,
 )
+from sessiontree.actors.backends._ray_pool import RayBackend
+from sessiontree.actors.backends._registry import BACKENDS
+from sessiontree.actors.backends._worker import RemoteSession
 
 __all__ = [
     "BACKENDS",
@@ -31,5 +32,6 @@ __all__ = [
     "RemoteRun",
     "RemoteSession",
     "StepEnd",
+    "StepEvent",
     "StepJob",
 ]

@@ -1,189 +1,36 @@
-"""Steps that run outside this process: the job, the remote handle, the node's side.
-
-A session on the ``process`` or ``ray`` backend runs its skill in a pooled
-worker (a process, a Ray actor). What crosses is a :class:`StepJob` (the
-pickled skill and the session's ``SessionInfo``) one way, and events
-(progress, messages to the parent) and one :class:`StepEnd` the other. The
-node side, :func:`run_remote`, is a task on the node's event loop: it holds
-the session's compute slot, forwards a cancellation request to the step,
-and — when the session is fenced (forced termination, TTL) — kills the
-worker, so the step really stops. It reports the run's end exactly once.
+"""The worker's side of a remote step: the handle a skill gets, and running it.
 
 A remote step is a leaf: it reads its identity and inputs, reports progress,
 sends to its parent and honours cancellation at ``checkpoint()``; spawning,
 shared memory and conversations stay with inline sessions (their state is the
-node's store, which remote steps never write).
+node's store, which remote steps never write). What runs here is pickled to
+the worker, so it holds nothing of the node.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import inspect
-import itertools
 import os
 import pickle
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from sessiontree.actors._conversation import as_json
-from sessiontree.actors._core import Cancelled, SessionContext, SessionCore
-from sessiontree.actors._execution import RunEnd, crash_info, finish_run, to_outcome
-from sessiontree.actors._host import SessionHost
-from sessiontree.protocol import (
-    BackendUnavailableError,
-    ErrorCode,
-    ErrorInfo,
-    NotAllowedError,
-    Outcome,
-    SessionInfo,
-    SessionKind,
-)
+from sessiontree.actors._core import Cancelled, SessionContext
+from sessiontree.actors._execution import crash_info, to_outcome
+from sessiontree.actors.backends._protocol import StepEnd, StepEvent, StepJob
+from sessiontree.protocol import ErrorCode, ErrorInfo, NotAllowedError, SessionInfo, SessionKind
 
 __all__ = [
-    "ExecutionBackend",
-    "PooledRun",
-    "RemoteRun",
+    "AsyncRemoteSession",
     "RemoteSession",
-    "StepEnd",
-    "StepJob",
+    "StepControl",
     "execute_step",
-    "run_remote",
-    "unavailable_end",
+    "worker_facts",
 ]
-
-Event = tuple[str, Any]
-"""What a step reports before it ends: ``("progress", (note, data))`` or ``("send", message)``."""
-
-
-@dataclass(frozen=True, slots=True)
-class StepJob:
-    """One run of a skill in a worker: ``skill`` as the backend serialised it."""
-
-    job_id: int
-    skill: bytes
-    info: SessionInfo
-    is_async: bool
-    backend: str
-    cancel: ErrorCode | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StepEnd:
-    """How a remote step ended (mirrors ``RunEnd``); ``worker`` names where it ran.
-    ``events`` carries what the step reported when the backend returns them
-    with the end instead of as they happen."""
-
-    outcome: Outcome | None = None
-    error: ErrorInfo | None = None
-    cancelled: bool = False
-    events: tuple[Event, ...] = ()
-    worker: dict[str, Any] = field(default_factory=dict)
-
-
-class RemoteRun(Protocol):
-    """A step handed to a backend; ``future`` resolves on the node's loop."""
-
-    future: asyncio.Future[StepEnd]
-
-    def cancel(self, code: ErrorCode) -> None:
-        """Ask the step to stop (its next ``checkpoint()`` raises ``Cancelled``)."""
-
-    def kill(self) -> None:
-        """Stop the step now: its worker is killed and replaced."""
-
-
-class PooledRun:
-    """A ``RemoteRun`` as a pool keeps it: queued, then on a worker, then ended.
-    ``cancel_code`` is what a cancel asked while it waited for a worker."""
-
-    def __init__(
-        self,
-        pool: Any,
-        job: StepJob,
-        loop: asyncio.AbstractEventLoop,
-        on_event: Callable[[Event], None],
-    ) -> None:
-        self.pool = pool
-        self.job = job
-        self.loop = loop
-        self.on_event = on_event
-        self.future: asyncio.Future[StepEnd] = loop.create_future()
-        self.cancel_code: ErrorCode | None = job.cancel
-
-    def job_to_send(self) -> StepJob:
-        """The job as a worker gets it: with the cancel it was given meanwhile."""
-        if self.cancel_code is None or self.job.cancel is not None:
-            return self.job
-        return dataclasses.replace(self.job, cancel=self.cancel_code)
-
-    def resolve(self, end: StepEnd) -> None:
-        """End the run on the node's loop (from any thread; the first end wins,
-        and the events it carries are applied before it)."""
-
-        def settle() -> None:
-            if self.future.done():
-                return  # already ended (closed, failed): late events are dropped
-            for event in end.events:
-                self.on_event(event)
-            self.future.set_result(end)
-
-        with contextlib.suppress(RuntimeError):  # the loop closed with the node
-            self.loop.call_soon_threadsafe(settle)
-
-    def cancel(self, code: ErrorCode) -> None:
-        self.pool._cancel(self, code)
-
-    def kill(self) -> None:
-        self.pool._kill(self)
-
-
-def unavailable_end(job: StepJob, why: str) -> StepEnd:
-    """The end of a step its backend can no longer run (closed, broken, cluster gone)."""
-    return StepEnd(
-        error=ErrorInfo(
-            code=ErrorCode.BACKEND_UNAVAILABLE,
-            message=f"session {job.info.session_id} could not finish on the {job.backend} "
-            f"backend: {why}",
-            detail={"backend": job.backend},
-        ),
-        worker={"backend": job.backend},
-    )
-
-
-class ExecutionBackend(Protocol):
-    """Where steps run outside the node's own threads (``process``, ``ray``)."""
-
-    name: str
-
-    @property
-    def unavailable(self) -> str | None:
-        """Why no step can run here any more (its pool failed, its cluster is
-        gone), or None while it works."""
-
-    def start(self) -> None:
-        """Start the pool (in the background; idempotent). Raises
-        ``BackendUnavailableError`` when the backend cannot work at all."""
-
-    def serialise(self, skill: Callable[..., Any]) -> bytes:
-        """The skill as its workers load it; ``TypeError`` naming what could not
-        be serialised."""
-
-    def submit(
-        self, job: StepJob, loop: asyncio.AbstractEventLoop, on_event: Callable[[Event], None]
-    ) -> RemoteRun:
-        """Queue ``job`` for the next free worker (called on ``loop``); ``on_event``
-        runs on ``loop`` for each event the step reports while it runs."""
-
-    def close(self) -> None:
-        """Stop every worker (a running step is killed)."""
-
-
-# -- the worker's side ----------------------------------------------------------------
 
 
 class StepControl:
@@ -211,7 +58,9 @@ class RemoteSession:
     conversations) raises ``NotAllowedError`` naming the method and backend.
     """
 
-    def __init__(self, job: StepJob, control: StepControl, emit: Callable[[Event], None]) -> None:
+    def __init__(
+        self, job: StepJob, control: StepControl, emit: Callable[[StepEvent], None]
+    ) -> None:
         self._job = job
         self._control = control
         self._emit = emit
@@ -334,7 +183,7 @@ class AsyncRemoteSession(RemoteSession):
 
 
 def execute_step(
-    job: StepJob, control: StepControl, emit: Callable[[Event], None], worker: dict[str, Any]
+    job: StepJob, control: StepControl, emit: Callable[[StepEvent], None], worker: dict[str, Any]
 ) -> StepEnd:
     """Run ``job`` in this worker and say how it ended; never raises.
 
@@ -374,92 +223,3 @@ def _remote_crash(exc: BaseException, job: StepJob, worker: dict[str, Any]) -> E
 def worker_facts(backend: str) -> dict[str, Any]:
     """Where a step ran, for ``ErrorInfo.detail`` and tests: backend, host pid."""
     return {"backend": backend, "pid": os.getpid()}
-
-
-# -- the node's side -----------------------------------------------------------------
-
-
-_JOB_IDS = itertools.count(1)  # next() on a count is atomic in CPython
-
-
-def _watch(core: SessionCore, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-    """A future done at the session's next ``wake()`` (a cancel request, a fence)."""
-    fut: asyncio.Future[None] = loop.create_future()
-    with core.cond:
-        core.add_async_waiter(loop, fut)
-    return fut
-
-
-async def run_remote(
-    host: SessionHost,
-    core: SessionCore,
-    backend: ExecutionBackend,
-    skill: bytes,
-    is_async: bool,
-) -> None:
-    """Run one remote step for ``core`` and report its end (exactly once).
-
-    A cancel request is forwarded to the step; the task being cancelled (the
-    session was fenced: forced termination, TTL, shutdown) kills the worker.
-    A backend that cannot run it ends the session ``failed`` with
-    ``backend_unavailable``.
-    """
-    loop = asyncio.get_running_loop()
-    if core.fenced:
-        finish_run(host, core, RunEnd(cancelled=True))
-        return
-    run: RemoteRun | None = None
-    end: RunEnd
-    try:
-        if not core.holds_slot:
-            await core.acquire_slot_async()
-        core.touch()
-        job = StepJob(
-            job_id=next(_JOB_IDS),
-            skill=skill,
-            info=core.info,
-            is_async=is_async,
-            backend=backend.name,
-            cancel=core.cancel_code,
-        )
-        run = backend.submit(job, loop, lambda event: _apply(host, core, event))
-        forwarded = job.cancel is not None
-        while not run.future.done():
-            watch = _watch(core, loop)
-            if core.cancel_code is not None and not forwarded:
-                forwarded = True
-                run.cancel(core.cancel_code)
-            if core.fenced:
-                raise asyncio.CancelledError  # the fence's task cancel may still be on its way
-            await asyncio.wait((run.future, watch), return_when=asyncio.FIRST_COMPLETED)
-            watch.cancel()
-        end = _run_end(run.future.result())
-    except asyncio.CancelledError:
-        if run is not None:
-            run.kill()
-        end = RunEnd(cancelled=True)
-    except BackendUnavailableError as exc:
-        end = RunEnd(error=ErrorInfo(code=ErrorCode.BACKEND_UNAVAILABLE, message=str(exc)))
-    except Exception as exc:  # noqa: BLE001 - a backend's own failure ends the run, never the loop
-        end = RunEnd(error=crash_info(exc))
-    finish_run(host, core, end)
-
-
-def _apply(host: SessionHost, core: SessionCore, event: Event) -> None:
-    if core.fenced:
-        return
-    kind, payload = event
-    with contextlib.suppress(Exception):  # a node that is closing drops late progress
-        if kind == "progress":
-            note, data = payload
-            host.progress(core, note, data)
-        elif kind == "send":
-            host.send_to_parent(core, payload)
-
-
-def _run_end(end: StepEnd) -> RunEnd:
-    if end.cancelled:
-        return RunEnd(cancelled=True)
-    if end.error is not None:
-        return RunEnd(error=end.error)
-    return RunEnd(outcome=end.outcome)
