@@ -1,7 +1,20 @@
-"""Sessions as actors: the session actor, the handles skills get, clocks, execution."""
+"""Sessions as actors: what a skill and an embedding application use.
 
-from sessiontree.actors._activity import Activity
-from sessiontree.actors._clock import Clock, LoopTimer, RealClock, TimerHandle, VirtualClock
+A skill receives a :class:`Session` (sync) or an :class:`AsyncSession`
+(``async def``); at every checkpoint a pending cancellation raises
+:class:`Cancelled` into it. A session's working context is a
+:class:`SessionContext` of :class:`ContextMessage` values. Time is a
+:class:`Clock`: :class:`RealClock` in production, :class:`VirtualClock` in
+tests. ``NodeConfig.actor_type`` is one of :data:`ACTOR_TYPES`; a call to the
+Cortex that gets no answer in time raises :class:`AskTimeoutError`.
+
+Where a skill runs (``inline``, ``process``, ``ray``) is
+``sessiontree.actors.backends``. The runtime's plumbing, which
+``sessiontree.supervision`` assembles a node from, is
+``sessiontree.actors.runtime``: not for applications.
+"""
+
+from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
 from sessiontree.actors._conversation import (
     EXPORT_FORMATS,
     Conversation,
@@ -9,131 +22,31 @@ from sessiontree.actors._conversation import (
     Conversations,
     MemoryBackend,
 )
-from sessiontree.actors._core import (
-    Cancelled,
-    ContextMessage,
-    SessionCond,
-    SessionContext,
-    SessionCore,
-    wake_batch,
-)
-from sessiontree.actors._execution import (
-    EventLoopThread,
-    StepExecutor,
-    crash_info,
-    finish_run,
-    is_async_skill,
-    to_outcome,
-)
-from sessiontree.actors._host import RunEnd, SessionHost, SpawnedLike
-from sessiontree.actors._mailbox import (
-    ACTOR_TYPES,
-    AskTimeoutError,
-    Counted,
-    Reply,
-    actor_class,
-    drain_inbox,
-    handler_scope,
-    in_actor_handler,
-    post,
-    start_actor,
-    stop_actor,
-)
-from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
+from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext
+from sessiontree.actors._mailbox import ACTOR_TYPES, AskTimeoutError
 from sessiontree.actors._session import AsyncSession, Session
-from sessiontree.actors._session_actor import (
-    CancelSignal,
-    CycleDone,
-    Deliver,
-    ForceStop,
-    Inbound,
-    Inspect,
-    Passivate,
-    SessionActorLogic,
-    StopSession,
-    start_run,
-)
-from sessiontree.actors._slots import ComputeSlots
 from sessiontree.actors._tree_html import render_html
 from sessiontree.actors._tree_text import nested_json, preview_text, text_tree
-from sessiontree.actors.backends import (
-    BACKENDS,
-    ExecutionBackend,
-    ProcessBackend,
-    RayBackend,
-    RemoteRun,
-    RemoteSession,
-    StepEnd,
-    StepJob,
-)
-from sessiontree.actors.backends._registry import Backends
 
 __all__ = [
     "ACTOR_TYPES",
-    "BACKENDS",
     "EXPORT_FORMATS",
-    "Activity",
     "AskTimeoutError",
     "AsyncSession",
-    "Backends",
-    "BlockedHandler",
-    "CancelSignal",
     "Cancelled",
     "Clock",
-    "ComputeSlots",
     "ContextMessage",
     "Conversation",
     "ConversationBackend",
     "Conversations",
-    "Counted",
-    "CycleDone",
-    "Deliver",
-    "Dispatcher",
-    "EventLoopThread",
-    "ExecutionBackend",
-    "ForceStop",
-    "Inbound",
-    "Inspect",
-    "LoopTimer",
     "MemoryBackend",
-    "Passivate",
-    "PooledActor",
-    "ProcessBackend",
-    "RayBackend",
     "RealClock",
-    "RemoteRun",
-    "RemoteSession",
-    "Reply",
-    "RunEnd",
     "Session",
-    "SessionActorLogic",
-    "SessionCond",
     "SessionContext",
-    "SessionCore",
-    "SessionHost",
-    "SpawnedLike",
-    "StepEnd",
-    "StepExecutor",
-    "StepJob",
-    "StopSession",
     "TimerHandle",
     "VirtualClock",
-    "actor_class",
-    "crash_info",
-    "drain_inbox",
-    "finish_run",
-    "handler_scope",
-    "in_actor_handler",
-    "is_async_skill",
     "nested_json",
-    "post",
     "preview_text",
     "render_html",
-    "start_actor",
-    "start_run",
-    "stop_actor",
-    "stop_unstarted",
     "text_tree",
-    "to_outcome",
-    "wake_batch",
 ]

@@ -25,14 +25,14 @@ from typing import Any
 import msgspec
 import pykka
 
-from sessiontree.actors import (
-    BACKENDS,
+from sessiontree.actors import TimerHandle
+from sessiontree.actors.backends import BACKENDS, ExecutionBackend
+from sessiontree.actors.runtime import (
     Activity,
     CancelSignal,
     Counted,
     CycleDone,
     Deliver,
-    ExecutionBackend,
     ForceStop,
     Inbound,
     Passivate,
@@ -41,7 +41,6 @@ from sessiontree.actors import (
     SessionActorLogic,
     SessionCore,
     StopSession,
-    TimerHandle,
     actor_class,
     drain_inbox,
     handler_scope,

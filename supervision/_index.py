@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from sessiontree.actors import (
+from sessiontree.actors import Clock, TimerHandle
+from sessiontree.actors.runtime import (
     Activity,
     Backends,
-    Clock,
     ComputeSlots,
     Dispatcher,
     EventLoopThread,
@@ -24,7 +24,6 @@ from sessiontree.actors import (
     SessionCore,
     SessionHost,
     StepExecutor,
-    TimerHandle,
 )
 from sessiontree.protocol import (
     ErrorCode,

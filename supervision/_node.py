@@ -23,19 +23,21 @@ import msgspec
 import pykka
 
 from sessiontree.actors import (
-    Activity,
-    Backends,
+    AskTimeoutError,
     Clock,
-    ComputeSlots,
     Conversation,
     Conversations,
+    MemoryBackend,
+    RealClock,
+)
+from sessiontree.actors.backends import ProcessBackend, RayBackend
+from sessiontree.actors.runtime import (
+    Activity,
+    Backends,
+    ComputeSlots,
     Dispatcher,
     EventLoopThread,
     Inspect,
-    MemoryBackend,
-    ProcessBackend,
-    RayBackend,
-    RealClock,
     Reply,
     RunEnd,
     SessionCore,
@@ -45,7 +47,6 @@ from sessiontree.actors import (
     post,
     start_actor,
 )
-from sessiontree.actors._mailbox import AskTimeoutError
 from sessiontree.protocol import (
     ChatMessage,
     ControlMessage,
