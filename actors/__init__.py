@@ -1,123 +1,37 @@
-"""Sessions as actors: the session actor, the handles skills get, clocks, execution."""
+"""Sessions as actors: what a skill and an embedding application use.
 
-from sessiontree.actors._activity import Activity
-from sessiontree.actors._backends import BACKENDS, Backends
-from sessiontree.actors._clock import Clock, LoopTimer, RealClock, TimerHandle, VirtualClock
+A skill receives a :class:`Session` (sync) or an :class:`AsyncSession`
+(``async def``); at every checkpoint a pending cancellation raises
+:class:`Cancelled` into it. A session's working context is a
+:class:`SessionContext` of :class:`ContextMessage` values, and its
+conversation (``session.conversation``) is a :class:`ConversationLike`. Time
+is a :class:`Clock`: :class:`RealClock` in production, :class:`VirtualClock`
+in tests. ``NodeConfig.actor_type`` is one of :data:`ACTOR_TYPES`; a call to
+the Cortex that gets no answer in time raises :class:`AskTimeoutError`.
+
+Where a skill runs (``inline``, ``process``, ``ray``) is
+``sessiontree.actors.backends``. The runtime's plumbing, which
+``sessiontree.supervision`` assembles a node from, is
+``sessiontree.actors.runtime``: not for applications.
+"""
+
+from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
 from sessiontree.actors._conversing import ConversationLike
-from sessiontree.actors._core import (
-    Cancelled,
-    ContextMessage,
-    SessionCond,
-    SessionContext,
-    SessionCore,
-    wake_batch,
-)
-from sessiontree.actors._execution import (
-    EventLoopThread,
-    RunEnd,
-    StepExecutor,
-    crash_info,
-    finish_run,
-    is_async_skill,
-    to_outcome,
-)
-from sessiontree.actors._host import SessionHost, SpawnedLike
-from sessiontree.actors._mailbox import (
-    ACTOR_TYPES,
-    AskTimeoutError,
-    Counted,
-    Reply,
-    actor_class,
-    drain_inbox,
-    handler_scope,
-    in_actor_handler,
-    post,
-    start_actor,
-    stop_actor,
-)
-from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
-from sessiontree.actors._process_pool import ProcessBackend
-from sessiontree.actors._ray_pool import RayBackend
-from sessiontree.actors._remote import (
-    ExecutionBackend,
-    RemoteRun,
-    RemoteSession,
-    StepEnd,
-    StepJob,
-)
+from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext
+from sessiontree.actors._mailbox import ACTOR_TYPES, AskTimeoutError
 from sessiontree.actors._session import AsyncSession, Session
-from sessiontree.actors._session_actor import (
-    CancelSignal,
-    CycleDone,
-    Deliver,
-    ForceStop,
-    Inbound,
-    Inspect,
-    Passivate,
-    SessionActorLogic,
-    StopSession,
-    start_run,
-)
-from sessiontree.actors._slots import ComputeSlots
 
 __all__ = [
     "ACTOR_TYPES",
-    "BACKENDS",
-    "Activity",
     "AskTimeoutError",
     "AsyncSession",
-    "Backends",
-    "BlockedHandler",
-    "CancelSignal",
     "Cancelled",
     "Clock",
-    "ComputeSlots",
     "ContextMessage",
     "ConversationLike",
-    "Counted",
-    "CycleDone",
-    "Deliver",
-    "Dispatcher",
-    "EventLoopThread",
-    "ExecutionBackend",
-    "ForceStop",
-    "Inbound",
-    "Inspect",
-    "LoopTimer",
-    "Passivate",
-    "PooledActor",
-    "ProcessBackend",
-    "RayBackend",
     "RealClock",
-    "RemoteRun",
-    "RemoteSession",
-    "Reply",
-    "RunEnd",
     "Session",
-    "SessionActorLogic",
-    "SessionCond",
     "SessionContext",
-    "SessionCore",
-    "SessionHost",
-    "SpawnedLike",
-    "StepEnd",
-    "StepExecutor",
-    "StepJob",
-    "StopSession",
     "TimerHandle",
     "VirtualClock",
-    "actor_class",
-    "crash_info",
-    "drain_inbox",
-    "finish_run",
-    "handler_scope",
-    "in_actor_handler",
-    "is_async_skill",
-    "post",
-    "start_actor",
-    "start_run",
-    "stop_actor",
-    "stop_unstarted",
-    "to_outcome",
-    "wake_batch",
 ]

@@ -17,7 +17,7 @@ from sessiontree.actors._slots import ComputeSlots
 from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult
 
 if TYPE_CHECKING:
-    from sessiontree.actors._remote import ExecutionBackend
+    from sessiontree.actors.backends._protocol import ExecutionBackend
 
 __all__ = [
     "AsyncWaiter",

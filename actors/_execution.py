@@ -16,13 +16,12 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from sessiontree.actors._core import Cancelled, SessionCore
-from sessiontree.actors._host import SessionHost
+from sessiontree.actors._host import RunEnd, SessionHost
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
@@ -35,7 +34,6 @@ from sessiontree.protocol import (
 
 __all__ = [
     "EventLoopThread",
-    "RunEnd",
     "StepExecutor",
     "crash_info",
     "finish_run",
@@ -46,21 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("sessiontree.execution")
-
-
-@dataclass(frozen=True)
-class RunEnd:
-    """How one skill run ended: a value, a crash, or ``Cancelled`` escaping it.
-
-    ``fatal`` holds a ``KeyboardInterrupt``/``SystemExit`` the skill raised:
-    the session fails and the node shuts down in order.
-    """
-
-    outcome: Outcome | None = None
-    error: ErrorInfo | None = None
-    cancelled: bool = False
-    fatal: BaseException | None = None
-    cycle: int = 0
 
 
 def crash_info(exc: BaseException) -> ErrorInfo:

@@ -1,20 +1,36 @@
-"""What a running session needs from the runtime around it (wired by supervision)."""
+"""What a running session needs from the runtime around it (wired by supervision),
+and how a skill run ends (:class:`RunEnd`, what it reports to that runtime)."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sessiontree.protocol import ErrorInfo, SpawnSpec
+from sessiontree.protocol import ErrorInfo, Outcome, SpawnSpec
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from sessiontree.actors._conversing import ConversationLike
     from sessiontree.actors._core import SessionCore
-    from sessiontree.actors._execution import RunEnd
 
-__all__ = ["SessionHost", "SpawnedLike"]
+__all__ = ["RunEnd", "SessionHost", "SpawnedLike"]
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How one skill run ended: a value, a crash, or ``Cancelled`` escaping it.
+
+    ``fatal`` holds a ``KeyboardInterrupt``/``SystemExit`` the skill raised:
+    the session fails and the node shuts down in order.
+    """
+
+    outcome: Outcome | None = None
+    error: ErrorInfo | None = None
+    cancelled: bool = False
+    fatal: BaseException | None = None
+    cycle: int = 0
 
 
 class SpawnedLike(Protocol):

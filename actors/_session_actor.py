@@ -24,7 +24,6 @@ from sessiontree.actors._activity import Activity
 from sessiontree.actors._core import SessionCore
 from sessiontree.actors._execution import (
     EventLoopThread,
-    RunEnd,
     StepExecutor,
     crash_info,
     finish_run,
@@ -32,10 +31,10 @@ from sessiontree.actors._execution import (
     run_async,
     run_sync,
 )
-from sessiontree.actors._host import SessionHost
+from sessiontree.actors._host import RunEnd, SessionHost
 from sessiontree.actors._mailbox import Counted, drain_inbox, handler_scope
-from sessiontree.actors._remote import run_remote
 from sessiontree.actors._session import AsyncSession, Session
+from sessiontree.actors.backends._runner import run_remote
 from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionResult
 
 __all__ = [

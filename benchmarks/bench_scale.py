@@ -54,7 +54,7 @@ from typing import Any
 
 from _common import log
 
-from sessiontree.actors import Inspect, post
+from sessiontree.actors.runtime import Inspect, post
 from sessiontree.protocol import SessionKind, SpawnSpec
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
 from sessiontree.supervision._requests import GetActorRef

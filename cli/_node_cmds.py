@@ -40,7 +40,8 @@ from typing import Any
 import click
 import uvicorn
 
-from sessiontree.actors import ACTOR_TYPES, BACKENDS
+from sessiontree.actors import ACTOR_TYPES
+from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents
 from sessiontree.cli._api import MAX_BODY_BYTES, MAX_WAIT, create_app
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sessiontree.actors import CancelSignal, ForceStop, post, wake_batch
+from sessiontree.actors.runtime import CancelSignal, ForceStop, post, wake_batch
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pykka
 
-from sessiontree.actors import Reply, post
+from sessiontree.actors.runtime import Reply, post
 from sessiontree.protocol import ErrorCode, ErrorInfo
 from sessiontree.supervision._entry import Entry
 from sessiontree.supervision._reports import AfterWrite

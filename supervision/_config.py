@@ -7,7 +7,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiontree.actors import ACTOR_TYPES, BACKENDS, is_async_skill
+from sessiontree.actors import ACTOR_TYPES
+from sessiontree.actors.backends import BACKENDS
+from sessiontree.actors.runtime import is_async_skill
 from sessiontree.protocol import DmScope, SessionKind
 
 __all__ = ["Agent", "NodeConfig"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sessiontree.actors import Counted, Reply, drain_inbox, handler_scope, post
+from sessiontree.actors.runtime import Counted, Reply, drain_inbox, handler_scope, post
 from sessiontree.protocol import (
     CancelCmd,
     ErrorCode,

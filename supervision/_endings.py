@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from sessiontree.actors import CycleDone, Deliver, RunEnd
+from sessiontree.actors.runtime import CycleDone, Deliver, RunEnd
 from sessiontree.protocol import (
     TERMINAL_STATES,
     TRANSITIONS,

@@ -12,7 +12,8 @@ from typing import Any
 import msgspec
 import pykka
 
-from sessiontree.actors import Reply, SessionCore, TimerHandle
+from sessiontree.actors import TimerHandle
+from sessiontree.actors.runtime import Reply, SessionCore
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sessiontree.actors import Inbound, Reply
+from sessiontree.actors.runtime import Inbound, Reply
 from sessiontree.protocol import ErrorCode, ErrorInfo, RejectedInputError, SessionKind
 from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._events import EventKind

@@ -22,17 +22,15 @@ from typing import Any, TypeVar
 import msgspec
 import pykka
 
-from sessiontree.actors import (
+from sessiontree.actors import AskTimeoutError, Clock, RealClock
+from sessiontree.actors.backends import ProcessBackend, RayBackend
+from sessiontree.actors.runtime import (
     Activity,
     Backends,
-    Clock,
     ComputeSlots,
     Dispatcher,
     EventLoopThread,
     Inspect,
-    ProcessBackend,
-    RayBackend,
-    RealClock,
     Reply,
     RunEnd,
     SessionCore,
@@ -42,7 +40,6 @@ from sessiontree.actors import (
     post,
     start_actor,
 )
-from sessiontree.actors._mailbox import AskTimeoutError
 from sessiontree.conversations import Conversation, Conversations, MemoryBackend
 from sessiontree.protocol import (
     ChatMessage,

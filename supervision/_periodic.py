@@ -14,7 +14,8 @@ import concurrent.futures
 import logging
 import uuid
 
-from sessiontree.actors import Passivate, TimerHandle, post
+from sessiontree.actors import TimerHandle
+from sessiontree.actors.runtime import Passivate, post
 from sessiontree.protocol import SessionKind, SessionState
 from sessiontree.store import SessionRecord
 from sessiontree.supervision._entry import Entry, with_state

@@ -13,7 +13,7 @@ from typing import Any
 
 import pykka
 
-from sessiontree.actors import Reply, SessionCore
+from sessiontree.actors.runtime import Reply, SessionCore
 from sessiontree.protocol import (
     SessionInfo,
     SessionKind,

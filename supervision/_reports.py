@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sessiontree.actors import RunEnd
+from sessiontree.actors.runtime import RunEnd
 
 __all__ = [
     "AfterWrite",

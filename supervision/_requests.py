@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import pykka
 
-from sessiontree.actors import Reply, SessionCore
+from sessiontree.actors.runtime import Reply, SessionCore
 from sessiontree.protocol import (
     ControlMessage,
     ErrorInfo,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sessiontree.actors import RunEnd
+from sessiontree.actors.runtime import RunEnd
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,

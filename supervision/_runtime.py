@@ -6,10 +6,10 @@ import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sessiontree.actors import (
+from sessiontree.actors import Clock
+from sessiontree.actors.runtime import (
     Activity,
     Backends,
-    Clock,
     ComputeSlots,
     Dispatcher,
     EventLoopThread,

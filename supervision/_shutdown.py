@@ -6,7 +6,7 @@ is answered with every session once that has settled or the grace ran out.
 
 from __future__ import annotations
 
-from sessiontree.actors import Reply, post, stop_actor
+from sessiontree.actors.runtime import Reply, post, stop_actor
 from sessiontree.protocol import ErrorCode, SessionKind, SessionState
 from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._entry import Entry

@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 
-from sessiontree.actors import BACKENDS, ExecutionBackend, Reply
+from sessiontree.actors.backends import BACKENDS, ExecutionBackend
+from sessiontree.actors.runtime import Reply
 from sessiontree.protocol import (
     BackendUnavailableError,
     ErrorCode,

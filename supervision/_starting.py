@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from sessiontree.actors import Deliver, Inbound, post, start_run
+from sessiontree.actors.runtime import Deliver, Inbound, post, start_run
 from sessiontree.protocol import SessionKind, SessionState
 from sessiontree.supervision._entry import Entry
 from sessiontree.supervision._recovery import Recovered

@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 import pykka
 
-from sessiontree.actors import (
+from sessiontree.actors.backends import ExecutionBackend
+from sessiontree.actors.runtime import (
     Activity,
-    ExecutionBackend,
     Reply,
     SessionActorLogic,
     SessionCore,

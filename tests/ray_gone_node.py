@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sessiontree.actors import RayBackend
+from sessiontree.actors.backends import RayBackend
 from sessiontree.protocol import SessionKind
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests import _remote_skills as skills

@@ -12,7 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from sessiontree.actors import Cancelled, RunEnd, SessionCore, VirtualClock
+from sessiontree.actors import Cancelled, VirtualClock
+from sessiontree.actors.runtime import RunEnd, SessionCore
 from sessiontree.protocol import SessionKind, SpawnSpec
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
 from sessiontree.supervision._node import _Host

@@ -20,8 +20,13 @@ import pytest
 from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope
 
-from sessiontree.actors import _pooled
-from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
+from sessiontree.actors.runtime import (
+    BlockedHandler,
+    Dispatcher,
+    PooledActor,
+    _pooled,
+    stop_unstarted,
+)
 
 WAIT = 5.0  # real seconds any bounded wait may take before the test fails
 

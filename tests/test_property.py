@@ -56,7 +56,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from sessiontree.actors import AsyncSession, Cancelled, Session, SessionCore, VirtualClock
+from sessiontree.actors import AsyncSession, Cancelled, Session, VirtualClock
+from sessiontree.actors.runtime import SessionCore
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,

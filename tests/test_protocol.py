@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
 import uuid
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -155,28 +153,3 @@ def test_the_conversations_package_exports_its_public_names() -> None:
         "render_html",
         "text_tree",
     ]
-
-
-def _sessiontree_imports(folder: str) -> set[str]:
-    """Every ``sessiontree.<package>...`` module imported by the sources of ``folder``,
-    ``TYPE_CHECKING`` blocks included."""
-    found: set[str] = set()
-    root = Path(__file__).resolve().parents[1] / folder
-    for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom) and node.level == 0
-                else []
-            )
-            found.update(n for n in names if n.startswith("sessiontree."))
-    return found
-
-
-def test_conversations_import_only_protocol_and_actors_never_conversations() -> None:
-    imported = _sessiontree_imports("conversations") - {"sessiontree.protocol"}
-    assert {m.split(".")[1] for m in imported} <= {"conversations"}, imported
-    actors = _sessiontree_imports("actors")
-    assert not {m for m in actors if m.startswith("sessiontree.conversations")}, actors

@@ -11,8 +11,8 @@ from typing import Any
 import pykka
 import pytest
 
-from sessiontree.actors import Cancelled, Deliver, VirtualClock, post
-from sessiontree.actors._mailbox import AskTimeoutError
+from sessiontree.actors import AskTimeoutError, Cancelled, VirtualClock
+from sessiontree.actors.runtime import Deliver, post
 from sessiontree.protocol import (
     DeadlockError,
     ErrorCode,

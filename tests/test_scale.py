@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from sessiontree.actors import Cancelled, RealClock, SessionCond, VirtualClock
+from sessiontree.actors import Cancelled, RealClock, VirtualClock
+from sessiontree.actors.runtime import SessionCond
 from sessiontree.protocol import ErrorCode, SessionKind, SessionState, SpawnSpec
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests.conftest import WAIT, settle

@@ -28,16 +28,9 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from sessiontree.actors._remote import (
-    Event,
-    PooledRun,
-    StepControl,
-    StepEnd,
-    StepJob,
-    execute_step,
-    unavailable_end,
-    worker_facts,
-)
+from sessiontree.actors.backends._pool import PooledRun, unavailable_end
+from sessiontree.actors.backends._protocol import StepEnd, StepEvent, StepJob
+from sessiontree.actors.backends._worker import StepControl, execute_step, worker_facts
 from sessiontree.protocol import BackendUnavailableError, ErrorCode, ErrorInfo
 
 __all__ = ["ProcessBackend"]
@@ -89,7 +82,7 @@ def worker_main(conn: Connection) -> None:
         job, control = item
         job_id = job.job_id
 
-        def emit(event: Event, job_id: int = job_id) -> None:
+        def emit(event: StepEvent, job_id: int = job_id) -> None:
             send(("event", job_id, event))
 
         end = execute_step(job, control, emit, facts)
@@ -232,7 +225,7 @@ class ProcessBackend:
             raise TypeError(msg) from None
 
     def submit(
-        self, job: StepJob, loop: asyncio.AbstractEventLoop, on_event: Callable[[Event], None]
+        self, job: StepJob, loop: asyncio.AbstractEventLoop, on_event: Callable[[StepEvent], None]
     ) -> _ProcessRun:
         with self._lock:
             if self._closed or self._broken is not None:

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sessiontree.actors._remote import ExecutionBackend
+from sessiontree.actors.backends._protocol import ExecutionBackend
 from sessiontree.protocol import BackendUnavailableError
 
 __all__ = ["BACKENDS", "Backends"]

@@ -29,16 +29,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sessiontree.actors._remote import (
-    Event,
-    PooledRun,
-    StepControl,
-    StepEnd,
-    StepJob,
-    execute_step,
-    unavailable_end,
-    worker_facts,
-)
+from sessiontree.actors.backends._pool import PooledRun, unavailable_end
+from sessiontree.actors.backends._protocol import StepEnd, StepEvent, StepJob
+from sessiontree.actors.backends._worker import StepControl, execute_step, worker_facts
 from sessiontree.protocol import BackendUnavailableError, ErrorCode, ErrorInfo
 
 __all__ = ["RayBackend", "StepActor", "import_ray"]
@@ -73,7 +66,7 @@ class StepActor:
 
     def run(self, job: StepJob) -> StepEnd:
         """Run ``job`` here; its events come back with its end."""
-        events: list[Event] = []
+        events: list[StepEvent] = []
         with self._lock:
             early = self._early.pop(job.job_id, None)
             self._early.clear()  # cancels of steps that already ended
@@ -333,7 +326,7 @@ class RayBackend:
         return data
 
     def submit(
-        self, job: StepJob, loop: asyncio.AbstractEventLoop, on_event: Callable[[Event], None]
+        self, job: StepJob, loop: asyncio.AbstractEventLoop, on_event: Callable[[StepEvent], None]
     ) -> _RayRun:
         run = _RayRun(self, job, loop, on_event)
         with self._lock:

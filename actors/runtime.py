@@ -1,0 +1,91 @@
+"""The session runtime's internal interface for ``sessiontree.supervision``.
+
+Not for applications, and not a stable API: these are the parts the Cortex
+and the ``Node`` assemble a runtime from (the session actor and its messages,
+mailboxes and dispatchers, the step executor and event loop, compute slots,
+the shared per-session state, the node's execution backends). They change
+whenever the runtime does. A skill author or an embedding application uses
+``sessiontree.actors`` (the ``Session`` handles, ``Cancelled``, clocks,
+contexts), ``sessiontree.actors.backends`` and ``sessiontree.supervision``.
+"""
+
+from sessiontree.actors._activity import Activity
+from sessiontree.actors._clock import LoopTimer
+from sessiontree.actors._core import SessionCond, SessionCore, wake_batch
+from sessiontree.actors._execution import (
+    EventLoopThread,
+    StepExecutor,
+    crash_info,
+    finish_run,
+    is_async_skill,
+    to_outcome,
+)
+from sessiontree.actors._host import RunEnd, SessionHost, SpawnedLike
+from sessiontree.actors._mailbox import (
+    Counted,
+    Reply,
+    actor_class,
+    drain_inbox,
+    handler_scope,
+    in_actor_handler,
+    post,
+    start_actor,
+    stop_actor,
+)
+from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
+from sessiontree.actors._session_actor import (
+    CancelSignal,
+    CycleDone,
+    Deliver,
+    ForceStop,
+    Inbound,
+    Inspect,
+    Passivate,
+    SessionActorLogic,
+    StopSession,
+    start_run,
+)
+from sessiontree.actors._slots import ComputeSlots
+from sessiontree.actors.backends._registry import Backends
+
+__all__ = [
+    "Activity",
+    "Backends",
+    "BlockedHandler",
+    "CancelSignal",
+    "ComputeSlots",
+    "Counted",
+    "CycleDone",
+    "Deliver",
+    "Dispatcher",
+    "EventLoopThread",
+    "ForceStop",
+    "Inbound",
+    "Inspect",
+    "LoopTimer",
+    "Passivate",
+    "PooledActor",
+    "Reply",
+    "RunEnd",
+    "SessionActorLogic",
+    "SessionCond",
+    "SessionCore",
+    "SessionHost",
+    "SpawnedLike",
+    "StepExecutor",
+    "StopSession",
+    "actor_class",
+    "crash_info",
+    "drain_inbox",
+    "finish_run",
+    "handler_scope",
+    "in_actor_handler",
+    "is_async_skill",
+    "post",
+    "start_actor",
+    "start_run",
+    "stop_actor",
+    "stop_unstarted",
+    "to_outcome",
+    "wake_batch",
+]

@@ -1,0 +1,145 @@
+"""The house's shape: which package may import which, read from the source.
+
+DESIGN.md §2: ``protocol`` imports no other package; ``store``, the session
+runtime (``actors``) and the conversation tree import only ``protocol``;
+nothing imports ``cli``; no package imports another package's private
+(``_``-prefixed) module; and no module imports itself back through others,
+not even under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: folder -> import name, as pyproject.toml's package-dir maps them
+PACKAGES = {
+    "protocol": "sessiontree.protocol",
+    "store": "sessiontree.store",
+    "actors": "sessiontree.actors",
+    "conversations": "sessiontree.conversations",
+    "supervision": "sessiontree.supervision",
+    "cli": "sessiontree.cli",
+}
+#: which other packages each may import (only through their public modules)
+ALLOWED = {
+    "protocol": set(),
+    "store": {"protocol"},
+    "actors": {"protocol"},
+    "conversations": {"protocol"},
+    "supervision": {"protocol", "store", "actors", "conversations"},
+    "cli": {"protocol", "store", "actors", "conversations", "supervision"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the five packages (and their subpackages) by import name."""
+    found: dict[str, Path] = {}
+    for folder, name in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([name, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(module: str, path: Path) -> Iterator[tuple[str, int]]:
+    """The sessiontree modules ``module`` imports (``from pkg import sub`` is
+    ``pkg.sub`` when ``sub`` is a module), with their line; every import
+    statement counts, under ``TYPE_CHECKING`` or in a function too."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("sessiontree."):
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if not base.startswith("sessiontree."):
+                continue
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                yield (candidate if candidate in MODULES else base), node.lineno
+
+
+def _package_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _is_private(module: str) -> bool:
+    return any(part.startswith("_") for part in module.split(".")[2:])
+
+
+def test_the_scan_sees_every_package() -> None:
+    for name in PACKAGES.values():
+        assert name in MODULES, f"{name} has no __init__.py"
+    assert len(MODULES) > 40
+
+
+@pytest.mark.parametrize("folder", sorted(PACKAGES))
+def test_a_package_imports_only_the_packages_below_it(folder: str) -> None:
+    wrong = [
+        f"{module}:{line} imports {target}"
+        for module, path in MODULES.items()
+        if _package_of(module) == folder
+        for target, line in _imports(module, path)
+        if _package_of(target) not in ALLOWED[folder] | {folder}
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    wrong = [
+        f"{module}:{line} imports {target}"
+        for module, path in MODULES.items()
+        for target, line in _imports(module, path)
+        if _package_of(target) != _package_of(module) and _is_private(target)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_nothing_imports_cli() -> None:
+    wrong = [
+        f"{module}:{line} imports {target}"
+        for module, path in MODULES.items()
+        if _package_of(module) != "cli"
+        for target, line in _imports(module, path)
+        if _package_of(target) == "cli"
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_imports_itself_back() -> None:
+    graph = {
+        module: {target for target, _ in _imports(module, path) if target in MODULES}
+        for module, path in MODULES.items()
+    }
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
