@@ -20,13 +20,8 @@ import pytest
 from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope
 
-from sessiontree.actors.runtime import (
-    BlockedHandler,
-    Dispatcher,
-    PooledActor,
-    _pooled,
-    stop_unstarted,
-)
+from sessiontree.actors import _pooled
+from sessiontree.actors.runtime import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
 
 WAIT = 5.0  # real seconds any bounded wait may take before the test fails
 
