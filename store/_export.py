@@ -65,7 +65,17 @@ from typing import IO, Any, NoReturn, TypeAlias
 import msgspec
 
 from sessiontree.protocol import CorruptRecordError, RejectedInputError, StoreError
+from sessiontree.store._batch import WriteBatch
 from sessiontree.store._env import DATABASES
+from sessiontree.store._keys import (
+    branch_key,
+    inbox_key,
+    main_key,
+    memory_key,
+    pair_key,
+    platform_key,
+    quarantine_key,
+)
 from sessiontree.store._records import (
     SCHEMA_VERSION,
     BranchRecord,
@@ -83,15 +93,6 @@ from sessiontree.store._records import (
     encode_record,
 )
 from sessiontree.store._store import Store
-from sessiontree.store._writer import (
-    WriteBatch,
-    branch_key,
-    inbox_key,
-    main_key,
-    memory_key,
-    pair_key,
-    platform_key,
-)
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "LINE_TYPES", "export_jsonl", "import_jsonl"]
 
@@ -293,7 +294,7 @@ def _inbox_key(line: InboxLine) -> bytes:
 
 
 def _quarantine_key(line: QuarantineLine) -> bytes:
-    return line.record.db.encode() + b"\x00" + line.record.key
+    return quarantine_key(line.record.db, line.record.key)
 
 
 def _parent_of(key: bytes) -> uuid.UUID:

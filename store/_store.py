@@ -23,6 +23,7 @@ from sessiontree.protocol import (
     SessionResult,
     StoreError,
 )
+from sessiontree.store._batch import WriteBatch
 from sessiontree.store._env import (
     DEFAULT_MAP_SIZE,
     DEFAULT_MAX_READERS,
@@ -30,6 +31,7 @@ from sessiontree.store._env import (
     open_env,
 )
 from sessiontree.store._io import StoreIO
+from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key
 from sessiontree.store._records import (
     BranchRecord,
     ConversationRecord,
@@ -44,14 +46,7 @@ from sessiontree.store._records import (
     SessionRecord,
     decode_record,
 )
-from sessiontree.store._writer import (
-    WriteBatch,
-    Writer,
-    main_key,
-    memory_key,
-    pair_key,
-    platform_key,
-)
+from sessiontree.store._writer import Writer
 
 __all__ = ["Store"]
 
