@@ -7,7 +7,8 @@ thread with group commit. Records are msgspec msgpack with a schema version.
 
 from sessiontree.store._batch import WriteBatch
 from sessiontree.store._env import DATABASES, DEFAULT_MAP_SIZE, DEFAULT_MAX_READERS
-from sessiontree.store._export import export_jsonl, import_jsonl
+from sessiontree.store._export import export_jsonl
+from sessiontree.store._import import import_jsonl
 from sessiontree.store._io import StoreIO
 from sessiontree.store._records import (
     SCHEMA_VERSION,
