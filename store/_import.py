@@ -202,7 +202,8 @@ def _check_meta(number: int, line: MetaLine) -> MetaRecord | None:
     if line.format != EXPORT_FORMAT:
         _reject(number, f"format {line.format!r}, not {EXPORT_FORMAT!r}", "format")
     if line.version != EXPORT_VERSION:
-        _reject(number, f"export format version {line.version}; this code reads 1", "version")
+        problem = f"export format version {line.version}; this code reads {EXPORT_VERSION}"
+        _reject(number, problem, "version")
     if not 1 <= line.schema <= SCHEMA_VERSION:
         _reject(
             number, f"schema version {line.schema}; this code reads 1..{SCHEMA_VERSION}", "schema"
