@@ -5,8 +5,10 @@ One ``Store`` per node directory; every write goes through its one writer
 thread with group commit. Records are msgspec msgpack with a schema version.
 """
 
+from sessiontree.store._batch import WriteBatch
 from sessiontree.store._env import DATABASES, DEFAULT_MAP_SIZE, DEFAULT_MAX_READERS
-from sessiontree.store._export import export_jsonl, import_jsonl
+from sessiontree.store._export import export_jsonl
+from sessiontree.store._import import import_jsonl
 from sessiontree.store._io import StoreIO
 from sessiontree.store._records import (
     SCHEMA_VERSION,
@@ -28,7 +30,6 @@ from sessiontree.store._records import (
 )
 from sessiontree.store._retention import prune
 from sessiontree.store._store import Store
-from sessiontree.store._writer import WriteBatch
 
 __all__ = [
     "DATABASES",

@@ -12,10 +12,10 @@ import os
 from typing import IO
 
 from sessiontree.protocol import CorruptRecordError
+from sessiontree.store._batch import WriteBatch
 from sessiontree.store._export import export_jsonl
 from sessiontree.store._records import SessionRecord
 from sessiontree.store._store import Store
-from sessiontree.store._writer import WriteBatch
 
 __all__ = ["ended_at", "prune"]
 

@@ -1,11 +1,18 @@
-"""``Store``: one LMDB environment per node — its writer thread and its reads."""
+"""``Store``: one LMDB environment per node — its writer thread and its reads.
+
+``Store`` is the one object the rest of the runtime holds. It opens the
+environment (``_env``), hands every write to its writer thread
+(``_writer``, batches built with ``_batch``) and answers reads through
+``Reads`` (``_reads``: short read transactions on the caller's thread, and
+the bookkeeping growing the map needs); the conversation reads that span
+several entries are in ``_conversation_reads``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
 import os
 import threading
 import time
@@ -23,6 +30,8 @@ from sessiontree.protocol import (
     SessionResult,
     StoreError,
 )
+from sessiontree.store._batch import WriteBatch
+from sessiontree.store._conversation_reads import conversation_read, walk
 from sessiontree.store._env import (
     DEFAULT_MAP_SIZE,
     DEFAULT_MAX_READERS,
@@ -30,9 +39,9 @@ from sessiontree.store._env import (
     open_env,
 )
 from sessiontree.store._io import StoreIO
+from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key
+from sessiontree.store._reads import Reads
 from sessiontree.store._records import (
-    BranchRecord,
-    ConversationRecord,
     InboxRecord,
     MemoryIdRecord,
     MemoryRecord,
@@ -42,24 +51,12 @@ from sessiontree.store._records import (
     QuarantineRecord,
     ReceivedRecord,
     SessionRecord,
-    decode_record,
 )
-from sessiontree.store._writer import (
-    WriteBatch,
-    Writer,
-    main_key,
-    memory_key,
-    pair_key,
-    platform_key,
-)
+from sessiontree.store._writer import Writer
 
 __all__ = ["Store"]
 
-log = logging.getLogger("sessiontree.store")
-
 R = TypeVar("R", bound=msgspec.Struct)
-
-_SCAN_CHUNK = 1024  # records per read transaction when scanning: no long readers
 
 
 class Store:
@@ -98,13 +95,9 @@ class Store:
         self.path = self._opened.path
         self.readonly = readonly
         self.sync = sync
-        self.long_read_warn = long_read_warn
         self.quarantined = 0
-        self.long_reads = 0
-        self._readers: dict[int, float] = {}
-        self._reader_lock = threading.Condition()
-        self._growing = False
         self._closed = False
+        self._reads = Reads(self._opened, self._check_usable, long_read_warn)
         self._writer: Writer | None = None
         try:
             if not readonly:
@@ -115,7 +108,7 @@ class Store:
                     "sessiontree-store-writer",
                     group_commit=group_commit,
                 )
-                self._writer.on_commit = self._check_readers
+                self._writer.on_commit = self._reads.check_long_reads
                 self.meta: MetaRecord | None = self._meta_or_create()
             else:
                 self.meta = self._read_meta()
@@ -148,8 +141,7 @@ class Store:
         if self._writer is not None:
             self._writer.close()
         self._closed = True
-        with self._reader_lock:
-            self._reader_lock.wait_for(lambda: not self._readers, timeout=30.0)
+        self._reads.wait_ended(timeout=30.0)
         close_env(self._opened)
 
     def __enter__(self) -> Store:
@@ -162,6 +154,20 @@ class Store:
     def stale_readers_cleared(self) -> int:
         """Reader slots of dead processes that ``reader_check()`` freed on open."""
         return self._opened.stale_readers
+
+    @property
+    def long_read_warn(self) -> float:
+        """Seconds a read transaction may stay open before commits count it as long."""
+        return self._reads.long_read_warn
+
+    @long_read_warn.setter
+    def long_read_warn(self, seconds: float) -> None:
+        self._reads.long_read_warn = seconds
+
+    @property
+    def long_reads(self) -> int:
+        """Commits that found a read transaction open longer than ``long_read_warn``."""
+        return self._reads.long_reads
 
     @property
     def writer_thread(self) -> threading.Thread | None:
@@ -229,226 +235,106 @@ class Store:
         if map_size <= self._opened.env.info()["map_size"]:
             msg = f"map_size {map_size} is not larger than the current map"
             raise ValueError(msg)
-
-        def resize() -> None:
-            with self._reader_lock:
-                self._growing = True
-                try:
-                    self._reader_lock.wait_for(lambda: not self._readers)
-                    self._opened.env.set_mapsize(map_size)
-                finally:
-                    self._growing = False
-                    self._reader_lock.notify_all()
-
-        self._writer.run_alone(resize).result(timeout)
+        self._writer.run_alone(lambda: self._reads.resize_map(map_size)).result(timeout)
 
     # -- reading ----------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _read(self) -> Iterator[lmdb.Transaction]:
-        self._check_usable()
-        with self._reader_lock:
-            self._reader_lock.wait_for(lambda: not self._growing)
-            token = object()
-            self._readers[id(token)] = time.monotonic()
-        try:
-            txn = self._begin_read(id(token))
-            try:
-                yield txn
-            finally:
-                txn.abort()
-        finally:
-            with self._reader_lock:
-                del self._readers[id(token)]
-                self._reader_lock.notify_all()
-
-    def _begin_read(self, key: int) -> lmdb.Transaction:
-        try:
-            return self._opened.env.begin(buffers=False)
-        except lmdb.MapResizedError:
-            # Another process (the writer) grew the map past ours: adopt its size.
-            self._adopt_map_size(key)
-            return self._opened.env.begin(buffers=False)
-        except lmdb.ReadersFullError as exc:
-            msg = (
-                f"store {self.path}: every reader slot is taken (max_readers "
-                f"{self._opened.env.info()['max_readers']}); open it with a larger max_readers"
-            )
-            raise StoreError(msg) from exc
-
-    def _adopt_map_size(self, key: int) -> None:
-        """``set_mapsize(0)`` (take the size the writer set) once no read of
-        this process is open; the caller's read ``key`` steps aside meanwhile."""
-        with self._reader_lock:
-            since = self._readers.pop(key)
-            try:
-                if self._growing:  # another read is adopting it: wait for that
-                    self._reader_lock.wait_for(lambda: not self._growing)
-                    return
-                self._growing = True
-                try:
-                    if not self._reader_lock.wait_for(lambda: not self._readers, timeout=30.0):
-                        msg = f"store {self.path} grew, and reads stayed open too long to follow"
-                        raise StoreError(msg)
-                    self._opened.env.set_mapsize(0)
-                finally:
-                    self._growing = False
-                    self._reader_lock.notify_all()
-            finally:
-                self._readers[key] = since
-
-    def _check_readers(self) -> None:
-        """After a commit: count read transactions open longer than
-        ``long_read_warn`` (they pin old pages, so the file grows)."""
-        if not self._readers:
-            return
-        oldest = min(self._readers.values(), default=None)
-        if oldest is not None and time.monotonic() - oldest > self.long_read_warn:
-            self.long_reads += 1
-            if self.long_reads == 1 or self.long_reads % 1000 == 0:
-                log.warning(
-                    "a read transaction on %s has been open for %.0f s; the file grows "
-                    "while it holds old pages",
-                    self.path,
-                    time.monotonic() - oldest,
-                )
+    def _read(self) -> contextlib.AbstractContextManager[lmdb.Transaction]:
+        """One read transaction (``Reads.transaction``; tests hold reads open with it)."""
+        return self._reads.transaction()
 
     def oldest_read_s(self) -> float:
         """Age of the oldest read transaction this process has open (0 when none)."""
-        with self._reader_lock:
-            if not self._readers:
-                return 0.0
-            return time.monotonic() - min(self._readers.values())
-
-    def _db(self, name: str) -> Any:
-        return self._opened.dbs.get(name)
-
-    def _get(self, kind: type[R], db: str, key: bytes) -> R | None:
-        handle = self._db(db)
-        if handle is None:
-            return None
-        with self._read() as txn:
-            raw = txn.get(key, db=handle)
-        if raw is None:
-            return None
-        return decode_record(kind, bytes(raw), db=db, key=key)
+        return self._reads.oldest_s()
 
     def scan(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         """Every (key, raw value) of ``db`` under ``prefix``, in key order, read in
-        short transactions of ``_SCAN_CHUNK`` records (so a long scan never pins
-        old pages while the writer works)."""
-        handle = self._db(db)
-        if handle is None:
-            return
-        start = prefix
-        first = True
-        while True:
-            chunk: list[tuple[bytes, bytes]] = []
-            with self._read() as txn, txn.cursor(db=handle) as cursor:
-                found = cursor.set_range(start)
-                if found and not first and cursor.key() == start:
-                    found = cursor.next()
-                while found and len(chunk) < _SCAN_CHUNK:
-                    key = bytes(cursor.key())
-                    if not key.startswith(prefix):
-                        break
-                    chunk.append((key, bytes(cursor.value())))
-                    found = cursor.next()
-            yield from chunk
-            if len(chunk) < _SCAN_CHUNK:
-                return
-            start, first = chunk[-1][0], False
+        short transactions (so a long scan never pins old pages while the writer
+        works)."""
+        return self._reads.scan(db, prefix)
 
     def decoded(
         self, kind: type[R], db: str, prefix: bytes = b""
     ) -> Iterator[R | CorruptRecordError]:
         """``scan`` decoded: each record, or the ``CorruptRecordError`` naming a bad one."""
-        for key, raw in self.scan(db, prefix):
-            try:
-                yield decode_record(kind, raw, db=db, key=key)
-            except CorruptRecordError as exc:
-                yield exc
+        return self._reads.decoded(kind, db, prefix)
+
+    def count(self, db: str) -> int:
+        """Entries in ``db``."""
+        return self._reads.count(db)
 
     def session(self, session_id: uuid.UUID) -> SessionRecord | None:
         """The stored record of a session, or None; ``CorruptRecordError`` if unreadable."""
-        return self._get(SessionRecord, "sessions", session_id.bytes)
+        return self._reads.get(SessionRecord, "sessions", session_id.bytes)
 
     def sessions(self) -> Iterator[SessionRecord | CorruptRecordError]:
         """Every session record (bad ones as ``CorruptRecordError``)."""
-        return self.decoded(SessionRecord, "sessions")
+        return self._reads.decoded(SessionRecord, "sessions")
 
     def children(self, parent_id: uuid.UUID) -> list[uuid.UUID]:
         """The children the tree index holds for ``parent_id``, in id order."""
-        return [uuid.UUID(bytes=key[16:]) for key, _ in self.scan("children", parent_id.bytes)]
+        return [
+            uuid.UUID(bytes=key[16:]) for key, _ in self._reads.scan("children", parent_id.bytes)
+        ]
 
     def main_of(self, agent_id: str, key: str) -> uuid.UUID | None:
         """The Main recorded for (agent, session key), or None."""
-        handle = self._db("mains")
-        if handle is None:
-            return None
-        with self._read() as txn:
-            raw = txn.get(main_key(agent_id, key), db=handle)
-        return None if raw is None else uuid.UUID(bytes=bytes(raw))
+        raw = self._reads.get_raw("mains", main_key(agent_id, key))
+        return None if raw is None else uuid.UUID(bytes=raw)
 
     def outbox(self) -> Iterator[OutboxRecord | CorruptRecordError]:
         """Every result still owed to a parent."""
-        return self.decoded(OutboxRecord, "outbox")
+        return self._reads.decoded(OutboxRecord, "outbox")
 
     def received(self, parent_id: uuid.UUID) -> list[SessionResult]:
         """Results filed on ``parent_id``'s record (unreadable ones skipped and logged)."""
-        results = []
-        for item in self.decoded(ReceivedRecord, "received", parent_id.bytes):
-            if isinstance(item, CorruptRecordError):
-                log.error("%s", item)
-                continue
-            results.append(item.result)
-        return results
+        filed = self._reads.readable(ReceivedRecord, "received", parent_id.bytes)
+        return [record.result for record in filed]
 
     def inbox(self, session_id: uuid.UUID) -> list[InboxRecord]:
-        """A Main's acknowledged inbound messages not yet run, in order."""
-        records = []
-        for item in self.decoded(InboxRecord, "inbox", session_id.bytes):
-            if isinstance(item, CorruptRecordError):
-                log.error("%s", item)
-                continue
-            records.append(item)
-        return records
+        """A Main's acknowledged inbound messages not yet run, in order (unreadable
+        ones skipped and logged)."""
+        return list(self._reads.readable(InboxRecord, "inbox", session_id.bytes))
+
+    def memory(self, agent_id: str, key: str) -> MemoryRecord | None:
+        """The latest shared-memory write of ``agent_id`` under ``key``."""
+        return self._reads.get(MemoryRecord, "memory", memory_key(agent_id, key))
+
+    def memory_by_id(self, memory_id: str) -> MemoryRecord | None:
+        """The write a memory id names, or None (unknown, or overwritten since)."""
+        where = self._reads.get(MemoryIdRecord, "memory_ids", memory_id.encode())
+        if where is None:
+            return None
+        record = self.memory(where.agent_id, where.key)
+        if record is None or record.memory_id != memory_id:
+            return None
+        return record
+
+    def quarantine_list(self) -> list[QuarantineRecord]:
+        """Values recovery set aside (unreadable ones left out)."""
+        return [
+            item
+            for item in self._reads.decoded(QuarantineRecord, "quarantine")
+            if not isinstance(item, CorruptRecordError)
+        ]
 
     # -- conversations -------------------------------------------------------------------
 
     def conversation(self, session_id: uuid.UUID) -> ConversationState | None:
         """A session's conversation bookkeeping with its branches (in number order),
         or None; ``CorruptRecordError`` if it or one of its branches is unreadable."""
-        return self.conversation_read(session_id)[0]
+        return conversation_read(self._reads, session_id)[0]
 
     def conversation_read(
         self, session_id: uuid.UUID
     ) -> tuple[ConversationState | None, bytes | None]:
         """``conversation`` and the stored bytes of its bookkeeping record, read in
         one transaction (the bytes are what the next write may ``expect``)."""
-        header_db, branch_db = self._db("conversations"), self._db("branches")
-        if header_db is None or branch_db is None:
-            return None, None
-        key = session_id.bytes
-        with self._read() as txn:
-            raw = txn.get(key, db=header_db)
-            if raw is None:
-                return None, None
-            raws = []
-            with txn.cursor(db=branch_db) as cursor:
-                found = cursor.set_range(key)
-                while found and bytes(cursor.key()).startswith(key):
-                    raws.append((bytes(cursor.key()), bytes(cursor.value())))
-                    found = cursor.next()
-        header = decode_record(ConversationRecord, bytes(raw), db="conversations", key=key)
-        branches = [
-            decode_record(BranchRecord, value, db="branches", key=k).branch for k, value in raws
-        ]
-        return msgspec.structs.replace(header.state, branches=branches), bytes(raw)
+        return conversation_read(self._reads, session_id)
 
     def message(self, session_id: uuid.UUID, message_id: uuid.UUID) -> Message | None:
         """One conversation message, or None; ``CorruptRecordError`` if unreadable."""
-        record = self._get(MessageRecord, "messages", pair_key(session_id, message_id))
+        record = self._reads.get(MessageRecord, "messages", pair_key(session_id, message_id))
         return None if record is None else record.message
 
     def walk(
@@ -458,81 +344,26 @@ class Store:
         limit: int,
         branch_id: str | None = None,
     ) -> list[Message]:
-        """From message ``start`` towards the root through parent ids, newest
-        first, at most ``limit``, in one short read transaction (with
-        ``branch_id``: stop at the first message not on that branch). A message
-        that is missing ends the walk; one that does not decode raises
-        ``CorruptRecordError``."""
-        out: list[Message] = []
-        handle = self._db("messages")
-        if handle is None or start is None or limit <= 0:
-            return out
-        current: uuid.UUID | None = start
-        with self._read() as txn:
-            while current is not None and len(out) < limit:
-                key = session_id.bytes + current.bytes
-                raw = txn.get(key, db=handle)
-                if raw is None:
-                    break
-                message = decode_record(MessageRecord, bytes(raw), db="messages", key=key).message
-                if branch_id is not None and message.branch_id != branch_id:
-                    break
-                out.append(message)
-                current = message.parent_id
-        return out
+        """From message ``start`` towards the root, newest first, at most ``limit``
+        (with ``branch_id``: only while on that branch), in one read transaction;
+        ``CorruptRecordError`` for a message that does not decode."""
+        return walk(self._reads, session_id, start, limit, branch_id)
 
     def messages(self, session_id: uuid.UUID) -> Iterator[Message]:
         """Every message of a session's conversation, in id order (unreadable ones
         skipped and logged)."""
-        for item in self.decoded(MessageRecord, "messages", session_id.bytes):
-            if isinstance(item, CorruptRecordError):
-                log.error("%s", item)
-                continue
-            yield item.message
+        for record in self._reads.readable(MessageRecord, "messages", session_id.bytes):
+            yield record.message
 
     def platform_message(self, session_id: uuid.UUID, platform_id: str) -> uuid.UUID | None:
         """Our message id for a chat platform's message id in a session, or None."""
-        handle = self._db("platform_ids")
-        if handle is None:
-            return None
-        with self._read() as txn:
-            raw = txn.get(platform_key(session_id, platform_id), db=handle)
-        return None if raw is None or len(raw) != 16 else uuid.UUID(bytes=bytes(raw))
-
-    def memory(self, agent_id: str, key: str) -> MemoryRecord | None:
-        """The latest shared-memory write of ``agent_id`` under ``key``."""
-        return self._get(MemoryRecord, "memory", memory_key(agent_id, key))
-
-    def memory_by_id(self, memory_id: str) -> MemoryRecord | None:
-        """The write a memory id names, or None (unknown, or overwritten since)."""
-        where = self._get(MemoryIdRecord, "memory_ids", memory_id.encode())
-        if where is None:
-            return None
-        record = self.memory(where.agent_id, where.key)
-        if record is None or record.memory_id != memory_id:
-            return None
-        return record
-
-    def quarantine_list(self) -> list[QuarantineRecord]:
-        """Values recovery set aside."""
-        return [
-            item
-            for item in self.decoded(QuarantineRecord, "quarantine")
-            if not isinstance(item, CorruptRecordError)
-        ]
-
-    def count(self, db: str) -> int:
-        """Entries in ``db``."""
-        handle = self._db(db)
-        if handle is None:
-            return 0
-        with self._read() as txn:
-            return int(txn.stat(handle)["entries"])
+        raw = self._reads.get_raw("platform_ids", platform_key(session_id, platform_id))
+        return None if raw is None or len(raw) != 16 else uuid.UUID(bytes=raw)
 
     # -- identity and figures ------------------------------------------------------------
 
     def _read_meta(self) -> MetaRecord | None:
-        return self._get(MetaRecord, "meta", b"meta")
+        return self._reads.get(MetaRecord, "meta", b"meta")
 
     def _meta_or_create(self) -> MetaRecord:
         meta = self._read_meta()
@@ -557,7 +388,7 @@ class Store:
             "max_readers": info["max_readers"],
             "stale_readers_cleared": self._opened.stale_readers,
             "oldest_read_s": self.oldest_read_s(),
-            "long_reads": self.long_reads,
+            "long_reads": self._reads.long_reads,
             "quarantined": self.quarantined,
         }
         if self._writer is not None:

@@ -1,0 +1,255 @@
+"""``WriteBatch``: the writes that commit together, built on the caller's thread.
+
+A batch is a list of operations on named databases (put, delete,
+delete-if-unchanged, delete-by-prefix, and ``expect`` preconditions), with
+each record encoded as it is added, so the writer thread (``_writer``) only
+copies bytes into its transaction. Building a batch never touches LMDB: a
+value msgpack cannot hold raises ``RejectedInputError`` at once, before
+anything is queued, and leaves the batch as it was.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+
+from sessiontree.protocol import (
+    Branch,
+    ConversationState,
+    Message,
+    RejectedInputError,
+    SessionResult,
+)
+from sessiontree.store._keys import (
+    branch_key,
+    inbox_key,
+    main_key,
+    memory_key,
+    pair_key,
+    platform_key,
+    quarantine_key,
+)
+from sessiontree.store._records import (
+    BranchRecord,
+    ConversationRecord,
+    InboxRecord,
+    MemoryIdRecord,
+    MemoryRecord,
+    MessageRecord,
+    OutboxRecord,
+    QuarantineRecord,
+    ReceivedRecord,
+    SessionRecord,
+    encode_record,
+)
+
+__all__ = ["Op", "WriteBatch"]
+
+# (put | delete | delete_if | delete_prefix | expect | expect_absent, db, key, value)
+Op = tuple[str, str, bytes, bytes]
+
+
+def _encoded(record: msgspec.Struct) -> bytes:
+    """``record``'s stored bytes; ``RejectedInputError`` naming its type if msgpack
+    cannot hold a value in it."""
+    try:
+        return encode_record(record)
+    except (TypeError, msgspec.EncodeError) as exc:
+        msg = f"cannot store a {type(record).__name__}: {exc}"
+        raise RejectedInputError(msg, field="value") from exc
+
+
+@dataclass
+class WriteBatch:
+    """Writes that commit together or not at all. Values are encoded as they
+    are added (on the caller's thread); a value msgpack cannot hold raises
+    ``RejectedInputError`` there, before anything is queued."""
+
+    ops: list[Op] = field(default_factory=list)
+    size: int = 0
+
+    def _put(self, db: str, key: bytes, record: msgspec.Struct) -> None:
+        value = _encoded(record)
+        self.ops.append(("put", db, key, value))
+        self.size += len(key) + len(value)
+
+    def expect(self, db: str, key: bytes, value: bytes | None) -> WriteBatch:
+        """Commit this batch only if ``key`` holds ``value`` (None: is absent) when
+        the writer reaches it; otherwise the batch fails, alone, with ``StoreError``
+        (a write built on an earlier write that failed must not land)."""
+        if value is None:
+            self.ops.append(("expect_absent", db, key, b""))
+        else:
+            self.ops.append(("expect", db, key, value))
+        return self
+
+    def _delete(self, db: str, key: bytes, *, prefix: bool = False) -> None:
+        self.ops.append(("delete_prefix" if prefix else "delete", db, key, b""))
+
+    def __bool__(self) -> bool:
+        return bool(self.ops)
+
+    def extend(self, other: WriteBatch) -> WriteBatch:
+        """Add ``other``'s writes after these (they then commit together)."""
+        self.ops.extend(other.ops)
+        self.size += other.size
+        return self
+
+    # -- sessions and the tree ------------------------------------------------
+
+    def session(self, record: SessionRecord) -> WriteBatch:
+        """Write (or overwrite) a session's record."""
+        self._put("sessions", record.info.session_id.bytes, record)
+        return self
+
+    def link(self, parent_id: uuid.UUID, child_id: uuid.UUID) -> WriteBatch:
+        """Add ``child_id`` under ``parent_id`` in the tree index."""
+        self.ops.append(("put", "children", pair_key(parent_id, child_id), b""))
+        return self
+
+    def main(self, agent_id: str, key: str, session_id: uuid.UUID) -> WriteBatch:
+        """Point (agent, session key) at its Main."""
+        self.ops.append(("put", "mains", main_key(agent_id, key), session_id.bytes))
+        return self
+
+    def forget_main(self, agent_id: str, key: str, session_id: uuid.UUID) -> WriteBatch:
+        """Drop (agent, session key) -> Main, unless by commit time it names another
+        Main (a newer one took the key meanwhile)."""
+        self.ops.append(("delete_if", "mains", main_key(agent_id, key), session_id.bytes))
+        return self
+
+    def forget_session(self, session_id: uuid.UUID) -> WriteBatch:
+        """Delete a session's record, its links to children and its filed results."""
+        self._delete("sessions", session_id.bytes)
+        self._delete("children", session_id.bytes, prefix=True)
+        self._delete("received", session_id.bytes, prefix=True)
+        self._delete("inbox", session_id.bytes, prefix=True)
+        self._delete("conversations", session_id.bytes)
+        self._delete("branches", session_id.bytes, prefix=True)
+        self._delete("messages", session_id.bytes, prefix=True)
+        self._delete("platform_ids", session_id.bytes, prefix=True)
+        return self
+
+    def unlink(self, parent_id: uuid.UUID, child_id: uuid.UUID) -> WriteBatch:
+        self._delete("children", pair_key(parent_id, child_id))
+        return self
+
+    def ended(
+        self, record: SessionRecord, parent_id: uuid.UUID, *, parent_ended: bool
+    ) -> WriteBatch:
+        """A terminal session's record (``session``) and the result it owes its
+        parent: filed on the parent's record if ``parent_ended`` (``file``), else
+        in the outbox (``owe``). Both are encoded before either is added, so
+        ``RejectedInputError`` leaves the batch as it was. (One call for the
+        writes of most endings: a cascade makes tens of thousands.)"""
+        result = record.result
+        if result is None:
+            msg = f"session {record.info.session_id}: an ending's record carries its result"
+            raise RejectedInputError(msg, field="result")
+        child = record.info.session_id.bytes
+        value = _encoded(record)
+        if parent_ended:
+            db, key = "received", parent_id.bytes + child
+            owed = _encoded(ReceivedRecord(result=result))
+        else:
+            db, key = "outbox", child
+            owed = _encoded(OutboxRecord(parent_id=parent_id, result=result))
+        ops = self.ops
+        ops.append(("put", "sessions", child, value))
+        ops.append(("put", db, key, owed))
+        self.size += len(child) + len(value) + len(key) + len(owed)
+        return self
+
+    # -- results ------------------------------------------------------------------
+
+    def owe(self, parent_id: uuid.UUID, result: SessionResult) -> WriteBatch:
+        """Put a result owed to ``parent_id`` in the outbox."""
+        self._put(
+            "outbox", result.session_id.bytes, OutboxRecord(parent_id=parent_id, result=result)
+        )
+        return self
+
+    def receipt(self, child_id: uuid.UUID) -> WriteBatch:
+        """The parent has recorded the child's result: drop it from the outbox."""
+        self._delete("outbox", child_id.bytes)
+        return self
+
+    def file(self, parent_id: uuid.UUID, result: SessionResult) -> WriteBatch:
+        """File a child's result on its parent's record."""
+        self._put("received", pair_key(parent_id, result.session_id), ReceivedRecord(result=result))
+        return self
+
+    # -- a Main's inbound messages ---------------------------------------------
+
+    def inbox(self, record: InboxRecord) -> WriteBatch:
+        self._put("inbox", inbox_key(record.session_id, record.seq), record)
+        return self
+
+    def consumed(self, session_id: uuid.UUID, seq: int) -> WriteBatch:
+        self._delete("inbox", inbox_key(session_id, seq))
+        return self
+
+    def clear_inbox(self, session_id: uuid.UUID) -> WriteBatch:
+        self._delete("inbox", session_id.bytes, prefix=True)
+        return self
+
+    # -- conversations ---------------------------------------------------------------
+
+    def conversation(self, state: ConversationState) -> WriteBatch:
+        """Write a conversation's bookkeeping (its branches go separately: ``branch``)."""
+        header = msgspec.structs.replace(state, branches=[])
+        self._put("conversations", state.session_id.bytes, ConversationRecord(state=header))
+        return self
+
+    def branch(self, session_id: uuid.UUID, branch: Branch) -> WriteBatch:
+        """Write one branch of a conversation."""
+        record = BranchRecord(session_id=session_id, branch=branch)
+        self._put("branches", branch_key(session_id, branch.number), record)
+        return self
+
+    def drop_branch(self, session_id: uuid.UUID, number: int) -> WriteBatch:
+        """Delete one branch of a conversation (its messages go with ``drop_message``)."""
+        self._delete("branches", branch_key(session_id, number))
+        return self
+
+    def message(self, session_id: uuid.UUID, message: Message) -> WriteBatch:
+        """Write (or overwrite) one conversation message, and its platform id's entry."""
+        record = MessageRecord(session_id=session_id, message=message)
+        self._put("messages", pair_key(session_id, message.id), record)
+        if message.platform_id is not None:
+            key = platform_key(session_id, message.platform_id)
+            self.ops.append(("put", "platform_ids", key, message.id.bytes))
+        return self
+
+    def drop_message(self, session_id: uuid.UUID, message: Message) -> WriteBatch:
+        """Delete one conversation message, and its platform id's entry if it still names it."""
+        self._delete("messages", pair_key(session_id, message.id))
+        if message.platform_id is not None:
+            key = platform_key(session_id, message.platform_id)
+            self.ops.append(("delete_if", "platform_ids", key, message.id.bytes))
+        return self
+
+    # -- shared memory, quarantine, raw ---------------------------------------------
+
+    def memory(self, record: MemoryRecord) -> WriteBatch:
+        self._put("memory", memory_key(record.agent_id, record.key), record)
+        self._put(
+            "memory_ids",
+            record.memory_id.encode(),
+            MemoryIdRecord(agent_id=record.agent_id, key=record.key),
+        )
+        return self
+
+    def quarantine(self, record: QuarantineRecord) -> WriteBatch:
+        """Move an unreadable value aside (and delete it where it was)."""
+        self._put("quarantine", quarantine_key(record.db, record.key), record)
+        self._delete(record.db, record.key)
+        return self
+
+    def raw(self, db: str, key: bytes, value: bytes) -> WriteBatch:
+        """Put bytes as they are (import, tests); the caller vouches for them."""
+        self.ops.append(("put", db, key, value))
+        self.size += len(key) + len(value)
+        return self
