@@ -70,17 +70,17 @@ from sessiontree.supervision._chat import chat_command, is_command
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
-from sessiontree.supervision._entry import SpawnAnswer
-from sessiontree.supervision._events import Event, EventBus
-from sessiontree.supervision._gc import release_gc, tune_gc
-from sessiontree.supervision._housekeeping import Housekeeper
-from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
-from sessiontree.supervision._patterns import (
+from sessiontree.supervision._drivers import (
     NodeDriver,
     drive_async,
     drive_node_async,
     drive_sync,
 )
+from sessiontree.supervision._entry import SpawnAnswer
+from sessiontree.supervision._events import Event, EventBus
+from sessiontree.supervision._gc import release_gc, tune_gc
+from sessiontree.supervision._housekeeping import Housekeeper
+from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
 from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._recovery import recover
 from sessiontree.supervision._reports import (

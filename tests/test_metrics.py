@@ -339,8 +339,8 @@ def test_the_series_are_the_same_before_and_after_ten_thousand_sessions(
     assert value(metrics, "sessiontree_session_duration_seconds_count", kind="worker") == 10_000
     assert value(metrics, "sessiontree_sessions", kind="worker", state="active") == 0.0
     assert value(metrics, "sessiontree_sessions", kind="branch", state="active") == 1.0
-    assert metrics._live.keys() == {holder.session_id, node.main("agent").session_id}
-    assert not metrics._ended_at
+    assert metrics._tracker.live.keys() == {holder.session_id, node.main("agent").session_id}
+    assert not metrics._tracker.ended_at
     assert elapsed < 60.0, f"10,000 sessions took {elapsed:.1f} s"
 
 
@@ -649,7 +649,7 @@ def test_close_stops_observing_frees_the_names_and_is_idempotent(
     again = NodeMetrics(node, registry)  # the names are free again
     try:
         assert value(again, "sessiontree_sessions", kind="main", state="active") == 1.0
-        assert main.session_id in again._live
+        assert main.session_id in again._tracker.live
     finally:
         again.close()
 

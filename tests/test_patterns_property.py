@@ -30,14 +30,8 @@ from sessiontree.protocol import (
     SessionState,
 )
 from sessiontree.supervision import Retry
-from sessiontree.supervision._patterns import (
-    _Cancel,
-    _Now,
-    _Sleep,
-    _Spawn,
-    _WaitAny,
-    fan_out,
-)
+from sessiontree.supervision._engine import _Cancel, _Now, _Sleep, _Spawn, _WaitAny
+from sessiontree.supervision._patterns import fan_out
 from sessiontree.supervision._retry import Restarts
 
 PARENT = uuid.UUID(int=1)

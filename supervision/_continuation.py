@@ -1,0 +1,60 @@
+"""Continuation tokens: a finished run named by what ran and what it concluded.
+
+The Fresh-Session ADR says continuing a sub-agent's work passes an explicit
+token and explicit context, never the old session itself. A token is a
+versioned msgpack body in URL-safe base64: the run's session id, its kind,
+skill and task, and its result's summary. ``continue_run`` (in
+``_patterns``) starts a fresh session from one; every completed task of a
+pattern carries one in its ``ChildReport``.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+import msgspec
+
+from sessiontree.protocol import (
+    MAX_TASK_CHARS,
+    RejectedInputError,
+    SessionKind,
+    SessionResult,
+    SpawnSpec,
+)
+
+__all__ = ["continuation_token", "parse_continuation"]
+
+
+class _Continuation(msgspec.Struct, frozen=True):
+    """The body of a continuation token (version ``v`` 1)."""
+
+    v: int
+    session_id: uuid.UUID
+    kind: SessionKind
+    skill: str | None
+    task: str
+    summary: str
+
+
+def continuation_token(spec: SpawnSpec, result: SessionResult) -> str:
+    """A token naming a finished run: what ran (kind, skill, task) and what it said.
+    Never raises for a valid spec and result."""
+    body = _Continuation(1, result.session_id, spec.kind, spec.skill, spec.task, result.summary)
+    return base64.urlsafe_b64encode(msgspec.msgpack.encode(body)).decode()
+
+
+def parse_continuation(token: object) -> _Continuation:
+    """Decode a continuation token; ``RejectedInputError`` (field ``token``) if it is
+    not a string, is too long, does not decode, or has an unknown version."""
+    if not isinstance(token, str) or len(token) > 4 * MAX_TASK_CHARS:
+        raise RejectedInputError("token must be a continuation token string", field="token")
+    try:
+        raw = base64.urlsafe_b64decode(token.encode())
+        body = msgspec.msgpack.decode(raw, type=_Continuation)
+    except (ValueError, msgspec.DecodeError) as exc:
+        msg = f"token is not a continuation token: {exc}"
+        raise RejectedInputError(msg, field="token") from None
+    if body.v != 1:
+        raise RejectedInputError(f"continuation token version {body.v} is unknown", field="token")
+    return body

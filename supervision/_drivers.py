@@ -1,0 +1,222 @@
+"""The drivers that run a pattern: for a sync ``Session``, an ``AsyncSession``,
+or a ``Node`` acting for a parent session from outside the tree.
+
+A driver starts a pattern by name (``PATTERNS``), then answers each command
+the engine yields (``_engine``) with the matching call: spawn, wait for the
+first of some children, sleep on the clock, cancel a child, read the clock.
+The pattern's ``Gathered`` is what the driver returns.
+
+On failure: an unknown pattern name or an option the pattern does not take
+raises ``RejectedInputError`` (field ``pattern`` or ``options``) before
+anything is spawned; a pattern's own ``RejectedInputError`` and
+``EscalationError`` propagate from the driver to its caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from sessiontree.protocol import Gathered, RejectedInputError, SessionResult
+from sessiontree.supervision._engine import (
+    Command,
+    Engine,
+    _Cancel,
+    _Now,
+    _Sleep,
+    _Spawn,
+    _WaitAny,
+)
+from sessiontree.supervision._patterns import PATTERNS
+from sessiontree.supervision._retry import Restarts
+
+if TYPE_CHECKING:
+    from sessiontree.actors import AsyncSession, Session
+
+__all__ = ["NodeDriver", "drive_async", "drive_node_async", "drive_sync"]
+
+
+def _start(
+    name: str, parent: uuid.UUID, restarts: Restarts, args: tuple[Any, ...], options: dict[str, Any]
+) -> Engine:
+    """The pattern ``name`` started for ``parent``; ``RejectedInputError`` (field
+    ``pattern``) for an unknown name, (field ``options``) for an option it does not take."""
+    pattern = PATTERNS.get(name)
+    if pattern is None:
+        msg = f"no pattern {name!r}"
+        raise RejectedInputError(msg, field="pattern")
+    try:
+        return pattern(parent, restarts, *args, **options)
+    except TypeError as exc:  # an unknown option
+        raise RejectedInputError(f"{name}: {exc}", field="options") from None
+
+
+def drive_sync(
+    session: Session, restarts: Restarts, name: str, args: tuple[Any, ...], options: dict[str, Any]
+) -> Gathered:
+    """Run a pattern for a sync skill's ``Session`` (its thread waits). Raises what
+    ``_start`` and the pattern raise (``RejectedInputError``, ``EscalationError``)."""
+    engine = _start(name, session.session_id, restarts, args, options)
+    answer: Any = None
+    try:
+        while True:
+            command = engine.send(answer)
+            match command:
+                case _Spawn(spec=spec):
+                    answer = session.spawn(spec)
+                case _WaitAny(children=children, timeout=timeout):
+                    got = session.next_result(children, timeout)
+                    answer = None if got is None else (got.session_id, got.result)
+                case _Sleep(seconds=seconds):
+                    session.sleep(seconds)
+                    answer = None
+                case _Cancel(child=child):
+                    answer = session.cancel_child(child)
+                case _Now():
+                    answer = session.clock.monotonic()
+    except StopIteration as stop:
+        gathered: Gathered = stop.value
+        return gathered
+
+
+async def drive_async(
+    session: AsyncSession,
+    restarts: Restarts,
+    name: str,
+    args: tuple[Any, ...],
+    options: dict[str, Any],
+) -> Gathered:
+    """Run a pattern for an async skill's ``AsyncSession`` (no thread held). Raises
+    what ``_start`` and the pattern raise (``RejectedInputError``, ``EscalationError``)."""
+    engine = _start(name, session.session_id, restarts, args, options)
+    answer: Any = None
+    try:
+        while True:
+            command = engine.send(answer)
+            match command:
+                case _Spawn(spec=spec):
+                    answer = await session.spawn(spec)
+                case _WaitAny(children=children, timeout=timeout):
+                    got = await session.next_result(children, timeout)
+                    answer = None if got is None else (got.session_id, got.result)
+                case _Sleep(seconds=seconds):
+                    await session.sleep(seconds)
+                    answer = None
+                case _Cancel(child=child):
+                    answer = await session.cancel_child(child)
+                case _Now():
+                    answer = session.clock.monotonic()
+    except StopIteration as stop:
+        gathered: Gathered = stop.value
+        return gathered
+
+
+class NodeDriver:
+    """Runs a pattern from outside the tree, for a parent session, on a ``Node``.
+
+    Children end as events; the driver keeps its own queue of the ones it
+    spawned, so waiting for the first of them costs no polling. Sleeps and
+    timeouts run on the node's clock.
+    """
+
+    def __init__(self, node: Any, parent: uuid.UUID) -> None:
+        self.node = node
+        self.parent = parent
+        self._ended: queue.SimpleQueue[uuid.UUID | None] = queue.SimpleQueue()
+        self._mine: set[uuid.UUID] = set()
+        self._results: dict[uuid.UUID, SessionResult] = {}
+
+    def run(
+        self, restarts: Restarts, name: str, args: tuple[Any, ...], options: dict[str, Any]
+    ) -> Gathered:
+        engine = _start(name, self.parent, restarts, args, options)
+        unsubscribe = self.node.subscribe(self._observe)
+        answer: Any = None
+        try:
+            while True:
+                command = engine.send(answer)
+                answer = self._do(command)
+        except StopIteration as stop:
+            gathered: Gathered = stop.value
+            return gathered
+        finally:
+            unsubscribe()
+
+    def _observe(self, event: Any) -> None:
+        """On the Cortex thread: note the end of a child of ours."""
+        if (
+            event.session_id in self._mine
+            and event.kind == "transition"
+            and event.state in ("completed", "failed", "expired", "cancelled")
+        ):
+            self._ended.put(event.session_id)
+
+    def _do(self, command: Command) -> Any:
+        node = self.node
+        match command:
+            case _Spawn(spec=spec):
+                spawned = node.spawn(self.parent, spec)
+                if spawned.session_id is not None:
+                    self._mine.add(spawned.session_id)
+                    if node.result(spawned.session_id) is not None:  # ended already
+                        self._ended.put(spawned.session_id)
+                return spawned
+            case _WaitAny(children=children, timeout=timeout):
+                return self._wait_any(children, timeout)
+            case _Sleep(seconds=seconds):
+                self._sleep(seconds)
+                return None
+            case _Cancel(child=child):
+                return node.cancel(child)
+            case _Now():
+                return node.clock.monotonic()
+        return None
+
+    def _wait_any(
+        self, children: tuple[uuid.UUID, ...], timeout: float | None
+    ) -> tuple[uuid.UUID, SessionResult] | None:
+        wanted = set(children)
+        for child in children:
+            if child in self._results:
+                return child, self._results.pop(child)
+        timer = None
+        if timeout is not None:
+            timer = self.node.clock.call_later(timeout, lambda: self._ended.put(None))
+        try:
+            while True:
+                ended = self._ended.get()
+                if ended is None:
+                    return None  # the timeout
+                result = self.node.result(ended)
+                if result is None:
+                    continue
+                if ended in wanted:
+                    return ended, result
+                self._results[ended] = result
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _sleep(self, seconds: float) -> None:
+        woken = threading.Event()
+        timer = self.node.clock.call_later(seconds, woken.set)
+        try:
+            woken.wait()
+        finally:
+            timer.cancel()
+
+
+async def drive_node_async(
+    node: Any,
+    parent: uuid.UUID,
+    restarts: Restarts,
+    name: str,
+    args: tuple[Any, ...],
+    options: dict[str, Any],
+) -> Gathered:
+    """``NodeDriver.run`` off the event loop (it waits on children and the clock)."""
+    driver = NodeDriver(node, parent)
+    return await asyncio.to_thread(driver.run, restarts, name, args, options)

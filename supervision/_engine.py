@@ -1,0 +1,266 @@
+"""The pattern engine: the commands a pattern yields and the loop that runs tasks.
+
+A pattern (``_patterns``) is a generator that never does I/O itself: it
+yields commands (``_Spawn`` a child, ``_WaitAny`` of some children,
+``_Sleep``, ``_Cancel`` a child, read the clock with ``_Now``) and receives
+their answers from a driver (``_drivers``). ``gather`` is the loop every
+pattern shares: it spawns tasks as fresh sessions, queues those the
+children limit or the node's capacity refuses, retries failed attempts on
+the clock, and marks what is still running at the timeout.
+
+On failure: a spawn refused for good ends its task with the refusal in its
+``Attempt``; a retry refused at the restart intensity limit cancels what
+the gather still runs and raises ``EscalationError``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import uuid
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from sessiontree.protocol import (
+    AggregateStrategy,
+    Attempt,
+    ChildReport,
+    ErrorCode,
+    EscalationError,
+    Gathered,
+    GatherStatus,
+    SessionResult,
+    SpawnSpec,
+)
+from sessiontree.supervision._aggregate import Summarizer, aggregate
+from sessiontree.supervision._continuation import continuation_token
+from sessiontree.supervision._retry import Restarts, Retry
+
+__all__ = [
+    "Command",
+    "Engine",
+    "Task",
+    "gather",
+    "gathered",
+    "status_of",
+]
+
+_SLOT_WAIT = 0.05  # clock seconds between spawn attempts when no child of ours can free a slot
+
+# -- commands -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Spawn:
+    """Spawn ``spec`` under the parent; answered with the ``Spawned``."""
+
+    spec: SpawnSpec
+
+
+@dataclass(frozen=True, slots=True)
+class _WaitAny:
+    """Wait for the first of ``children`` to end; answered with ``(child, result)``,
+    or None once ``timeout`` clock seconds pass."""
+
+    children: tuple[uuid.UUID, ...]
+    timeout: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Sleep:
+    """Sleep ``seconds`` on the clock; answered with None."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Cancel:
+    """Cancel ``child``; answered with what the cancel returned."""
+
+    child: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class _Now:
+    """Read the monotonic clock; answered with its seconds."""
+
+
+Command = _Spawn | _WaitAny | _Sleep | _Cancel | _Now
+Engine = Generator[Command, Any, Gathered]
+# -- the engine ----------------------------------------------------------------------------
+
+
+@dataclass
+class Task:
+    index: int
+    spec: SpawnSpec
+    stage: int = 0
+    attempts: list[Attempt] | None = None
+    result: SessionResult | None = None
+    timed_out: bool = False
+    started: bool = False
+    done: bool = False
+    token: str | None = None
+
+    def report(self) -> ChildReport:
+        return ChildReport(
+            index=self.index,
+            spec=self.spec,
+            attempts=list(self.attempts or []),
+            result=self.result,
+            timed_out=self.timed_out,
+            started=self.started,
+            stage=self.stage,
+            continuation=self.token,
+        )
+
+
+class _Gather:
+    """One run of tasks to their ends (results filled into the tasks in place)."""
+
+    def __init__(
+        self,
+        parent: uuid.UUID,
+        tasks: list[Task],
+        retry: Retry,
+        restarts: Restarts,
+        on_timeout: str,
+    ) -> None:
+        self.parent = parent
+        self.tasks = tasks
+        self.retry = retry
+        self.restarts = restarts
+        self.on_timeout = on_timeout
+        self.ready: list[Task] = list(tasks)  # the next to spawn is ready[0]
+        self.delayed: list[tuple[float, int, Task, float]] = []  # (when, index, task, wait)
+        self.running: dict[uuid.UUID, tuple[Task, Attempt]] = {}
+        self.backoff_of: dict[int, float] = {}
+
+    def run(self, timeout: float | None) -> Generator[Command, Any, None]:
+        now: float = yield _Now()
+        deadline = None if timeout is None else now + timeout
+        while self.ready or self.delayed or self.running:
+            now = yield _Now()
+            if deadline is not None and now >= deadline:
+                break
+            while self.delayed and self.delayed[0][0] <= now:
+                _, _, task, wait = heapq.heappop(self.delayed)
+                self.backoff_of[task.index] = wait
+                self.ready.insert(0, task)
+            yield from self._spawn_ready()
+            if not self.running:
+                if self.ready:
+                    yield _Sleep(_SLOT_WAIT)  # the parent's other children hold every slot
+                elif self.delayed:
+                    yield _Sleep(max(0.0, self.delayed[0][0] - now))
+                continue
+            soonest = self.delayed[0][0] if self.delayed else None
+            limits = [t for t in (deadline, soonest) if t is not None]
+            got = yield _WaitAny(
+                tuple(self.running), max(0.0, min(limits) - now) if limits else None
+            )
+            if got is not None:
+                yield from self._ended(*got)
+        yield from self._out_of_time()
+        self.restarts.forget(self.parent, now, self.retry.period)
+
+    def _spawn_ready(self) -> Generator[Command, Any, None]:
+        """Spawn queued tasks until the children limit refuses one (it waits for a slot)."""
+        while self.ready:
+            task = self.ready[0]
+            number = len(task.attempts or []) + 1
+            spec = task.spec
+            if number > 1 and self.retry.fallback_skill is not None:
+                spec = msgspec.structs.replace(spec, skill=self.retry.fallback_skill)
+            spawned = yield _Spawn(spec)
+            code = None if spawned.error is None else spawned.error.code
+            if spawned.session_id is None and (
+                code is ErrorCode.CHILDREN_EXCEEDED
+                or (code is ErrorCode.CAPACITY_EXCEEDED and self.running)
+            ):
+                return  # queue: a child of ours ending frees a slot
+            self.ready.pop(0)
+            task.started = True
+            attempt = Attempt(
+                number=number,
+                session_id=spawned.session_id,
+                skill=spec.skill,
+                error=spawned.error,
+                backoff_s=self.backoff_of.pop(task.index, 0.0),
+            )
+            task.attempts = [*(task.attempts or []), attempt]
+            if spawned.session_id is None:
+                task.done = True  # refused for good (depth, ttl, unknown skill…)
+            else:
+                self.running[spawned.session_id] = (task, attempt)
+
+    def _ended(self, child: uuid.UUID, result: SessionResult) -> Generator[Command, Any, None]:
+        """A child's result: done, or queued for another attempt after its backoff."""
+        task, attempt = self.running.pop(child)
+        recorded = msgspec.structs.replace(attempt, result=result, error=result.error)
+        task.attempts = [*(task.attempts or [])[:-1], recorded]
+        task.result = result
+        if result.ok:
+            task.done = True
+            task.token = continuation_token(task.spec, result)
+            return
+        if len(task.attempts) >= self.retry.max_attempts or not self.retry.retryable(result.error):
+            task.done = True
+            return
+        now = yield _Now()
+        if not self.restarts.allow(self.parent, now, self.retry):
+            for other in list(self.running):
+                yield _Cancel(other)
+            errors = [t.report().diagnostic() for t in self.tasks if not t.report().ok]
+            msg = (
+                f"more than {self.retry.intensity} restarts within {self.retry.period} s "
+                f"under session {self.parent}: escalating instead of retrying"
+            )
+            raise EscalationError(msg, errors=errors)
+        wait = self.retry.backoff(len(task.attempts) + 1)
+        heapq.heappush(self.delayed, (now + wait, task.index, task, wait))
+
+    def _out_of_time(self) -> Generator[Command, Any, None]:
+        """At the timeout: what still runs is timed out (and cancelled if asked)."""
+        for child, (task, _) in self.running.items():
+            task.timed_out = True
+            if self.on_timeout == "cancel":
+                yield _Cancel(child)
+        for task in (*self.ready, *(entry[2] for entry in self.delayed)):
+            task.timed_out = task.started  # never started: reported as such
+
+
+def gather(
+    parent: uuid.UUID,
+    tasks: list[Task],
+    retry: Retry,
+    restarts: Restarts,
+    timeout: float | None,
+    on_timeout: str,
+) -> Generator[Command, Any, None]:
+    """Run ``tasks`` to their ends (results filled in place)."""
+    yield from _Gather(parent, tasks, retry, restarts, on_timeout).run(timeout)
+
+
+def status_of(tasks: Sequence[Task]) -> GatherStatus:
+    good = sum(1 for t in tasks if t.result is not None and t.result.ok)
+    if good == len(tasks):
+        return GatherStatus.COMPLETED
+    return GatherStatus.PARTIAL if good else GatherStatus.FAILED
+
+
+def gathered(
+    tasks: Sequence[Task],
+    status: GatherStatus,
+    strategy: AggregateStrategy | str | None,
+    summarizer: Summarizer | None,
+    last_stage: Sequence[Task] | None = None,
+) -> Gathered:
+    reports = [t.report() for t in tasks]
+    aggregated = None
+    if strategy is not None:
+        final = [t.report() for t in last_stage] if last_stage is not None else reports
+        aggregated = aggregate(final, strategy, summarizer=summarizer)
+    return Gathered(status=status, reports=reports, aggregated=aggregated)
