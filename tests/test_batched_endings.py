@@ -15,8 +15,8 @@ import pytest
 from sessiontree.actors import Cancelled, RunEnd, SessionCore, VirtualClock
 from sessiontree.protocol import SessionKind, SpawnSpec
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
+from sessiontree.supervision._host import NodeHost
 from sessiontree.supervision._index import RunEnded
-from sessiontree.supervision._node import _Host
 from tests.conftest import WAIT, settle
 
 FANOUT = 3
@@ -139,10 +139,10 @@ def test_a_batch_of_ended_runs_ends_them_as_one_by_one_does(
     batched = _cascade(tmp_path / "batched", clock)
     assert max(batches) > 1  # the workers' runs did end in batches
 
-    def one_by_one(self: _Host, core: SessionCore, end: RunEnd) -> None:
+    def one_by_one(self: NodeHost, core: SessionCore, end: RunEnd) -> None:
         self.node._tell(RunEnded(core.session_id, end))
 
-    monkeypatch.setattr(_Host, "run_ended", one_by_one)
+    monkeypatch.setattr(NodeHost, "run_ended", one_by_one)
     batches.clear()
     single = _cascade(tmp_path / "single", clock)
     assert not batches
