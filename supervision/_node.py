@@ -105,9 +105,11 @@ class Node(NodePatterns):  # NodePatterns stands on NodeBase: the Cortex line, t
     shutdown runs); ``AskTimeoutError`` if the Cortex does not answer within
     ``config.ask_timeout``.
 
-    A method that takes a session id takes a ``uuid.UUID`` or a
-    ``SessionRef``. An id the node does not hold raises
-    ``UnknownSessionError`` (a spawn under one comes back as
+    A method that takes a session id takes a ``uuid.UUID``, its canonical
+    string (``str(uuid)``, as read back from JSON or the CLI) or a
+    ``SessionRef``; anything else raises ``RejectedInputError`` naming the
+    argument before the Cortex is asked anything. An id the node does not
+    hold raises ``UnknownSessionError`` (a spawn under one comes back as
     ``Spawned.error`` with ``unknown_session``).
 
     ``store``: a ``Store`` (the caller closes it) or a directory (the node
@@ -177,7 +179,8 @@ class Node(NodePatterns):  # NodePatterns stands on NodeBase: the Cortex line, t
         return sorted(self._runtime.agents)
 
     def ref(self, session_id: SessionIdLike) -> SessionRef:
-        """A handle for ``session_id`` (not checked until used)."""
+        """A handle for ``session_id`` (not checked until used; ``RejectedInputError``
+        if it is not a session id)."""
         return SessionRef(self, as_session_id(session_id))
 
     def subscribe(self, observer: Callable[[Event], None]) -> Callable[[], None]:
@@ -198,7 +201,8 @@ class Node(NodePatterns):  # NodePatterns stands on NodeBase: the Cortex line, t
     ) -> Spawned:
         """Spawn a child of ``parent``; a refused spawn (an unknown parent, a
         limit, an unknown skill…) comes back as ``Spawned.error``.
-        ``RejectedInputError`` for a spec that does not build."""
+        ``RejectedInputError`` for a ``parent`` that is not a session id or a
+        spec that does not build."""
         return self._spawned(
             self._call(Spawn(as_session_id(parent, "parent"), make_spec(spec, **fields)))
         )
@@ -208,7 +212,7 @@ class Node(NodePatterns):  # NodePatterns stands on NodeBase: the Cortex line, t
         records in one commit: one ``Spawned`` per spec, in order. Each spec is
         checked as ``spawn`` checks it (a refused one does not stop the rest);
         ``RejectedInputError`` naming the field for a spec that is not a
-        ``SpawnSpec``. The batched
+        ``SpawnSpec`` or a ``parent`` that is not a session id. The batched
         path for spawning thousands at once."""
         sid = as_session_id(parent, "parent")
         return self._all_spawned(self._call(SpawnMany(sid, spawn_batch(specs))))

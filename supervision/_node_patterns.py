@@ -5,9 +5,10 @@
 of ``_patterns`` from outside the tree (``NodeDriver``): children of
 ``parent`` are spawned, awaited and retried as the options say, on the
 node's clock. Failures: ``NodeClosedError`` once the node is closed,
-``RejectedInputError`` naming the field for a bad option,
-``EscalationError`` past the retry intensity limit; a refused or failed
-child is reported in the ``Gathered``, not raised.
+``RejectedInputError`` naming the argument for a ``parent`` that is not a
+session id, or the field for a bad option; ``EscalationError`` past the
+retry intensity limit; a refused or failed child is reported in the
+``Gathered``, not raised.
 """
 
 from __future__ import annotations

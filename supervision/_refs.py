@@ -1,8 +1,10 @@
 """The outside handles of sessions: ``SessionRef``, ``Spawned``, and what a session id may be.
 
-A session id reaches the node from users as a ``uuid.UUID`` or as a
-``SessionRef``; ``as_session_id`` is the one place that turns either into
-the UUID the Cortex keys its tree by.
+A session id reaches the node from users as a ``uuid.UUID``, as its
+canonical string (read back from JSON or the CLI) or as a ``SessionRef``;
+``as_session_id`` is the one place that turns any of them into the UUID the
+Cortex keys its tree by, and refuses anything else with a
+``RejectedInputError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
+    RejectedInputError,
     SessionInfo,
     SessionResult,
     SessionState,
@@ -26,15 +29,36 @@ if TYPE_CHECKING:
 
 __all__ = ["SessionIdLike", "SessionRef", "Spawned", "as_session_id", "refused_result"]
 
-SessionIdLike: TypeAlias = "uuid.UUID | SessionRef"
-"""What a public method takes for a session id: a UUID or a ref."""
+SessionIdLike: TypeAlias = "uuid.UUID | str | SessionRef"
+"""What a public method takes for a session id: a UUID, its canonical string, or a ref."""
 
 _NIL = uuid.UUID(int=0)
+_CANONICAL_LENGTH = 36  # 8-4-4-4-12 hex digits
 
 
-def as_session_id(value: SessionIdLike, argument: str = "session_id") -> uuid.UUID:
-    """``value`` as a session id: a ``uuid.UUID`` as it is, or a ``SessionRef``'s id."""
-    return value.session_id if isinstance(value, SessionRef) else value
+def as_session_id(value: object, argument: str = "session_id") -> uuid.UUID:
+    """``value`` as a session id: a ``uuid.UUID`` as it is, a ``SessionRef``'s id,
+    or a UUID's canonical string (``str(uuid)``, either case) parsed.
+
+    Raises ``RejectedInputError`` naming ``argument`` for anything else: another
+    type, a string that is no UUID, or a UUID spelled another way (braces, a
+    ``urn:`` prefix, no hyphens).
+    """
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, SessionRef):
+        return value.session_id
+    if isinstance(value, str) and len(value) == _CANONICAL_LENGTH:
+        try:
+            parsed = uuid.UUID(value)
+        except ValueError:
+            pass
+        else:
+            if str(parsed) == value.lower():
+                return parsed
+    shown = repr(value) if len(repr(value)) <= 80 else f"{repr(value)[:77]}..."
+    msg = f"{argument} {shown} is not a session id (a UUID or its canonical string)"
+    raise RejectedInputError(msg, field=argument)
 
 
 def refused_result(error: ErrorInfo | None) -> SessionResult:
@@ -82,7 +106,8 @@ class SessionRef:
     __slots__ = ("_node", "session_id")
 
     def __init__(self, node: Node, session_id: SessionIdLike) -> None:
-        """A handle on ``session_id`` (not checked until used)."""
+        """A handle on ``session_id`` (not checked until used); ``RejectedInputError``
+        if it is not a session id."""
         self._node = node
         self.session_id: uuid.UUID = as_session_id(session_id)
 
