@@ -16,7 +16,7 @@ from sessiontree.actors import Cancelled, VirtualClock
 from sessiontree.actors.runtime import RunEnd, SessionCore
 from sessiontree.protocol import SessionKind, SpawnSpec
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
-from sessiontree.supervision._node import _Host
+from sessiontree.supervision._host import NodeHost
 from sessiontree.supervision._reports import RunEnded
 from tests.conftest import WAIT, settle
 
@@ -140,10 +140,10 @@ def test_a_batch_of_ended_runs_ends_them_as_one_by_one_does(
     batched = _cascade(tmp_path / "batched", clock)
     assert max(batches) > 1  # the workers' runs did end in batches
 
-    def one_by_one(self: _Host, core: SessionCore, end: RunEnd) -> None:
+    def one_by_one(self: NodeHost, core: SessionCore, end: RunEnd) -> None:
         self.node._tell(RunEnded(core.session_id, end))
 
-    monkeypatch.setattr(_Host, "run_ended", one_by_one)
+    monkeypatch.setattr(NodeHost, "run_ended", one_by_one)
     batches.clear()
     single = _cascade(tmp_path / "single", clock)
     assert not batches

@@ -84,7 +84,7 @@ def test_session_that_cannot_start_fails_and_its_parent_hears_once(
     def no_threads(work: Any) -> None:
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(node._executor, "submit", no_threads)
+    monkeypatch.setattr(node._parts.executor, "submit", no_threads)
     ref = main.spawn(kind="branch", skill="quick").ref
     result = ref.wait(WAIT)
     assert result.status is SessionState.FAILED

@@ -1,0 +1,247 @@
+"""How a node is put together, started and taken apart.
+
+``NodeParts`` makes everything a ``Node`` is built of besides its Cortex and
+its own state — the clock, the store, shared memory, the conversations, the
+dispatcher's pool, the two step executors, the backends and (on first use)
+the event loop — and knows the steps of a start that touch them: recovery
+from the store, starting the node's own backend, the ``Runtime`` the Cortex
+drives, housekeeping. A step that fails releases what the start had taken
+(``abort``) and raises out of ``Node()``; shutdown releases everything in
+order (``close``).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pykka
+
+from sessiontree.actors import Clock, RealClock
+from sessiontree.actors.backends import ProcessBackend, RayBackend
+from sessiontree.actors.runtime import (
+    Activity,
+    Backends,
+    ComputeSlots,
+    Dispatcher,
+    EventLoopThread,
+    SessionHost,
+    StepExecutor,
+    actor_class,
+    start_actor,
+)
+from sessiontree.conversations import Conversations, MemoryBackend
+from sessiontree.protocol import SessionTreeError
+from sessiontree.store import Store
+from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._conversations import StoreConversations
+from sessiontree.supervision._cortex import Cortex
+from sessiontree.supervision._events import EventBus
+from sessiontree.supervision._housekeeping import Housekeeper
+from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
+from sessiontree.supervision._persist import Persister
+from sessiontree.supervision._recovery import Recovered, recover
+from sessiontree.supervision._runtime import Runtime
+
+__all__ = ["NodeParts", "agents_by_id", "start_cortex"]
+
+log = logging.getLogger("sessiontree.node")
+
+
+def agents_by_id(agents: Iterable[Agent]) -> dict[str, Agent]:
+    """The agents by id; ``ValueError`` naming an agent registered twice."""
+    by_id: dict[str, Agent] = {}
+    for agent in agents:
+        if agent.agent_id in by_id:
+            msg = f"agent {agent.agent_id!r} is registered twice"
+            raise ValueError(msg)
+        by_id[agent.agent_id] = agent
+    return by_id
+
+
+def start_cortex(runtime: Runtime) -> pykka.ActorRef[Any]:
+    """Start the Cortex actor over ``runtime``. It decides every change of the
+    tree: a thread of its own, never a turn in the pool its sessions share."""
+    return start_actor(actor_class(Cortex, "threading"), runtime)
+
+
+class NodeParts:
+    """The pieces of one node, made in the order ``Node()`` needs them.
+
+    ``clock``: the caller's, or a ``RealClock`` the node owns (and closes).
+    ``store``: a ``Store`` (the caller closes it), a directory (opened here,
+    closed by ``abort``/``close``; ``StoreLockedError`` if another node holds
+    it) or None. ``memory``: the caller's, else in the store or in memory.
+    """
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        clock: Clock | None,
+        memory: MemorySpace | None,
+        store: Store | str | os.PathLike[str] | None,
+    ) -> None:
+        self.config = config
+        self.own_clock = clock is None
+        self.clock: Clock = clock or RealClock()
+        self.own_store = store is not None and not isinstance(store, Store)
+        self.store: Store | None = (
+            store if store is None or isinstance(store, Store) else Store(store)
+        )
+        if memory is None:
+            memory = InMemorySpace() if self.store is None else StoreMemory(self.store, self.clock)
+        self.memory: MemorySpace = memory
+        # Every session's conversation tree (in the store when the node has one).
+        self.conversations = Conversations(
+            MemoryBackend() if self.store is None else StoreConversations(self.store), self.clock
+        )
+        self.dispatcher = _dispatcher_for(config)
+        self.executor = StepExecutor(config.max_step_threads)
+        self.main_executor = StepExecutor(config.max_step_threads, "sessiontree-step-main")
+        self.backends = _backends_for(config)
+        self.loop: EventLoopThread | None = None
+        """The event loop for async skills, made on first use (``event_loop``)."""
+        self._loop_lock = threading.Lock()
+        self.housekeeper: Housekeeper | None = None
+
+    def event_loop(self) -> EventLoopThread:
+        """The node's event loop, made on first use."""
+        loop = self.loop  # once made, it stays: no lock to read it (a run starts each)
+        if loop is not None:
+            return loop
+        with self._loop_lock:
+            if self.loop is None:
+                self.loop = EventLoopThread()
+            return self.loop
+
+    # -- the steps of a start ------------------------------------------------------
+
+    def recover(self, agents: dict[str, Agent]) -> Recovered | None:
+        """Read the store and durably end what recovery decides (None without a
+        store). Raises ``StoreError`` if those writes fail, after ``abort``."""
+        if self.store is None:
+            return None
+        try:
+            return recover(self.store, agents, self.clock.time())
+        except BaseException:
+            self.abort()
+            raise
+
+    def start_backend(self) -> None:
+        """The node's backend starts with it; one that cannot raises (after ``abort``)."""
+        if self.config.backend == "inline":
+            return
+        try:
+            self.backends.get(self.config.backend)
+        except BaseException:
+            self.abort()
+            raise
+
+    def runtime(
+        self,
+        *,
+        agents: dict[str, Agent],
+        activity: Activity,
+        events: EventBus,
+        host: SessionHost,
+        on_fatal: Callable[[BaseException], None],
+        on_failed: Callable[[BaseException], None],
+        recovered: Recovered | None,
+    ) -> Runtime:
+        """The pieces the Cortex drives, with the node's callbacks."""
+        counters: collections.Counter[str] = collections.Counter()
+        return Runtime(
+            config=self.config,
+            clock=self.clock,
+            activity=activity,
+            slots=ComputeSlots(self.config.max_running_skills),
+            executor=self.executor,
+            main_executor=self.main_executor,
+            loop=self.event_loop,
+            events=events,
+            host=host,
+            agents=agents,
+            on_fatal=on_fatal,
+            on_failed=on_failed,
+            persist=Persister(self.store, counters),
+            recovered=recovered,
+            counters=counters,
+            dispatcher=self.dispatcher,
+            backends=self.backends,
+        )
+
+    def start_housekeeping(self) -> Housekeeper | None:
+        """The store's export and pruning schedule (none without a store)."""
+        if self.store is None:
+            return None
+        self.housekeeper = Housekeeper(self.store, self.config, self.clock)
+        self.housekeeper.start()
+        return self.housekeeper
+
+    # -- taking apart --------------------------------------------------------------
+
+    def abort(self) -> None:
+        """``Node()`` failed: release what it had taken (the dispatcher's threads,
+        started backends, a store it opened)."""
+        if self.dispatcher is not None:
+            self.dispatcher.close()
+        self.backends.close()
+        self._close_owned_store()
+
+    def close(self) -> None:
+        """The end of a shutdown, once the Cortex is told to stop: the pools, the
+        event loop (a remote step still awaited is killed here), the backends, an
+        owned clock, housekeeping; then the store is flushed (an error is
+        logged, not raised) and, if the node opened it, closed."""
+        if self.dispatcher is not None:
+            self.dispatcher.close()
+        self.executor.close()
+        self.main_executor.close()
+        if self.loop is not None:
+            self.loop.close()
+        self.backends.close()
+        if self.own_clock and isinstance(self.clock, RealClock):
+            self.clock.close()
+        if self.housekeeper is not None:
+            self.housekeeper.stop()
+        self._flush_store()
+        self._close_owned_store()
+
+    def _flush_store(self) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.flush()
+        except SessionTreeError as exc:
+            log.error("the store could not be flushed at shutdown: %s", exc)
+
+    def _close_owned_store(self) -> None:
+        if self.own_store and self.store is not None:
+            self.store.close()
+
+
+def _backends_for(config: NodeConfig) -> Backends:
+    return Backends(
+        {
+            "process": lambda: ProcessBackend(config.process_workers),
+            "ray": lambda: RayBackend(
+                config.ray_address, actors=config.ray_actors, num_cpus=config.ray_num_cpus
+            ),
+        }
+    )
+
+
+def _dispatcher_for(config: NodeConfig) -> Dispatcher | None:
+    """The pool serving the node's session actors (None: a thread each)."""
+    if config.actor_type != "pooled":
+        return None
+    return Dispatcher(
+        config.dispatcher_threads,
+        block_threshold=config.block_threshold,
+        name="sessiontree-session",
+    )

@@ -1,0 +1,130 @@
+"""``NodeHost``: the ``SessionHost`` a node gives its sessions.
+
+A running skill's ``Session`` calls reach the node through it: spawns and
+batches of spawns, shared memory, progress, cancelling a child, messages to
+the parent, the coordination patterns, the conversation, and the ends of
+runs (batched per pass of the event loop). Everything goes to the Cortex as
+a typed request or message; nothing here decides.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sessiontree.actors.runtime import RunEnd, SessionCore
+from sessiontree.conversations import Conversation
+from sessiontree.protocol import ErrorInfo, NodeClosedError, SessionKind, SpawnSpec
+from sessiontree.supervision._drivers import drive_async, drive_sync
+from sessiontree.supervision._refs import Spawned
+from sessiontree.supervision._reports import (
+    ChildUpdate,
+    Parked,
+    Progress,
+    Refused,
+    RunEnded,
+    RunsEnded,
+)
+from sessiontree.supervision._requests import Call, Cancel, Spawn, SpawnMany
+
+if TYPE_CHECKING:
+    from sessiontree.supervision._node import Node
+
+__all__ = ["NodeHost"]
+
+
+class NodeHost:
+    """The ``SessionHost`` a node gives its sessions: everything goes to the Cortex."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._ended: list[RunEnded] = []  # touched on the event loop thread only
+
+    # A skill spawning while the node shuts down (or after) gets node_closed
+    # back as a value, like any refused spawn.
+    def spawn(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
+        try:
+            answer = self.node._call(Spawn(parent.session_id, spec), check=False)
+        except NodeClosedError as exc:
+            return Spawned(None, exc.to_info())
+        return self.node._spawned(answer)
+
+    async def spawn_async(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
+        try:
+            answer = await self.node._acall(Spawn(parent.session_id, spec), check=False)
+        except NodeClosedError as exc:
+            return Spawned(None, exc.to_info())
+        return self.node._spawned(answer)
+
+    def spawn_many(self, parent: SessionCore, specs: tuple[SpawnSpec, ...]) -> list[Spawned]:
+        try:
+            answers = self.node._call(SpawnMany(parent.session_id, specs), check=False)
+        except NodeClosedError as exc:
+            return [Spawned(None, exc.to_info()) for _ in specs]
+        return self.node._all_spawned(answers)
+
+    async def spawn_many_async(
+        self, parent: SessionCore, specs: tuple[SpawnSpec, ...]
+    ) -> list[Spawned]:
+        try:
+            answers = await self.node._acall(SpawnMany(parent.session_id, specs), check=False)
+        except NodeClosedError as exc:
+            return [Spawned(None, exc.to_info()) for _ in specs]
+        return self.node._all_spawned(answers)
+
+    def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
+        return self.node.memory.put(core.info.agent_id, core.session_id, key, value)
+
+    async def memory_put_async(self, core: SessionCore, key: str, value: Any) -> str:
+        return await self.node.memory.aput(core.info.agent_id, core.session_id, key, value)
+
+    def memory_get(self, core: SessionCore, key: str) -> Any:
+        return self.node.memory.get(core.info.agent_id, key)
+
+    def progress(self, core: SessionCore, note: str, data: dict[str, Any]) -> None:
+        self.node._tell(Progress(core.session_id, note, dict(data)))
+
+    def cancel(self, core: SessionCore, child_id: uuid.UUID) -> ErrorInfo | None:
+        self.node._tell(Call(Cancel(child_id)))  # never blocks a skill's loop
+        return None
+
+    def send_to_parent(self, core: SessionCore, message: Any) -> None:
+        self.node._tell(ChildUpdate(core.session_id, message))
+
+    def run_pattern(self, session: Any, name: str, args: tuple[Any, ...], options: Any) -> Any:
+        return drive_sync(session, self.node._restarts, name, args, dict(options))
+
+    async def arun_pattern(
+        self, session: Any, name: str, args: tuple[Any, ...], options: Any
+    ) -> Any:
+        return await drive_async(session, self.node._restarts, name, args, dict(options))
+
+    def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> Conversation:
+        writable = core.info.kind is not SessionKind.WORKER
+        return self.node.conversations.get(core.session_id, guard=guard, writable=writable)
+
+    def parked(self, core: SessionCore) -> None:
+        self.node._tell(Parked(core.session_id))
+
+    def run_ended(self, core: SessionCore, end: RunEnd) -> None:
+        loop = self.node._parts.loop
+        if loop is None or not loop.is_current():
+            self.node._tell(RunEnded(core.session_id, end))
+            return
+        # Async runs ending in one pass of the loop go to the Cortex as one
+        # message: a cancel cascade ends thousands at once, and a thread
+        # hand-off per session was most of its cost.
+        ended = self._ended
+        ended.append(RunEnded(core.session_id, end))
+        if len(ended) == 1:
+            self.node.activity.begin()  # the batch is counted until it is posted
+            loop.loop.call_soon(self._flush_ended)
+
+    def _flush_ended(self) -> None:
+        batch, self._ended = self._ended, []
+        self.node._tell(RunsEnded(tuple(batch)))
+        self.node.activity.end()
+
+    def refused(self, core: SessionCore, what: str) -> None:
+        self.node._tell(Refused(core.session_id, what))

@@ -1,0 +1,217 @@
+"""The outside handles of sessions: ``SessionRef``, ``Spawned``, and what a session id may be.
+
+A session id reaches the node from users as a ``uuid.UUID``, as its
+canonical string (read back from JSON or the CLI) or as a ``SessionRef``;
+``as_session_id`` is the one place that turns any of them into the UUID the
+Cortex keys its tree by, and refuses anything else with a
+``RejectedInputError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from sessiontree.protocol import (
+    ErrorCode,
+    ErrorInfo,
+    RejectedInputError,
+    SessionInfo,
+    SessionResult,
+    SessionState,
+    SpawnSpec,
+)
+
+if TYPE_CHECKING:
+    from sessiontree.supervision._node import Node
+
+__all__ = ["SessionIdLike", "SessionRef", "Spawned", "as_session_id", "refused_result"]
+
+SessionIdLike: TypeAlias = "uuid.UUID | str | SessionRef"
+"""What a public method takes for a session id: a UUID, its canonical string, or a ref."""
+
+_NIL = uuid.UUID(int=0)
+_CANONICAL_LENGTH = 36  # 8-4-4-4-12 hex digits
+
+
+def as_session_id(value: object, argument: str = "session_id") -> uuid.UUID:
+    """``value`` as a session id: a ``uuid.UUID`` as it is, a ``SessionRef``'s id,
+    or a UUID's canonical string (``str(uuid)``, either case) parsed.
+
+    Raises ``RejectedInputError`` naming ``argument`` for anything else: another
+    type, a string that is no UUID, or a UUID spelled another way (braces, a
+    ``urn:`` prefix, no hyphens).
+    """
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, SessionRef):
+        return value.session_id
+    if isinstance(value, str) and len(value) == _CANONICAL_LENGTH:
+        try:
+            parsed = uuid.UUID(value)
+        except ValueError:
+            pass
+        else:
+            if str(parsed) == value.lower():
+                return parsed
+    shown = repr(value) if len(repr(value)) <= 80 else f"{repr(value)[:77]}..."
+    msg = f"{argument} {shown} is not a session id (a UUID or its canonical string)"
+    raise RejectedInputError(msg, field=argument)
+
+
+def refused_result(error: ErrorInfo | None) -> SessionResult:
+    """The ``failed`` result ``run`` returns for a refused spawn (nil session id)."""
+    return SessionResult(
+        session_id=_NIL,
+        status=SessionState.FAILED,
+        error=error or ErrorInfo(code=ErrorCode.REJECTED_INPUT, message="spawn refused"),
+    )
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """The answer to a spawn: the new session's ``ref``, or the ``error`` that refused it.
+
+    ``existing`` is True when a repeated ``request_id`` returned the first session.
+    """
+
+    ref: SessionRef | None
+    error: ErrorInfo | None
+    existing: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when a session exists (new or, for a repeated request_id, the first)."""
+        return self.ref is not None
+
+    @property
+    def session_id(self) -> uuid.UUID | None:
+        """The session's id, or None when refused."""
+        return self.ref.session_id if self.ref is not None else None
+
+
+class SessionRef:
+    """The outside handle of one session. Blocking methods have ``a``-prefixed twins.
+
+    Each method is the ``Node`` method of the same name for this session and
+    fails as that one does: ``UnknownSessionError`` for a session the node does
+    not hold, ``NodeClosedError`` once the node is closed (reads of state and
+    results keep working while it shuts down), and refusals the Cortex decides
+    (a cancel of an ended session, a suspend of a Worker…) come back as an
+    ``ErrorInfo`` value.
+    """
+
+    __slots__ = ("_node", "session_id")
+
+    def __init__(self, node: Node, session_id: SessionIdLike) -> None:
+        """A handle on ``session_id`` (not checked until used); ``RejectedInputError``
+        if it is not a session id."""
+        self._node = node
+        self.session_id: uuid.UUID = as_session_id(session_id)
+
+    def __repr__(self) -> str:
+        return f"<SessionRef {self.session_id}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SessionRef) and other.session_id == self.session_id
+
+    def __hash__(self) -> int:
+        return hash(self.session_id)
+
+    def info(self) -> SessionInfo:
+        """Identity and current state; ``UnknownSessionError`` if the node forgot it."""
+        return self._node.get(self.session_id)
+
+    @property
+    def state(self) -> SessionState:
+        """The current state (``UnknownSessionError`` if the node forgot the session)."""
+        return self.info().state
+
+    def wait(self, timeout: float | None = None) -> SessionResult | None:
+        """Block until the session ends and return its result; None if ``timeout``
+        (real seconds) passes first. See ``Node.wait``."""
+        return self._node.wait(self.session_id, timeout)
+
+    def result(self) -> SessionResult | None:
+        """The result if the session has ended, else None (does not wait)."""
+        return self._node.result(self.session_id)
+
+    def results(self) -> list[SessionResult]:
+        """The results this session received from its children."""
+        return self._node.results(self.session_id)
+
+    def cancel(self) -> ErrorInfo | None:
+        """Cancel this session and its subtree; see ``Node.cancel``."""
+        return self._node.cancel(self.session_id)
+
+    def suspend(self) -> ErrorInfo | None:
+        """Suspend (branches only); see ``Node.suspend``."""
+        return self._node.suspend(self.session_id)
+
+    def resume(self) -> ErrorInfo | None:
+        """Resume (branches only); see ``Node.resume``."""
+        return self._node.resume(self.session_id)
+
+    def send(self, message: Any) -> ErrorInfo | None:
+        """Send an inbound message (mains only); see ``Node.send``."""
+        return self._node.send(self.session_id, message)
+
+    def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> Spawned:
+        """Spawn a child under this session; see ``Node.spawn``."""
+        return self._node.spawn(self.session_id, spec, **fields)
+
+    def spawn_many(self, specs: Iterable[SpawnSpec]) -> list[Spawned]:
+        """Spawn a batch of children under this session; see ``Node.spawn_many``."""
+        return self._node.spawn_many(self.session_id, specs)
+
+    def run(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SessionResult | None:
+        """Spawn a fresh child under this session and wait; see ``Node.run``."""
+        return self._node.run(self.session_id, spec, **fields)
+
+    # -- awaitable twins ----------------------------------------------------------
+
+    async def ainfo(self) -> SessionInfo:
+        """Awaitable ``info``."""
+        return await self._node.aget(self.session_id)
+
+    async def await_result(self, timeout: float | None = None) -> SessionResult | None:
+        """Awaitable ``wait``."""
+        return await self._node.await_result(self.session_id, timeout)
+
+    async def aresult(self) -> SessionResult | None:
+        """Awaitable ``result``."""
+        return await self._node.aresult(self.session_id)
+
+    async def aresults(self) -> list[SessionResult]:
+        """Awaitable ``results``."""
+        return await self._node.aresults(self.session_id)
+
+    async def acancel(self) -> ErrorInfo | None:
+        """Awaitable ``cancel``."""
+        return await self._node.acancel(self.session_id)
+
+    async def asuspend(self) -> ErrorInfo | None:
+        """Awaitable ``suspend``."""
+        return await self._node.asuspend(self.session_id)
+
+    async def aresume(self) -> ErrorInfo | None:
+        """Awaitable ``resume``."""
+        return await self._node.aresume(self.session_id)
+
+    async def asend(self, message: Any) -> ErrorInfo | None:
+        """Awaitable ``send``."""
+        return await self._node.asend(self.session_id, message)
+
+    async def aspawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> Spawned:
+        """Awaitable ``spawn``."""
+        return await self._node.aspawn(self.session_id, spec, **fields)
+
+    async def aspawn_many(self, specs: Iterable[SpawnSpec]) -> list[Spawned]:
+        """Awaitable ``spawn_many``."""
+        return await self._node.aspawn_many(self.session_id, specs)
+
+    async def arun(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SessionResult | None:
+        """Awaitable ``run``."""
+        return await self._node.arun(self.session_id, spec, **fields)

@@ -1,0 +1,85 @@
+"""Routing an inbound chat message to its Main (``Node.route``).
+
+The agent is the one named (or the only one registered); the session key
+comes from its ``dm_scope``; the Main of (agent, key) is got or created; the
+text is appended to the Main's conversation once per platform message id and
+handed to it as a ``ChatMessage`` — or, for a chat command, answered in
+``Routed.reply`` instead. Bad input raises ``RejectedInputError`` naming the
+field, counted in the node's ``rejected_input``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from sessiontree.protocol import (
+    ChatMessage,
+    RejectedInputError,
+    Routed,
+    UnknownAgentError,
+    decode_inbound,
+    session_key_for,
+)
+from sessiontree.supervision._chat import chat_command, is_command
+from sessiontree.supervision._config import Agent
+
+if TYPE_CHECKING:
+    from sessiontree.supervision._node import Node
+
+__all__ = ["pick_agent", "route_inbound"]
+
+# a conversation's field names, as the inbound message calls them
+_INBOUND_FIELDS = {"content": "text", "platform_id": "message_id"}
+
+
+def route_inbound(node: Node, inbound: object, agent_id: str | None) -> Routed:
+    """``Node.route``: see there."""
+    try:
+        message = decode_inbound(inbound)
+        agent = pick_agent(node._runtime.agents, agent_id)
+        key = str(session_key_for(message, agent.dm_scope))
+    except RejectedInputError:
+        node._count_rejected()
+        raise
+    main = node.main(agent.agent_id, key)
+    conversation = node.conversations.get(main.session_id)
+    routed = Routed(agent_id=agent.agent_id, key=key, session_id=main.session_id)
+    if is_command(message.text):
+        reply = chat_command(conversation, message.text, reply_to=message.reply_to)
+        return msgspec.structs.replace(routed, reply=reply)
+    try:
+        if message.message_id is None:
+            appended, fresh = conversation.append("user", message.text), True
+        else:
+            appended, fresh = conversation.append_once(
+                "user", message.text, platform_id=message.message_id
+            )
+    except RejectedInputError as exc:
+        node._count_rejected()
+        field = _INBOUND_FIELDS.get(exc.field or "", exc.field)
+        raise RejectedInputError(str(exc), field=field) from None
+    if not fresh:  # a gateway's retry: stored and handed over once already
+        return msgspec.structs.replace(routed, message_id=appended.id, duplicate=True)
+    chat = ChatMessage(key=key, message_id=appended.id, inbound=message)
+    error = node.send(main, chat.to_message())
+    return msgspec.structs.replace(routed, message_id=appended.id, error=error)
+
+
+def pick_agent(agents: dict[str, Agent], agent_id: str | None) -> Agent:
+    """The agent named ``agent_id``, or the only one when it is None.
+
+    ``RejectedInputError`` (field ``agent_id``) when None is ambiguous;
+    ``UnknownAgentError`` for an id no agent has.
+    """
+    if agent_id is None:
+        if len(agents) != 1:
+            msg = f"agent_id is needed: this node has {len(agents)} agents"
+            raise RejectedInputError(msg, field="agent_id")
+        return next(iter(agents.values()))
+    agent = agents.get(agent_id)
+    if agent is None:
+        msg = f"no agent {agent_id!r} on this node"
+        raise UnknownAgentError(msg, field="agent_id")
+    return agent
