@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sessiontree.actors.runtime import RunEnd, SessionCore
 from sessiontree.conversations import Conversation
 from sessiontree.protocol import ErrorInfo, NodeClosedError, SessionKind, SpawnSpec
 from sessiontree.supervision._drivers import drive_async, drive_sync
-from sessiontree.supervision._refs import Spawned
+from sessiontree.supervision._refs import NodeSessions, Spawned
 from sessiontree.supervision._reports import (
     ChildUpdate,
     Parked,
@@ -28,16 +28,13 @@ from sessiontree.supervision._reports import (
 )
 from sessiontree.supervision._requests import Call, Cancel, Spawn, SpawnMany
 
-if TYPE_CHECKING:
-    from sessiontree.supervision._node import Node
-
 __all__ = ["NodeHost"]
 
 
 class NodeHost:
     """The ``SessionHost`` a node gives its sessions: everything goes to the Cortex."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeSessions) -> None:
         self.node = node
         self._ended: list[RunEnded] = []  # touched on the event loop thread only
 

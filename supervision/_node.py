@@ -24,30 +24,24 @@ from typing import Any
 
 import pykka
 
-from sessiontree.actors import AskTimeoutError, Clock
-from sessiontree.actors.runtime import Activity, Inspect, Reply, SessionCore, in_actor_handler
+from sessiontree.actors import Clock
+from sessiontree.actors.runtime import Activity, Inspect, SessionCore, in_actor_handler
 from sessiontree.conversations import Conversation
 from sessiontree.protocol import (
     ControlMessage,
     DeadlockError,
-    ErrorInfo,
     NodeClosedError,
     RejectedInputError,
     Routed,
     SessionInfo,
     SessionKind,
-    SessionResult,
     SessionState,
-    SpawnSpec,
     UnknownSessionError,
     decode_control,
-    make_spec,
-    spawn_batch,
 )
 from sessiontree.store import Store
 from sessiontree.supervision._assembly import NodeParts, agents_by_id, start_cortex
 from sessiontree.supervision._config import Agent, NodeConfig
-from sessiontree.supervision._entry import SpawnAnswer
 from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._gc import tune_gc
 from sessiontree.supervision._host import NodeHost
@@ -56,32 +50,18 @@ from sessiontree.supervision._node_patterns import NodePatterns
 from sessiontree.supervision._refs import (
     SessionIdLike,
     SessionRef,
-    Spawned,
     as_session_id,
-    refused_result,
 )
 from sessiontree.supervision._requests import (
-    AwaitResult,
     BringBack,
     Call,
-    Cancel,
     Control,
-    ForgetWaiter,
     GetActorRef,
-    GetInfo,
-    GetResult,
-    GetResults,
     GetStats,
     GetTree,
     ListSessions,
     ListStuck,
-    OpenMain,
     ProbeParked,
-    Resume,
-    Send,
-    Spawn,
-    SpawnMany,
-    Suspend,
 )
 from sessiontree.supervision._retry import Restarts
 from sessiontree.supervision._routing import route_inbound
@@ -89,7 +69,7 @@ from sessiontree.supervision._routing import route_inbound
 __all__ = ["Node"]
 
 
-class Node(NodePatterns):  # NodePatterns stands on NodeBase: the Cortex line, the lifecycle
+class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex line, lifecycle)
     """One supervision node, embedded: agents, a Cortex, and the sessions it owns.
 
     Use it as a context manager (``with Node(agents) as node:``) or call
@@ -159,13 +139,6 @@ class Node(NodePatterns):  # NodePatterns stands on NodeBase: the Cortex line, t
         if self.config.gc_tuning:  # last: nothing after it can fail Node()
             tune_gc()
 
-    def _spawned(self, answer: SpawnAnswer) -> Spawned:
-        ref = SessionRef(self, answer.session_id) if answer.session_id else None
-        return Spawned(ref, answer.error, answer.existing)
-
-    def _all_spawned(self, answers: list[SpawnAnswer]) -> list[Spawned]:
-        return [self._spawned(answer) for answer in answers]
-
     @property
     def agents(self) -> list[str]:
         """The ids of the agents registered on this node, sorted."""
@@ -182,57 +155,6 @@ class Node(NodePatterns):  # NodePatterns stands on NodeBase: the Cortex line, t
 
     # -- sessions -----------------------------------------------------------------
 
-    def main(self, agent_id: str, key: str = "internal:main:main") -> SessionRef:
-        """The one Main of ``agent_id`` for session ``key`` (created on first use).
-
-        Raises ``RejectedInputError`` for an unknown agent or a malformed key.
-        """
-        return SessionRef(self, self._call(OpenMain(agent_id, key)))
-
-    def spawn(
-        self, parent: SessionIdLike, spec: SpawnSpec | None = None, /, **fields: Any
-    ) -> Spawned:
-        """Spawn a child of ``parent``; a refused spawn (an unknown parent, a
-        limit, an unknown skill…) comes back as ``Spawned.error``.
-        ``RejectedInputError`` for a ``parent`` that is not a session id or a
-        spec that does not build."""
-        return self._spawned(
-            self._call(Spawn(as_session_id(parent, "parent"), make_spec(spec, **fields)))
-        )
-
-    def spawn_many(self, parent: SessionIdLike, specs: Iterable[SpawnSpec]) -> list[Spawned]:
-        """Spawn a batch of children of ``parent`` in one turn of the Cortex, their
-        records in one commit: one ``Spawned`` per spec, in order. Each spec is
-        checked as ``spawn`` checks it (a refused one does not stop the rest);
-        ``RejectedInputError`` naming the field for a spec that is not a
-        ``SpawnSpec`` or a ``parent`` that is not a session id. The batched
-        path for spawning thousands at once."""
-        sid = as_session_id(parent, "parent")
-        return self._all_spawned(self._call(SpawnMany(sid, spawn_batch(specs))))
-
-    def run(
-        self,
-        parent: SessionIdLike,
-        spec: SpawnSpec | None = None,
-        /,
-        timeout: float | None = None,
-        **fields: Any,
-    ) -> SessionResult | None:
-        """Spawn a fresh session and wait for its result (never reuses a session).
-
-        A refused spawn returns a ``failed`` result carrying the refusal's
-        error (its ``session_id`` is the nil UUID); None only if ``timeout``
-        (real seconds) passes first. Raises as ``spawn`` does.
-        """
-        spawned = self.spawn(parent, make_spec(spec, **fields))
-        if spawned.ref is None:
-            return refused_result(spawned.error)
-        return spawned.ref.wait(timeout)
-
-    def get(self, session_id: SessionIdLike) -> SessionInfo:
-        """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
-        return self._call(GetInfo(as_session_id(session_id)), check=False)
-
     def sessions(
         self, state: SessionState | None = None, kind: SessionKind | None = None
     ) -> list[SessionInfo]:
@@ -244,57 +166,11 @@ class Node(NodePatterns):  # NodePatterns stands on NodeBase: the Cortex line, t
         ``UnknownSessionError`` for an id the node does not hold."""
         return self._call(GetTree(as_session_id(root, "root")), check=False)
 
-    def cancel(self, session_id: SessionIdLike) -> ErrorInfo | None:
-        """Cancel a session and its subtree (one deadline: now + grace); None when
-        accepted, ``invalid_transition`` for a session that already ended;
-        ``UnknownSessionError`` for an id the node does not hold."""
-        return self._call(Cancel(as_session_id(session_id)))
-
-    def suspend(self, session_id: SessionIdLike) -> ErrorInfo | None:
-        """Park a Branch at its next checkpoint; ``invalid_transition`` for other
-        kinds or a Branch not active; ``UnknownSessionError`` for an unknown id."""
-        return self._call(Suspend(as_session_id(session_id)))
-
-    def resume(self, session_id: SessionIdLike) -> ErrorInfo | None:
-        """Resume a suspended Branch; ``invalid_transition`` if it is not suspended;
-        ``UnknownSessionError`` for an unknown id."""
-        return self._call(Resume(as_session_id(session_id)))
-
-    def send(self, session_id: SessionIdLike, message: Any) -> ErrorInfo | None:
-        """Send a Main an inbound message (one message cycle); an error if it
-        cannot take it (``not_allowed`` for other kinds, ``session_not_active``
-        once it stops); ``UnknownSessionError`` for an unknown id."""
-        return self._call(Send(as_session_id(session_id), message))
-
     def conversation(self, session_id: SessionIdLike) -> Conversation:
         """A session's conversation tree (``UnknownSessionError`` for an unknown id)."""
         sid = as_session_id(session_id)
         self.get(sid)
         return self.conversations.get(sid)
-
-    def wait(self, session_id: SessionIdLike, timeout: float | None = None) -> SessionResult | None:
-        """The session's result once it ends; None if ``timeout`` real seconds
-        pass first; ``UnknownSessionError`` for an unknown id."""
-        sid = as_session_id(session_id)
-        reply = Reply()
-        self._send(AwaitResult(sid), reply)
-        try:
-            return reply.get(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
-        except AskTimeoutError:
-            return None
-        finally:
-            if not reply.done:
-                self._tell(Call(ForgetWaiter(sid, reply)))
-
-    def result(self, session_id: SessionIdLike) -> SessionResult | None:
-        """The session's result if it has ended, else None (never waits);
-        ``UnknownSessionError`` for an unknown id."""
-        return self._call(GetResult(as_session_id(session_id)), check=False)
-
-    def results(self, session_id: SessionIdLike) -> list[SessionResult]:
-        """The child results a session has received (most recent ones);
-        ``UnknownSessionError`` for an unknown id."""
-        return self._call(GetResults(as_session_id(session_id)), check=False)
 
     def stuck(self) -> list[SessionInfo]:
         """Sessions flagged as stuck."""
@@ -400,83 +276,9 @@ class Node(NodePatterns):  # NodePatterns stands on NodeBase: the Cortex line, t
 
     # -- awaitable twins (each fails as its blocking method does) -------------------
 
-    async def amain(self, agent_id: str, key: str = "internal:main:main") -> SessionRef:
-        """Awaitable ``main``."""
-        sid = await self._acall(OpenMain(agent_id, key))
-        return SessionRef(self, sid)
-
-    async def aspawn(
-        self, parent: SessionIdLike, spec: SpawnSpec | None = None, /, **fields: Any
-    ) -> Spawned:
-        """Awaitable ``spawn``."""
-        request = Spawn(as_session_id(parent, "parent"), make_spec(spec, **fields))
-        return self._spawned(await self._acall(request))
-
-    async def aspawn_many(self, parent: SessionIdLike, specs: Iterable[SpawnSpec]) -> list[Spawned]:
-        """Awaitable ``spawn_many``."""
-        sid = as_session_id(parent, "parent")
-        return self._all_spawned(await self._acall(SpawnMany(sid, spawn_batch(specs))))
-
-    async def arun(
-        self,
-        parent: SessionIdLike,
-        spec: SpawnSpec | None = None,
-        /,
-        timeout: float | None = None,
-        **fields: Any,
-    ) -> SessionResult | None:
-        """Awaitable ``run``."""
-        spawned = await self.aspawn(parent, make_spec(spec, **fields))
-        if spawned.ref is None:
-            return refused_result(spawned.error)
-        return await self.await_result(spawned.ref, timeout)
-
-    async def aget(self, session_id: SessionIdLike) -> SessionInfo:
-        """Awaitable ``get``."""
-        return await self._acall(GetInfo(as_session_id(session_id)))
-
-    async def acancel(self, session_id: SessionIdLike) -> ErrorInfo | None:
-        """Awaitable ``cancel``."""
-        return await self._acall(Cancel(as_session_id(session_id)))
-
-    async def asuspend(self, session_id: SessionIdLike) -> ErrorInfo | None:
-        """Awaitable ``suspend``."""
-        return await self._acall(Suspend(as_session_id(session_id)))
-
-    async def aresume(self, session_id: SessionIdLike) -> ErrorInfo | None:
-        """Awaitable ``resume``."""
-        return await self._acall(Resume(as_session_id(session_id)))
-
     async def aroute(self, inbound: object, agent_id: str | None = None) -> Routed:
         """Awaitable ``route`` (run off the event loop: it waits for durable writes)."""
         return await asyncio.to_thread(self.route, inbound, agent_id)
-
-    async def asend(self, session_id: SessionIdLike, message: Any) -> ErrorInfo | None:
-        """Awaitable ``send``."""
-        return await self._acall(Send(as_session_id(session_id), message))
-
-    async def await_result(
-        self, session_id: SessionIdLike, timeout: float | None = None
-    ) -> SessionResult | None:
-        """Awaitable ``wait``."""
-        sid = as_session_id(session_id)
-        reply = Reply()
-        self._send(AwaitResult(sid), reply)
-        try:
-            return await reply.get_async(1e9 if timeout is None else timeout)  # type: ignore[no-any-return]
-        except AskTimeoutError:
-            return None
-        finally:
-            if not reply.done:  # timed out or cancelled: the Cortex forgets the waiter
-                self._tell(Call(ForgetWaiter(sid, reply)))
-
-    async def aresult(self, session_id: SessionIdLike) -> SessionResult | None:
-        """Awaitable ``result``: the result if the session has ended, else None."""
-        return await self._acall(GetResult(as_session_id(session_id)), check=False)
-
-    async def aresults(self, session_id: SessionIdLike) -> list[SessionResult]:
-        """Awaitable ``results``."""
-        return await self._acall(GetResults(as_session_id(session_id)))
 
     async def atree(self, root: SessionIdLike) -> dict[str, Any]:
         """Awaitable ``tree``."""

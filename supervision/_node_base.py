@@ -19,10 +19,12 @@ import pykka
 
 from sessiontree.actors import AskTimeoutError, Clock, RealClock
 from sessiontree.actors.runtime import Activity, Reply, post
+from sessiontree.conversations import Conversations
 from sessiontree.protocol import NodeClosedError, SessionInfo
 from sessiontree.supervision._assembly import NodeParts
 from sessiontree.supervision._config import NodeConfig
 from sessiontree.supervision._gc import release_gc
+from sessiontree.supervision._memory import MemorySpace
 from sessiontree.supervision._requests import (
     BeginShutdown,
     Call,
@@ -32,6 +34,8 @@ from sessiontree.supervision._requests import (
     ShutdownDeadline,
     StopAll,
 )
+from sessiontree.supervision._retry import Restarts
+from sessiontree.supervision._runtime import Runtime
 
 __all__ = ["NodeBase"]
 
@@ -50,6 +54,10 @@ class NodeBase:
     fatal_error: BaseException | None
     final_sessions: list[SessionInfo]
     rejected_input: int
+    memory: MemorySpace
+    conversations: Conversations
+    _restarts: Restarts
+    _runtime: Runtime
     _parts: NodeParts
     _cortex: pykka.ActorRef[Any]
     _state: str  # "open", "closing", "closed"

@@ -17,14 +17,13 @@ from typing import Any
 
 from sessiontree.protocol import Gathered
 from sessiontree.supervision._drivers import NodeDriver, drive_node_async
-from sessiontree.supervision._node_base import NodeBase
-from sessiontree.supervision._refs import SessionIdLike, as_session_id
+from sessiontree.supervision._refs import NodeSessions, SessionIdLike, as_session_id
 from sessiontree.supervision._retry import Restarts
 
 __all__ = ["NodePatterns"]
 
 
-class NodePatterns(NodeBase):
+class NodePatterns(NodeSessions):
     """The pattern methods of ``Node``."""
 
     _restarts: Restarts  # restarts per parent, for the patterns' intensity limit

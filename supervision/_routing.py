@@ -10,8 +10,6 @@ field, counted in the node's ``rejected_input``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 
 from sessiontree.protocol import (
@@ -24,9 +22,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._chat import chat_command, is_command
 from sessiontree.supervision._config import Agent
-
-if TYPE_CHECKING:
-    from sessiontree.supervision._node import Node
+from sessiontree.supervision._refs import NodeSessions
 
 __all__ = ["pick_agent", "route_inbound"]
 
@@ -34,7 +30,7 @@ __all__ = ["pick_agent", "route_inbound"]
 _INBOUND_FIELDS = {"content": "text", "platform_id": "message_id"}
 
 
-def route_inbound(node: Node, inbound: object, agent_id: str | None) -> Routed:
+def route_inbound(node: NodeSessions, inbound: object, agent_id: str | None) -> Routed:
     """``Node.route``: see there."""
     try:
         message = decode_inbound(inbound)
