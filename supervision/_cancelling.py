@@ -20,7 +20,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._commits import Commits
 from sessiontree.supervision._endings import Endings
-from sessiontree.supervision._entry import Entry, id_text
+from sessiontree.supervision._entry import TreeEntry, id_text
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import Deadline
 from sessiontree.supervision._tree import Tree
@@ -51,15 +51,15 @@ class Cancelling:
         self.cancel_group(group, ErrorCode.CANCELLED, first=entry)
         return None
 
-    def orphans(self, entry: Entry) -> None:
+    def orphans(self, entry: TreeEntry) -> None:
         """``entry`` ended: its live descendants are cancelled (``parent_terminated``)."""
         self.cancel_group(self.tree.uncancelled_descendants(entry), ErrorCode.PARENT_TERMINATED)
 
     def cancel_group(
         self,
-        group: list[Entry],
+        group: list[TreeEntry],
         code: ErrorCode,
-        first: Entry | None = None,
+        first: TreeEntry | None = None,
         grace: float | None = None,
     ) -> None:
         """Request cancellation of ``group`` (``first`` gets ``code``, the rest
@@ -82,12 +82,12 @@ class Cancelling:
         rt.clock.call_later(grace, fire)
 
     def _request_cancel(
-        self, group: list[Entry], code: ErrorCode, first: Entry | None
-    ) -> list[Entry]:
+        self, group: list[TreeEntry], code: ErrorCode, first: TreeEntry | None
+    ) -> list[TreeEntry]:
         """Mark ``group`` cancelled and wake its skills; end at once what runs
         nothing; the sessions left to wrap up (their deadline is the caller's)."""
         tree, finish = self.tree, self.endings.finish
-        running: list[Entry] = []
+        running: list[TreeEntry] = []
         wakeups: list[Any] = []
         now = tree.now()
         for entry in group:
@@ -138,7 +138,7 @@ class Cancelling:
                     entry, SessionState.CANCELLED, ErrorCode.TERMINATED_BY_FORCE, None
                 )
 
-    def fence(self, entry: Entry, code: ErrorCode) -> None:
+    def fence(self, entry: TreeEntry, code: ErrorCode) -> None:
         """Nothing the skill does counts from now on; its actor drops queued
         input and an async task is cancelled."""
         entry.core.fence(code)

@@ -20,7 +20,7 @@ import pykka
 
 from sessiontree.actors.runtime import Reply, post
 from sessiontree.protocol import ErrorCode, ErrorInfo
-from sessiontree.supervision._entry import Entry
+from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._reports import AfterWrite
 from sessiontree.supervision._runtime import Runtime
 
@@ -110,7 +110,7 @@ class Commits:
         future.add_done_callback(count)
 
 
-def answer_durable(entry: Entry, reply: Reply) -> None:
+def answer_durable(entry: TreeEntry, reply: Reply) -> None:
     """Answer ``reply`` with the ended session's result once its terminal
     write is durable (the store's error if that write failed)."""
     result, future = entry.result, entry.final_write

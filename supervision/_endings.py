@@ -25,7 +25,7 @@ from sessiontree.protocol import (
     Timings,
 )
 from sessiontree.supervision._commits import Commits, answer_durable
-from sessiontree.supervision._entry import Entry, id_text
+from sessiontree.supervision._entry import TreeEntry, id_text
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import RunEnded
 from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
@@ -43,7 +43,7 @@ class Endings:
         self.tree = tree
         self.commits = commits
         # what cleans up an ended session's live descendants (not yet asked to cancel)
-        self.on_orphans: Callable[[Entry], None] = lambda entry: None
+        self.on_orphans: Callable[[TreeEntry], None] = lambda entry: None
 
     def runs_ended(self, ends: tuple[RunEnded, ...]) -> None:
         """Runs that ended in one pass of the event loop: their writes go into one
@@ -105,7 +105,7 @@ class Endings:
 
     def finish(
         self,
-        entry: Entry,
+        entry: TreeEntry,
         state: SessionState,
         code: ErrorCode | None,
         outcome: Outcome | None,
@@ -188,7 +188,7 @@ class Endings:
         if tree.shutdown_waiters:
             tree.check_shutdown()
 
-    def _thread_ended(self, entry: Entry) -> None:
+    def _thread_ended(self, entry: TreeEntry) -> None:
         """A sync session ended: a Branch's or Worker's step thread is no longer
         counted, and one its skill still runs on is abandoned (a zombie)."""
         tree = self.tree
@@ -203,7 +203,7 @@ class Endings:
                 tree.zombies += 1
 
     def _end_state(
-        self, entry: Entry, state: SessionState, code: ErrorCode | None, now: float
+        self, entry: TreeEntry, state: SessionState, code: ErrorCode | None, now: float
     ) -> None:
         """``Tree.set_state`` for an ending: ``entry`` becomes ``state`` (terminal)
         and the event says so; under the same lock its compute slot is given
@@ -229,7 +229,9 @@ class Endings:
             # as set_state writes a Branch leaving suspension (the ending's own write follows)
             tree.persist.snapshot(entry, now, resume=entry.shutdown_park)
 
-    def _deliver(self, entry: Entry, parent: Entry, result: SessionResult, now: float) -> None:
+    def _deliver(
+        self, entry: TreeEntry, parent: TreeEntry, result: SessionResult, now: float
+    ) -> None:
         """File ``entry``'s result on ``parent`` and say so (a RESULT_DELIVERED event)."""
         tree = self.tree
         parent_core = parent.core

@@ -1,4 +1,4 @@
-"""The Cortex's record of one session in the tree index (``Entry``), the
+"""The Cortex's record of one session in the tree index (``TreeEntry``), the
 answer to a spawn, and the TTL timer a batch of children shares."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from sessiontree.protocol import (
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._reports import Expire
 
-__all__ = ["Entry", "SharedTtl", "SpawnAnswer", "id_text", "with_state"]
+__all__ = ["SharedTtl", "SpawnAnswer", "TreeEntry", "id_text", "with_state"]
 
 
 class SharedTtl:
@@ -74,14 +74,14 @@ class SpawnAnswer:
 
 
 @dataclass(eq=False, slots=True)
-class Entry:
+class TreeEntry:
     """The Cortex's record of one session (the tree index is a dict of these)."""
 
     core: SessionCore
     agent: Agent
     skill: Callable[[Any], Any]
     is_async: bool
-    parent: Entry | None
+    parent: TreeEntry | None
     ref: pykka.ActorRef[Any] | None = None
     children: dict[uuid.UUID, None] = field(default_factory=dict)
     live_children: int = 0
@@ -138,7 +138,7 @@ class Entry:
         return not self.is_async and self.kind is not SessionKind.MAIN
 
 
-def id_text(entry: Entry) -> str:
+def id_text(entry: TreeEntry) -> str:
     """``str(entry.session_id)``, made once per session: a cascade needs it in the
     session's ending message and in the delivery event of each of its children.
     (msgspec writes the same canonical form in C, at a fifth of the cost.)"""
@@ -148,7 +148,7 @@ def id_text(entry: Entry) -> str:
     return text
 
 
-def with_state(entry: Entry) -> SessionInfo:
+def with_state(entry: TreeEntry) -> SessionInfo:
     """The session's identity with its current state."""
     info = entry.info
     if info.state is entry.state:

@@ -18,7 +18,7 @@ from sessiontree.actors import TimerHandle
 from sessiontree.actors.runtime import Passivate, post
 from sessiontree.protocol import SessionKind, SessionState
 from sessiontree.store import SessionRecord
-from sessiontree.supervision._entry import Entry, with_state
+from sessiontree.supervision._entry import TreeEntry, with_state
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import Idle, Tick
 from sessiontree.supervision._suspension import Suspension
@@ -38,7 +38,7 @@ class Periodic:
         self.tree = tree
         self.suspension = suspension
         self.timer: TimerHandle | None = None
-        self.sweep: list[Entry] = []  # sessions the stuck check has yet to look at this round
+        self.sweep: list[TreeEntry] = []  # sessions the stuck check has yet to look at this round
 
     def arm(self) -> None:
         """Ask for the next check in ``check_interval`` seconds."""
@@ -125,7 +125,7 @@ class Periodic:
 
     # -- passivation ------------------------------------------------------------------
 
-    def _ask_idle(self, entry: Entry) -> None:
+    def _ask_idle(self, entry: TreeEntry) -> None:
         """Ask a long-idle Main's actor whether it holds anything (its answer is
         an ``Idle``): only the actor knows what it has queued."""
         if entry.passivating is not None or not passivable(entry):
@@ -174,7 +174,7 @@ class Periodic:
         tree.emit(EventKind.PASSIVATED, entry)
 
 
-def passivable(entry: Entry) -> bool:
+def passivable(entry: TreeEntry) -> bool:
     """Whether a Main may be written out and its actor stopped: active, idle,
     nothing owed to it or in flight, its creation durable."""
     core = entry.core

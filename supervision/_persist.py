@@ -33,7 +33,7 @@ from sessiontree.store import (
     Store,
     WriteBatch,
 )
-from sessiontree.supervision._entry import Entry
+from sessiontree.supervision._entry import TreeEntry
 
 __all__ = ["Persister", "context_from_record"]
 
@@ -101,7 +101,7 @@ class Persister:
         submitted.add_done_callback(functools.partial(_finish_like, shared))
 
     def _record(
-        self, entry: Entry, *, context: bool, now: float, resume: bool = False
+        self, entry: TreeEntry, *, context: bool, now: float, resume: bool = False
     ) -> SessionRecord:
         info, state = entry.info, entry.state
         if info.kind is SessionKind.WORKER:  # identity and state only (the ADR)
@@ -119,7 +119,7 @@ class Persister:
         )
 
     def _add_record(
-        self, batch: WriteBatch, entry: Entry, *, now: float, resume: bool = False
+        self, batch: WriteBatch, entry: TreeEntry, *, now: float, resume: bool = False
     ) -> None:
         wants_context = entry.kind is not SessionKind.WORKER
         try:
@@ -133,7 +133,7 @@ class Persister:
             )
             batch.session(self._record(entry, context=False, now=now, resume=resume))
 
-    def _receipts(self, batch: WriteBatch, entry: Entry, *, ended: bool) -> None:
+    def _receipts(self, batch: WriteBatch, entry: TreeEntry, *, ended: bool) -> None:
         """File the results the session has taken since its last snapshot and drop
         them from the outbox. While it lives, a result it has not yet taken (a
         Main's cycle for it has not run) stays owed, so a restart delivers it."""
@@ -173,7 +173,7 @@ class Persister:
 
     # -- the writes ------------------------------------------------------------------
 
-    def created(self, entry: Entry, now: float) -> Future | None:
+    def created(self, entry: TreeEntry, now: float) -> Future | None:
         """A new session: its record, its link under its parent, a Main's key."""
         if self.store is None:
             return None
@@ -186,7 +186,7 @@ class Persister:
             batch.main(info.agent_id, info.key, info.session_id)
         return self._submit(batch)
 
-    def inbound(self, entry: Entry, seq: int, message: Any, now: float) -> Future | None:
+    def inbound(self, entry: TreeEntry, seq: int, message: Any, now: float) -> Future | None:
         """An inbound message a Main accepted (dropped by the cycle that runs it)."""
         if self.store is None:
             return None
@@ -197,7 +197,7 @@ class Persister:
         return self._submit(batch)
 
     def snapshot(
-        self, entry: Entry, now: float, *, consumed: int | None = None, resume: bool = False
+        self, entry: TreeEntry, now: float, *, consumed: int | None = None, resume: bool = False
     ) -> Future | None:
         """A live session's full state: a Main after a cycle, a Branch on suspend
         or resume; with the receipts of the results it got since the last one."""
@@ -210,7 +210,7 @@ class Persister:
         self._receipts(batch, entry, ended=False)
         return self._submit(batch)
 
-    def ended(self, entry: Entry, result: SessionResult, now: float) -> Future | None:
+    def ended(self, entry: TreeEntry, result: SessionResult, now: float) -> Future | None:
         """A terminal state and, in the same batch, the result owed to the parent:
         in the outbox if the parent lives, filed on its record if it has ended.
 

@@ -23,7 +23,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.store import SessionRecord
 from sessiontree.supervision._commits import answer_durable
-from sessiontree.supervision._entry import Entry, with_state
+from sessiontree.supervision._entry import TreeEntry, with_state
 from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._tree import Tree
 
@@ -89,7 +89,7 @@ def subtree(tree: Tree, session_id: uuid.UUID) -> dict[str, Any]:
     sessions that ended before a restart come from the store."""
     store = tree.store
 
-    def node(known: Entry | SessionRecord) -> dict[str, Any]:
+    def node(known: TreeEntry | SessionRecord) -> dict[str, Any]:
         if isinstance(known, SessionRecord):
             info, result = known.info, known.result
             child_ids: list[uuid.UUID] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from sessiontree.actors.runtime import Reply, post, stop_actor
 from sessiontree.protocol import ErrorCode, SessionKind, SessionState
 from sessiontree.supervision._cancelling import Cancelling
-from sessiontree.supervision._entry import Entry
+from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._periodic import Periodic
 from sessiontree.supervision._requests import DEFERRED, Call, ShutdownDeadline
@@ -37,7 +37,7 @@ class Shutdown:
         tree = self.tree
         tree.closing = True
         self.periodic.disarm()
-        workers: list[Entry] = []
+        workers: list[TreeEntry] = []
         for entry in list(tree.entries.values()):
             if entry.state.is_terminal:
                 continue

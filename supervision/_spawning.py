@@ -32,7 +32,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._config import Agent
-from sessiontree.supervision._entry import Entry, SharedTtl, SpawnAnswer
+from sessiontree.supervision._entry import SharedTtl, SpawnAnswer, TreeEntry
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._rules import (
@@ -144,7 +144,7 @@ class Spawning:
 
         waiting = _Gather(len(specs), answers, reply, refused)
         parent = None if self.tree.closing else self.tree.entry(parent_id)
-        created: list[tuple[int, Entry]] = []
+        created: list[tuple[int, TreeEntry]] = []
         admitted: _Admitted | ErrorInfo | None = None
         with self.commits.one_commit():
             for i, spec in enumerate(specs):
@@ -172,7 +172,7 @@ class Spawning:
         return DEFERRED if reply is not None else answers
 
     def _admit(
-        self, parent: Entry | None, parent_id: uuid.UUID, spec: SpawnSpec
+        self, parent: TreeEntry | None, parent_id: uuid.UUID, spec: SpawnSpec
     ) -> _Admitted | ErrorInfo:
         """Validate a spawn under ``parent`` (DESIGN.md §4's order) and resolve what
         its child gets; a refusal is counted, emitted and returned."""
@@ -214,7 +214,7 @@ class Spawning:
         assert agent is not None
         return _Admitted(spec, agent, backend, remote, resolve_ttl(spec, agent), needs_thread)
 
-    def _still_admits(self, parent: Entry, admitted: _Admitted) -> bool:
+    def _still_admits(self, parent: TreeEntry, admitted: _Admitted) -> bool:
         """Whether one more child as ``admitted`` still passes every check. Within
         one turn of the Cortex only these change as children are created."""
         tree = self.tree
@@ -229,7 +229,7 @@ class Spawning:
             )
         )
 
-    def _create_child(self, parent: Entry, admitted: _Admitted) -> Entry | SpawnAnswer:
+    def _create_child(self, parent: TreeEntry, admitted: _Admitted) -> TreeEntry | SpawnAnswer:
         """Index an admitted child under ``parent`` and start its actor; a refusal
         if no actor could be started (then nothing was registered)."""
         spec, ttl = admitted.spec, admitted.ttl
@@ -274,14 +274,14 @@ class Spawning:
     def _new_entry(
         self,
         agent: Agent,
-        parent: Entry | None,
+        parent: TreeEntry | None,
         spec: SpawnSpec,
         ttl: float | None,
         key: str | None,
         backend: str = "inline",
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
-    ) -> Entry:
+    ) -> TreeEntry:
         now = self.tree.now()
         kind = spec.kind
         main = kind is SessionKind.MAIN
@@ -308,7 +308,7 @@ class Spawning:
         )
         return self.tree.register(agent, info, parent, ttl, remote=remote, ttl_share=ttl_share)
 
-    def _persist_children(self, created: list[tuple[int, Entry]], waiting: _Gather) -> None:
+    def _persist_children(self, created: list[tuple[int, TreeEntry]], waiting: _Gather) -> None:
         """Write the records of a batch's new children; once durable, each starts
         (wants a slot) and its place in ``waiting`` is answered, in order, before
         whoever else waits for it. A failed write takes every one out again."""
@@ -388,7 +388,7 @@ class Spawning:
             )
         )
 
-    def _stored_request(self, parent: Entry, request_id: str) -> uuid.UUID | None:
+    def _stored_request(self, parent: TreeEntry, request_id: str) -> uuid.UUID | None:
         """The child a session spawned with ``request_id`` before a restart (its
         request map starts empty when it comes back from the store)."""
         tree = self.tree
@@ -406,7 +406,7 @@ class Spawning:
         return None
 
 
-def _answer_when_persisted(entry: Entry, reply: Reply | None, value: object) -> object:
+def _answer_when_persisted(entry: TreeEntry, reply: Reply | None, value: object) -> object:
     """``value`` now if ``entry``'s record is durable, else ``DEFERRED`` and
     ``reply`` answered once it is (with the store's error if the write failed)."""
     if entry.persisted:
@@ -424,7 +424,7 @@ def _answer_when_persisted(entry: Entry, reply: Reply | None, value: object) -> 
     return DEFERRED
 
 
-def _written_answer(entry: Entry, error: BaseException | None) -> SpawnAnswer:
+def _written_answer(entry: TreeEntry, error: BaseException | None) -> SpawnAnswer:
     """A spawn's answer once its record's write finished: the child, or the
     store's error (a child that already ended is still the answer)."""
     if error is None or entry.state.is_terminal:

@@ -7,7 +7,7 @@ import uuid
 
 from sessiontree.actors.runtime import Deliver, Inbound, post, start_run
 from sessiontree.protocol import SessionKind, SessionState
-from sessiontree.supervision._entry import Entry
+from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._recovery import Recovered
 from sessiontree.supervision._reports import Granted
 from sessiontree.supervision._tree import Tree
@@ -21,7 +21,7 @@ class Starting:
     def __init__(self, tree: Tree) -> None:
         self.tree = tree
 
-    def want_slot(self, entry: Entry) -> None:
+    def want_slot(self, entry: TreeEntry) -> None:
         """Start ``entry`` once a compute slot is free (now, in the common case)."""
         slots = self.tree.rt.slots
         if slots.try_acquire():  # the common case: no callback made for it
@@ -51,7 +51,7 @@ class Starting:
         entry.grant = None
         self.activate(entry)
 
-    def activate(self, entry: Entry) -> None:
+    def activate(self, entry: TreeEntry) -> None:
         tree = self.tree
         if entry.ref is None:  # a branch restored from the store gets its actor to run
             tree.start_actor(entry)
@@ -62,7 +62,7 @@ class Starting:
             rt = tree.rt
             start_run(entry.core, rt.host, entry.skill, entry.is_async, rt.executor, rt.loop)
 
-    def rerun(self, entry: Entry) -> None:
+    def rerun(self, entry: TreeEntry) -> None:
         """Run a restored Branch's skill again (it waits for a slot like a spawn)."""
         entry.suspend_requested = False
         self.want_slot(entry)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 
 from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionState
-from sessiontree.supervision._entry import Entry
+from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._starting import Starting
 from sessiontree.supervision._tree import Tree
@@ -50,7 +50,7 @@ class Suspension:
             self.tree.emit(EventKind.SUSPEND_REQUESTED, entry)
         return None
 
-    def request_suspend(self, entry: Entry) -> None:
+    def request_suspend(self, entry: TreeEntry) -> None:
         entry.suspend_requested = True
         core = entry.core
         with core.cond:

@@ -41,7 +41,7 @@ from sessiontree.protocol import (
 from sessiontree.store import SessionRecord
 from sessiontree.supervision._commits import Commits
 from sessiontree.supervision._config import Agent
-from sessiontree.supervision._entry import Entry, SharedTtl, with_state
+from sessiontree.supervision._entry import SharedTtl, TreeEntry, with_state
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._persist import context_from_record
 from sessiontree.supervision._runtime import Runtime
@@ -61,7 +61,7 @@ class Tree:
             SessionActorLogic, runtime.config.actor_type, runtime.dispatcher
         )
         self.ref: pykka.ActorRef[Any] | None = None  # the Cortex, once started
-        self.entries: dict[uuid.UUID, Entry] = {}
+        self.entries: dict[uuid.UUID, TreeEntry] = {}
         self.mains: dict[tuple[str, str], uuid.UUID] = {}
         # Mains held by no actor: left dormant by recovery, or passivated when
         # idle (then with the inbox number they go on from); the record here
@@ -69,7 +69,7 @@ class Tree:
         self.dormant: dict[uuid.UUID, SessionRecord] = {}
         self.next_seqs: dict[uuid.UUID, int] = {}
         # the Mains holding an actor (the periodic check drops those gone)
-        self.resident_mains: dict[uuid.UUID, Entry] = {}
+        self.resident_mains: dict[uuid.UUID, TreeEntry] = {}
         self.terminal: collections.deque[uuid.UUID] = collections.deque()  # oldest first
         self.live = 0
         self.sync_threads = 0
@@ -84,7 +84,7 @@ class Tree:
     def now(self) -> float:
         return self.rt.clock.time()
 
-    def lookup(self, session_id: uuid.UUID) -> Entry:
+    def lookup(self, session_id: uuid.UUID) -> TreeEntry:
         """The entry of ``session_id`` (a dormant Main comes back first);
         ``UnknownSessionError`` if the index holds no such session."""
         entry = self.entry(session_id)
@@ -93,7 +93,7 @@ class Tree:
             raise UnknownSessionError(msg, session_id=session_id)
         return entry
 
-    def entry(self, session_id: uuid.UUID | None) -> Entry | None:
+    def entry(self, session_id: uuid.UUID | None) -> TreeEntry | None:
         """The index entry of ``session_id``, bringing a dormant Main back first."""
         if session_id is None:
             return None
@@ -108,7 +108,7 @@ class Tree:
                 self.rt.counters["reactivated"] += 1
         return entry
 
-    def known(self, session_id: uuid.UUID) -> Entry | SessionRecord:
+    def known(self, session_id: uuid.UUID) -> TreeEntry | SessionRecord:
         """What this node knows of a session, without waking a dormant Main: its
         index entry, or its stored record (dormant, or ended before a restart
         or eviction). ``UnknownSessionError`` when neither exists."""
@@ -123,10 +123,10 @@ class Tree:
             raise UnknownSessionError(msg, session_id=session_id)
         return record
 
-    def uncancelled_descendants(self, entry: Entry) -> list[Entry]:
+    def uncancelled_descendants(self, entry: TreeEntry) -> list[TreeEntry]:
         """``entry``'s live descendants not yet asked to cancel, parents before
         their children (a list, not a generator: a cascade walks tens of thousands)."""
-        found: list[Entry] = []
+        found: list[TreeEntry] = []
         stack = [entry]
         entries = self.entries
         while stack:
@@ -144,7 +144,7 @@ class Tree:
     def emit(
         self,
         kind: EventKind,
-        entry: Entry | None,
+        entry: TreeEntry | None,
         *,
         previous: SessionState | None = None,
         code: ErrorCode | None = None,
@@ -183,12 +183,12 @@ class Tree:
             )
         events.emit(event)
 
-    def post(self, entry: Entry, message: object) -> None:
+    def post(self, entry: TreeEntry, message: object) -> None:
         """Tell ``entry``'s actor ``message`` (dropped if it holds none)."""
         if entry.ref is not None:
             post(entry.ref, message, self.rt.activity)
 
-    def note_input(self, entry: Entry) -> None:
+    def note_input(self, entry: TreeEntry) -> None:
         """Something was handed to a Main (a message, a result) or a cycle of it
         ended: it is not idle, and a passivation asked about before is stale."""
         entry.mark += 1
@@ -198,7 +198,7 @@ class Tree:
 
     def set_state(
         self,
-        entry: Entry,
+        entry: TreeEntry,
         new: SessionState,
         code: ErrorCode | None = None,
         *,
@@ -229,13 +229,13 @@ class Tree:
         self,
         agent: Agent,
         info: SessionInfo,
-        parent: Entry | None,
+        parent: TreeEntry | None,
         ttl: float | None,
         *,
         restored: bool = False,
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
-    ) -> Entry:
+    ) -> TreeEntry:
         """Index a session and start its actor (its first TTL timer: ``ttl`` s,
         on ``ttl_share`` if given); ``restored``: it comes back from the store
         (its event says so); ``remote``: its skill runs on that backend."""
@@ -253,7 +253,7 @@ class Tree:
         # A remote step is awaited on the loop: it holds no step thread and is
         # killed, never abandoned, so it is never a zombie.
         is_async = remote is not None or agent.is_async(info.skill)
-        entry = Entry(core=core, agent=agent, skill=skill, is_async=is_async, parent=parent)
+        entry = TreeEntry(core=core, agent=agent, skill=skill, is_async=is_async, parent=parent)
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = rt.clock.monotonic()
             self.resident_mains[info.session_id] = entry
@@ -272,7 +272,7 @@ class Tree:
             self.emit(EventKind.SPAWNED, entry, data=data)
         return entry
 
-    def restore(self, record: SessionRecord) -> Entry:
+    def restore(self, record: SessionRecord) -> TreeEntry:
         """Bring a stored Main or suspended Branch back into the index, with its
         context, its filed results and ``resumed`` set. A Main takes messages at
         once; a Branch stays suspended until resumed (its skill then runs again)."""
@@ -302,7 +302,7 @@ class Tree:
         self.emit(EventKind.RESTORED, entry)
         return entry
 
-    def persist_new(self, entry: Entry) -> bool:
+    def persist_new(self, entry: TreeEntry) -> bool:
         """Write a new session's record; False when there is no store. Until the
         write is durable, ``entry.on_persisted`` collects who waits for it; if it
         fails, the session is taken out again as if never created."""
@@ -327,7 +327,7 @@ class Tree:
         self.rt.counters["store_write_errors"] += 1
         self.emit(EventKind.STORE_ERROR, None, data={"error": repr(error)})
 
-    def discard(self, entry: Entry) -> None:
+    def discard(self, entry: TreeEntry) -> None:
         """Take out a session whose record could not be written (nobody has its id
         yet); one that already ended keeps its ending."""
         if entry.state.is_terminal:
@@ -358,7 +358,7 @@ class Tree:
 
     # -- actors and timers -----------------------------------------------------------
 
-    def start_actor(self, entry: Entry) -> None:
+    def start_actor(self, entry: TreeEntry) -> None:
         rt = self.rt
         entry.ref = start_actor(
             self.session_class,
@@ -373,7 +373,7 @@ class Tree:
             rt.on_fatal,
         )
 
-    def stop_actor(self, entry: Entry) -> None:
+    def stop_actor(self, entry: TreeEntry) -> None:
         """A session that needs no mailbox (ended, parked, passivated) holds no
         actor; its actor is stopped with the next batch (``Cortex._stop_ended``)."""
         if entry.ref is not None:
@@ -396,7 +396,7 @@ class Tree:
     def _rejected_by_session(self, body: object) -> None:
         self.rt.counters["rejected_messages"] += 1
 
-    def arm_ttl(self, entry: Entry, ttl: float, share: SharedTtl | None = None) -> None:
+    def arm_ttl(self, entry: TreeEntry, ttl: float, share: SharedTtl | None = None) -> None:
         """Expire ``entry`` in ``ttl`` s: on a timer of its own, or on ``share``'s
         (armed by its first member; its members share their creation instant)."""
         if self.ref is None:
