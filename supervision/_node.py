@@ -6,8 +6,9 @@ so asyncio applications embed it without threads of their own. Predictable
 failures come back as values (``Spawned.error``, ``SessionResult.error``,
 ``ErrorInfo``); exceptions are for programming errors and a closed node.
 
-Where the rest lives: the refs (``SessionRef``, ``Spawned``) and what a
-session id may be (``as_session_id``) in ``_refs``; what the node is built
+Where the rest lives: the refs (``SessionRef``, ``Spawned``), what a session
+id may be (``as_session_id``) and the operations on one session that both
+``Node`` and its refs offer (``NodeSessions``) in ``_refs``; what the node is built
 of, and the steps of its start and of the end of its shutdown, in
 ``_assembly``; the line to the Cortex and the lifecycle (shutdown) in
 ``_node_base``; the coordination patterns it runs for a parent in
@@ -47,11 +48,7 @@ from sessiontree.supervision._gc import tune_gc
 from sessiontree.supervision._host import NodeHost
 from sessiontree.supervision._memory import MemorySpace
 from sessiontree.supervision._node_patterns import NodePatterns
-from sessiontree.supervision._refs import (
-    SessionIdLike,
-    SessionRef,
-    as_session_id,
-)
+from sessiontree.supervision._refs import SessionIdLike, SessionRef, as_session_id
 from sessiontree.supervision._requests import (
     BringBack,
     Call,
