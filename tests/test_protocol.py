@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import uuid
 
 import msgspec
@@ -126,30 +125,3 @@ def test_cancelled_is_not_an_exception() -> None:
     assert issubclass(Cancelled, BaseException)
     assert not issubclass(Cancelled, Exception)
     assert issubclass(RejectedInputError, SessionTreeError)
-
-
-@pytest.mark.parametrize(
-    "package", ["protocol", "actors", "supervision", "store", "conversations", "cli"]
-)
-def test_each_package_exports_a_sorted_all_that_resolves(package: str) -> None:
-    module = importlib.import_module(f"sessiontree.{package}")
-    exported = module.__all__
-    assert list(exported) == sorted(exported, key=lambda n: (not n.isupper(), n))
-    for name in exported:
-        assert hasattr(module, name), name
-
-
-def test_the_conversations_package_exports_its_public_names() -> None:
-    module = importlib.import_module("sessiontree.conversations")
-    assert module.__all__ == [
-        "EXPORT_FORMATS",
-        "Conversation",
-        "ConversationBackend",
-        "Conversations",
-        "MemoryBackend",
-        "TimeSource",
-        "nested_json",
-        "preview_text",
-        "render_html",
-        "text_tree",
-    ]
