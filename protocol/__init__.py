@@ -83,6 +83,7 @@ from sessiontree.protocol._states import (
     SessionState,
     is_legal_transition,
 )
+from sessiontree.protocol._usage import MAX_BUDGET_COST, MAX_BUDGET_COUNT, Budget, Usage
 
 # The library never configures logging; applications (and the CLI) do.
 logging.getLogger("sessiontree").addHandler(logging.NullHandler())
@@ -90,6 +91,8 @@ logging.getLogger("sessiontree").addHandler(logging.NullHandler())
 __all__ = [
     "MAIN_KEY",
     "MAX_BRANCH_NAME_CHARS",
+    "MAX_BUDGET_COST",
+    "MAX_BUDGET_COUNT",
     "MAX_CONTENT_BYTES",
     "MAX_CONTROL_BYTES",
     "MAX_NESTING",
@@ -105,6 +108,7 @@ __all__ = [
     "BackendUnavailableError",
     "Branch",
     "BranchInfo",
+    "Budget",
     "CancelCmd",
     "ChatMessage",
     "ChatReply",
@@ -152,6 +156,7 @@ __all__ = [
     "Timings",
     "UnknownAgentError",
     "UnknownSessionError",
+    "Usage",
     "as_json",
     "check_text",
     "decode_control",

@@ -11,6 +11,7 @@ import msgspec
 from sessiontree.protocol._errors import RejectedInputError
 from sessiontree.protocol._messages import ControlMessage
 from sessiontree.protocol._specs import SpawnSpec
+from sessiontree.protocol._usage import Budget
 
 __all__ = [
     "MAX_CONTROL_BYTES",
@@ -137,7 +138,12 @@ def make_spec(spec: Any = None, /, **fields: Any) -> SpawnSpec:
     if spec is not None and fields:
         msg = "pass either a SpawnSpec or keyword fields, not both"
         raise TypeError(msg)
-    raw = msgspec.to_builtins(spec) if spec is not None else fields
+    if spec is not None:
+        raw = msgspec.to_builtins(spec)
+    elif isinstance(fields.get("budget"), Budget):  # checked like one given as a mapping
+        raw = {**fields, "budget": msgspec.to_builtins(fields["budget"])}
+    else:
+        raw = fields
     try:
         return msgspec.convert(raw, SpawnSpec)
     except msgspec.ValidationError as exc:

@@ -69,6 +69,9 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_BACKEND = "unknown_backend"
     BACKEND_UNAVAILABLE = "backend_unavailable"
     NOT_SERIALISABLE = "not_serialisable"
+    BUDGET_EXHAUSTED = "budget_exhausted"
+    BUDGET_UNENFORCEABLE = "budget_unenforceable"
+    MODEL_ERROR = "model_error"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -9,6 +9,7 @@ import msgspec
 
 from sessiontree.protocol._errors import ErrorInfo
 from sessiontree.protocol._states import SessionKind, SessionState
+from sessiontree.protocol._usage import Usage
 
 __all__ = ["Collected", "Outcome", "SessionResult", "Timings"]
 
@@ -33,7 +34,9 @@ class SessionResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     ``status`` is the terminal state; ``error`` is ``None`` only for
     ``completed``. A cancelled session that wrapped up in grace carries what it
-    returned as a partial ``summary``/``artifacts``.
+    returned as a partial ``summary``/``artifacts``. ``usage`` is what its own
+    model calls spent, ``subtree_usage`` that and every descendant's, each
+    counted once (``None``: nothing).
     """
 
     session_id: uuid.UUID
@@ -45,6 +48,8 @@ class SessionResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     memory_ids: tuple[str, ...] = ()
     error: ErrorInfo | None = None
     timings: Timings | None = None
+    usage: Usage | None = None
+    subtree_usage: Usage | None = None
 
     @property
     def ok(self) -> bool:

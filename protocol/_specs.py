@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import msgspec
 
 from sessiontree.protocol._states import SessionKind, SessionState
+from sessiontree.protocol._usage import Budget
 
 __all__ = ["MAX_TASK_CHARS", "SessionInfo", "SpawnSpec"]
 
@@ -29,7 +30,10 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     session instead of creating a second. The child always inherits the
     parent's ``agent_id``. ``backend`` says where its skill runs (``inline``,
     ``process``, ``ray``); ``None`` takes the node's backend for a worker and
-    ``inline`` for a branch.
+    ``inline`` for a branch. ``budget`` bounds what the child's subtree may
+    spend; it can only narrow what its parent has left (a wider one is
+    clamped, and the spawn's answer says so); ``None`` takes the agent's
+    default, or what the parent has left.
     """
 
     kind: SessionKind
@@ -41,6 +45,7 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     request_id: Name | None = None
     metadata: Metadata = msgspec.field(default_factory=dict)
     backend: Name | None = None
+    budget: Budget | None = None
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -48,7 +53,8 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     Timestamps are float seconds since the epoch (UTC); ``deadline`` is the
     wall-clock instant the TTL runs out (``None``: no TTL). ``backend`` is where
-    its skill runs (``inline``, ``process``, ``ray``).
+    its skill runs (``inline``, ``process``, ``ray``); ``budget`` what its
+    subtree may spend (a Main's: per message cycle), after narrowing.
     """
 
     session_id: uuid.UUID
@@ -68,3 +74,4 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     request_id: str | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     backend: str = "inline"
+    budget: Budget | None = None

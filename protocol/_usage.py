@@ -1,0 +1,87 @@
+"""What sessions spend (``Usage``) and what they may spend (``Budget``).
+
+A ``Usage`` adds up: a session's own (its model calls), its subtree's (its own
+and every descendant's, each counted once), what is reserved for calls in
+flight. A ``Budget`` bounds a session's subtree in each dimension it names;
+``None`` leaves a dimension unbounded, ``0`` refuses everything in it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+__all__ = ["MAX_BUDGET_COST", "MAX_BUDGET_COUNT", "Budget", "Usage"]
+
+MAX_BUDGET_COUNT = 10**12  # tokens, calls or descendants: far past any real budget
+MAX_BUDGET_COST = 1e12  # in the price table's currency
+
+# msgspec's bounds refuse NaN (it compares false) and, with an upper bound, inf.
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_BUDGET_COUNT)]
+Cost = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_BUDGET_COST)]
+Fraction = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Tokens, cost, model calls and sessions spawned: one call's, one
+    session's, or a subtree's. A call to a model the price table does not name
+    adds no cost and counts in ``unpriced_calls``."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    calls: int = 0
+    descendants: int = 0
+    unpriced_calls: int = 0  # calls to a model the price table does not name
+
+    @property
+    def tokens(self) -> int:
+        """Prompt and completion tokens together."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            cost=self.cost + other.cost,
+            calls=self.calls + other.calls,
+            descendants=self.descendants + other.descendants,
+            unpriced_calls=self.unpriced_calls + other.unpriced_calls,
+        )
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens - other.prompt_tokens,
+            completion_tokens=self.completion_tokens - other.completion_tokens,
+            cost=self.cost - other.cost,
+            calls=self.calls - other.calls,
+            descendants=self.descendants - other.descendants,
+            unpriced_calls=self.unpriced_calls - other.unpriced_calls,
+        )
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a session's subtree may spend: ``tokens`` (prompt and completion),
+    ``cost``, model ``calls`` and ``descendants`` spawned; ``None`` bounds
+    nothing, ``0`` refuses every call (or spawn). ``soft`` is the fraction of
+    any bound at which a warning is emitted once.
+
+    Decoding refuses a negative, NaN or infinite bound, naming the field.
+    """
+
+    tokens: Count | None = None
+    cost: Cost | None = None
+    calls: Count | None = None
+    descendants: Count | None = None
+    soft: Fraction = 0.8
+
+    @property
+    def bounded(self) -> bool:
+        """True when at least one dimension is bounded."""
+        return not (
+            self.tokens is None
+            and self.cost is None
+            and self.calls is None
+            and self.descendants is None
+        )
