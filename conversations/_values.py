@@ -95,7 +95,11 @@ def maybe_uuid(value: object) -> uuid.UUID | None:
 
 
 def as_uuid(value: object, field: str) -> uuid.UUID:
-    """``value`` as a message id, or ``RejectedInputError`` naming ``field``."""
+    """``value`` as a message id, or ``RejectedInputError`` naming ``field``.
+
+    Any spelling ``uuid.UUID`` parses is taken (a message id is the tree's own);
+    a session id from a user must be canonical (``supervision``'s ``as_session_id``).
+    """
     found = maybe_uuid(value)
     if found is None:
         msg = f"{field} must be a message id (a UUID), got {value!r}"

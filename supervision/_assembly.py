@@ -175,13 +175,12 @@ class NodeParts:
             backends=self.backends,
         )
 
-    def start_housekeeping(self) -> Housekeeper | None:
-        """The store's export and pruning schedule (none without a store)."""
+    def start_housekeeping(self) -> None:
+        """Start the store's export and pruning schedule (none without a store)."""
         if self.store is None:
-            return None
+            return
         self.housekeeper = Housekeeper(self.store, self.config, self.clock)
         self.housekeeper.start()
-        return self.housekeeper
 
     # -- taking apart --------------------------------------------------------------
 

@@ -127,8 +127,7 @@ class Cortex:
 
     def on_start(self) -> None:
         """Runs on the Cortex thread before any message; arms the periodic check."""
-        ref = self.actor_ref  # type: ignore[attr-defined]
-        self.tree.ref = self.commits.ref = ref
+        self.tree.ref = self.commits.ref = self.actor_ref  # type: ignore[attr-defined]
         self.rt.activity.on_idle = self.on_idle
         self.periodic.arm()
 
@@ -216,9 +215,7 @@ class Cortex:
                 self.tree.stop_ended()
                 if isinstance(body, Tick):
                     self.periodic.tick()
-            case SpawnCmd() | SendCmd() | CancelCmd() | SuspendCmd() | ResumeCmd():
-                return self._control(body, reply=None)
-            case _:
+            case _:  # a control command too: those come as a Control request
                 self._reject(body)
                 return ErrorInfo(
                     code=ErrorCode.REJECTED_INPUT,
@@ -310,20 +307,23 @@ class Cortex:
         raise RejectedInputError(msg)
 
     def _control(self, command: object, reply: Reply | None) -> object:
-        """Apply one decoded control command (see ``protocol.ControlMessage``)."""
+        """Apply one decoded control command (see ``protocol.ControlMessage``) as
+        the request it stands for; ``RejectedInputError`` for anything else."""
         match command:
             case SpawnCmd(parent_id=parent_id, spec=spec):
-                return self.spawning.spawn(parent_id, spec, reply)
+                request: Request[Any] = Spawn(parent_id, spec)
             case SendCmd(session_id=sid, message=message):
-                return self.messages.send(sid, message, reply)
+                request = Send(sid, message)
             case CancelCmd(session_id=sid):
-                return self.cancelling.cancel(sid)
+                request = Cancel(sid)
             case SuspendCmd(session_id=sid):
-                return self.suspension.suspend(sid)
+                request = Suspend(sid)
             case ResumeCmd(session_id=sid):
-                return self.suspension.resume(sid)
-        msg = f"not a control command: {type(command).__name__}"
-        raise RejectedInputError(msg)
+                request = Resume(sid)
+            case _:
+                msg = f"not a control command: {type(command).__name__}"
+                raise RejectedInputError(msg)
+        return self._answer(request, reply)
 
     # -- refusals and failure ------------------------------------------------------
 

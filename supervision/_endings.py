@@ -42,8 +42,9 @@ class Endings:
     def __init__(self, tree: Tree, commits: Commits) -> None:
         self.tree = tree
         self.commits = commits
-        # what cleans up an ended session's live descendants (not yet asked to cancel)
-        self.on_orphans: Callable[[TreeEntry], None] = lambda entry: None
+        # What cleans up an ended session's live descendants (not yet asked to
+        # cancel): Cancelling.orphans, wired by the Cortex once both exist.
+        self.on_orphans: Callable[[TreeEntry], None] = _unwired
 
     def runs_ended(self, ends: tuple[RunEnded, ...]) -> None:
         """Runs that ended in one pass of the event loop: their writes go into one
@@ -294,3 +295,8 @@ class Endings:
                 key = (old.agent.agent_id, old.info.key or "")
                 if tree.mains.get(key) == sid:  # a newer Main may hold the key
                     del tree.mains[key]
+
+
+def _unwired(entry: TreeEntry) -> None:
+    msg = f"session {entry.session_id} ended with live children and no orphan cleanup wired"
+    raise AssertionError(msg)

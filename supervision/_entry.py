@@ -63,7 +63,7 @@ class SharedTtl:
         self.expire(Expire(tuple(self.ids)))
 
 
-@dataclass(slots=True)  # one per spawn: not frozen, see Expire
+@dataclass(slots=True)  # one per spawn: not frozen, see _reports.RunEnded
 class SpawnAnswer:
     """The Cortex's answer to a spawn: a session id or an error; ``existing`` for a
     repeated ``request_id``."""

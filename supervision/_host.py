@@ -36,6 +36,7 @@ class NodeHost:
 
     def __init__(self, node: NodeSessions) -> None:
         self.node = node
+        self.parts = node._parts  # read at every run's end: one hop fewer
         self._ended: list[RunEnded] = []  # touched on the event loop thread only
 
     # A skill spawning while the node shuts down (or after) gets node_closed
@@ -105,7 +106,7 @@ class NodeHost:
         self.node._tell(Parked(core.session_id))
 
     def run_ended(self, core: SessionCore, end: RunEnd) -> None:
-        loop = self.node._parts.loop
+        loop = self.parts.loop
         if loop is None or not loop.is_current():
             self.node._tell(RunEnded(core.session_id, end))
             return

@@ -132,7 +132,7 @@ class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex l
         self._cortex = start_cortex(self._runtime)
         if recovered is not None:  # sessions it starts report through self._cortex
             self._tell(Call(BringBack()))
-        self._housekeeper = parts.start_housekeeping()
+        parts.start_housekeeping()
         if self.config.gc_tuning:  # last: nothing after it can fail Node()
             tune_gc()
 
@@ -261,10 +261,11 @@ class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex l
         and the pruning past ``config.prune_after`` (each only when configured).
         Raises ``NodeClosedError`` without a store; ``OSError`` when the export
         cannot be written (then nothing is pruned)."""
-        if self._housekeeper is None:
+        housekeeper = self._parts.housekeeper
+        if housekeeper is None:
             msg = "this node has no store to keep"
             raise NodeClosedError(msg)
-        return self._housekeeper.run()
+        return housekeeper.run()
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until every mailbox is empty and every skill is blocked at a
@@ -279,17 +280,17 @@ class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex l
 
     async def atree(self, root: SessionIdLike) -> dict[str, Any]:
         """Awaitable ``tree``."""
-        return await self._acall(GetTree(as_session_id(root, "root")))
+        return await self._acall(GetTree(as_session_id(root, "root")), check=False)
 
     async def asessions(
         self, state: SessionState | None = None, kind: SessionKind | None = None
     ) -> list[SessionInfo]:
         """Awaitable ``sessions``."""
-        return await self._acall(ListSessions(state, kind))
+        return await self._acall(ListSessions(state, kind), check=False)
 
     async def astats(self) -> dict[str, int]:
         """Awaitable ``stats`` (the Cortex's figures)."""
-        return await self._acall(GetStats())
+        return await self._acall(GetStats(), check=False)
 
     async def await_idle(self, timeout: float = 10.0) -> bool:
         """Awaitable ``wait_idle`` (runs the wait on a helper thread)."""

@@ -18,15 +18,12 @@ from typing import Any
 from sessiontree.protocol import Gathered
 from sessiontree.supervision._drivers import NodeDriver, drive_node_async
 from sessiontree.supervision._refs import NodeSessions, SessionIdLike, as_session_id
-from sessiontree.supervision._retry import Restarts
 
 __all__ = ["NodePatterns"]
 
 
 class NodePatterns(NodeSessions):
     """The pattern methods of ``Node``."""
-
-    _restarts: Restarts  # restarts per parent, for the patterns' intensity limit
 
     def fan_out(self, parent: SessionIdLike, tasks: Any, **options: Any) -> Gathered:
         """One child of ``parent`` per task, queued past the children limit; waits

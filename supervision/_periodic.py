@@ -53,8 +53,10 @@ class Periodic:
         self.timer = self.tree.rt.clock.call_later(self.tree.rt.config.check_interval, fire)
 
     def disarm(self) -> None:
+        """Cancel the next check, if one is armed."""
         if self.timer is not None:
             self.timer.cancel()
+            self.timer = None
 
     def tick(self) -> None:
         """One check (see the module docstring); the next is armed unless closing."""

@@ -389,7 +389,7 @@ class NodeSessions(NodeBase):
 
     async def aget(self, session_id: SessionIdLike) -> SessionInfo:
         """Awaitable ``get``."""
-        return await self._acall(GetInfo(as_session_id(session_id)))
+        return await self._acall(GetInfo(as_session_id(session_id)), check=False)
 
     async def acancel(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Awaitable ``cancel``."""
@@ -428,4 +428,4 @@ class NodeSessions(NodeBase):
 
     async def aresults(self, session_id: SessionIdLike) -> list[SessionResult]:
         """Awaitable ``results``."""
-        return await self._acall(GetResults(as_session_id(session_id)))
+        return await self._acall(GetResults(as_session_id(session_id)), check=False)

@@ -2,7 +2,9 @@
 
 Each request names the type of its answer (``Request[T]``), so
 ``Node._call(Spawn(parent_id, spec))`` is a ``SpawnAnswer`` to mypy and to a
-reader, and the Cortex handles each one in a ``match`` (``Cortex._answer``).
+reader, and the Cortex handles each one in a ``match`` (``Cortex._answer``);
+mypy checks the caller's side, the arms of that match answer what their
+request names by review and by the tests.
 A request travels in a ``Call`` envelope with the ``Reply`` its caller waits on
 (None for a request nobody waits for).
 

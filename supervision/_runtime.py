@@ -1,4 +1,4 @@
-"""The pieces of a node the Cortex drives, assembled by ``Node``."""
+"""The pieces of a node the Cortex drives, assembled by ``NodeParts.runtime``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ __all__ = ["Runtime"]
 
 @dataclass
 class Runtime:
-    """The pieces of a node the Cortex drives (built by ``Node``)."""
+    """The pieces of a node the Cortex drives (built by ``NodeParts.runtime``)."""
 
     config: NodeConfig
     clock: Clock

@@ -2,6 +2,9 @@
 work; running Branches park (they resume after a restart); Workers and remote
 steps are cancelled with the grace, forced at its end; Mains stay. The caller
 is answered with every session once that has settled or the grace ran out.
+Whether it has settled is asked after every ending and every park, so the
+check lives with the tree's state (``Tree.check_shutdown``), where endings
+and suspension reach it.
 """
 
 from __future__ import annotations

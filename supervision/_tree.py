@@ -206,7 +206,7 @@ class Tree:
         taking_slot: bool = False,
     ) -> None:
         """Change ``entry``'s state (and emit it); an ending goes through
-        ``Endings.end_state``. ``taking_slot``: it starts, holding the compute
+        ``Endings.finish``. ``taking_slot``: it starts, holding the compute
         slot granted to it."""
         old = entry.state
         if not is_legal_transition(old, new):  # a broken invariant: the node fails loudly
@@ -375,7 +375,7 @@ class Tree:
 
     def stop_actor(self, entry: TreeEntry) -> None:
         """A session that needs no mailbox (ended, parked, passivated) holds no
-        actor; its actor is stopped with the next batch (``Cortex._stop_ended``)."""
+        actor; its actor is stopped with the next batch (``Tree.stop_ended``)."""
         if entry.ref is not None:
             self.to_stop.append(entry.ref)
             entry.ref = None

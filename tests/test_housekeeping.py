@@ -36,7 +36,7 @@ def test_the_export_is_rewritten_on_its_schedule(tmp_path: Path) -> None:
         assert node.run(main, kind=SessionKind.WORKER) is not None
         assert not out.exists()
         written = threading.Event()
-        real_run = node._housekeeper.run  # type: ignore[union-attr]
+        real_run = node._parts.housekeeper.run  # type: ignore[union-attr]
 
         def watched() -> dict[str, object]:
             try:
@@ -44,7 +44,7 @@ def test_the_export_is_rewritten_on_its_schedule(tmp_path: Path) -> None:
             finally:
                 written.set()
 
-        node._housekeeper.run = watched  # type: ignore[union-attr,method-assign]
+        node._parts.housekeeper.run = watched  # type: ignore[union-attr,method-assign]
         clock.advance(60.0)
         assert written.wait(WAIT)
         sessions = [line for line in _lines(out) if line["type"] == "session"]

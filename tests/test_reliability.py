@@ -14,6 +14,7 @@ import pytest
 from sessiontree.actors import AskTimeoutError, Cancelled, VirtualClock
 from sessiontree.actors.runtime import Deliver, post
 from sessiontree.protocol import (
+    CancelCmd,
     DeadlockError,
     ErrorCode,
     NodeClosedError,
@@ -382,6 +383,16 @@ def test_unknown_messages_are_counted_and_actors_survive(node: Node) -> None:
     assert node.stats()["rejected_messages"] == 2
     assert node.inspect(ref, lambda core: core.state) is SessionState.ACTIVE
     assert ref.state is SessionState.ACTIVE
+
+
+def test_a_control_command_posted_raw_to_the_cortex_is_refused_not_fatal(node: Node) -> None:
+    """Commands reach the Cortex as ``Control`` requests; one posted bare (here
+    for a session that does not exist) is refused and counted, and the node goes on."""
+    post(node._cortex, CancelCmd(session_id=uuid.uuid4()), node.activity)
+    settle(node)
+    assert node.failure is None
+    assert node.stats()["rejected_messages"] == 1
+    assert node.main("agent").state is SessionState.ACTIVE
 
 
 def test_a_result_for_a_stranger_is_just_filed(node: Node) -> None:
