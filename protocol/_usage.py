@@ -18,7 +18,8 @@ MAX_BUDGET_COUNT = 10**12  # tokens, calls or descendants: far past any real bud
 MAX_BUDGET_COST = 1e12  # in the price table's currency
 
 # msgspec's bounds refuse NaN (it compares false) and, with an upper bound, inf.
-Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_BUDGET_COUNT)]
+# A count is decoded as a number and kept as an int (see Budget.__post_init__).
+Count = Annotated[float, msgspec.Meta(ge=0, le=MAX_BUDGET_COUNT)]
 Cost = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_BUDGET_COST)]
 Fraction = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 
@@ -67,7 +68,9 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     nothing, ``0`` refuses every call (or spawn). ``soft`` is the fraction of
     any bound at which a warning is emitted once.
 
-    Decoding refuses a negative, NaN or infinite bound, naming the field.
+    Decoding refuses a negative, NaN or infinite bound, naming the field. JSON
+    has one number type, so a count written ``31.0`` is the count 31 (as JSON
+    Schema reads "integer"); a count with a fraction is refused.
     """
 
     tokens: Count | None = None
@@ -75,6 +78,15 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     calls: Count | None = None
     descendants: Count | None = None
     soft: Fraction = 0.8
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "calls", "descendants"):
+            value = getattr(self, name)
+            if value is not None and type(value) is not int:
+                if not float(value).is_integer():
+                    msg = f"budget.{name} must be a whole number, got {value!r}"
+                    raise ValueError(msg)
+                msgspec.structs.force_setattr(self, name, int(value))
 
     @property
     def bounded(self) -> bool:

@@ -7,12 +7,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.actors.runtime import is_async_skill
-from sessiontree.protocol import DmScope, SessionKind
+from sessiontree.protocol import Budget, DmScope, SessionKind
 
-__all__ = ["Agent", "NodeConfig"]
+__all__ = ["Agent", "NodeConfig", "Price"]
 
 Skill = Callable[[Any], Any]
 
@@ -167,6 +169,15 @@ _DEFAULT_TTLS: Mapping[SessionKind, float | None] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Price:
+    """What one token of a model costs, prompt and completion (in the price
+    table's currency)."""
+
+    prompt: float
+    completion: float
+
+
 @dataclass(frozen=True)
 class Agent:
     """A registration: an agent's skills and its settings.
@@ -179,6 +190,9 @@ class Agent:
     ``dm_scope`` maps direct messages to sessions (``Node.route``): ``main``
     (all share the agent's main session), ``per-channel-peer`` or
     ``per-account-channel-peer``; groups and channels always get their own.
+    ``budget`` is the default budget of each of its sessions (a Main's holds
+    per message cycle); a spawn's own budget replaces it, and either only
+    narrows what the parent has left.
     """
 
     agent_id: str
@@ -189,6 +203,7 @@ class Agent:
     model_tiers: tuple[str, ...] = ("small", "large")
     ttls: Mapping[SessionKind, float | None] = field(default_factory=dict)
     dm_scope: str = "main"
+    budget: Budget | None = None
     _async_skills: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -219,6 +234,12 @@ class Agent:
             choices = ", ".join(s.value for s in DmScope)
             msg = f"agent {self.agent_id!r}: dm_scope {self.dm_scope!r} must be one of {choices}"
             raise ValueError(msg)
+        if self.budget is not None:
+            try:  # checked as strictly as a spawn's
+                msgspec.convert(msgspec.to_builtins(self.budget), Budget)
+            except msgspec.ValidationError as exc:
+                msg = f"agent {self.agent_id!r}: invalid budget: {exc}"
+                raise ValueError(msg) from exc
         if not self.model_tiers:
             msg = f"agent {self.agent_id!r} needs at least one model tier"
             raise ValueError(msg)

@@ -38,6 +38,7 @@ from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._commits import Commits
 from sessiontree.supervision._endings import Endings
 from sessiontree.supervision._events import Event, EventKind
+from sessiontree.supervision._ledger import Ledgers
 from sessiontree.supervision._messages import Messages
 from sessiontree.supervision._periodic import Periodic
 from sessiontree.supervision._reports import (
@@ -76,8 +77,10 @@ from sessiontree.supervision._requests import (
     OpenMain,
     ProbeParked,
     Request,
+    Reserve,
     Resume,
     Send,
+    Settle,
     ShutdownDeadline,
     Spawn,
     SpawnMany,
@@ -112,10 +115,11 @@ class Cortex:
         self.commits = Commits(runtime)
         self.tree = tree = Tree(runtime, self.commits)
         self.starting = Starting(tree)
-        self.spawning = Spawning(tree, self.commits, self.starting)
         self.endings = Endings(tree, self.commits)
         self.cancelling = Cancelling(tree, self.commits, self.endings)
         self.endings.on_orphans = self.cancelling.orphans
+        self.ledgers = Ledgers(tree, self.cancelling)
+        self.spawning = Spawning(tree, self.commits, self.starting, self.ledgers)
         self.suspension = Suspension(tree, self.starting)
         self.messages = Messages(tree, self.commits)
         self.periodic = Periodic(tree, self.suspension)
@@ -261,6 +265,13 @@ class Cortex:
                 return self.suspension.resume(sid)
             case Control(command=command):
                 return self._control(command, reply)
+            case Reserve(session_id=sid, prompt_tokens=prompt, max_tokens=most, price=price):
+                return self.ledgers.reserve(tree.lookup(sid), prompt, most, price)
+            case Settle(session_id=sid, reserved=reserved, used=used):
+                entry = tree.entries.get(sid)
+                if entry is not None:  # one evicted since has nothing left to settle
+                    self.ledgers.settle(entry, reserved, used)
+                return None
             case OpenMain(agent_id=agent_id, key=key):
                 return self.spawning.open_main(agent_id, key, reply)
             case BringBack():

@@ -89,6 +89,8 @@ class Endings:
             if end.error is not None:
                 tree.rt.counters["main_cycles_failed"] += 1
             tree.note_input(entry)
+            if entry.ledger is not None:
+                entry.ledger.new_cycle()
             entry.snapshot_write = tree.persist.snapshot(entry, now, consumed=core.input_seq)
             if not (tree.closing and tree.store is not None):
                 # Closing with a store: no new cycle starts, for one could end after
@@ -145,6 +147,10 @@ class Endings:
         if not entry.is_async:
             self._thread_ended(entry)
         timings = Timings(created_at=info.created_at, started_at=entry.started_at, ended_at=now)
+        ledger = entry.ledger
+        own = subtree = None
+        if ledger is not None:
+            own, subtree = ledger.own, ledger.subtree
         if outcome is None:  # the defaults: no summary, artifacts or memory ids
             result = SessionResult(
                 session_id=core.session_id,
@@ -153,6 +159,8 @@ class Endings:
                 kind=info.kind,
                 error=error,
                 timings=timings,
+                usage=own,
+                subtree_usage=subtree,
             )
         else:
             result = SessionResult(
@@ -165,6 +173,8 @@ class Endings:
                 memory_ids=tuple(outcome.memory_ids),
                 error=error,
                 timings=timings,
+                usage=own,
+                subtree_usage=subtree,
             )
         entry.result = result
         write = entry.final_write = tree.persist.ended(entry, result, now)

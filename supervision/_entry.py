@@ -1,5 +1,6 @@
-"""The Cortex's record of one session in the tree index (``TreeEntry``), the
-answer to a spawn, and the TTL timer a batch of children shares."""
+"""The Cortex's record of one session in the tree index (``TreeEntry``), its
+accounts (``Ledger``), the answer to a spawn, and the TTL timer a batch of
+children shares."""
 
 from __future__ import annotations
 
@@ -15,17 +16,19 @@ import pykka
 from sessiontree.actors import TimerHandle
 from sessiontree.actors.runtime import Reply, SessionCore
 from sessiontree.protocol import (
+    Budget,
     ErrorCode,
     ErrorInfo,
     SessionInfo,
     SessionKind,
     SessionResult,
     SessionState,
+    Usage,
 )
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._reports import Expire
 
-__all__ = ["SharedTtl", "SpawnAnswer", "TreeEntry", "id_text", "with_state"]
+__all__ = ["NOTHING", "Ledger", "SharedTtl", "SpawnAnswer", "TreeEntry", "id_text", "with_state"]
 
 
 class SharedTtl:
@@ -71,6 +74,36 @@ class SpawnAnswer:
     session_id: uuid.UUID | None
     error: ErrorInfo | None
     existing: bool = False
+    clamped: bool = False  # its budget was narrowed to what its parent had left
+
+
+NOTHING = Usage()
+
+
+@dataclass(slots=True)
+class Ledger:
+    """One session's accounts (Cortex thread only)."""
+
+    budget: Budget | None = None
+    own: Usage = NOTHING
+    subtree: Usage = NOTHING
+    reserved: Usage = NOTHING
+    # a Main's budget holds per message cycle: its subtree's usage when the
+    # current cycle began, taken off what the budget counts
+    window: Usage = NOTHING
+    exhausted: str | None = None  # the dimension that ran out
+    warned: bool = False
+    clamped: bool = False  # its budget is narrower than its spawn asked
+
+    def new_cycle(self) -> None:
+        """A Main's message cycle ended: its budget counts afresh for the next."""
+        self.window = self.subtree
+        self.exhausted = None
+        self.warned = False
+
+    def counted(self) -> Usage:
+        """What the budget counts: the subtree's usage (a Main's, this cycle's)."""
+        return self.subtree if self.window is NOTHING else self.subtree - self.window
 
 
 @dataclass(eq=False, slots=True)
@@ -116,6 +149,8 @@ class TreeEntry:
     snapshot_write: concurrent.futures.Future[None] | None = None
     # str(session_id), once it was needed (see id_text)
     id_text: str | None = None
+    # budget and usage, once the session is bounded or has spent (see _ledger)
+    ledger: Ledger | None = None
 
     @property
     def session_id(self) -> uuid.UUID:

@@ -36,6 +36,8 @@ class EventKind(enum.StrEnum):
     STORE_ERROR = "store_error"
     DISCARDED = "discarded"
     PASSIVATED = "passivated"
+    BUDGET_WARNING = "budget_warning"
+    BUDGET_EXHAUSTED = "budget_exhausted"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):

@@ -101,12 +101,15 @@ def refused_result(error: ErrorInfo | None) -> SessionResult:
 class Spawned:
     """The answer to a spawn: the new session's ``ref``, or the ``error`` that refused it.
 
-    ``existing`` is True when a repeated ``request_id`` returned the first session.
+    ``existing`` is True when a repeated ``request_id`` returned the first session;
+    ``clamped`` when the budget it asked for was narrowed to what its parent had
+    left (``ref.info().budget`` is the one it got).
     """
 
     ref: SessionRef | None
     error: ErrorInfo | None
     existing: bool = False
+    clamped: bool = False
 
     @property
     def ok(self) -> bool:
@@ -254,7 +257,7 @@ class NodeSessions(NodeBase):
 
     def _spawned(self, answer: SpawnAnswer) -> Spawned:
         ref = SessionRef(self, answer.session_id) if answer.session_id else None
-        return Spawned(ref, answer.error, answer.existing)
+        return Spawned(ref, answer.error, answer.existing, answer.clamped)
 
     def _all_spawned(self, answers: list[SpawnAnswer]) -> list[Spawned]:
         return [self._spawned(answer) for answer in answers]

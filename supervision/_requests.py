@@ -32,8 +32,11 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
     SpawnSpec,
+    Usage,
 )
+from sessiontree.supervision._config import Price
 from sessiontree.supervision._entry import SpawnAnswer
+from sessiontree.supervision._ledger import Reserved
 
 __all__ = [
     "DEFERRED",
@@ -56,8 +59,10 @@ __all__ = [
     "OpenMain",
     "ProbeParked",
     "Request",
+    "Reserve",
     "Resume",
     "Send",
+    "Settle",
     "ShutdownDeadline",
     "Spawn",
     "SpawnMany",
@@ -132,6 +137,25 @@ class Control(Request[object], frozen=True):
     """Apply one decoded control command; its answer is the command's."""
 
     command: ControlMessage
+
+
+class Reserve(Request[Reserved | ErrorInfo], frozen=True):
+    """Reserve one model call's worst case against the session and its ancestors
+    (``prompt_tokens`` estimated; ``max_tokens`` None: as many as the budgets
+    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``."""
+
+    session_id: uuid.UUID
+    prompt_tokens: int
+    max_tokens: int | None
+    price: Price | None
+
+
+class Settle(Request[None], frozen=True):
+    """A call ended: release its reservation, count what it ``used`` (priced)."""
+
+    session_id: uuid.UUID
+    reserved: Reserved
+    used: Usage
 
 
 class BringBack(Request[None], frozen=True):

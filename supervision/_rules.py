@@ -193,4 +193,5 @@ ENDING_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.TTL_EXPIRED: "session {} outlived its ttl",
     ErrorCode.NODE_RESTARTED: "session {} was running when the node stopped",
     ErrorCode.NODE_CLOSED: "session {} was stopped with the node",
+    ErrorCode.BUDGET_EXHAUSTED: "session {} was cancelled: its subtree's budget ran out",
 }

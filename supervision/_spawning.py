@@ -19,6 +19,7 @@ from sessiontree.actors.backends import BACKENDS, ExecutionBackend
 from sessiontree.actors.runtime import Reply
 from sessiontree.protocol import (
     BackendUnavailableError,
+    Budget,
     ErrorCode,
     ErrorInfo,
     NodeClosedError,
@@ -32,8 +33,9 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._config import Agent
-from sessiontree.supervision._entry import SharedTtl, SpawnAnswer, TreeEntry
+from sessiontree.supervision._entry import Ledger, SharedTtl, SpawnAnswer, TreeEntry
 from sessiontree.supervision._events import Event, EventKind
+from sessiontree.supervision._ledger import Ledgers
 from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._rules import (
     Capacity,
@@ -51,10 +53,11 @@ __all__ = ["Spawning"]
 class Spawning:
     """Creates sessions (Cortex thread)."""
 
-    def __init__(self, tree: Tree, commits: Commits, starting: Starting) -> None:
+    def __init__(self, tree: Tree, commits: Commits, starting: Starting, ledgers: Ledgers) -> None:
         self.tree = tree
         self.commits = commits
         self.starting = starting
+        self.ledgers = ledgers
 
     def open_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
         """Get or create the one Main of ``agent_id`` for session ``key`` (answered
@@ -78,7 +81,9 @@ class Spawning:
                 return _answer_when_persisted(entry, reply, existing)
         ttl = agent.ttl_for(SessionKind.MAIN)
         spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
-        entry = self._new_entry(agent, None, spec, ttl, key)
+        entry = self._new_entry(agent, None, spec, ttl, key, budget=agent.budget)
+        if agent.budget is not None:  # a Main's budget holds per message cycle
+            entry.ledger = Ledger(budget=agent.budget)
         tree.mains[(agent_id, key)] = entry.session_id
         entry.started_at = tree.now()
         tree.persist_new(entry)
@@ -113,7 +118,7 @@ class Spawning:
             return entry
         if not tree.persist_new(entry):
             self.starting.want_slot(entry)
-            return SpawnAnswer(entry.session_id, None)
+            return _created(entry)
 
         def written(error: BaseException | None) -> None:
             if error is None and entry.state is SessionState.PENDING:
@@ -208,11 +213,23 @@ class Spawning:
         remote = None
         if error is None and skill is not None:
             remote, error = self._remote_for(backend, skill, spec)
+        budget: Budget | None = None
+        clamped = False
+        if error is None:
+            assert parent is not None
+            assert agent is not None
+            requested = spec.budget if spec.budget is not None else agent.budget
+            narrowed = self.ledgers.admit(parent, requested)
+            if isinstance(narrowed, ErrorInfo):
+                error = narrowed
+            else:
+                budget, clamped = narrowed
         if error is not None:
             self._rejected_spawn(parent_id, spec, error)
             return error
         assert agent is not None
-        return _Admitted(spec, agent, backend, remote, resolve_ttl(spec, agent), needs_thread)
+        ttl = resolve_ttl(spec, agent)
+        return _Admitted(spec, agent, backend, remote, ttl, needs_thread, budget, clamped)
 
     def _still_admits(self, parent: TreeEntry, admitted: _Admitted) -> bool:
         """Whether one more child as ``admitted`` still passes every check. Within
@@ -220,7 +237,8 @@ class Spawning:
         tree = self.tree
         config = tree.rt.config
         return (
-            parent.live_children < parent.agent.max_children
+            admitted.budget is None  # a bounded child is admitted against the budgets each time
+            and parent.live_children < parent.agent.max_children
             and tree.live < config.max_sessions
             and tree.zombies + tree.main_zombies < config.max_zombies
             and not (
@@ -248,6 +266,7 @@ class Spawning:
                     admitted.backend,
                     admitted.remote,
                     share,
+                    admitted.budget,
                 )
             else:  # its sibling's identity but for the id: made at the same instant
                 info = msgspec.structs.replace(
@@ -269,6 +288,8 @@ class Spawning:
         parent.live_children += 1
         if spec.request_id is not None:
             parent.requests[spec.request_id] = entry.session_id
+        if admitted.budget is not None:
+            self.ledgers.spawned(parent, entry, admitted.budget, clamped=admitted.clamped)
         return entry
 
     def _new_entry(
@@ -281,6 +302,7 @@ class Spawning:
         backend: str = "inline",
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
+        budget: Budget | None = None,
     ) -> TreeEntry:
         now = self.tree.now()
         kind = spec.kind
@@ -305,6 +327,7 @@ class Spawning:
             request_id=spec.request_id,
             metadata=dict(spec.metadata),
             backend=backend,
+            budget=budget,
         )
         return self.tree.register(agent, info, parent, ttl, remote=remote, ttl_share=ttl_share)
 
@@ -322,7 +345,7 @@ class Spawning:
         if future is None:
             for i, entry in created:
                 self.starting.want_slot(entry)
-                waiting.answer(i, SpawnAnswer(entry.session_id, None))
+                waiting.answer(i, _created(entry))
             return
 
         def written(error: BaseException | None) -> None:
@@ -424,11 +447,17 @@ def _answer_when_persisted(entry: TreeEntry, reply: Reply | None, value: object)
     return DEFERRED
 
 
+def _created(entry: TreeEntry) -> SpawnAnswer:
+    """The answer for a child that exists: its id, and whether its budget was clamped."""
+    ledger = entry.ledger
+    return SpawnAnswer(entry.session_id, None, clamped=ledger is not None and ledger.clamped)
+
+
 def _written_answer(entry: TreeEntry, error: BaseException | None) -> SpawnAnswer:
     """A spawn's answer once its record's write finished: the child, or the
     store's error (a child that already ended is still the answer)."""
     if error is None or entry.state.is_terminal:
-        return SpawnAnswer(entry.session_id, None)
+        return _created(entry)
     return SpawnAnswer(None, store_error(error, entry.session_id))
 
 
@@ -485,5 +514,7 @@ class _Admitted:
     remote: tuple[ExecutionBackend, bytes] | None
     ttl: float | None
     needs_thread: bool
+    budget: Budget | None  # narrowed to what the bounded ancestors have left
+    clamped: bool  # narrower than it asked for
     last: SessionInfo | None = None  # the identity of the last child made from it
     ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)

@@ -47,6 +47,15 @@ def test_a_budget_object_is_checked_as_strictly_as_a_mapping() -> None:
     assert make_spec(kind=SessionKind.WORKER, budget=Budget(tokens=5)).budget == Budget(tokens=5)
 
 
+def test_a_count_written_as_a_whole_float_is_that_count_and_a_fraction_is_refused() -> None:
+    assert msgspec.json.decode(b'{"tokens": 31.0}', type=Budget).tokens == 31
+    assert type(msgspec.json.decode(b'{"calls": 2.0}', type=Budget).calls) is int
+    with pytest.raises(msgspec.ValidationError, match=r"budget\.calls must be a whole number"):
+        msgspec.json.decode(b'{"calls": 2.5}', type=Budget)
+    with pytest.raises(ValueError, match="whole number"):
+        Budget(descendants=1.5)
+
+
 def test_a_budget_round_trips_through_json_and_refuses_unknown_fields() -> None:
     budget = Budget(tokens=100, cost=2.5, calls=3, descendants=0, soft=0.5)
     assert msgspec.json.decode(msgspec.json.encode(budget), type=Budget) == budget

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request
 from litestar.datastructures import State
-from litestar.openapi.spec import Schema
+from litestar.openapi.spec import OpenAPIType, Schema
 
 from sessiontree.cli._api._shared import count_rejected
 from sessiontree.cli._wire import (
@@ -24,14 +24,23 @@ from sessiontree.cli._wire import (
     MainRequest,
     SendRequest,
 )
-from sessiontree.protocol import Inbound, RejectedInputError, SpawnSpec, decode_strict
+from sessiontree.protocol import (
+    MAX_BUDGET_COST,
+    MAX_BUDGET_COUNT,
+    Budget,
+    Inbound,
+    RejectedInputError,
+    SpawnSpec,
+    decode_strict,
+)
 
 __all__ = ["close_request_schemas", "strict_body"]
 
-# every Struct a handler takes as its body
+# every Struct a handler takes as its body, or that one holds
 _STRICT_BODIES: tuple[type[msgspec.Struct], ...] = (
     MainRequest,
     SpawnSpec,
+    Budget,
     SendRequest,
     Inbound,
     ForkRequest,
@@ -76,3 +85,24 @@ def close_request_schemas(app: Litestar) -> None:
         schema = (schemas or {}).get(struct.__name__)
         if isinstance(schema, Schema) and struct.__struct_config__.forbid_unknown_fields:
             schema.additional_properties = False
+    budget = (schemas or {}).get("Budget")
+    if isinstance(budget, Schema) and budget.properties:
+        _bound_budget(budget.properties)
+
+
+def _bound_budget(properties: dict[str, Any]) -> None:
+    """Litestar leaves out a bound of 0 and puts the others beside a nullable
+    field's ``oneOf``: each bound goes inside the branch it bounds, so a
+    schema-valid budget is one the node takes."""
+    for name, kind, most in (
+        ("tokens", OpenAPIType.INTEGER, MAX_BUDGET_COUNT),
+        ("calls", OpenAPIType.INTEGER, MAX_BUDGET_COUNT),
+        ("descendants", OpenAPIType.INTEGER, MAX_BUDGET_COUNT),
+        ("cost", OpenAPIType.NUMBER, MAX_BUDGET_COST),
+    ):
+        properties[name] = Schema(
+            one_of=[
+                Schema(type=kind, minimum=0, maximum=most),
+                Schema(type=OpenAPIType.NULL),
+            ]
+        )

@@ -1,0 +1,256 @@
+"""What sessions spend and may spend, kept in the tree (issue 20).
+
+Every session that spends, or whose subtree is bounded, has a ``Ledger`` on
+its ``TreeEntry``: its budget (after narrowing), its own usage, its subtree's
+(its own and every descendant's, each counted once) and what is reserved for
+calls in flight below it. A call reserves its worst case against the session
+and every ancestor in one turn of the Cortex, so concurrent children see one
+order and cannot overshoot; it settles to the reported usage when it ends.
+
+A call or spawn that does not fit is refused before it happens
+(``budget_exhausted``, an answer, not an error). The first refusal reaches
+the hard limit: the bounded session's live subtree is cancelled with the
+normal grace and ends ``cancelled`` with ``budget_exhausted`` (a Main, whose
+budget is per message cycle, keeps running; its live descendants end). A
+soft threshold is announced once per budget (``BUDGET_WARNING``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sessiontree.protocol import Budget, ErrorCode, ErrorInfo, SessionKind, Usage
+from sessiontree.supervision._budgets import crossed_soft, first_exceeded, left, narrow
+from sessiontree.supervision._cancelling import Cancelling
+from sessiontree.supervision._config import Price
+from sessiontree.supervision._entry import Ledger, TreeEntry
+from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._tree import Tree
+
+__all__ = ["Ledgers", "Reserved", "priced"]
+
+ONE_SPAWN = Usage(descendants=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """A call's reservation: what it holds against its session and ancestors,
+    and the completion tokens it may ask for (``None``: unbounded)."""
+
+    ask: Usage
+    max_tokens: int | None
+
+
+class Ledgers:
+    """Budgets and usage across the tree (Cortex thread)."""
+
+    def __init__(self, tree: Tree, cancelling: Cancelling) -> None:
+        self.tree = tree
+        self.cancelling = cancelling
+
+    # -- spawning ----------------------------------------------------------------------
+
+    def admit(
+        self, parent: TreeEntry, requested: Budget | None
+    ) -> tuple[Budget | None, bool] | ErrorInfo:
+        """Whether ``parent`` may have one more child, and the child's budget:
+        ``requested`` narrowed to what every bounded ancestor has left (and
+        whether it was clamped). A refusal reaches the hard limit of the
+        ancestor it did not fit."""
+        budget, clamped = requested, False
+        holder: TreeEntry | None = parent
+        while holder is not None:  # a walk, not a list: every spawn takes it
+            ledger = holder.ledger
+            if ledger is not None and ledger.budget is not None:
+                if ledger.exhausted is not None:
+                    return _exhausted(holder, ledger.exhausted)
+                used = ledger.counted()
+                dimension = first_exceeded(ledger.budget, used, ledger.reserved, ONE_SPAWN)
+                if dimension is not None:
+                    self._exhaust(holder, ledger, dimension)
+                    return _exhausted(holder, dimension)
+                remaining = left(ledger.budget, used, ledger.reserved)
+                budget, narrowed = narrow(budget, _without_descendant(remaining))
+                clamped = clamped or narrowed
+            holder = holder.parent
+        return budget, clamped
+
+    def spawned(
+        self, parent: TreeEntry, child: TreeEntry, budget: Budget, *, clamped: bool
+    ) -> None:
+        """``child`` was created under ``parent`` with ``budget`` (``clamped``: narrower
+        than it asked); every bounded ancestor counts one more descendant."""
+        child.ledger = Ledger(budget=budget, clamped=clamped)
+        for entry in _chain(parent):
+            ledger = entry.ledger
+            if ledger is not None and ledger.budget is not None:
+                before = ledger.counted()
+                ledger.subtree = ledger.subtree + ONE_SPAWN
+                self._warn_if_crossed(entry, ledger, before)
+
+    # -- model calls --------------------------------------------------------------------
+
+    def reserve(
+        self,
+        entry: TreeEntry,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        price: Price | None,
+    ) -> Reserved | ErrorInfo:
+        """Reserve one call's worst case against ``entry`` and every ancestor:
+        ``prompt_tokens`` (an estimate) plus ``max_tokens``, capped to the
+        completion tokens every bounded ancestor has room for (by tokens, and
+        by cost at the model's ``price``). Refused (nothing reserved) when it
+        cannot fit, when a budget bounds cost and the model has no ``price``
+        (``budget_unenforceable``), or when the session is stopping."""
+        chain = _chain(entry)
+        bounded = [(e, e.ledger) for e in chain if e.ledger is not None and e.ledger.budget]
+        for holder, ledger in bounded:
+            if ledger.exhausted is not None:  # said first: it is why the subtree stops
+                return _exhausted(holder, ledger.exhausted)
+        if entry.state.is_terminal or entry.cancel_code is not None:
+            return ErrorInfo(
+                code=ErrorCode.SESSION_NOT_ACTIVE,
+                message=f"session {entry.session_id} is stopping or ended; no model call",
+            )
+        for holder, ledger in bounded:
+            if ledger.budget is not None and ledger.budget.cost is not None and price is None:
+                return ErrorInfo(
+                    code=ErrorCode.BUDGET_UNENFORCEABLE,
+                    message=f"session {holder.session_id}'s budget bounds cost, and the "
+                    "model has no price",
+                    detail={"field": "budget.cost", "session_id": str(holder.session_id)},
+                )
+        cap = max_tokens
+        for _, ledger in bounded:
+            assert ledger.budget is not None
+            remaining = left(ledger.budget, ledger.counted(), ledger.reserved)
+            room = _completion_room(remaining, prompt_tokens, price)
+            if room is not None:
+                cap = room if cap is None else min(cap, room)
+        ask = priced(Usage(prompt_tokens=prompt_tokens, completion_tokens=cap or 0, calls=1), price)
+        for holder, ledger in bounded:
+            assert ledger.budget is not None
+            dimension = first_exceeded(ledger.budget, ledger.counted(), ledger.reserved, ask)
+            if dimension is None and cap == 0 and max_tokens != 0:
+                dimension = "tokens"  # no room for a single completion token
+            if dimension is not None:
+                self._exhaust(holder, ledger, dimension)
+                return _exhausted(holder, dimension)
+        for holder in chain:
+            ledger = self._ledger(holder)
+            ledger.reserved = ledger.reserved + ask
+        return Reserved(ask, cap)
+
+    def settle(self, entry: TreeEntry, reserved: Reserved, used: Usage) -> None:
+        """A call ended: its reservation is released and ``used`` (what the
+        provider reported, priced) counted once for ``entry`` and each ancestor."""
+        self._ledger(entry).own = self._ledger(entry).own + used
+        for holder in _chain(entry):
+            ledger = self._ledger(holder)
+            before = ledger.counted()
+            ledger.reserved = ledger.reserved - reserved.ask
+            ledger.subtree = ledger.subtree + used
+            if ledger.budget is not None:
+                self._warn_if_crossed(holder, ledger, before)
+
+    # -- limits ----------------------------------------------------------------------
+
+    def _exhaust(self, entry: TreeEntry, ledger: Ledger, dimension: str) -> None:
+        """The hard limit: ``entry``'s subtree takes no new calls or children and
+        is cancelled with the grace (a Main stays; its descendants end)."""
+        ledger.exhausted = dimension
+        tree = self.tree
+        tree.rt.counters["budgets_exhausted"] += 1
+        tree.emit(
+            EventKind.BUDGET_EXHAUSTED,
+            entry,
+            code=ErrorCode.BUDGET_EXHAUSTED,
+            data={"dimension": dimension},
+        )
+        group = tree.uncancelled_descendants(entry)
+        if entry.kind is not SessionKind.MAIN and entry.cancel_code is None:
+            group.insert(0, entry)
+        if group:
+            self.cancelling.cancel_group(group, ErrorCode.BUDGET_EXHAUSTED)
+
+    def _warn_if_crossed(self, entry: TreeEntry, ledger: Ledger, before: Usage) -> None:
+        assert ledger.budget is not None
+        if ledger.warned:
+            return
+        dimension = crossed_soft(ledger.budget, before, ledger.counted())
+        if dimension is not None:
+            ledger.warned = True
+            self.tree.rt.counters["budget_warnings"] += 1
+            self.tree.emit(
+                EventKind.BUDGET_WARNING,
+                entry,
+                data={"dimension": dimension, "soft": ledger.budget.soft},
+            )
+
+    def _ledger(self, entry: TreeEntry) -> Ledger:
+        ledger = entry.ledger
+        if ledger is None:
+            ledger = entry.ledger = Ledger()
+        return ledger
+
+
+def _chain(entry: TreeEntry) -> list[TreeEntry]:
+    """``entry`` and its ancestors still in the index, nearest first."""
+    chain = []
+    current: TreeEntry | None = entry
+    while current is not None:
+        chain.append(current)
+        current = current.parent
+    return chain
+
+
+def priced(usage: Usage, price: Price | None) -> Usage:
+    """``usage`` with its cost (none without a price: counted as unpriced)."""
+    if price is None:
+        return Usage(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            calls=usage.calls,
+            unpriced_calls=usage.calls,
+        )
+    cost = usage.prompt_tokens * price.prompt + usage.completion_tokens * price.completion
+    return Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cost=cost,
+        calls=usage.calls,
+    )
+
+
+def _completion_room(remaining: Budget, prompt_tokens: int, price: Price | None) -> int | None:
+    """The completion tokens ``remaining`` leaves room for after a prompt of
+    ``prompt_tokens``, by tokens and by cost (None: unbounded; never below 0)."""
+    rooms: list[int] = []
+    if remaining.tokens is not None:
+        rooms.append(int(remaining.tokens) - prompt_tokens)
+    if remaining.cost is not None and price is not None and price.completion > 0:
+        rooms.append(math.floor((remaining.cost - prompt_tokens * price.prompt) / price.completion))
+    return max(min(rooms), 0) if rooms else None
+
+
+def _without_descendant(remaining: Budget) -> Budget:
+    """What a new child may have: the descendants left, less itself."""
+    if remaining.descendants is None:
+        return remaining
+    return Budget(
+        tokens=remaining.tokens,
+        cost=remaining.cost,
+        calls=remaining.calls,
+        descendants=max(remaining.descendants - 1, 0),
+        soft=remaining.soft,
+    )
+
+
+def _exhausted(entry: TreeEntry, dimension: str) -> ErrorInfo:
+    return ErrorInfo(
+        code=ErrorCode.BUDGET_EXHAUSTED,
+        message=f"session {entry.session_id}'s budget of {dimension} is exhausted",
+        detail={"dimension": dimension, "session_id": str(entry.session_id)},
+    )
