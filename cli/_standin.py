@@ -45,8 +45,10 @@ arrival order, or chosen per request with the ``x-standin-fault`` header
 over the queue and leaves it untouched.
 
 **What it counts** (all readable while it runs): requests received at the
-chat-completions endpoint, whatever became of them; completions served (a
-reply written to its end); tokens served, summed from the ``usage`` it
+chat-completions endpoint, whatever became of them (a body over the cap is
+not counted); completions served (a reply written to its end, counted just
+before its last bytes go out, so a client never holds a reply the count
+lacks); tokens served, summed from the ``usage`` it
 reported (a reply that reported none adds nothing); client disconnects seen
 before a reply was finished; and the JSON bodies of the last
 ``max_recorded`` requests. ``wait_for_requests``, ``wait_for_completions``
@@ -65,7 +67,7 @@ import contextlib
 import enum
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -88,6 +90,8 @@ _HEADER_LIMIT = 64 * 1024  # bytes of a request line plus headers
 _DRAIN_FACTOR = 8  # an oversized body up to this many times the cap is read before 413
 _START_TIMEOUT = 10.0  # seconds start() waits for the server thread to listen
 _CLOSE_TIMEOUT = 10.0  # seconds close() waits for the server thread to end
+_MIN_SHUTDOWN_TURNS = 5  # loop turns close() gives connections still being accepted
+_SHUTDOWN_TURNS = 100  # at most
 _STREAM_HEADERS = {
     "content-type": "text/event-stream; charset=utf-8",
     "transfer-encoding": "chunked",
@@ -283,6 +287,36 @@ class _Request:
     headers: dict[str, str]
     body: bytes
     keep_alive: bool
+
+
+class _TrackedProtocol(asyncio.StreamReaderProtocol):
+    """A stream connection that stays in ``transports`` until it is lost, so
+    ``close()`` can end it even if its handler never started; one made once
+    ``stopping`` is set is aborted at once."""
+
+    def __init__(
+        self,
+        transports: set[asyncio.Transport],
+        stopping: asyncio.Event,
+        handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    ) -> None:
+        super().__init__(asyncio.StreamReader(limit=_HEADER_LIMIT), handler)
+        self._transports = transports
+        self._stopping = stopping
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._transports.add(transport)
+        super().connection_made(transport)
+        if self._stopping.is_set():  # accepted while the server closes
+            transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            self._transports.discard(self._transport)
+        super().connection_lost(exc)
 
 
 class _ClientGoneError(Exception):
@@ -547,40 +581,64 @@ class StandinServer:
 
     async def _serve(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
-        server = await asyncio.start_server(
-            self._handle, HOST, self._port, limit=_HEADER_LIMIT, backlog=2048
-        )
+        self._stopping = stopping = asyncio.Event()
+        transports: set[asyncio.Transport] = set()
+
+        def connection() -> asyncio.Protocol:
+            return _TrackedProtocol(transports, stopping, self._handle)
+
+        server = await self._loop.create_server(connection, HOST, self._port, backlog=2048)
         self._bound_port = server.sockets[0].getsockname()[1]
         ready.set()
         try:
-            await self._stopping.wait()
+            await stopping.wait()
         finally:
+            # Stop accepting first but close the server last: a connection whose
+            # accept is under way must find the server open (3.11 asserts it
+            # is, and a failed accept leaks the socket). Then end every
+            # connection: a handler mid-reply is cancelled, one accepted just
+            # now may not have started (and one still being accepted aborts
+            # itself in connection_made). Each abort's connection_lost, which
+            # closes the socket, runs a turn later; so turn until none is left.
+            for sock in server.sockets:
+                self._loop.remove_reader(sock.fileno())
+            for turn in range(_SHUTDOWN_TURNS):
+                for task in list(self._conns):
+                    task.cancel()
+                for transport in list(transports):
+                    transport.abort()
+                await asyncio.sleep(0)
+                if turn >= _MIN_SHUTDOWN_TURNS and not transports and not self._conns:
+                    break
             server.close()
-            for task in list(self._conns):
-                task.cancel()
             await asyncio.gather(*self._conns, return_exceptions=True)
             await server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection: requests one after another until either side closes."""
+        """One connection: requests one after another until either side closes.
+
+        It never ends in an exception (3.11's stream protocol would log a
+        cancelled handler as an error); a cancellation comes only from
+        ``close()`` and ends the connection at once."""
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
         conn = _Conn(reader, writer)
+        stopped = False
         try:
             while await self._one_request(conn):
                 pass
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            stopped = True
         finally:
             conn.stop_watching()
             self._conns.discard(task)
-            writer.close()  # what was written still goes out, then FIN
-            try:
-                await asyncio.wait_for(writer.wait_closed(), _CLOSE_TIMEOUT / 10)
-            except (TimeoutError, ConnectionError, OSError):
+            if stopped:
                 writer.transport.abort()
+            else:
+                writer.close()  # what was written still goes out, then FIN
 
     async def _one_request(self, conn: _Conn) -> bool:
         """Read and answer one request; False when the connection is to close."""
@@ -734,8 +792,8 @@ class StandinServer:
             cut = data[: len(data) // 2] if fault.after_chunks else b""
             await _write(conn, head + cut)
             return False
-        await self._send_raw(conn, 200, data)
-        self._served_one(usage)
+        head = _head(200, {"content-type": "application/json", "content-length": str(len(data))})
+        await self._finish(conn, head + data, usage)
         return True
 
     async def _stream(
@@ -798,9 +856,10 @@ class StandinServer:
                 return False
             if sent:
                 await conn.pause(chunk_delay)
-            await _write(conn, _chunked(b"data: " + json.dumps(event).encode() + b"\n\n"))
-        await _write(conn, _chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-        self._served_one(usage)
+            data = _chunked(b"data: " + json.dumps(event).encode() + b"\n\n")
+            if sent < len(events) - 1:
+                await _write(conn, data)
+        await self._finish(conn, data + _chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n", usage)
         return True
 
     async def _send_malformed(self, conn: _Conn, invalid_json: bool, stream: bool) -> None:
@@ -819,12 +878,18 @@ class StandinServer:
         events = _chunked(b"data: " + data + b"\n\n") + _chunked(b"data: [DONE]\n\n")
         await _write(conn, events + b"0\r\n\r\n")
 
-    def _served_one(self, usage: Mapping[str, int] | None) -> None:
-        self._count(
-            served=1,
-            prompt=usage["prompt_tokens"] if usage else 0,
-            completion=usage["completion_tokens"] if usage else 0,
-        )
+    async def _finish(self, conn: _Conn, data: bytes, usage: Mapping[str, int] | None) -> None:
+        """Write a reply's last bytes, counting it served *before*: a client that
+        has its reply always finds it counted. If the write fails (the client is
+        gone) the count is taken back and ``_ClientGoneError`` raised."""
+        prompt = usage["prompt_tokens"] if usage else 0
+        completion = usage["completion_tokens"] if usage else 0
+        self._count(served=1, prompt=prompt, completion=completion)
+        try:
+            await _write(conn, data)
+        except _ClientGoneError:
+            self._count(served=-1, prompt=-prompt, completion=-completion)
+            raise
 
     def _take_fault(self, header: str | None) -> Fault | None:
         if header is not None:
