@@ -27,6 +27,7 @@ SINGLE_RUN = frozenset(
         "test_http_schema",
         "test_pooled_actor",
         "test_scale",
+        "test_standin",
         "test_protocol",
         "test_store",
         "test_tree_html",
