@@ -146,7 +146,8 @@ class Ledgers:
     def settle(self, entry: TreeEntry, reserved: Reserved, used: Usage) -> None:
         """A call ended: its reservation is released and ``used`` (what the
         provider reported, priced) counted once for ``entry`` and each ancestor."""
-        self._ledger(entry).own = self._ledger(entry).own + used
+        spender = self._ledger(entry)
+        spender.own = spender.own + used
         for holder in _chain(entry):
             ledger = self._ledger(holder)
             before = ledger.counted()
