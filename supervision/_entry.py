@@ -103,7 +103,7 @@ class Ledger:
 
     def counted(self) -> Usage:
         """What the budget counts: the subtree's usage (a Main's, this cycle's)."""
-        return self.subtree if self.window is NOTHING else self.subtree - self.window
+        return self.subtree - self.window
 
 
 @dataclass(eq=False, slots=True)
