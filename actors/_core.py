@@ -67,11 +67,25 @@ class Cancelled(BaseException):
 
 @dataclass
 class ContextMessage:
-    """One entry of a session's working context."""
+    """One entry of a session's working context, as a chat-completions message
+    has it: an assistant's ``tool_calls``, a tool result's ``tool_call_id``."""
 
     role: str
     content: Any
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    def as_chat(self) -> dict[str, Any]:
+        """This message in the chat-completions format."""
+        chat: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            chat["name"] = self.name
+        if self.tool_calls is not None:
+            chat["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            chat["tool_call_id"] = self.tool_call_id
+        return chat
 
 
 @dataclass
@@ -254,8 +268,12 @@ class SessionCore:
         if task is not None and loop is not None:
             call_soon(loop, task.cancel)
 
-    def _interrupted(self, *, parking: bool) -> bool:
-        if self.fenced or (self.cancel_code is not None and not self.cancel_raised):
+    def _interrupted(self, *, parking: bool, landing: bool = False) -> bool:
+        if self.fenced:
+            return True
+        if landing:
+            return False
+        if self.cancel_code is not None and not self.cancel_raised:
             return True
         return not parking and self.suspend_requested and self.cancel_code is None
 
@@ -344,10 +362,17 @@ class SessionCore:
         return on_timeout, timer
 
     def block_until(
-        self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
+        self,
+        ready: Callable[[], bool],
+        timeout: float | None,
+        *,
+        parking: bool = False,
+        landing: bool = False,
     ) -> None:
         """Block the skill thread until ``ready()``, an interrupt (cancel, fence, or a
-        suspension unless ``parking``) or ``timeout`` on the session's clock.
+        suspension unless ``parking``; only a fence when ``landing``: a model
+        call in flight when its budget ran out finishes) or ``timeout`` on the
+        session's clock.
         Releases the compute slot while blocked and takes one again before
         returning (unless fenced); the caller checks what happened.
         """
@@ -355,7 +380,11 @@ class SessionCore:
         released = False
         try:
             with self.cond:
-                while not (ready() or self._interrupted(parking=parking) or timed_out.fired):
+                while not (
+                    ready()
+                    or self._interrupted(parking=parking, landing=landing)
+                    or timed_out.fired
+                ):
                     if self.holds_slot:
                         self.holds_slot = False
                         released = True
@@ -375,7 +404,12 @@ class SessionCore:
                 self.acquire_slot_blocking()
 
     async def block_until_async(
-        self, ready: Callable[[], bool], timeout: float | None, *, parking: bool = False
+        self,
+        ready: Callable[[], bool],
+        timeout: float | None,
+        *,
+        parking: bool = False,
+        landing: bool = False,
     ) -> None:
         """``block_until`` for async skills: parks the task, never a thread."""
         loop = asyncio.get_running_loop()
@@ -386,7 +420,8 @@ class SessionCore:
             while True:
                 fut: asyncio.Future[None] | None = None
                 with self.cond:
-                    if ready() or self._interrupted(parking=parking) or timed_out.fired:
+                    interrupted = self._interrupted(parking=parking, landing=landing)
+                    if ready() or interrupted or timed_out.fired:
                         # done under this one acquisition: unblocked, and the
                         # slot back at once when one is free (the usual case)
                         self._unmark_blocked()

@@ -4,18 +4,21 @@ and how a skill run ends (:class:`RunEnd`, what it reports to that runtime)."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sessiontree.protocol import ErrorInfo, Outcome, SpawnSpec
 
 if TYPE_CHECKING:
+    import asyncio
+    import concurrent.futures
     from collections.abc import Callable, Sequence
 
     from sessiontree.actors._conversing import ConversationLike
     from sessiontree.actors._core import SessionCore
+    from sessiontree.protocol import Completion
 
-__all__ = ["RunEnd", "SessionHost", "SpawnedLike"]
+__all__ = ["ModelCall", "RunEnd", "SessionHost", "SpawnedLike"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,20 @@ class RunEnd:
     cancelled: bool = False
     fatal: BaseException | None = None
     cycle: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One model call as a session asks for it: the chat ``messages`` to send,
+    the SDK's ``options`` passed through (``tools``, ``tool_choice``,
+    ``response_format``, sampling), the completion tokens it asks for at
+    most, a ``model`` that overrides its tier's, and whether to stream."""
+
+    messages: tuple[dict[str, Any], ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    model: str | None = None
+    stream: bool = False
 
 
 class SpawnedLike(Protocol):
@@ -70,6 +87,18 @@ class SessionHost(Protocol):
         self, parent: SessionCore, specs: tuple[SpawnSpec, ...]
     ) -> Sequence[SpawnedLike]:
         """``spawn_many`` without blocking the event loop."""
+        ...
+
+    def model_call(
+        self, core: SessionCore, call: ModelCall
+    ) -> concurrent.futures.Future[Completion]:
+        """Start a model call for a sync skill (reserved, sent, settled: the
+        future never fails for what the provider or a budget does); cancel
+        the future to abandon the call."""
+        ...
+
+    def amodel_call(self, core: SessionCore, call: ModelCall) -> asyncio.Future[Completion]:
+        """``model_call`` for an async skill: a task on the running loop."""
         ...
 
     def memory_put(self, core: SessionCore, key: str, value: Any) -> str:

@@ -16,11 +16,13 @@ from typing import Any, cast
 import msgspec
 
 from sessiontree.actors._clock import Clock
+from sessiontree.actors._completing import model_call, record_exchange, tool_result
 from sessiontree.actors._conversing import ConversationLike
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
 from sessiontree.protocol import (
     Collected,
+    Completion,
     ErrorCode,
     ErrorInfo,
     Gathered,
@@ -222,6 +224,16 @@ class _Base:
             msg = f"session {child} is not a child this run of {self.session_id} spawned"
             raise NotAllowedError(msg, session_id=self.session_id)
 
+    def _wake_when_done(self, future: Any) -> None:
+        """Have ``future``'s completion wake the skill where it waits."""
+        core = self._core
+
+        def wake(_done: Any) -> None:
+            with core.cond:
+                core.wake()
+
+        future.add_done_callback(wake)
+
     def _check_memory_write(self) -> None:
         if self.kind is SessionKind.WORKER:
             msg = f"worker session {self.session_id} may not write shared memory"
@@ -406,6 +418,67 @@ class Session(_Base):
         self._checkpoint("progress")
         self._host.progress(self._core, note, data)
 
+    def complete(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        model: str | None = None,
+        stream: bool = False,
+        record: bool | None = None,
+        **options: Any,
+    ) -> Completion:
+        """Call the agent's chat model and return its reply (a ``Completion``).
+
+        Sends the session's context (system prompt and ``context_summary``,
+        then its messages) followed by ``prompt`` as a user message, or
+        exactly ``messages`` when given; ``options`` go to the SDK as they are
+        (``tools``, ``tool_choice``, ``response_format``, ``temperature``…).
+        The model is the one the agent maps the session's tier to (``model``
+        overrides it). ``max_tokens`` is capped to what the budgets leave.
+        With ``stream``, text reaches the session's progress as it arrives.
+        ``record`` (default: when ``messages`` is not given) appends the
+        prompt and the reply to the context.
+
+        A checkpoint while it waits: a cancellation raises ``Cancelled`` and
+        closes the request; a suspension parks the skill (the call goes on).
+        One exception: when a budget runs out, a call already in flight
+        finishes and its reply is delivered (the next checkpoint raises
+        ``Cancelled``), unless the grace ends first.
+        A call the budgets refuse, or the provider fails after its retries,
+        answers with ``error`` set (``budget_exhausted``, ``model_error``…),
+        never by raising; ``RejectedInputError`` names a bad argument.
+        """
+        call = model_call(self._core, prompt, messages, max_tokens, model, stream, options)
+        self._checkpoint("complete")
+        pending = self._host.model_call(self._core, call)
+        self._wake_when_done(pending)
+        core = self._core
+        try:
+            while True:
+                landing = _landing(core)
+                if not landing:
+                    self.checkpoint()
+                if pending.done():
+                    break
+                core.block_until(pending.done, None, landing=landing)
+        except BaseException:
+            pending.cancel()  # closes the request; what it spent is still counted
+            raise
+        completion = pending.result()
+        if record if record is not None else messages is None:
+            record_exchange(self._core, prompt, completion)
+        return completion
+
+    def add_tool_result(self, tool_call_id: str, content: Any, name: str | None = None) -> None:
+        """Append a tool's result for the tool call ``tool_call_id`` of the last
+        reply to the context (the next ``complete`` sends it). Content that is
+        not a string is sent as JSON text. ``RejectedInputError`` naming the
+        field for a bad id or content."""
+        self._checkpoint("add_tool_result")
+        self._core.context.messages.append(tool_result(tool_call_id, content, name))
+
     def add_message(self, role: str, content: Any, name: str | None = None) -> None:
         """Append a message to this session's working context (persisted with it).
 
@@ -569,6 +642,46 @@ class AsyncSession(_Base):
         await self._checkpoint("progress")
         self._host.progress(self._core, note, data)
 
+    async def complete(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        model: str | None = None,
+        stream: bool = False,
+        record: bool | None = None,
+        **options: Any,
+    ) -> Completion:
+        """Call the agent's chat model; see ``Session.complete``."""
+        call = model_call(self._core, prompt, messages, max_tokens, model, stream, options)
+        await self._checkpoint("complete")
+        pending = self._host.amodel_call(self._core, call)
+        self._wake_when_done(pending)
+        core = self._core
+        try:
+            while True:
+                landing = _landing(core)
+                if not landing:
+                    await self._checkpoint("checkpoint")
+                if pending.done():
+                    break
+                await core.block_until_async(pending.done, None, landing=landing)
+        except BaseException:
+            pending.cancel()
+            raise
+        completion = pending.result()
+        if record if record is not None else messages is None:
+            record_exchange(self._core, prompt, completion)
+        return completion
+
+    async def add_tool_result(
+        self, tool_call_id: str, content: Any, name: str | None = None
+    ) -> None:
+        """Append a tool's result to the context; see ``Session.add_tool_result``."""
+        await self._checkpoint("add_tool_result")
+        self._core.context.messages.append(tool_result(tool_call_id, content, name))
+
     async def add_message(self, role: str, content: Any, name: str | None = None) -> None:
         """Append a message to this session's working context; see ``Session.add_message``."""
         await self._checkpoint("add_message")
@@ -585,6 +698,13 @@ def _message(role: str, content: Any, name: str | None) -> ContextMessage:
         msg = f"context message content must be a JSON value: {exc}"
         raise RejectedInputError(msg, field="content") from exc
     return ContextMessage(role, content, name)
+
+
+def _landing(core: SessionCore) -> bool:
+    """Whether a model call in flight finishes and its reply is delivered
+    although the session was cancelled: when its budget ran out (the next
+    checkpoint raises ``Cancelled``), unless the session is fenced."""
+    return core.cancel_code is ErrorCode.BUDGET_EXHAUSTED and not core.fenced
 
 
 def _never() -> bool:

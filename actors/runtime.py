@@ -20,7 +20,7 @@ from sessiontree.actors._execution import (
     is_async_skill,
     to_outcome,
 )
-from sessiontree.actors._host import RunEnd, SessionHost, SpawnedLike
+from sessiontree.actors._host import ModelCall, RunEnd, SessionHost, SpawnedLike
 from sessiontree.actors._mailbox import (
     Counted,
     Reply,
@@ -63,6 +63,7 @@ __all__ = [
     "Inbound",
     "Inspect",
     "LoopTimer",
+    "ModelCall",
     "Passivate",
     "PooledActor",
     "Reply",

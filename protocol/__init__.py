@@ -23,6 +23,7 @@ from sessiontree.protocol._codec import (
     make_spec,
     spawn_batch,
 )
+from sessiontree.protocol._completion import Completion
 from sessiontree.protocol._conversation import (
     MAX_BRANCH_NAME_CHARS,
     MAX_CONTENT_BYTES,
@@ -115,6 +116,7 @@ __all__ = [
     "ChatType",
     "ChildReport",
     "Collected",
+    "Completion",
     "ControlMessage",
     "ConversationError",
     "ConversationState",

@@ -25,6 +25,7 @@ from sessiontree.store._records import (
     QuarantineRecord,
     ReceivedRecord,
     SessionRecord,
+    UsageRecord,
     decode_record,
     encode_record,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "SessionRecord",
     "Store",
     "StoreIO",
+    "UsageRecord",
     "WriteBatch",
     "decode_record",
     "encode_record",

@@ -42,6 +42,7 @@ from sessiontree.store._records import (
     QuarantineRecord,
     ReceivedRecord,
     SessionRecord,
+    UsageRecord,
     encode_record,
 )
 
@@ -130,6 +131,7 @@ class WriteBatch:
         self._delete("branches", session_id.bytes, prefix=True)
         self._delete("messages", session_id.bytes, prefix=True)
         self._delete("platform_ids", session_id.bytes, prefix=True)
+        self._delete("usage", session_id.bytes)
         return self
 
     def unlink(self, parent_id: uuid.UUID, child_id: uuid.UUID) -> WriteBatch:
@@ -232,6 +234,11 @@ class WriteBatch:
         return self
 
     # -- shared memory, quarantine, raw ---------------------------------------------
+
+    def usage(self, record: UsageRecord) -> WriteBatch:
+        """Write (or overwrite) what a session and its subtree have spent."""
+        self._put("usage", record.session_id.bytes, record)
+        return self
 
     def memory(self, record: MemoryRecord) -> WriteBatch:
         self._put("memory", memory_key(record.agent_id, record.key), record)

@@ -49,6 +49,7 @@ DATABASES = (
     "inbox",  # main id + seq -> InboxRecord (acknowledged, not yet run)
     "meta",  # b"meta" -> MetaRecord
     "quarantine",  # db NUL key -> QuarantineRecord
+    "usage",  # session id -> UsageRecord (what it and its subtree spent)
 )
 
 _LOCK_FILE = "writer.lock"

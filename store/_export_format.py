@@ -73,6 +73,7 @@ from sessiontree.store._records import (
     QuarantineRecord,
     ReceivedRecord,
     SessionRecord,
+    UsageRecord,
 )
 
 __all__ = [
@@ -103,15 +104,17 @@ __all__ = [
     "RecordDb",
     "RecordLine",
     "SessionLine",
+    "UsageLine",
     "parent_of",
     "tag_of",
 ]
 
 EXPORT_FORMAT = "sessiontree-export"
 """The ``format`` of the header line."""
-EXPORT_VERSION = 2
+EXPORT_VERSION = 3
 """The version of this line format (not the records' schema version); 2 made
-``message`` a record line and added ``conversation``, ``branch`` and ``platform_id``."""
+``message`` a record line and added ``conversation``, ``branch`` and
+``platform_id``; 3 added ``usage``."""
 
 #: Line types in the order their databases are exported (``meta`` first, ``end`` last).
 LINE_TYPES = (
@@ -129,6 +132,7 @@ LINE_TYPES = (
     "received",
     "inbox",
     "quarantine",
+    "usage",
     "opaque",
     "end",
 )
@@ -214,6 +218,11 @@ class InboxLine(Line, tag="inbox"):
     raw: bytes | None = None
 
 
+class UsageLine(Line, tag="usage"):
+    record: UsageRecord
+    raw: bytes | None = None
+
+
 class QuarantineLine(Line, tag="quarantine"):
     record: QuarantineRecord
     raw: bytes | None = None
@@ -245,6 +254,7 @@ AnyLine: TypeAlias = (
     | ReceivedLine
     | InboxLine
     | QuarantineLine
+    | UsageLine
     | OpaqueLine
     | EndLine
 )
@@ -259,6 +269,7 @@ RecordLine: TypeAlias = (
     | ReceivedLine
     | InboxLine
     | QuarantineLine
+    | UsageLine
 )
 
 ENCODER = msgspec.json.Encoder()
@@ -293,6 +304,10 @@ def _outbox_key(line: OutboxLine) -> bytes:
 
 def _received_key(line: ReceivedLine) -> bytes:
     return pair_key(line.parent, line.record.result.session_id)
+
+
+def _usage_key(line: UsageLine) -> bytes:
+    return line.record.session_id.bytes
 
 
 def _inbox_key(line: InboxLine) -> bytes:
@@ -356,6 +371,7 @@ RECORD_DBS: dict[str, RecordDb] = {
         lambda _k, r, raw: QuarantineLine(record=r, raw=raw),
         _quarantine_key,
     ),
+    "usage": RecordDb(UsageRecord, lambda _k, r, raw: UsageLine(record=r, raw=raw), _usage_key),
 }
 LINE_DB: dict[type[Line], str] = {
     SessionLine: "sessions",
@@ -368,6 +384,7 @@ LINE_DB: dict[type[Line], str] = {
     ReceivedLine: "received",
     InboxLine: "inbox",
     QuarantineLine: "quarantine",
+    UsageLine: "usage",
 }
 
 

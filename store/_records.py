@@ -6,7 +6,8 @@ newer code still reads), and a record whose ``v`` is above
 ``SCHEMA_VERSION`` is refused as unknown (recovery quarantines it).
 
 Versions: 1 — the first layout; 2 — ``SessionRecord.resume`` (default False);
-3 — conversation trees (``ConversationRecord``, ``MessageRecord``).
+3 — conversation trees (``ConversationRecord``, ``MessageRecord``); 4 — model
+calls: ``UsageRecord``, and ``ContextEntry.tool_calls``/``tool_call_id``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sessiontree.protocol import (
     Message,
     SessionInfo,
     SessionResult,
+    Usage,
 )
 
 __all__ = [
@@ -40,11 +42,12 @@ __all__ = [
     "QuarantineRecord",
     "ReceivedRecord",
     "SessionRecord",
+    "UsageRecord",
     "decode_record",
     "encode_record",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class ContextEntry(msgspec.Struct, kw_only=True):
@@ -53,6 +56,8 @@ class ContextEntry(msgspec.Struct, kw_only=True):
     role: str
     content: Any
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ContextRecord(msgspec.Struct, kw_only=True):
@@ -150,6 +155,17 @@ class MemoryIdRecord(msgspec.Struct, kw_only=True):
     v: int = SCHEMA_VERSION
     agent_id: str
     key: str
+
+
+class UsageRecord(msgspec.Struct, kw_only=True):
+    """What a session and its subtree have spent, as of the last model call
+    settled or child spawned under it: accounting, not a snapshot (a
+    Worker's, too). Written before the call's reply reaches the skill."""
+
+    v: int = SCHEMA_VERSION
+    session_id: uuid.UUID
+    own: Usage
+    subtree: Usage
 
 
 class MetaRecord(msgspec.Struct, kw_only=True):

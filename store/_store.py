@@ -51,6 +51,7 @@ from sessiontree.store._records import (
     QuarantineRecord,
     ReceivedRecord,
     SessionRecord,
+    UsageRecord,
 )
 from sessiontree.store._writer import Writer
 
@@ -309,6 +310,10 @@ class Store:
         if record is None or record.memory_id != memory_id:
             return None
         return record
+
+    def usage(self, session_id: uuid.UUID) -> UsageRecord | None:
+        """What a session and its subtree have spent, or None (it never spent)."""
+        return self._reads.get(UsageRecord, "usage", session_id.bytes)
 
     def quarantine_list(self) -> list[QuarantineRecord]:
         """Values recovery set aside (unreadable ones left out)."""

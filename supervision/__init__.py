@@ -15,6 +15,7 @@ from sessiontree.supervision._events import Event, EventBus, EventKind
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
 from sessiontree.supervision._metrics import REJECT_REASONS, NodeMetrics
 from sessiontree.supervision._node import Node
+from sessiontree.supervision._providers import Price, Provider
 from sessiontree.supervision._refs import SessionRef, Spawned
 from sessiontree.supervision._retry import Retry
 from sessiontree.supervision._rules import MAX_BRANCH_DEPTH, MAX_WORKER_DEPTH, check_spawn
@@ -34,6 +35,8 @@ __all__ = [
     "Node",
     "NodeConfig",
     "NodeMetrics",
+    "Price",
+    "Provider",
     "Retry",
     "SessionRef",
     "Spawned",

@@ -12,6 +12,7 @@ order (``close``).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import os
@@ -43,6 +44,7 @@ from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import EventBus
 from sessiontree.supervision._housekeeping import Housekeeper
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
+from sessiontree.supervision._models import Models
 from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._recovery import Recovered, recover
 from sessiontree.supervision._runtime import Runtime
@@ -104,6 +106,7 @@ class NodeParts:
         self.executor = StepExecutor(config.max_step_threads)
         self.main_executor = StepExecutor(config.max_step_threads, "sessiontree-step-main")
         self.backends = _backends_for(config)
+        self.models: Models | None = None  # set with the runtime
         self.loop: EventLoopThread | None = None
         """The event loop for async skills, made on first use (``event_loop``)."""
         self._loop_lock = threading.Lock()
@@ -152,8 +155,10 @@ class NodeParts:
         on_fatal: Callable[[BaseException], None],
         on_failed: Callable[[BaseException], None],
         recovered: Recovered | None,
+        models: Models,
     ) -> Runtime:
         """The pieces the Cortex drives, with the node's callbacks."""
+        self.models = models
         counters: collections.Counter[str] = collections.Counter()
         return Runtime(
             config=self.config,
@@ -173,6 +178,7 @@ class NodeParts:
             counters=counters,
             dispatcher=self.dispatcher,
             backends=self.backends,
+            models=models,
         )
 
     def start_housekeeping(self) -> None:
@@ -202,6 +208,7 @@ class NodeParts:
         self.executor.close()
         self.main_executor.close()
         if self.loop is not None:
+            self._close_models(self.loop)
             self.loop.close()
         self.backends.close()
         if self.own_clock and isinstance(self.clock, RealClock):
@@ -210,6 +217,16 @@ class NodeParts:
             self.housekeeper.stop()
         self._flush_store()
         self._close_owned_store()
+
+    def _close_models(self, loop: EventLoopThread) -> None:
+        """Close the model clients' connection pools on the loop they ran on."""
+        if self.models is None:
+            return
+        closing = asyncio.run_coroutine_threadsafe(self.models.close(), loop.loop)
+        try:
+            closing.result(timeout=5.0)
+        except Exception as exc:  # noqa: BLE001 - a pool that fails to close is only logged
+            log.warning("model clients did not close cleanly: %r", exc)
 
     def _flush_store(self) -> None:
         if self.store is None:

@@ -24,7 +24,7 @@ from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._reports import AfterWrite
 from sessiontree.supervision._runtime import Runtime
 
-__all__ = ["Commits", "answer_durable", "store_error"]
+__all__ = ["Commits", "answer_durable", "answer_written", "store_error"]
 
 log = logging.getLogger("sessiontree.cortex")
 
@@ -124,6 +124,22 @@ def answer_durable(entry: TreeEntry, reply: Reply) -> None:
             reply.set(result)
         else:
             reply.fail(error)
+
+    future.add_done_callback(answer)
+
+
+def answer_written(
+    future: concurrent.futures.Future[None] | None, reply: Reply, session_id: uuid.UUID
+) -> None:
+    """Answer ``reply`` with None once the write ``future`` is durable (at once
+    without a store), or with the store's error for ``session_id``."""
+    if future is None:
+        reply.set(None)
+        return
+
+    def answer(finished: concurrent.futures.Future[None]) -> None:
+        error = finished.exception()
+        reply.set(None if error is None else store_error(error, session_id))
 
     future.add_done_callback(answer)
 

@@ -13,8 +13,9 @@ from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.actors.runtime import is_async_skill
 from sessiontree.protocol import Budget, DmScope, SessionKind
+from sessiontree.supervision._providers import Price, Provider
 
-__all__ = ["Agent", "NodeConfig", "Price"]
+__all__ = ["Agent", "NodeConfig", "Price", "Provider"]
 
 Skill = Callable[[Any], Any]
 
@@ -64,6 +65,8 @@ class NodeConfig:
     ones rarely) — for nodes holding many thousands of sessions, where the
     default collector spends about half the CPU; off by default because the
     setting is process-wide (``sessiontree node start`` turns it on).
+    ``providers``: the model endpoints sessions call (``Provider``; names
+    unique); an agent names one, or gets the first.
     """
 
     grace: float = 30.0
@@ -91,8 +94,11 @@ class NodeConfig:
     ray_actors: int = 2
     ray_num_cpus: float = 1.0
     gc_tuning: bool = False
+    providers: tuple[Provider, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "providers", tuple(self.providers))
+        _check_providers(self.providers)
         if self.prune_after is not None and (
             not isinstance(self.prune_after, int | float)
             or not math.isfinite(self.prune_after)
@@ -162,20 +168,23 @@ class NodeConfig:
                 raise ValueError(msg)
 
 
+def _check_providers(providers: tuple[Provider, ...]) -> None:
+    names: set[str] = set()
+    for i, provider in enumerate(providers):
+        if not isinstance(provider, Provider):
+            msg = f"NodeConfig.providers[{i}] must be a Provider, got {provider!r}"
+            raise ValueError(msg)
+        if provider.name in names:
+            msg = f"NodeConfig.providers: two providers are named {provider.name!r}"
+            raise ValueError(msg)
+        names.add(provider.name)
+
+
 _DEFAULT_TTLS: Mapping[SessionKind, float | None] = {
     SessionKind.MAIN: None,
     SessionKind.BRANCH: 30 * 60.0,
     SessionKind.WORKER: 5 * 60.0,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Price:
-    """What one token of a model costs, prompt and completion (in the price
-    table's currency)."""
-
-    prompt: float
-    completion: float
 
 
 @dataclass(frozen=True)
@@ -192,7 +201,10 @@ class Agent:
     ``per-account-channel-peer``; groups and channels always get their own.
     ``budget`` is the default budget of each of its sessions (a Main's holds
     per message cycle); a spawn's own budget replaces it, and either only
-    narrows what the parent has left.
+    narrows what the parent has left. ``models`` maps each of the
+    ``model_tiers`` to the model name ``session.complete`` calls (all of
+    them, or none for an agent that calls no model), on the node's provider
+    named ``provider`` (default: the node's first).
     """
 
     agent_id: str
@@ -204,6 +216,8 @@ class Agent:
     ttls: Mapping[SessionKind, float | None] = field(default_factory=dict)
     dm_scope: str = "main"
     budget: Budget | None = None
+    models: Mapping[str, str] = field(default_factory=dict)
+    provider: str | None = None
     _async_skills: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -242,6 +256,18 @@ class Agent:
                 raise ValueError(msg) from exc
         if not self.model_tiers:
             msg = f"agent {self.agent_id!r} needs at least one model tier"
+            raise ValueError(msg)
+        for tier in self.model_tiers if self.models else ():
+            model = self.models.get(tier)
+            if not isinstance(model, str) or not model:
+                msg = f"agent {self.agent_id!r}: models[{tier!r}] must name a model"
+                raise ValueError(msg)
+        for tier in self.models:
+            if tier not in self.model_tiers:
+                msg = f"agent {self.agent_id!r}: models[{tier!r}] is not one of its model_tiers"
+                raise ValueError(msg)
+        if self.provider is not None and (not isinstance(self.provider, str) or not self.provider):
+            msg = f"agent {self.agent_id!r}: provider must be None or a provider's name"
             raise ValueError(msg)
         # decided once here: inspecting a function's flags on every spawn cost more
         asyncs = frozenset(name for name, skill in self.skills.items() if is_async_skill(skill))

@@ -35,7 +35,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision import _queries as queries
 from sessiontree.supervision._cancelling import Cancelling
-from sessiontree.supervision._commits import Commits
+from sessiontree.supervision._commits import Commits, answer_written
 from sessiontree.supervision._endings import Endings
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._ledger import Ledgers
@@ -267,11 +267,12 @@ class Cortex:
                 return self._control(command, reply)
             case Reserve(session_id=sid, prompt_tokens=prompt, max_tokens=most, price=price):
                 return self.ledgers.reserve(tree.lookup(sid), prompt, most, price)
-            case Settle(session_id=sid, reserved=reserved, used=used):
-                entry = tree.entries.get(sid)
-                if entry is not None:  # one evicted since has nothing left to settle
-                    self.ledgers.settle(entry, reserved, used)
-                return None
+            case Settle(reserved=reserved, used=used):
+                written = self.rt.persist.usage(self.ledgers.settle(reserved, used))
+                if reply is None:
+                    return None
+                answer_written(written, reply, reserved.chain[0])
+                return DEFERRED
             case OpenMain(agent_id=agent_id, key=key):
                 return self.spawning.open_main(agent_id, key, reply)
             case BringBack():

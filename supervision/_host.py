@@ -2,20 +2,22 @@
 
 A running skill's ``Session`` calls reach the node through it: spawns and
 batches of spawns, shared memory, progress, cancelling a child, messages to
-the parent, the coordination patterns, the conversation, and the ends of
+the parent, model calls, the coordination patterns, the conversation, and the ends of
 runs (batched per pass of the event loop). Everything goes to the Cortex as
 a typed request or message; nothing here decides.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sessiontree.actors.runtime import RunEnd, SessionCore
+from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore
 from sessiontree.conversations import Conversation
-from sessiontree.protocol import ErrorInfo, NodeClosedError, SessionKind, SpawnSpec
+from sessiontree.protocol import Completion, ErrorInfo, NodeClosedError, SessionKind, SpawnSpec
 from sessiontree.supervision._drivers import drive_async, drive_sync
 from sessiontree.supervision._refs import NodeSessions, Spawned
 from sessiontree.supervision._reports import (
@@ -70,6 +72,14 @@ class NodeHost:
         except NodeClosedError as exc:
             return [Spawned(None, exc.to_info()) for _ in specs]
         return self.node._all_spawned(answers)
+
+    def model_call(
+        self, core: SessionCore, call: ModelCall
+    ) -> concurrent.futures.Future[Completion]:
+        return self.node._model_calls.start(core, call)
+
+    def amodel_call(self, core: SessionCore, call: ModelCall) -> asyncio.Future[Completion]:
+        return self.node._model_calls.start_here(core, call)
 
     def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
         return self.node.memory.put(core.info.agent_id, core.session_id, key, value)

@@ -18,14 +18,16 @@ soft threshold is announced once per budget (``BUDGET_WARNING``).
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 
 from sessiontree.protocol import Budget, ErrorCode, ErrorInfo, SessionKind, Usage
 from sessiontree.supervision._budgets import crossed_soft, first_exceeded, left, narrow
 from sessiontree.supervision._cancelling import Cancelling
-from sessiontree.supervision._config import Price
+from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, TreeEntry
 from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._providers import Price
 from sessiontree.supervision._tree import Tree
 
 __all__ = ["Ledgers", "Reserved", "priced"]
@@ -35,11 +37,13 @@ ONE_SPAWN = Usage(descendants=1)
 
 @dataclass(frozen=True, slots=True)
 class Reserved:
-    """A call's reservation: what it holds against its session and ancestors,
-    and the completion tokens it may ask for (``None``: unbounded)."""
+    """A call's reservation: what it holds against its session and ancestors
+    (``chain``, the session first), and the completion tokens it may ask for
+    (``None``: unbounded)."""
 
     ask: Usage
     max_tokens: int | None
+    chain: tuple[uuid.UUID, ...] = ()
 
 
 class Ledgers:
@@ -76,18 +80,39 @@ class Ledgers:
             holder = holder.parent
         return budget, clamped
 
+    def enforceable(
+        self, agent: Agent, tier: str | None, budget: Budget | None
+    ) -> ErrorInfo | None:
+        """``budget_unenforceable`` when ``budget`` bounds cost and the model a
+        session of ``agent`` at ``tier`` calls has no price (None: it can be kept)."""
+        models = self.tree.rt.models
+        if budget is None or budget.cost is None or models is None:
+            return None
+        if models.price_for(agent, tier) is not None:
+            return None  # priced, or the agent calls no model at that tier
+        return ErrorInfo(
+            code=ErrorCode.BUDGET_UNENFORCEABLE,
+            message=f"a budget of cost needs a price for agent {agent.agent_id!r}'s model "
+            f"at tier {tier!r}, and the price table has none",
+            detail={"field": "budget.cost", "agent_id": agent.agent_id, "model_tier": tier},
+        )
+
     def spawned(
         self, parent: TreeEntry, child: TreeEntry, budget: Budget, *, clamped: bool
-    ) -> None:
+    ) -> list[TreeEntry]:
         """``child`` was created under ``parent`` with ``budget`` (``clamped``: narrower
-        than it asked); every bounded ancestor counts one more descendant."""
+        than it asked); every bounded ancestor counts one more descendant.
+        Returns those ancestors (their usage records change)."""
         child.ledger = Ledger(budget=budget, clamped=clamped)
+        counted = []
         for entry in _chain(parent):
             ledger = entry.ledger
             if ledger is not None and ledger.budget is not None:
                 before = ledger.counted()
                 ledger.subtree = ledger.subtree + ONE_SPAWN
                 self._warn_if_crossed(entry, ledger, before)
+                counted.append(entry)
+        return counted
 
     # -- model calls --------------------------------------------------------------------
 
@@ -141,20 +166,30 @@ class Ledgers:
         for holder in chain:
             ledger = self._ledger(holder)
             ledger.reserved = ledger.reserved + ask
-        return Reserved(ask, cap)
+        return Reserved(ask, cap, tuple(e.session_id for e in chain))
 
-    def settle(self, entry: TreeEntry, reserved: Reserved, used: Usage) -> None:
+    def settle(self, reserved: Reserved, used: Usage) -> list[TreeEntry]:
         """A call ended: its reservation is released and ``used`` (what the
-        provider reported, priced) counted once for ``entry`` and each ancestor."""
-        spender = self._ledger(entry)
-        spender.own = spender.own + used
-        for holder in _chain(entry):
+        provider reported, priced) counted once for its session and each
+        ancestor still in the index (a session evicted meanwhile, after a
+        forced end, has nothing to count; its ancestors still do). Returns
+        the entries whose usage changed."""
+        entries = self.tree.entries
+        counted = []
+        for i, session_id in enumerate(reserved.chain):
+            holder = entries.get(session_id)
+            if holder is None:
+                continue
             ledger = self._ledger(holder)
+            if i == 0:
+                ledger.own = ledger.own + used
             before = ledger.counted()
             ledger.reserved = ledger.reserved - reserved.ask
             ledger.subtree = ledger.subtree + used
             if ledger.budget is not None:
                 self._warn_if_crossed(holder, ledger, before)
+            counted.append(holder)
+        return counted
 
     # -- limits ----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ sessions call in ``_host``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -47,6 +48,8 @@ from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._gc import tune_gc
 from sessiontree.supervision._host import NodeHost
 from sessiontree.supervision._memory import MemorySpace
+from sessiontree.supervision._model_calls import ModelCalls
+from sessiontree.supervision._models import Models
 from sessiontree.supervision._node_patterns import NodePatterns
 from sessiontree.supervision._refs import SessionIdLike, SessionRef, as_session_id
 from sessiontree.supervision._requests import (
@@ -103,6 +106,7 @@ class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex l
     ) -> None:
         self.config = config or NodeConfig()
         agents_of = agents_by_id(agents)
+        models = Models(self.config.providers, agents_of.values())  # reads key files: first
         parts = self._parts = NodeParts(self.config, clock=clock, memory=memory, store=store)
         self.clock: Clock = parts.clock
         self.store: Store | None = parts.store
@@ -128,6 +132,15 @@ class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex l
             on_fatal=self._on_fatal,
             on_failed=self._on_failed,
             recovered=recovered,
+            models=models,
+        )
+        self._model_calls = ModelCalls(
+            models,
+            agents_of,
+            functools.partial(self._acall, check=False),
+            self._tell,
+            self._runtime.host.progress,
+            lambda: parts.event_loop().loop,
         )
         self._cortex = start_cortex(self._runtime)
         if recovered is not None:  # sessions it starts report through self._cortex

@@ -25,6 +25,7 @@ from sessiontree.supervision._assembly import NodeParts
 from sessiontree.supervision._config import NodeConfig
 from sessiontree.supervision._gc import release_gc
 from sessiontree.supervision._memory import MemorySpace
+from sessiontree.supervision._model_calls import ModelCalls
 from sessiontree.supervision._requests import (
     BeginShutdown,
     Call,
@@ -59,6 +60,7 @@ class NodeBase:
     _restarts: Restarts
     _runtime: Runtime
     _parts: NodeParts
+    _model_calls: ModelCalls
     _cortex: pykka.ActorRef[Any]
     _state: str  # "open", "closing", "closed"
     _forced: bool

@@ -172,6 +172,8 @@ class Periodic:
         tree.live -= 1
         tree.dormant[session_id] = SessionRecord(info=with_state(entry))
         tree.next_seqs[session_id] = entry.next_seq
+        if entry.ledger is not None:
+            tree.ledgers_at_rest[session_id] = entry.ledger
         tree.rt.counters["passivated"] += 1
         tree.emit(EventKind.PASSIVATED, entry)
 

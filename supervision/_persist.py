@@ -31,6 +31,7 @@ from sessiontree.store import (
     InboxRecord,
     SessionRecord,
     Store,
+    UsageRecord,
     WriteBatch,
 )
 from sessiontree.supervision._entry import TreeEntry
@@ -46,7 +47,14 @@ def _context_record(context: SessionContext) -> ContextRecord:
     return ContextRecord(
         system_prompt=context.system_prompt,
         messages=[
-            ContextEntry(role=m.role, content=m.content, name=m.name) for m in context.messages
+            ContextEntry(
+                role=m.role,
+                content=m.content,
+                name=m.name,
+                tool_calls=m.tool_calls,
+                tool_call_id=m.tool_call_id,
+            )
+            for m in context.messages
         ],
         tool_results=[dict(r) for r in context.tool_results],
     )
@@ -58,7 +66,10 @@ def context_from_record(record: ContextRecord | None) -> SessionContext:
         return SessionContext()
     return SessionContext(
         system_prompt=record.system_prompt,
-        messages=[ContextMessage(m.role, m.content, m.name) for m in record.messages],
+        messages=[
+            ContextMessage(m.role, m.content, m.name, m.tool_calls, m.tool_call_id)
+            for m in record.messages
+        ],
         tool_results=[dict(r) for r in record.tool_results],
     )
 
@@ -208,6 +219,21 @@ class Persister:
         if consumed is not None:
             batch.consumed(entry.session_id, consumed)
         self._receipts(batch, entry, ended=False)
+        return self._submit(batch)
+
+    def usage(self, entries: list[TreeEntry]) -> Future | None:
+        """What ``entries`` and their subtrees have spent (accounting, whatever
+        their kind): after a model call settles, or a spawn under a budget."""
+        if self.store is None or not entries:
+            return None
+        batch = self._batch()
+        for entry in entries:
+            ledger = entry.ledger
+            if ledger is not None:
+                record = UsageRecord(
+                    session_id=entry.session_id, own=ledger.own, subtree=ledger.subtree
+                )
+                batch.usage(record)
         return self._submit(batch)
 
     def ended(self, entry: TreeEntry, result: SessionResult, now: float) -> Future | None:

@@ -9,7 +9,8 @@ comes back, write the endings of what cannot, and hand the Cortex its plan.
 - Every other non-terminal session ends ``failed`` with ``node_restarted``;
   a suspended branch whose parent did not come back ends ``cancelled`` with
   ``parent_terminated``. Each ending writes its result where its parent will
-  find it: in the outbox if the parent came back, filed on the parent if not.
+  find it: in the outbox if the parent came back, filed on the parent if not,
+  with what its usage record says it and its subtree spent.
 - Results still in the outbox go to parents that came back (the receipt is
   their next snapshot) and are filed on parents that did not.
 - A value that does not decode, or has an unknown schema version, is moved to
@@ -34,6 +35,7 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
     Timings,
+    Usage,
 )
 from sessiontree.store import (
     InboxRecord,
@@ -41,6 +43,7 @@ from sessiontree.store import (
     QuarantineRecord,
     SessionRecord,
     Store,
+    UsageRecord,
     WriteBatch,
     decode_record,
 )
@@ -125,6 +128,7 @@ class _Recovery:
             state, code = SessionState.FAILED, ErrorCode.NODE_RESTARTED
             why = "was running when the node stopped"
             self.figures["failed"] += 1
+        spent = self.spent(info.session_id)
         result = SessionResult(
             session_id=info.session_id,
             status=state,
@@ -132,12 +136,24 @@ class _Recovery:
             kind=info.kind,
             error=ErrorInfo(code=code, message=f"session {info.session_id} {why}"),
             timings=Timings(created_at=info.created_at, ended_at=self.now),
+            usage=spent.own if spent is not None else Usage(),
+            subtree_usage=spent.subtree if spent is not None else Usage(),
         )
         ended = msgspec.structs.replace(info, state=state)
         self.batch.session(
             msgspec.structs.replace(record, info=ended, result=result, updated_at=self.now)
         )
         return result
+
+    def spent(self, session_id: uuid.UUID) -> UsageRecord | None:
+        """What the session's usage record says it spent (None: nothing, or a
+        record that does not decode, which is quarantined)."""
+        try:
+            return self.store.usage(session_id)
+        except CorruptRecordError as exc:
+            raw = next((v for k, v in self.store.scan("usage", session_id.bytes)), b"")
+            self.quarantine("usage", exc, raw)
+            return None
 
     def owe(self, parent_id: uuid.UUID, result: SessionResult, *, in_outbox: bool) -> None:
         """Deliver to a parent that came back; file on one that did not."""

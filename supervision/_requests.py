@@ -34,9 +34,9 @@ from sessiontree.protocol import (
     SpawnSpec,
     Usage,
 )
-from sessiontree.supervision._config import Price
 from sessiontree.supervision._entry import SpawnAnswer
 from sessiontree.supervision._ledger import Reserved
+from sessiontree.supervision._providers import Price
 
 __all__ = [
     "DEFERRED",
@@ -150,10 +150,10 @@ class Reserve(Request[Reserved | ErrorInfo], frozen=True):
     price: Price | None
 
 
-class Settle(Request[None], frozen=True):
-    """A call ended: release its reservation, count what it ``used`` (priced)."""
+class Settle(Request[ErrorInfo | None], frozen=True):
+    """A call ended: release its reservation, count what it ``used`` (priced).
+    Answered once the usage is durable (the store's error if it failed)."""
 
-    session_id: uuid.UUID
     reserved: Reserved
     used: Usage
 

@@ -18,6 +18,7 @@ from sessiontree.actors.runtime import (
 )
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._events import EventBus
+from sessiontree.supervision._models import Models
 from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._recovery import Recovered
 
@@ -42,6 +43,7 @@ class Runtime:
     on_failed: Callable[[BaseException], None]
     persist: Persister
     recovered: Recovered | None = None
+    models: Models | None = None  # the node's model providers, when it has any
     dispatcher: Dispatcher | None = None
     backends: Backends = field(default_factory=lambda: Backends({}))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)

@@ -224,6 +224,8 @@ class Spawning:
                 error = narrowed
             else:
                 budget, clamped = narrowed
+                tier = model_tier(spec, agent, parent.info.model_tier, root=False)
+                error = self.ledgers.enforceable(agent, tier, budget)
         if error is not None:
             self._rejected_spawn(parent_id, spec, error)
             return error
@@ -289,7 +291,8 @@ class Spawning:
         if spec.request_id is not None:
             parent.requests[spec.request_id] = entry.session_id
         if admitted.budget is not None:
-            self.ledgers.spawned(parent, entry, admitted.budget, clamped=admitted.clamped)
+            counted = self.ledgers.spawned(parent, entry, admitted.budget, clamped=admitted.clamped)
+            self.tree.rt.persist.usage(counted)  # in the spawn's commit when it has one
         return entry
 
     def _new_entry(

@@ -41,7 +41,7 @@ from sessiontree.protocol import (
 from sessiontree.store import SessionRecord
 from sessiontree.supervision._commits import Commits
 from sessiontree.supervision._config import Agent
-from sessiontree.supervision._entry import SharedTtl, TreeEntry, with_state
+from sessiontree.supervision._entry import Ledger, SharedTtl, TreeEntry, with_state
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._persist import context_from_record
 from sessiontree.supervision._runtime import Runtime
@@ -68,6 +68,7 @@ class Tree:
         # is enough to list them, the store's is read when one comes back.
         self.dormant: dict[uuid.UUID, SessionRecord] = {}
         self.next_seqs: dict[uuid.UUID, int] = {}
+        self.ledgers_at_rest: dict[uuid.UUID, Ledger] = {}  # passivated Mains' accounts
         # the Mains holding an actor (the periodic check drops those gone)
         self.resident_mains: dict[uuid.UUID, TreeEntry] = {}
         self.terminal: collections.deque[uuid.UUID] = collections.deque()  # oldest first
@@ -283,6 +284,7 @@ class Tree:
         parent = self.entry(info.parent_id)
         ttl = None if info.deadline is None else info.deadline - self.now()
         entry = self.register(agent, info, parent, ttl, restored=True)
+        entry.ledger = self._restored_ledger(info, agent)
         core = entry.core
         core.context = context_from_record(record.context)
         core.resumed = True
@@ -301,6 +303,25 @@ class Tree:
             entry.rerun = True
         self.emit(EventKind.RESTORED, entry)
         return entry
+
+    def _restored_ledger(self, info: SessionInfo, agent: Agent) -> Ledger | None:
+        """A restored session's accounts: a passivated Main's as they were, else
+        what the store's usage record says was spent (its budget as spawned; a
+        Main's, its agent's, counting afresh from this cycle)."""
+        ledger = self.ledgers_at_rest.pop(info.session_id, None)
+        if ledger is not None:
+            return ledger
+        main = info.kind is SessionKind.MAIN
+        budget = agent.budget if main else info.budget
+        spent = self.store.usage(info.session_id) if self.store is not None else None
+        if spent is None and budget is None:
+            return None
+        ledger = Ledger(budget=budget)
+        if spent is not None:
+            ledger.own, ledger.subtree = spent.own, spent.subtree
+        if main:
+            ledger.window = ledger.subtree
+        return ledger
 
     def persist_new(self, entry: TreeEntry) -> bool:
         """Write a new session's record; False when there is no store. Until the

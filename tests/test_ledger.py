@@ -81,7 +81,7 @@ def test_the_hard_limit_cancels_the_bounded_subtree_with_budget_exhausted(node: 
     settle(node)
     held = reserve(node, first.session_id)
     assert isinstance(held, Reserved)
-    node._call(Settle(first.session_id, held, REPLY))
+    node._call(Settle(held, REPLY))
     refused = reserve(node, second.session_id)
     assert isinstance(refused, ErrorInfo)
     assert refused.code is ErrorCode.BUDGET_EXHAUSTED
@@ -103,7 +103,7 @@ def test_usage_rolls_up_exactly_once_through_every_ancestor(node: Node) -> None:
     for child in children:
         held = reserve(node, child.session_id)
         assert isinstance(held, Reserved)
-        node._call(Settle(child.session_id, held, REPLY))
+        node._call(Settle(held, REPLY))
     parent.cancel()
     result = parent.wait(WAIT)
     assert result is not None
@@ -179,7 +179,7 @@ def test_the_soft_threshold_is_announced_once(node: Node) -> None:
     for _ in range(4):
         held = reserve(node, parent.session_id)
         assert isinstance(held, Reserved)
-        node._call(Settle(parent.session_id, held, REPLY))
+        node._call(Settle(held, REPLY))
     settle(node)
     assert [(e.session_id, e.data["dimension"]) for e in seen] == [(parent.session_id, "calls")]
     assert node.stats()["budget_warnings"] == 1

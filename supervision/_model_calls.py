@@ -1,0 +1,173 @@
+"""A session's model call on the node: reserve, send, settle (issue 20).
+
+Every call runs on the node's event loop. Its worst case (the prompt,
+estimated conservatively, plus ``max_tokens``) is reserved against the
+session and every ancestor in one turn of the Cortex; a call that cannot fit
+is answered with ``budget_exhausted`` and never sent. The call goes out with
+``max_tokens`` capped to what the budgets leave, and when it ends its
+reservation is settled to the usage the provider reported, priced, and
+written to the store before the reply reaches the skill:
+
+- a reply with usage counts exactly that;
+- a reply without usage keeps its text, is answered with ``model_error``
+  (field ``usage``) and counts its worst case, so budgets still hold;
+- a failed call (after its retries) counts one call and no tokens;
+- a cancelled call counts one call and its prompt as estimated (the
+  provider reported nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import functools
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from sessiontree.actors.runtime import ModelCall, SessionCore
+from sessiontree.protocol import Completion, ErrorCode, ErrorInfo, NodeClosedError, Usage
+from sessiontree.supervision._config import Agent
+from sessiontree.supervision._ledger import Reserved, priced
+from sessiontree.supervision._models import Models, Reply, Route
+from sessiontree.supervision._requests import Call, Request, Reserve, Settle
+
+__all__ = ["ModelCalls", "Spent", "estimate_tokens"]
+
+_ENCODE = msgspec.json.Encoder().encode
+
+#: What each call is tallied by, for the metrics: (agent, model, tier).
+Spent = tuple[str, str, str]
+
+
+def estimate_tokens(call: ModelCall) -> int:
+    """A conservative estimate of the prompt's tokens: half a token per byte
+    of the messages (and tools) as JSON, and 4 per message. Real tokenizers
+    average about 4 bytes a token, so it over-reserves; settling corrects it."""
+    size = len(_ENCODE(call.messages))
+    tools = call.options.get("tools")
+    if tools:
+        size += len(_ENCODE(tools))
+    return size // 2 + 4 * len(call.messages)
+
+
+class ModelCalls:
+    """Model calls for the sessions of one node (on its event loop)."""
+
+    def __init__(
+        self,
+        models: Models,
+        agents: Mapping[str, Agent],
+        ask: Callable[[Request[Any]], Awaitable[Any]],
+        tell: Callable[[Call], None],
+        progress: Callable[[SessionCore, str, dict[str, Any]], None],
+        loop: Callable[[], asyncio.AbstractEventLoop],
+    ) -> None:
+        """``ask`` a request of the Cortex and await its answer (``NodeClosedError``
+        once the node closes), ``tell`` it one, report ``progress``; ``loop``
+        is the node's event loop (made on first use)."""
+        self.models = models
+        self.agents = agents
+        self.ask = ask
+        self.tell = tell
+        self.progress = progress
+        self.loop = loop
+        self._tallies: collections.defaultdict[tuple[Spent, str], float] = collections.defaultdict(
+            float
+        )
+        self._lock = threading.Lock()  # the metrics read the tallies from their thread
+
+    def start(self, core: SessionCore, call: ModelCall) -> concurrent.futures.Future[Completion]:
+        """Start ``call`` on the node's loop from a skill thread."""
+        return asyncio.run_coroutine_threadsafe(self.complete(core, call), self.loop())
+
+    def start_here(self, core: SessionCore, call: ModelCall) -> asyncio.Future[Completion]:
+        """Start ``call`` on the running loop (an async skill's)."""
+        return asyncio.ensure_future(self.complete(core, call))
+
+    async def complete(self, core: SessionCore, call: ModelCall) -> Completion:
+        """Reserve, send and settle one call; the reply, or why there is none."""
+        agent = self.agents[core.info.agent_id]
+        route = self.models.route(agent, core.info.model_tier, call.model)
+        if isinstance(route, ErrorInfo):
+            return Completion(error=route)
+        estimate = estimate_tokens(call)
+        reserve = Reserve(core.session_id, estimate, call.max_tokens, route.price)
+        try:
+            held = await self.ask(reserve)
+        except NodeClosedError as exc:
+            return Completion(model=route.model, error=exc.to_info())
+        if isinstance(held, ErrorInfo):
+            return Completion(model=route.model, error=held)
+        request: dict[str, Any] = dict(call.options, messages=list(call.messages))
+        if held.max_tokens is not None:
+            request["max_tokens"] = held.max_tokens
+        on_delta = functools.partial(self._delta, core) if call.stream else None
+        try:
+            reply = await self.models.call(route, request, on_delta)
+        except BaseException:  # cancelled (the request is closed): settled all the same
+            cut = priced(Usage(prompt_tokens=estimate, calls=1), route.price)
+            self.tell(Call(Settle(held, cut)))
+            raise
+        completion, used = _outcome(route, held, reply)
+        self._tally(core, route, used, completion.error)
+        try:
+            refused = await self.ask(Settle(held, used))
+        except NodeClosedError as exc:
+            refused = exc.to_info()
+        if refused is not None and completion.error is None:
+            return msgspec.structs.replace(completion, error=refused)
+        return completion
+
+    def _delta(self, core: SessionCore, text: str) -> None:
+        self.progress(core, "", {"delta": text})
+
+    def _tally(self, core: SessionCore, route: Route, used: Usage, error: ErrorInfo | None) -> None:
+        key: Spent = (core.info.agent_id, route.model, core.info.model_tier or "")
+        with self._lock:
+            tallies = self._tallies
+            tallies[key, "calls"] += 1
+            tallies[key, "prompt_tokens"] += used.prompt_tokens
+            tallies[key, "completion_tokens"] += used.completion_tokens
+            tallies[key, "cost"] += used.cost
+            if error is not None:
+                tallies[key, "errors"] += 1
+
+    def tallies(self) -> dict[tuple[Spent, str], float]:
+        """Every call's figures so far by (agent, model, tier) and figure:
+        ``calls``, ``errors``, ``prompt_tokens``, ``completion_tokens``, ``cost``."""
+        with self._lock:
+            return dict(self._tallies)
+
+
+def _outcome(route: Route, held: Reserved, reply: Reply | ErrorInfo) -> tuple[Completion, Usage]:
+    """The skill's answer and what the call counts (see the module docstring)."""
+    if isinstance(reply, ErrorInfo):
+        used = priced(Usage(calls=1), route.price)
+        return Completion(model=route.model, max_tokens=held.max_tokens, error=reply), used
+    error = None
+    if reply.usage is None:
+        used = held.ask
+        error = ErrorInfo(
+            code=ErrorCode.MODEL_ERROR,
+            message=f"model {route.model!r} replied without usage; counted at its worst case",
+            detail={"field": "usage", "provider": route.provider.name},
+        )
+    else:
+        prompt, completion_tokens = reply.usage
+        used = priced(
+            Usage(prompt_tokens=prompt, completion_tokens=completion_tokens, calls=1), route.price
+        )
+    completion = Completion(
+        text=reply.text,
+        tool_calls=reply.tool_calls,
+        finish_reason=reply.finish_reason,
+        model=reply.model or route.model,
+        usage=used,
+        max_tokens=held.max_tokens,
+        error=error,
+    )
+    return completion, used
