@@ -118,14 +118,28 @@ def encode_json(value: Any) -> bytes:
 
 
 def spawn_batch(specs: Iterable[Any]) -> tuple[SpawnSpec, ...]:
-    """The specs of a batched spawn; ``RejectedInputError`` naming ``specs[i]``
-    for an item that is not a ``SpawnSpec`` (build them with ``make_spec``)."""
-    batch = tuple(specs)
-    for i, spec in enumerate(batch):
+    """The specs of a batched spawn, each checked and converted as
+    ``make_spec`` does (a ``SpawnSpec`` built by hand may hold a field of the
+    wrong type, e.g. ``kind="worker"``, which becomes the enum);
+    ``RejectedInputError`` naming ``specs[i]`` (and the field) for an item
+    that is not a valid ``SpawnSpec``."""
+    batch = []
+    # One spec repeated stays one object (its children share one TTL timer). The
+    # original is kept with its check, so its id is not reused while this runs.
+    checked: dict[int, tuple[SpawnSpec, SpawnSpec]] = {}
+    for i, spec in enumerate(specs):
         if not isinstance(spec, SpawnSpec):
             msg = f"specs[{i}] is a {type(spec).__name__}, not a SpawnSpec"
             raise RejectedInputError(msg, field=f"specs[{i}]")
-    return batch
+        seen = checked.get(id(spec))
+        if seen is None:
+            try:
+                seen = checked[id(spec)] = (spec, make_spec(spec))
+            except RejectedInputError as exc:
+                msg = f"specs[{i}]: {exc}"
+                raise RejectedInputError(msg, field=f"specs[{i}].{exc.field}") from exc
+        batch.append(seen[1])
+    return tuple(batch)
 
 
 def make_spec(spec: Any = None, /, **fields: Any) -> SpawnSpec:

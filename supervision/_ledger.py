@@ -61,23 +61,26 @@ class Ledgers:
         """Whether ``parent`` may have one more child, and the child's budget:
         ``requested`` narrowed to what every bounded ancestor has left (and
         whether it was clamped). A refusal reaches the hard limit of the
-        ancestor it did not fit."""
+        outermost budget it did not fit (see ``_outermost``)."""
         budget, clamped = requested, False
+        refused: tuple[TreeEntry, Ledger, str] | None = None
         holder: TreeEntry | None = parent
         while holder is not None:  # a walk, not a list: every spawn takes it
             ledger = holder.ledger
             if ledger is not None and ledger.budget is not None:
-                if ledger.exhausted is not None:
-                    return _exhausted(holder, ledger.exhausted)
                 used = ledger.counted()
-                dimension = first_exceeded(ledger.budget, used, ledger.reserved, ONE_SPAWN)
+                dimension = ledger.exhausted or first_exceeded(
+                    ledger.budget, used, ledger.reserved, ONE_SPAWN
+                )
                 if dimension is not None:
-                    self._exhaust(holder, ledger, dimension)
-                    return _exhausted(holder, dimension)
-                remaining = left(ledger.budget, used, ledger.reserved)
-                budget, narrowed = narrow(budget, _without_descendant(remaining))
-                clamped = clamped or narrowed
+                    refused = (holder, ledger, dimension)
+                elif refused is None:
+                    remaining = left(ledger.budget, used, ledger.reserved)
+                    budget, narrowed = narrow(budget, _without_descendant(remaining))
+                    clamped = clamped or narrowed
             holder = holder.parent
+        if refused is not None:
+            return self._refuse(*refused)
         return budget, clamped
 
     def enforceable(
@@ -131,7 +134,7 @@ class Ledgers:
         (``budget_unenforceable``), or when the session is stopping."""
         chain = _chain(entry)
         bounded = [(e, e.ledger) for e in chain if e.ledger is not None and e.ledger.budget]
-        for holder, ledger in bounded:
+        for holder, ledger in reversed(bounded):
             if ledger.exhausted is not None:  # said first: it is why the subtree stops
                 return _exhausted(holder, ledger.exhausted)
         if entry.state.is_terminal or entry.cancel_code is not None:
@@ -155,14 +158,13 @@ class Ledgers:
             if room is not None:
                 cap = room if cap is None else min(cap, room)
         ask = priced(Usage(prompt_tokens=prompt_tokens, completion_tokens=cap or 0, calls=1), price)
-        for holder, ledger in bounded:
+        for holder, ledger in reversed(bounded):  # the outermost first: see _refuse
             assert ledger.budget is not None
             dimension = first_exceeded(ledger.budget, ledger.counted(), ledger.reserved, ask)
             if dimension is None and cap == 0 and max_tokens != 0:
                 dimension = "tokens"  # no room for a single completion token
             if dimension is not None:
-                self._exhaust(holder, ledger, dimension)
-                return _exhausted(holder, dimension)
+                return self._refuse(holder, ledger, dimension)
         for holder in chain:
             ledger = self._ledger(holder)
             ledger.reserved = ledger.reserved + ask
@@ -192,6 +194,16 @@ class Ledgers:
         return counted
 
     # -- limits ----------------------------------------------------------------------
+
+    def _refuse(self, holder: TreeEntry, ledger: Ledger, dimension: str) -> ErrorInfo:
+        """Refuse a call or spawn that ``holder``'s budget cannot fit, reaching
+        its hard limit. When several budgets on the way up cannot fit, the
+        outermost is the one that ran out: a child's budget is only what its
+        parent had left when it was spawned, so the parent's running out is
+        what the refusal means (its whole subtree stops, not just the child)."""
+        if ledger.exhausted is None:
+            self._exhaust(holder, ledger, dimension)
+        return _exhausted(holder, dimension)
 
     def _exhaust(self, entry: TreeEntry, ledger: Ledger, dimension: str) -> None:
         """The hard limit: ``entry``'s subtree takes no new calls or children and

@@ -172,7 +172,7 @@ class _RetryWait(tenacity.wait.wait_base):
     def __init__(self, provider: Provider) -> None:
         self.cap = provider.retry_wait_max
         self.backoff = tenacity.wait_exponential_jitter(
-            initial=provider.retry_wait, max=provider.retry_wait_max
+            multiplier=provider.retry_wait, max=provider.retry_wait_max, jitter=provider.retry_wait
         )
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:

@@ -25,6 +25,7 @@ from sessiontree.protocol import (
     decode_control,
     is_legal_transition,
     make_spec,
+    spawn_batch,
 )
 
 S = SessionState
@@ -125,3 +126,15 @@ def test_cancelled_is_not_an_exception() -> None:
     assert issubclass(Cancelled, BaseException)
     assert not issubclass(Cancelled, Exception)
     assert issubclass(RejectedInputError, SessionTreeError)
+
+
+def test_a_batch_spec_built_by_hand_is_checked_and_converted() -> None:
+    """A ``SpawnSpec`` constructor checks no types: a skill's hand-built spec with
+    ``kind="worker"`` once reached the Cortex as a str and failed the node."""
+    loose = SpawnSpec(kind="worker", task="x")  # type: ignore[arg-type]
+    (spec,) = spawn_batch([loose])
+    assert spec.kind is SessionKind.WORKER
+    bad = SpawnSpec(kind=SessionKind.WORKER, task="x", ttl="5")  # type: ignore[arg-type]
+    with pytest.raises(RejectedInputError) as caught:
+        spawn_batch([loose, bad])
+    assert caught.value.field == "specs[1].ttl"
