@@ -155,8 +155,10 @@ class Models:
             )
         except ModelError as exc:
             return _unreadable(route, str(exc), exc.field)
-        except (json.JSONDecodeError, ValueError, TypeError) as exc:
+        except json.JSONDecodeError as exc:
             return _unreadable(route, f"the reply is not valid JSON: {exc}", "body")
+        except TypeError as exc:  # an option the SDK does not take: nothing was sent
+            return _unreadable(route, f"the SDK refused the call's options: {exc}", "options")
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
     async def close(self) -> None:

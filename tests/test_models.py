@@ -291,6 +291,22 @@ def test_a_provider_refusal_is_a_model_error_with_its_status(
     assert completion.error.detail["status"] == 400
 
 
+def test_an_option_the_sdk_does_not_take_is_a_model_error_naming_options(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    completions: list[Completion] = []
+
+    def keep(session: Session) -> None:
+        completions.append(session.complete("x", temprature=0.2))
+
+    node = make_node(agent(keep=keep), providers=(provider(server),))
+    assert run(node, "keep").ok
+    (completion,) = completions
+    assert completion.error is not None
+    assert completion.error.detail["field"] == "options"
+    assert server.stats().requests_received == 0
+
+
 def test_an_unreachable_endpoint_is_a_model_error_not_a_hang(
     make_node: Callable[..., Node],
 ) -> None:
