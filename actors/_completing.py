@@ -5,26 +5,41 @@ message (the system prompt and the ``context_summary``), then the context's
 messages, then the prompt as a user message. The prompt and the reply
 (with its tool calls) are recorded in the context, so the next call sees
 them and a skill can run a tool-calling loop with ``add_tool_result``.
+
+Both an inline session (its ``SessionCore``) and a remote step (its
+``RemoteSession``, whose context is its own, for the step) build their calls
+here: anything with a ``context`` and an ``info`` (:class:`Caller`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-from sessiontree.actors._core import ContextMessage, SessionCore
+from sessiontree.actors._core import ContextMessage, SessionContext
 from sessiontree.actors._host import ModelCall
-from sessiontree.protocol import Completion, RejectedInputError, as_json
+from sessiontree.protocol import Completion, RejectedInputError, SessionInfo, as_json
 
-__all__ = ["model_call", "record_exchange", "tool_result"]
+__all__ = ["Caller", "model_call", "record_exchange", "tool_result"]
+
+
+class Caller(Protocol):
+    """Whose call it is: a working context and the session's identity."""
+
+    @property
+    def context(self) -> SessionContext: ...
+
+    @property
+    def info(self) -> SessionInfo: ...
+
 
 #: Request fields the runtime sets itself: a skill's value would be ignored or unsafe.
 _OWN = frozenset({"messages", "model", "stream", "max_tokens", "max_completion_tokens", "n"})
 
 
 def model_call(
-    core: SessionCore,
+    core: Caller,
     prompt: str | None,
     messages: list[dict[str, Any]] | None,
     max_tokens: int | None,
@@ -63,7 +78,7 @@ def model_call(
     return ModelCall(tuple(chat), sent, max_tokens, model, bool(stream))
 
 
-def _context(core: SessionCore) -> list[dict[str, Any]]:
+def _context(core: Caller) -> list[dict[str, Any]]:
     context = core.context
     system = "\n\n".join(
         part for part in (context.system_prompt, core.info.context_summary) if part
@@ -80,7 +95,7 @@ def _checked(index: int, message: Any) -> dict[str, Any]:
     return message
 
 
-def record_exchange(core: SessionCore, prompt: str | None, completion: Completion) -> None:
+def record_exchange(core: Caller, prompt: str | None, completion: Completion) -> None:
     """Append the prompt and the reply to the context (only when there is a
     reply: a refused or failed call leaves the context as it was)."""
     if completion.text is None and not completion.tool_calls:

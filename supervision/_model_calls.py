@@ -96,10 +96,14 @@ class ModelCalls:
             return Completion(error=route)
         estimate = estimate_tokens(call)
         reserve = Reserve(core.session_id, estimate, call.max_tokens, route.price)
+        asked = asyncio.ensure_future(self.ask(reserve))
         try:
-            held = await self.ask(reserve)
+            held = await asyncio.shield(asked)
         except NodeClosedError as exc:
             return Completion(model=route.model, error=exc.to_info())
+        except asyncio.CancelledError:  # the Cortex may still grant it: then release it
+            asked.add_done_callback(self._release)
+            raise
         if isinstance(held, ErrorInfo):
             return Completion(model=route.model, error=held)
         request: dict[str, Any] = dict(call.options, messages=list(call.messages))
@@ -121,6 +125,14 @@ class ModelCalls:
         if refused is not None and completion.error is None:
             return msgspec.structs.replace(completion, error=refused)
         return completion
+
+    def _release(self, asked: asyncio.Future[Reserved | ErrorInfo]) -> None:
+        """A reservation granted after its call was cancelled: settled unused."""
+        if asked.cancelled() or asked.exception() is not None:
+            return
+        held = asked.result()
+        if isinstance(held, Reserved):
+            self.tell(Call(Settle(held, Usage())))
 
     def _delta(self, core: SessionCore, text: str) -> None:
         self.progress(core, "", {"delta": text})

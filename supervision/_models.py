@@ -173,9 +173,11 @@ class _RetryWait(tenacity.wait.wait_base):
 
     def __init__(self, provider: Provider) -> None:
         self.cap = provider.retry_wait_max
-        self.backoff = tenacity.wait_exponential_jitter(
-            multiplier=provider.retry_wait, max=provider.retry_wait_max, jitter=provider.retry_wait
-        )
+        # what wait_exponential_jitter does, without its `initial=` (deprecated
+        # since tenacity 9.2; its `multiplier=` is missing before 9.2)
+        self.backoff = tenacity.wait_exponential(
+            multiplier=provider.retry_wait, max=provider.retry_wait_max
+        ) + tenacity.wait_random(0, provider.retry_wait)
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         outcome = retry_state.outcome
@@ -187,7 +189,7 @@ class _RetryWait(tenacity.wait.wait_base):
                     return min(float(asked), self.cap)
             except ValueError:
                 pass  # an HTTP date: back off as usual
-        return float(self.backoff(retry_state))
+        return min(float(self.backoff(retry_state)), self.cap)
 
 
 def _log_retry(retry_state: tenacity.RetryCallState) -> None:

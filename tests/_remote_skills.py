@@ -149,3 +149,49 @@ class Unhashable:
 
 
 unhashable = Unhashable()
+
+
+def asks_model(session: Any) -> dict[str, Any]:
+    """Call the model with the task (streamed when ``metadata["stream"]``), then
+    once more (that call sends the first exchange too); answer what came back."""
+    first = session.complete(session.task, stream=bool(session.metadata.get("stream")))
+    second = session.complete("and again")
+    return {
+        "texts": [first.text, second.text],
+        "recorded": [m.role for m in session.context.messages],
+        "errors": [c.error.code.value for c in (first, second) if c.error is not None],
+        "pid": os.getpid(),
+    }
+
+
+async def async_asks_model(session: Any) -> dict[str, Any]:
+    """``asks_model`` for an async skill: one streamed call."""
+    reply = await session.complete(session.task, stream=True)
+    return {"text": reply.text, "tokens": reply.usage.tokens, "pid": os.getpid()}
+
+
+def asks_model_once(session: Any) -> dict[str, Any]:
+    """Call the model once and answer the reply's text and error code."""
+    reply = session.complete(session.task)
+    return {"text": reply.text, "error": None if reply.error is None else reply.error.code.value}
+
+
+def waits_on_model(session: Any) -> str:
+    """Report started, then wait on one model call; a cancellation while it
+    waits is wrapped up as a partial result."""
+    started(session)
+    try:
+        reply = session.complete(session.task)
+    except Cancelled as exc:
+        return f"partial after {exc.code}"
+    return f"answered {reply.text}"
+
+
+async def async_waits_on_model(session: Any) -> str:
+    """``waits_on_model`` for an async skill."""
+    started(session)
+    try:
+        reply = await session.complete(session.task)
+    except Cancelled as exc:
+        return f"partial after {exc.code}"
+    return f"answered {reply.text}"

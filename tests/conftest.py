@@ -3,6 +3,7 @@ test that can build a node run once per actor type."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from sessiontree.actors import ACTOR_TYPES, VirtualClock
 from sessiontree.supervision import Agent, Node, NodeConfig
 from sessiontree.supervision import _config as node_defaults
+from tests import _remote_skills as remote_skills
 
 #: Modules whose tests never build a node in this process or a child process
 #: (or, for the schema test, build their one node at import), and the backend
@@ -26,6 +28,7 @@ SINGLE_RUN = frozenset(
         "test_export",
         "test_http_schema",
         "test_pooled_actor",
+        "test_remote_models",
         "test_scale",
         "test_standin",
         "test_protocol",
@@ -94,3 +97,19 @@ def make_node(clock: VirtualClock) -> Iterator[Callable[..., Node]]:
 def settle(node: Node) -> None:
     """Wait (bounded) until the node's tree is idle; fail the test if it never is."""
     assert node.wait_idle(WAIT), f"node did not settle: {node.activity.busy} in flight"
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """A real local Ray cluster for the whole test session (DESIGN §6), shared
+    by every module whose steps run on Ray."""
+    try:
+        import ray  # noqa: PLC0415 - optional and heavy: only the ray tests need it
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            raise  # under CI a missing tool is a failure, never a skip
+        pytest.skip("Ray is not installed here")
+    remote_skills.quiet_ray()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,21 +73,6 @@ AGENT = Agent(
     main_skill="main",
     max_children=3,
 )
-
-
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[Any]:
-    """A real local Ray cluster for the whole test session (DESIGN §6)."""
-    try:
-        import ray  # noqa: PLC0415 - optional and heavy: only the ray tests need it
-    except ImportError:
-        if os.environ.get("CI") == "true":
-            raise  # under CI a missing tool is a failure, never a skip
-        pytest.skip("Ray is not installed here")
-    skills.quiet_ray()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(params=BACKENDS)

@@ -6,20 +6,26 @@ real time (milliseconds, and bounded retry waits)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from sessiontree.actors import AsyncSession, Cancelled, Session
+from sessiontree.actors.runtime import ModelCall
 from sessiontree.cli._standin import Reply, StandinServer, ToolCall
 from sessiontree.protocol import (
     Budget,
     Completion,
     ErrorCode,
+    ErrorInfo,
     RejectedInputError,
+    SessionInfo,
     SessionKind,
     SessionResult,
     SessionState,
@@ -27,6 +33,10 @@ from sessiontree.protocol import (
     Usage,
 )
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig, Price, Provider
+from sessiontree.supervision._ledger import Reserved
+from sessiontree.supervision._model_calls import ModelCalls
+from sessiontree.supervision._models import Models
+from sessiontree.supervision._requests import Call, Settle
 from tests.conftest import WAIT, settle
 
 END_STATES = {"completed", "failed", "cancelled"}
@@ -552,3 +562,46 @@ def test_usage_record_survives_in_the_store(
         assert record.subtree.tokens == stats.prompt_tokens_served + stats.completion_tokens_served
         assert record.subtree.calls == 8
         assert record.own == Usage()
+
+
+def test_a_call_cancelled_while_it_reserves_releases_a_late_grant() -> None:
+    """Cancelled while the Cortex answers its reservation, a call holds nothing:
+    a grant that arrives after the cancellation is settled unused."""
+    the_agent = agent()
+    models = Models((Provider(base_url="http://127.0.0.1:9/v1"),), [the_agent])
+    loop = asyncio.new_event_loop()
+    answer: asyncio.Future[Reserved | ErrorInfo] = loop.create_future()
+    told: list[Call] = []
+
+    async def ask(request: Any) -> Any:
+        return await answer
+
+    calls = ModelCalls(
+        models, {"agent": the_agent}, ask, told.append, lambda *_: None, lambda: loop
+    )
+    info = SessionInfo(
+        session_id=uuid.uuid4(),
+        agent_id="agent",
+        parent_id=None,
+        kind=SessionKind.WORKER,
+        state=SessionState.ACTIVE,
+        depth=1,
+        created_at=0.0,
+        ttl=None,
+        deadline=None,
+        model_tier="small",
+    )
+    core = SimpleNamespace(info=info, session_id=info.session_id)
+    call = ModelCall(({"role": "user", "content": "hi"},), max_tokens=5)
+    task = loop.create_task(calls.complete(core, call))  # type: ignore[arg-type]
+    loop.run_until_complete(asyncio.sleep(0))  # it asked, and waits for the answer
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        loop.run_until_complete(task)
+    assert told == []
+    granted = Reserved(Usage(prompt_tokens=9, completion_tokens=5, calls=1), 5, (info.session_id,))
+    answer.set_result(granted)
+    loop.run_until_complete(asyncio.sleep(0))
+    assert told == [Call(Settle(granted, Usage()))]
+    loop.run_until_complete(models.close())
+    loop.close()

@@ -9,8 +9,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from sessiontree.actors.backends._calls import encode_completion
 from sessiontree.actors.backends._protocol import StepEnd, StepEvent, StepJob
-from sessiontree.protocol import ErrorCode, ErrorInfo
+from sessiontree.protocol import Completion, ErrorCode, ErrorInfo
 
 __all__ = ["PooledRun", "unavailable_end"]
 
@@ -58,6 +59,9 @@ class PooledRun:
 
     def kill(self) -> None:
         self.pool._kill(self)
+
+    def answer(self, call_id: int, completion: Completion) -> None:
+        self.pool._answer(self, call_id, encode_completion(completion))
 
 
 def unavailable_end(job: StepJob, why: str) -> StepEnd:

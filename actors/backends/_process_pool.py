@@ -1,7 +1,8 @@
 """The ``process`` backend: steps in a pool of pre-started worker processes.
 
 Each worker runs one step at a time. A second thread in the worker reads the
-control channel, so a cancel request reaches a step that is busy computing.
+control channel, so a cancel request reaches a step that is busy computing,
+and the node's answer to a model call reaches the step waiting on it.
 Killing a step kills its process (SIGKILL) and the pool starts a replacement.
 Workers are started with the ``spawn`` method: a fresh interpreter that never
 inherits the node's threads or its open LMDB environment (forking either is
@@ -72,6 +73,10 @@ def worker_main(conn: Connection) -> None:
                     running = current[0]
                     if running is not None and running.job_id == job_id:
                         running.cancel(ErrorCode(code))
+                case ("answer", job_id, call_id, data):
+                    running = current[0]
+                    if running is not None and running.job_id == job_id:
+                        running.answer(call_id, data)
                 case ("stop",):
                     jobs.put(None)
 
@@ -256,6 +261,14 @@ class ProcessBackend:
         if worker is not None:
             with contextlib.suppress(OSError, ValueError):
                 worker.send(("cancel", run.job.job_id, code.value))
+
+    def _answer(self, run: _ProcessRun, call_id: int, data: bytes) -> None:
+        with self._lock:
+            worker = run.worker
+            if worker is None or worker.run is not run:
+                return  # the step has ended: nobody waits for it
+        with contextlib.suppress(OSError, ValueError):  # it died; its sentinel reports it
+            worker.send(("answer", run.job.job_id, call_id, data))
 
     def _kill(self, run: _ProcessRun) -> None:
         with self._lock:

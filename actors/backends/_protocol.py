@@ -3,9 +3,11 @@
 A session on the ``process`` or ``ray`` backend runs its skill in a pooled
 worker (a process, a Ray actor). What crosses is a :class:`StepJob` (the
 pickled skill and the session's ``SessionInfo``) one way, and events
-(progress, messages to the parent: :data:`StepEvent`) and one
-:class:`StepEnd` the other. A backend is an :class:`ExecutionBackend`; what
-it hands back for a queued job is a :class:`RemoteRun`.
+(progress, messages to the parent, model calls: :data:`StepEvent`) and one
+:class:`StepEnd` the other. A model call is the one exchange that goes both
+ways: the step waits for the node's answer, which its backend carries back
+with :meth:`RemoteRun.answer`. A backend is an :class:`ExecutionBackend`;
+what it hands back for a queued job is a :class:`RemoteRun`.
 
 This module depends on ``sessiontree.protocol`` only, so the session runtime
 (``SessionCore`` keeps the backend a session runs on) can name a backend
@@ -19,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sessiontree.protocol import ErrorCode, ErrorInfo, Outcome, SessionInfo
+from sessiontree.protocol import Completion, ErrorCode, ErrorInfo, Outcome, SessionInfo
 
 __all__ = [
+    "CALL_EVENTS",
     "ExecutionBackend",
     "RemoteRun",
     "StepEnd",
@@ -30,7 +33,15 @@ __all__ = [
 ]
 
 StepEvent = tuple[str, Any]
-"""What a step reports before it ends: ``("progress", (note, data))`` or ``("send", message)``."""
+"""What a step reports before it ends: ``("progress", (note, data))``,
+``("send", message)``, ``("complete", (call_id, call))`` (a model call the
+step waits on, encoded by ``encode_call``; the node answers it with
+``RemoteRun.answer``) or ``("abandon", call_id)`` (the step stopped waiting:
+the node closes that call)."""
+
+CALL_EVENTS = frozenset({"complete", "abandon"})
+"""The events the node must get while the step runs (it waits on their answer);
+a backend may carry the others back with the step's end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +80,10 @@ class RemoteRun(Protocol):
     def kill(self) -> None:
         """Stop the step now: its worker is killed and replaced."""
 
+    def answer(self, call_id: int, completion: Completion) -> None:
+        """Hand the step the reply to its model call ``call_id`` (called on the
+        node's loop; dropped when the step has ended or its worker is gone)."""
+
 
 class ExecutionBackend(Protocol):
     """Where steps run outside the node's own threads (``process``, ``ray``)."""
@@ -92,7 +107,9 @@ class ExecutionBackend(Protocol):
         self, job: StepJob, loop: asyncio.AbstractEventLoop, on_event: Callable[[StepEvent], None]
     ) -> RemoteRun:
         """Queue ``job`` for the next free worker (called on ``loop``); ``on_event``
-        runs on ``loop`` for each event the step reports while it runs."""
+        runs on ``loop`` for each event the step reports: the :data:`CALL_EVENTS`
+        while it runs (the step waits on their answer), the others at the
+        latest with its end."""
 
     def close(self) -> None:
         """Stop every worker (a running step is killed)."""

@@ -7,9 +7,13 @@ one it starts a local cluster, unless the application already initialised
 Ray (then that connection is used and left open at close).
 
 Each pooled actor runs one step at a time; it is a threaded actor of
-concurrency 2, so ``cancel`` reaches a step that is busy computing. Killing a
-step is ``ray.kill`` of its actor, and the pool starts a replacement. Events
-a step reports travel back with its end. A cluster that disappears (a step's
+concurrency 4, so ``cancel`` reaches a step that is busy computing, also
+while the node fetches the step's model calls. Killing a step is ``ray.kill``
+of its actor, and the pool starts a replacement. Events a step reports travel
+back with its end, except its model calls, which the step waits on: the node
+fetches those while it runs (``StepActor.calls``, a long poll, one at a time
+per step; a Ray driver cannot be called back) and sends each answer back
+(``StepActor.answer``). A cluster that disappears (a step's
 actor is unreachable, or two health pings go unanswered) fails the steps that
 were on it with ``backend_unavailable``, refuses new ones, and the node lets
 go of it (``ray.shutdown``) so Ray does not end the process; the node serves
@@ -30,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sessiontree.actors.backends._pool import PooledRun, unavailable_end
-from sessiontree.actors.backends._protocol import StepEnd, StepEvent, StepJob
+from sessiontree.actors.backends._protocol import CALL_EVENTS, StepEnd, StepEvent, StepJob
 from sessiontree.actors.backends._worker import StepControl, execute_step, worker_facts
 from sessiontree.protocol import BackendUnavailableError, ErrorCode, ErrorInfo
 
@@ -39,6 +43,10 @@ __all__ = ["RayBackend", "StepActor", "import_ray"]
 log = logging.getLogger("sessiontree.backend.ray")
 
 _EXTRA = "pip install 'sessiontree[ray]'"
+
+#: How long one fetch of a step's model calls waits for one (real seconds); the
+#: node fetches again while the step runs.
+FETCH_SECONDS = 10.0
 
 
 def import_ray() -> Any:
@@ -52,31 +60,48 @@ def import_ray() -> Any:
 
 
 class StepActor:
-    """What one pooled Ray actor runs: one step at a time, and its cancel."""
+    """What one pooled Ray actor runs: one step at a time, its cancel, and the
+    model calls it waits on (fetched by the node, answered back)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a call was sent, or a step ended
         self._current: StepControl | None = None
         # A threaded actor does not keep call order: a cancel may arrive first.
         self._early: dict[int, ErrorCode] = {}
+        self._latest = 0  # the job that started here last (job ids only grow)
+        self._calls: list[StepEvent] = []  # its call events the node has not fetched
 
     def ready(self) -> int:
         """Answered once the actor is up: its process id."""
         return os.getpid()
 
     def run(self, job: StepJob) -> StepEnd:
-        """Run ``job`` here; its events come back with its end."""
+        """Run ``job`` here; its events come back with its end (its model calls
+        are fetched with ``calls`` while it runs)."""
         events: list[StepEvent] = []
+
+        def emit(event: StepEvent) -> None:
+            if event[0] not in CALL_EVENTS:
+                events.append(event)
+                return
+            with self._changed:
+                self._calls.append(event)
+                self._changed.notify_all()
+
         with self._lock:
             early = self._early.pop(job.job_id, None)
             self._early.clear()  # cancels of steps that already ended
             control = StepControl(job.job_id, job.cancel or early)
             self._current = control
+            self._latest = job.job_id
+            self._calls = []
         try:
-            end = execute_step(job, control, events.append, worker_facts("ray"))
+            end = execute_step(job, control, emit, worker_facts("ray"))
         finally:
-            with self._lock:
+            with self._changed:
                 self._current = None  # the next session finds nothing of this one
+                self._changed.notify_all()
         return StepEnd(
             outcome=end.outcome,
             error=end.error,
@@ -93,6 +118,33 @@ class StepActor:
                 self._early[job_id] = ErrorCode(code)
                 return
         control.cancel(ErrorCode(code))
+
+    def calls(self, job_id: int, wait: float = FETCH_SECONDS) -> tuple[StepEvent, ...] | None:
+        """The model-call events step ``job_id`` sent since the last fetch, as
+        soon as there is one (none after ``wait`` seconds); None once that step
+        is over here. A fetch that arrives before its step waits for it."""
+
+        def over() -> bool:
+            current = self._current
+            return job_id <= self._latest and (current is None or current.job_id != job_id)
+
+        def ready() -> bool:
+            return bool(job_id == self._latest and self._calls) or over()
+
+        with self._changed:
+            self._changed.wait_for(ready, wait)
+            if job_id == self._latest and self._calls:
+                taken, self._calls = tuple(self._calls), []
+                return taken
+            return None if over() else ()
+
+    def answer(self, job_id: int, call_id: int, data: bytes) -> None:
+        """The node's answer to model call ``call_id`` of step ``job_id``
+        (dropped unless that step is the one running)."""
+        with self._lock:
+            control = self._current
+        if control is not None and control.job_id == job_id:
+            control.answer(call_id, data)
 
 
 class _RayRun(PooledRun):
@@ -127,7 +179,11 @@ class RayBackend:
         self._lock = threading.Lock()
         self._idle: collections.deque[Any] = collections.deque()
         self._actors: list[Any] = []  # every live actor: idle, busy or still starting
-        self._sent: collections.deque[tuple[_RayRun, Any]] = collections.deque()
+        # remote calls made under the lock, watched once it is released: a step
+        # (answered by _done) and the first fetch of its model calls (_fetched)
+        self._sent: collections.deque[tuple[_RayRun, Any, Callable[..., None]]] = (
+            collections.deque()
+        )
         self._answered: list[Any] = []  # actors that came up (the health watch pings one)
         self._queued: collections.deque[_RayRun] = collections.deque()
         self._running: dict[int, _RayRun] = {}
@@ -191,7 +247,7 @@ class RayBackend:
     def _boot(self) -> None:
         ray = self._ray
         try:
-            self._actor_class = ray.remote(num_cpus=self.num_cpus, max_concurrency=2)(StepActor)
+            self._actor_class = ray.remote(num_cpus=self.num_cpus, max_concurrency=4)(StepActor)
             for _ in range(self.size):
                 self._add_actor()
             threading.Thread(
@@ -347,14 +403,44 @@ class RayBackend:
             job = run.job_to_send()
             run.actor = actor
             self._running[job.job_id] = run
-            self._sent.append((run, actor.run.remote(job)))
+            self._sent.append((run, actor.run.remote(job), self._done))
+            self._sent.append((run, actor.calls.remote(job.job_id), self._fetched))
 
     def _watch_sent(self) -> None:
         """Watch the steps just sent (outside ``_lock``: a callback on a future
         that is already done runs at once, and takes the lock)."""
         while self._sent:
-            run, ref = self._sent.popleft()
-            ref.future().add_done_callback(lambda f, run=run: self._done(run, f))
+            run, ref, then = self._sent.popleft()
+            ref.future().add_done_callback(lambda f, run=run, then=then: then(run, f))
+
+    def _fetched(self, run: _RayRun, fut: concurrent.futures.Future[Any]) -> None:
+        """The step's model calls came: hand them to the node, and fetch again
+        while the step runs."""
+        try:
+            events = fut.result()
+        except Exception:  # noqa: BLE001 - its actor is gone: the step's end tells
+            return
+        if events is None:
+            return  # the step is over
+        for event in events:
+            with contextlib.suppress(RuntimeError):  # the loop closed with the node
+                run.loop.call_soon_threadsafe(run.on_event, event)
+        with self._lock:
+            if run.killed or self._closed or self._running.get(run.job.job_id) is not run:
+                return
+            try:
+                ref = run.actor.calls.remote(run.job.job_id)
+            except Exception:  # noqa: BLE001 - the cluster is going: the step's end tells
+                return
+        ref.future().add_done_callback(lambda f: self._fetched(run, f))
+
+    def _answer(self, run: _RayRun, call_id: int, data: bytes) -> None:
+        with self._lock:
+            actor = run.actor
+            if actor is None or run.killed or self._running.get(run.job.job_id) is not run:
+                return  # the step has ended: nobody waits for it
+        with contextlib.suppress(Exception):  # its actor or cluster is gone; the end tells
+            actor.answer.remote(run.job.job_id, call_id, data)
 
     def _done(self, run: _RayRun, fut: concurrent.futures.Future[Any]) -> None:
         ray = self._ray

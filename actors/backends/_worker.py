@@ -1,16 +1,24 @@
 """The worker's side of a remote step: the handle a skill gets, and running it.
 
 A remote step is a leaf: it reads its identity and inputs, reports progress,
-sends to its parent and honours cancellation at ``checkpoint()``; spawning,
-shared memory and conversations stay with inline sessions (their state is the
-node's store, which remote steps never write). What runs here is pickled to
-the worker, so it holds nothing of the node.
+sends to its parent, calls models and honours cancellation at
+``checkpoint()``; spawning, shared memory and conversations stay with inline
+sessions (their state is the node's store, which remote steps never write).
+What runs here is pickled to the worker, so it holds nothing of the node.
+
+A model call goes through the node, so budgets, reservations and usage hold
+for remote steps exactly as for inline ones: the step sends the call as an
+event and waits for the node's answer (:meth:`StepControl.answer`), taking a
+cancellation while it waits like any checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import inspect
+import itertools
 import os
 import pickle
 import threading
@@ -18,10 +26,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from sessiontree.actors._completing import model_call, record_exchange, tool_result
 from sessiontree.actors._core import Cancelled, SessionContext
 from sessiontree.actors._execution import crash_info, to_outcome
+from sessiontree.actors.backends._calls import decode_completion, encode_call
 from sessiontree.actors.backends._protocol import StepEnd, StepEvent, StepJob
 from sessiontree.protocol import (
+    Completion,
     ErrorCode,
     ErrorInfo,
     NotAllowedError,
@@ -39,8 +50,28 @@ __all__ = [
 ]
 
 
+class Awaited:
+    """A model call a step waits on: the node's answer (an encoded
+    ``Completion``) once it came. ``wake`` runs on the thread that delivered
+    it (or a cancel), so a waiter on an event loop sets ``waker``."""
+
+    __slots__ = ("answer", "waker", "woken")
+
+    def __init__(self) -> None:
+        self.answer: bytes | None = None
+        self.woken = threading.Event()
+        self.waker: Callable[[], None] | None = None
+
+    def wake(self) -> None:
+        self.woken.set()
+        waker = self.waker
+        if waker is not None:
+            waker()
+
+
 class StepControl:
-    """A running step's cancellation state, set from the worker's control channel."""
+    """A running step's cancellation state and the answers to its model calls,
+    set from the worker's control channel (any thread)."""
 
     def __init__(self, job_id: int, code: ErrorCode | None = None) -> None:
         self.job_id = job_id
@@ -49,19 +80,49 @@ class StepControl:
         self.changed = threading.Event()
         if code is not None:
             self.changed.set()
+        self._lock = threading.Lock()
+        self._calls: dict[int, Awaited] = {}
+        self._call_ids = itertools.count(1)
 
     def cancel(self, code: ErrorCode) -> None:
         if self.code is None:
             self.code = code
         self.changed.set()
+        with self._lock:
+            waiting = list(self._calls.values())
+        for call in waiting:
+            call.wake()
+
+    def expect(self) -> tuple[int, Awaited]:
+        """A new model call's id, and where its answer will land."""
+        awaited = Awaited()
+        with self._lock:
+            call_id = next(self._call_ids)
+            self._calls[call_id] = awaited
+        return call_id, awaited
+
+    def answer(self, call_id: int, data: bytes) -> None:
+        """The node answered call ``call_id`` (dropped if nobody waits on it)."""
+        with self._lock:
+            awaited = self._calls.get(call_id)
+        if awaited is not None:
+            awaited.answer = data
+            awaited.wake()
+
+    def forget(self, call_id: int) -> None:
+        """Call ``call_id`` is answered or abandoned: nothing more lands for it."""
+        with self._lock:
+            self._calls.pop(call_id, None)
 
 
 class RemoteSession:
     """The handle a skill gets in a worker: identity, inputs, ``checkpoint()``,
-    ``progress``, ``send_to_parent`` and ``sleep``. It is made for one step and
-    dropped after it, so nothing of one session reaches the next on the same
-    worker. Everything that needs the node (spawn, collect, memory,
-    conversations) raises ``NotAllowedError`` naming the method and backend.
+    ``progress``, ``send_to_parent``, ``sleep``, and model calls
+    (``complete``, ``add_tool_result``) made through the node. It is made for
+    one step and dropped after it, so nothing of one session reaches the next
+    on the same worker. Everything else that needs the node (spawn, collect,
+    memory, conversations) raises ``NotAllowedError`` naming the method and
+    backend.
     """
 
     def __init__(
@@ -159,6 +220,81 @@ class RemoteSession:
         self._control.changed.wait(max(0.0, seconds))
         self._check()
 
+    def complete(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        model: str | None = None,
+        stream: bool = False,
+        record: bool | None = None,
+        **options: Any,
+    ) -> Completion:
+        """Call the agent's chat model through the node and return its reply.
+
+        As ``Session.complete``: the same arguments, the same answers (a
+        refused or failed call is a ``Completion`` with ``error`` set), and
+        the node reserves, sends and settles it, so the session's budgets
+        and usage hold as for an inline call. What is sent by default is this
+        step's own ``context`` (its system prompt, the ``context_summary`` it
+        was spawned with, what earlier calls of this step recorded) and the
+        prompt. Streamed text reaches the session's progress on the node.
+
+        A checkpoint while it waits: a cancellation raises ``Cancelled`` and
+        the node closes the request (a budget running out lets a call in
+        flight land first, as inline); a step killed mid-call has its request
+        closed by the node. ``RejectedInputError`` names a bad argument.
+        """
+        call = model_call(self, prompt, messages, max_tokens, model, stream, options)
+        data = encode_call(call)
+        self._check()
+        call_id, awaited = self._control.expect()
+        try:
+            self._emit(("complete", (call_id, data)))
+            while True:
+                awaited.woken.clear()  # before looking: a wake from now on is kept
+                if not self._landing():
+                    self._check()
+                answer = awaited.answer
+                if answer is not None:
+                    break
+                awaited.woken.wait()
+        except BaseException:
+            self._abandon(call_id)
+            raise
+        finally:
+            self._control.forget(call_id)
+        return self._answered(answer, prompt, messages, record)
+
+    def add_tool_result(self, tool_call_id: str, content: Any, name: str | None = None) -> None:
+        """Append a tool's result for the tool call ``tool_call_id`` of the last
+        reply to this step's context (the next ``complete`` sends it); see
+        ``Session.add_tool_result``."""
+        self._check()
+        self.context.messages.append(tool_result(tool_call_id, content, name))
+
+    def _landing(self) -> bool:
+        """Whether a call in flight lands although the step was cancelled: when
+        its budget ran out (the next checkpoint raises ``Cancelled``)."""
+        return self._control.code is ErrorCode.BUDGET_EXHAUSTED
+
+    def _abandon(self, call_id: int) -> None:
+        with contextlib.suppress(Exception):  # a node that is gone closes it anyway
+            self._emit(("abandon", call_id))
+
+    def _answered(
+        self,
+        answer: bytes,
+        prompt: str | None,
+        messages: list[dict[str, Any]] | None,
+        record: bool | None,
+    ) -> Completion:
+        completion = decode_completion(answer)
+        if record if record is not None else messages is None:
+            record_exchange(self, prompt, completion)
+        return completion
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
@@ -186,6 +322,59 @@ class AsyncRemoteSession(RemoteSession):
         self._check()
         await asyncio.to_thread(self._control.changed.wait, max(0.0, seconds))
         self._check()
+
+    async def complete(  # type: ignore[override]
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+        model: str | None = None,
+        stream: bool = False,
+        record: bool | None = None,
+        **options: Any,
+    ) -> Completion:
+        """Call the agent's chat model through the node; see ``RemoteSession.complete``.
+        The wait holds no thread."""
+        call = model_call(self, prompt, messages, max_tokens, model, stream, options)
+        data = encode_call(call)
+        self._check()
+        call_id, awaited = self._control.expect()
+        loop = asyncio.get_running_loop()
+        try:
+            self._emit(("complete", (call_id, data)))
+            while True:
+                woken = loop.create_future()
+                awaited.waker = functools.partial(_wake_soon, loop, woken)  # before looking
+                if not self._landing():
+                    self._check()
+                answer = awaited.answer
+                if answer is not None:
+                    break
+                await woken
+        except BaseException:
+            self._abandon(call_id)
+            raise
+        finally:
+            awaited.waker = None
+            self._control.forget(call_id)
+        return self._answered(answer, prompt, messages, record)
+
+    async def add_tool_result(  # type: ignore[override]
+        self, tool_call_id: str, content: Any, name: str | None = None
+    ) -> None:
+        RemoteSession.add_tool_result(self, tool_call_id, content, name)
+
+
+def _wake_soon(loop: asyncio.AbstractEventLoop, woken: asyncio.Future[None]) -> None:
+    """Resolve ``woken`` on ``loop`` (from the thread an answer or cancel came on)."""
+
+    def resolve() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    with contextlib.suppress(RuntimeError):  # the step's loop has closed
+        loop.call_soon_threadsafe(resolve)
 
 
 def execute_step(
