@@ -171,9 +171,11 @@ class _RetryWait(tenacity.wait.wait_base):
 
     def __init__(self, provider: Provider) -> None:
         self.cap = provider.retry_wait_max
-        self.backoff = tenacity.wait_exponential_jitter(
-            initial=provider.retry_wait, max=provider.retry_wait_max
-        )
+        # wait_exponential_jitter's own form: tenacity 9.2 deprecates its
+        # ``initial`` and 8.x has no ``multiplier`` to replace it with
+        self.backoff = tenacity.wait_exponential(
+            multiplier=provider.retry_wait, max=provider.retry_wait_max
+        ) + tenacity.wait_random(0, 1)
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         outcome = retry_state.outcome
@@ -185,7 +187,7 @@ class _RetryWait(tenacity.wait.wait_base):
                     return min(float(asked), self.cap)
             except ValueError:
                 pass  # an HTTP date: back off as usual
-        return float(self.backoff(retry_state))
+        return min(float(self.backoff(retry_state)), self.cap)
 
 
 def _log_retry(retry_state: tenacity.RetryCallState) -> None:
