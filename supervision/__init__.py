@@ -19,6 +19,7 @@ from sessiontree.supervision._providers import Price, Provider
 from sessiontree.supervision._refs import SessionRef, Spawned
 from sessiontree.supervision._retry import Retry
 from sessiontree.supervision._rules import MAX_BRANCH_DEPTH, MAX_WORKER_DEPTH, check_spawn
+from sessiontree.supervision._spending import stored_spending
 
 __all__ = [
     "COMMANDS",
@@ -50,4 +51,5 @@ __all__ = [
     "is_command",
     "normalise_answer",
     "parse_continuation",
+    "stored_spending",
 ]

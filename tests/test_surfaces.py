@@ -145,6 +145,7 @@ PROTOCOL = [
     "SessionTreeError",
     "SpawnCmd",
     "SpawnSpec",
+    "Spending",
     "StoreError",
     "StoreFullError",
     "StoreLockedError",
@@ -239,6 +240,7 @@ SUPERVISION = [
     "is_command",
     "normalise_answer",
     "parse_continuation",
+    "stored_spending",
 ]
 
 CLI = [
