@@ -13,7 +13,7 @@ from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import Event, EventBus, EventKind
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
-from sessiontree.supervision._metrics import REJECT_REASONS, NodeMetrics
+from sessiontree.supervision._metrics import MAX_MODEL_SERIES, REJECT_REASONS, NodeMetrics
 from sessiontree.supervision._node import Node
 from sessiontree.supervision._providers import Price, Provider
 from sessiontree.supervision._refs import SessionRef, Spawned
@@ -24,6 +24,7 @@ from sessiontree.supervision._spending import stored_spending
 __all__ = [
     "COMMANDS",
     "MAX_BRANCH_DEPTH",
+    "MAX_MODEL_SERIES",
     "MAX_WORKER_DEPTH",
     "REJECT_REASONS",
     "Agent",
