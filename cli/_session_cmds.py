@@ -26,8 +26,10 @@ import click
 import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.cli._wire import SessionView, TreeView, session_view
 from sessiontree.protocol import SessionKind, SessionState, SessionTreeError
 from sessiontree.store import SessionRecord, Store
+from sessiontree.supervision import stored_spending
 
 __all__ = ["sessions"]
 
@@ -93,22 +95,34 @@ def _stored(store: Store, session_id: uuid.UUID) -> SessionRecord:
     return record
 
 
+def _record_view(store: Store, record: SessionRecord) -> SessionView:
+    """A stored session as the API's ``GET /v1/sessions/{id}`` shows it: its
+    usage from its result, or from its usage record while it has none."""
+    spent = store.usage(record.info.session_id) if record.result is None else None
+    return session_view(record.info, record.result, stored_spending(record, spent))
+
+
 def _stored_view(store_dir: Path, session_id: str) -> dict[str, Any]:
     with _reading(store_dir) as store:
-        return _row(_stored(store, uuid.UUID(session_id)))
+        found = _record_view(store, _stored(store, uuid.UUID(session_id)))
+    view: dict[str, Any] = msgspec.to_builtins(found)
+    return view
 
 
 def _stored_tree(store_dir: Path, session_id: str) -> dict[str, Any]:
     """The subtree under ``session_id`` as the API's ``tree`` gives it, children
     oldest first, read through the store's parent index."""
 
-    def build(store: Store, record: SessionRecord) -> dict[str, Any]:
+    def build(store: Store, record: SessionRecord) -> TreeView:
         kids = [store.session(c) for c in store.children(record.info.session_id)]
         ordered = sorted((k for k in kids if k is not None), key=lambda k: k.info.created_at)
-        return {**_row(record), "children": [build(store, k) for k in ordered]}
+        view = msgspec.structs.asdict(_record_view(store, record))
+        return TreeView(**view, children=[build(store, k) for k in ordered])
 
     with _reading(store_dir) as store:
-        return build(store, _stored(store, uuid.UUID(session_id)))
+        root = build(store, _stored(store, uuid.UUID(session_id)))
+    tree: dict[str, Any] = msgspec.to_builtins(root)
+    return tree
 
 
 def _fetch(
@@ -135,6 +149,57 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _figure(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _count(value: float, noun: str) -> str:
+    """``1 call``, ``3 calls`` (``noun`` is the plural)."""
+    return f"{_figure(value)} {noun[:-1] if value == 1 else noun}"
+
+
+def usage_text(usage: dict[str, Any]) -> str:
+    """A ``Usage`` (as JSON) in words: tokens, calls, cost."""
+    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    text = (
+        f"{_count(prompt + completion, 'tokens')} ({prompt} prompt, {completion} completion), "
+        f"{_count(usage.get('calls', 0), 'calls')}, cost {_figure(usage.get('cost', 0.0))}"
+    )
+    if usage.get("unpriced_calls"):
+        text += f" ({usage['unpriced_calls']} unpriced)"
+    if usage.get("descendants"):
+        text += f", {_count(usage['descendants'], 'descendants')}"
+    return text
+
+
+def budget_text(budget: dict[str, Any]) -> str:
+    """A ``Budget`` (as JSON) in words: each bounded dimension, or ``unbounded``."""
+    bounds = [
+        f"cost {_figure(budget[name])}" if name == "cost" else _count(budget[name], name)
+        for name in ("tokens", "cost", "calls", "descendants")
+        if budget.get(name) is not None
+    ]
+    return ", ".join(bounds) or "unbounded"
+
+
+def _short_usage(view: dict[str, Any]) -> str:
+    """What a tree line says of a session's accounts: its subtree's tokens,
+    calls and cost, what its budget has left; empty when it spent nothing and
+    has no budget."""
+    used = view.get("subtree_usage") or {}
+    tokens = used.get("prompt_tokens", 0) + used.get("completion_tokens", 0)
+    parts = []
+    if tokens or used.get("calls") or used.get("cost"):
+        cost = _figure(used.get("cost", 0.0))
+        parts.append(f"{tokens} tok, {_count(used.get('calls', 0), 'calls')}, cost {cost}")
+    left = view.get("budget_left")
+    if left is not None:
+        parts.append(f"left {budget_text(left)}")
+    if view.get("budget_exhausted"):
+        parts.append(f"exhausted: {view['budget_exhausted']}")
+    return f"  ({'; '.join(parts)})" if parts else ""
+
+
 def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> str:
     text = (
         f"{info['kind']:<6} {info['state']:<9} {info['session_id'][:8]}  "
@@ -153,12 +218,14 @@ def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> st
 
 
 def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
-    """A session tree as ASCII lines: kind, state, id, age and time left to TTL."""
+    """A session tree as ASCII lines: kind, state, id, age, time left to TTL,
+    and the subtree's usage and what its budget has left."""
     lines: list[str] = []
 
     def walk(node: dict[str, Any], prefix: str, last: bool, root: bool) -> None:
         branch = "" if root else ("`-- " if last else "|-- ")
-        lines.append(f"{prefix}{branch}{_line(node['info'], node.get('result'), now)}")
+        line = _line(node["info"], node.get("result"), now) + _short_usage(node)
+        lines.append(f"{prefix}{branch}{line}")
         kids = node.get("children", [])
         deeper = prefix if root else prefix + ("    " if last else "|   ")
         for i, child in enumerate(kids):
@@ -240,7 +307,7 @@ def ls_cmd(
 @click.argument("session")
 @_JSON
 def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
-    """One session: identity, state and result."""
+    """One session: identity, state, result, usage and what its budget has left."""
     sid = _sid(session)
     view = _fetch(
         node_url, store_dir, f"/v1/sessions/{sid}", functools.partial(_stored_view, session_id=sid)
@@ -252,6 +319,29 @@ def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json
         click.echo(f"{name:>16}: {value}")
     if view.get("result") is not None:
         click.echo(f"{'result':>16}: {json.dumps(view['result'], sort_keys=True)}")
+    for line in _accounts_lines(view):
+        click.echo(line)
+
+
+def _accounts_lines(view: dict[str, Any]) -> list[str]:
+    """``sessions show``'s lines on usage and budget."""
+    lines = [
+        f"{'usage':>16}: {usage_text(view.get('usage') or {})}",
+        f"{'subtree usage':>16}: {usage_text(view.get('subtree_usage') or {})}",
+    ]
+    reserved = view.get("reserved") or {}
+    if reserved.get("calls"):
+        lines.append(f"{'reserved':>16}: {usage_text(reserved)}")
+    budget = view.get("budget")
+    if budget is None:
+        lines.append(f"{'budget':>16}: none")
+        return lines
+    clamped = " (clamped to what its parent had left)" if view.get("budget_clamped") else ""
+    lines.append(f"{'budget':>16}: {budget_text(budget)}{clamped}")
+    lines.append(f"{'budget left':>16}: {budget_text(view.get('budget_left') or {})}")
+    if view.get("budget_exhausted"):
+        lines.append(f"{'budget exhausted':>16}: {view['budget_exhausted']}")
+    return lines
 
 
 @sessions.command("tree")

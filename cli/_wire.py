@@ -16,9 +16,12 @@ import msgspec
 
 from sessiontree.protocol import (
     MAIN_KEY,
+    Budget,
     ErrorCode,
     SessionInfo,
     SessionResult,
+    Spending,
+    Usage,
 )
 
 __all__ = [
@@ -33,9 +36,12 @@ __all__ = [
     "SessionPage",
     "SessionView",
     "Spawn",
+    "TreeView",
     "WaitResult",
     "plain_figures",
+    "session_view",
     "settings_of",
+    "tree_view",
 ]
 
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -99,10 +105,58 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SessionView(msgspec.Struct, frozen=True, kw_only=True):
-    """One session: identity and state, and its result once it ended."""
+    """One session: identity and state, its result once it ended, and its
+    accounts (``Spending``): ``usage`` (its own model calls), ``subtree_usage``
+    (with every descendant's), ``reserved`` (calls in flight below it), its
+    ``budget`` and ``budget_left`` (null without one; a Main's per message
+    cycle), ``budget_clamped`` and ``budget_exhausted`` (the dimension that ran
+    out, or null). A session that has ended reports its result's usage."""
 
     info: SessionInfo
     result: SessionResult | None = None
+    usage: Usage = msgspec.field(default_factory=Usage)
+    subtree_usage: Usage = msgspec.field(default_factory=Usage)
+    reserved: Usage = msgspec.field(default_factory=Usage)
+    budget: Budget | None = None
+    budget_left: Budget | None = None
+    budget_clamped: bool = False
+    budget_exhausted: str | None = None
+
+
+class TreeView(SessionView, frozen=True, kw_only=True):
+    """A session as ``SessionView`` shows it, and its children, oldest first."""
+
+    children: list[TreeView] = msgspec.field(default_factory=list)
+
+
+def _accounts(spending: Spending) -> dict[str, Any]:
+    return {
+        "usage": spending.usage,
+        "subtree_usage": spending.subtree_usage,
+        "reserved": spending.reserved,
+        "budget": spending.budget,
+        "budget_left": spending.budget_left,
+        "budget_clamped": spending.budget_clamped,
+        "budget_exhausted": spending.budget_exhausted,
+    }
+
+
+def session_view(
+    info: SessionInfo, result: SessionResult | None, spending: Spending
+) -> SessionView:
+    """The view of one session from its identity, result and accounts."""
+    return SessionView(info=info, result=result, **_accounts(spending))
+
+
+def tree_view(node: dict[str, Any]) -> TreeView:
+    """``Node.tree``'s nested dicts (``info``, ``result``, ``spending``,
+    ``children``) as a ``TreeView``."""
+    return TreeView(
+        info=node["info"],
+        result=node["result"],
+        children=[tree_view(child) for child in node["children"]],
+        **_accounts(node["spending"]),
+    )
 
 
 class Spawn(msgspec.Struct, frozen=True, kw_only=True):

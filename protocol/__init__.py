@@ -84,7 +84,13 @@ from sessiontree.protocol._states import (
     SessionState,
     is_legal_transition,
 )
-from sessiontree.protocol._usage import MAX_BUDGET_COST, MAX_BUDGET_COUNT, Budget, Usage
+from sessiontree.protocol._usage import (
+    MAX_BUDGET_COST,
+    MAX_BUDGET_COUNT,
+    Budget,
+    Spending,
+    Usage,
+)
 
 # The library never configures logging; applications (and the CLI) do.
 logging.getLogger("sessiontree").addHandler(logging.NullHandler())
@@ -151,6 +157,7 @@ __all__ = [
     "SessionTreeError",
     "SpawnCmd",
     "SpawnSpec",
+    "Spending",
     "StoreError",
     "StoreFullError",
     "StoreLockedError",

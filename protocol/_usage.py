@@ -1,4 +1,5 @@
-"""What sessions spend (``Usage``) and what they may spend (``Budget``).
+"""What sessions spend (``Usage``), what they may spend (``Budget``), and one
+session's accounts as the node reports them (``Spending``).
 
 A ``Usage`` adds up: a session's own (its model calls), its subtree's (its own
 and every descendant's, each counted once), what is reserved for calls in
@@ -12,7 +13,7 @@ from typing import Annotated
 
 import msgspec
 
-__all__ = ["MAX_BUDGET_COST", "MAX_BUDGET_COUNT", "Budget", "Usage"]
+__all__ = ["MAX_BUDGET_COST", "MAX_BUDGET_COUNT", "Budget", "Spending", "Usage"]
 
 MAX_BUDGET_COUNT = 10**12  # tokens, calls or descendants: far past any real budget
 MAX_BUDGET_COST = 1e12  # in the price table's currency
@@ -97,3 +98,28 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
             and self.calls is None
             and self.descendants is None
         )
+
+
+class Spending(msgspec.Struct, frozen=True, kw_only=True):
+    """One session's accounts, as the node reports them (``Node.spending``, the
+    HTTP API, the CLI).
+
+    ``usage`` is what its own model calls spent, ``subtree_usage`` that and
+    every descendant's (each counted once), ``reserved`` what calls in flight
+    in its subtree hold. For a session that has ended, ``usage`` and
+    ``subtree_usage`` are its result's. ``budget`` is what bounds its subtree
+    (after narrowing; a Main's holds per message cycle) and ``budget_left``
+    what it still allows after what is used and reserved (a Main's: in this
+    cycle); both None without a budget. ``budget_clamped``: the budget is
+    narrower than its spawn asked. ``budget_exhausted`` names the dimension
+    (``tokens``, ``cost``, ``calls``, ``descendants``) whose hard limit was
+    reached, or is None.
+    """
+
+    usage: Usage = msgspec.field(default_factory=Usage)
+    subtree_usage: Usage = msgspec.field(default_factory=Usage)
+    reserved: Usage = msgspec.field(default_factory=Usage)
+    budget: Budget | None = None
+    budget_left: Budget | None = None
+    budget_clamped: bool = False
+    budget_exhausted: str | None = None

@@ -13,16 +13,18 @@ from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import Event, EventBus, EventKind
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
-from sessiontree.supervision._metrics import REJECT_REASONS, NodeMetrics
+from sessiontree.supervision._metrics import MAX_MODEL_SERIES, REJECT_REASONS, NodeMetrics
 from sessiontree.supervision._node import Node
 from sessiontree.supervision._providers import Price, Provider
 from sessiontree.supervision._refs import SessionRef, Spawned
 from sessiontree.supervision._retry import Retry
 from sessiontree.supervision._rules import MAX_BRANCH_DEPTH, MAX_WORKER_DEPTH, check_spawn
+from sessiontree.supervision._spending import stored_spending
 
 __all__ = [
     "COMMANDS",
     "MAX_BRANCH_DEPTH",
+    "MAX_MODEL_SERIES",
     "MAX_WORKER_DEPTH",
     "REJECT_REASONS",
     "Agent",
@@ -50,4 +52,5 @@ __all__ = [
     "is_command",
     "normalise_answer",
     "parse_continuation",
+    "stored_spending",
 ]

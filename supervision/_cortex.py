@@ -70,6 +70,7 @@ from sessiontree.supervision._requests import (
     GetInfo,
     GetResult,
     GetResults,
+    GetSpending,
     GetStats,
     GetTree,
     ListSessions,
@@ -292,6 +293,8 @@ class Cortex:
                 return queries.result(tree, sid)
             case GetResults(session_id=sid):
                 return queries.received(tree, sid)
+            case GetSpending(session_id=sid):
+                return queries.spending(tree, sid)
             case GetTree(session_id=sid):
                 return queries.subtree(tree, sid)
             case ListSessions(state=state, kind=kind):

@@ -10,7 +10,8 @@ afresh for each scrape by ``family`` and ``single``.
 Names follow the Prometheus conventions: the ``sessiontree_`` prefix, base
 units (seconds, bytes), ``_total`` on counters. Labels come from fixed sets
 (kinds, states, error codes, reject reasons, grace outcomes), so the series
-a node exposes never change with its workload.
+a node exposes never change with its workload; the one exception, model
+calls by agent, model and tier, is bounded (``_metric_models``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ _COMMIT_BUCKETS = (
     0.5, 1.0,
 )  # fmt: skip
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # the writer caps at 2048
+
+# Model calls are counted by agent, model and tier: bounded label sets, the rest
+# folded into "other" (see _metric_models).
+_MODEL_LABELS = ("agent", "model", "tier")
 
 # name -> (type, help, label names) of the families read at scrape time
 SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -168,6 +173,37 @@ SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "counter",
         "Store writes of the Cortex that were refused or failed.",
         (),
+    ),
+    "sessiontree_budget_warnings": (
+        "counter",
+        "Budgets whose soft threshold was crossed (one warning per budget, a Main's per cycle).",
+        (),
+    ),
+    "sessiontree_budgets_exhausted": (
+        "counter",
+        "Budgets whose hard limit was reached: a model call or spawn was refused.",
+        (),
+    ),
+    "sessiontree_model_calls": (
+        "counter",
+        "Model calls sent to a provider (failed ones included), by agent, model and tier.",
+        _MODEL_LABELS,
+    ),
+    "sessiontree_model_call_errors": (
+        "counter",
+        "Model calls that failed after their retries or replied without usage.",
+        _MODEL_LABELS,
+    ),
+    "sessiontree_model_tokens": (
+        "counter",
+        "Tokens of model calls, by kind (prompt, completion): as providers reported them "
+        "(a cancelled call's prompt as estimated).",
+        (*_MODEL_LABELS, "kind"),
+    ),
+    "sessiontree_model_cost": (
+        "counter",
+        "Cost of model calls, in the currency of the providers' price tables.",
+        _MODEL_LABELS,
     ),
     "sessiontree_store_map_used_bytes": ("gauge", "Bytes of the LMDB map in use.", ()),
     "sessiontree_store_map_size_bytes": ("gauge", "Size of the LMDB map.", ()),

@@ -2,8 +2,9 @@
 
 Figures that are state rather than history — the live sessions by kind and
 state, compute slots, limits, retries, rejected inputs, the Cortex's own
-figures, the store's map — are read at scrape time, each family from its
-source, in sections. A section is read whole or skipped: one that raises is
+figures (budget warnings and exhaustions among them), model calls by agent,
+model and tier, the store's map — are read at scrape time, each family from
+its source, in sections. A section is read whole or skipped: one that raises is
 logged (with its name) and left out of that scrape, so a closed store or a
 busy Cortex never breaks the rest of the exposition.
 """
@@ -19,6 +20,7 @@ from prometheus_client.core import Metric
 
 from sessiontree.protocol import SessionTreeError
 from sessiontree.supervision._metric_families import NODE_REASON, SCRAPED, family, single
+from sessiontree.supervision._metric_models import bounded, seeds
 from sessiontree.supervision._metric_tracking import TreeTracker
 from sessiontree.supervision._requests import GetStats
 
@@ -38,9 +40,11 @@ class ScrapeCollector:
     collector). ``collect`` runs on the scraping thread and never raises: a
     section that raises is logged and left out of that scrape."""
 
-    def __init__(self, node: Node, tracker: TreeTracker) -> None:
+    def __init__(self, node: Node, tracker: TreeTracker, max_model_series: int) -> None:
         self._node = node
         self._tracker = tracker
+        self._max_model_series = max_model_series
+        self._model_seeds = seeds(node._runtime.agents.values())
         self._sections: tuple[Callable[[], Iterable[Metric]], ...] = (
             self._sessions_section,
             self._slots_section,
@@ -49,6 +53,7 @@ class ScrapeCollector:
             self._retries_section,
             self._rejected_section,
             self._cortex_section,
+            self._models_section,
             self._store_section,
         )
 
@@ -124,6 +129,24 @@ class ScrapeCollector:
         yield single("sessiontree_stuck_flags", stats.get("stuck_flagged", 0))
         yield single("sessiontree_main_cycles_failed", stats.get("main_cycles_failed", 0))
         yield single("sessiontree_store_write_errors", stats.get("store_write_errors", 0))
+        yield single("sessiontree_budget_warnings", stats.get("budget_warnings", 0))
+        yield single("sessiontree_budgets_exhausted", stats.get("budgets_exhausted", 0))
+
+    def _models_section(self) -> Iterator[Metric]:
+        """Model calls by agent, model and tier, from the node's tallies (at most
+        ``max_model_series`` label sets; the rest under ``other``)."""
+        tallies = self._node._model_calls.tallies()
+        calls = family("sessiontree_model_calls")
+        errors = family("sessiontree_model_call_errors")
+        tokens = family("sessiontree_model_tokens")
+        cost = family("sessiontree_model_cost")
+        for labels, figures in bounded(self._model_seeds, tallies, self._max_model_series).items():
+            calls.add_metric(labels, figures["calls"])
+            errors.add_metric(labels, figures["errors"])
+            tokens.add_metric((*labels, "prompt"), figures["prompt_tokens"])
+            tokens.add_metric((*labels, "completion"), figures["completion_tokens"])
+            cost.add_metric(labels, figures["cost"])
+        yield from (calls, errors, tokens, cost)
 
     def _store_section(self) -> Iterator[Metric]:
         store = self._node.store

@@ -5,16 +5,20 @@ counters and histograms of the tree — spawns, terminations, forced ends, TTL
 expiries, durations, grace wrap-ups, result delivery — and the count of
 sessions by kind and state, all kept on the Cortex thread as the events
 happen (``_metric_tracking``). Figures that are state rather than history
-(compute slots, limits, zombies, the Cortex's mailbox, the store's map) are
-read when Prometheus scrapes, by a collector of our own
-(``_metric_sections``). The families' names, help texts, labels and buckets
-are in ``_metric_families``.
+(compute slots, limits, zombies, the Cortex's mailbox, the store's map) and
+the tallies the node keeps itself (budget warnings and exhaustions, model
+calls, tokens and cost) are read when Prometheus scrapes, by a collector of
+our own (``_metric_sections``). The families' names, help texts, labels and
+buckets are in ``_metric_families``.
 
 Names follow the Prometheus conventions: the ``sessiontree_`` prefix, base
 units (seconds, bytes), ``_total`` on counters. Labels come from fixed sets
 (kinds, states, error codes, reject reasons) and every combination exists from
 the start, so the series a node exposes never change with its workload; no
-session or parent id is ever a label.
+session or parent id is ever a label. Model calls are labelled by agent, model
+and tier: the agents' tier maps exist from the start, and a model a skill
+names beyond them adds a label set, up to ``max_model_series``, past which
+the rest are counted under ``other`` (``_metric_models``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ from sessiontree.supervision._metric_tracking import TreeTracker
 if TYPE_CHECKING:
     from sessiontree.supervision._node import Node
 
-__all__ = ["REJECT_REASONS", "NodeMetrics"]
+__all__ = ["MAX_MODEL_SERIES", "REJECT_REASONS", "NodeMetrics"]
+
+#: How many (agent, model, tier) label sets the model-call families expose by
+#: default before folding the rest into ``other``.
+MAX_MODEL_SERIES = 64
 
 log = logging.getLogger("sessiontree.metrics")
 
@@ -42,6 +50,9 @@ class NodeMetrics:
     """The Prometheus metrics of one ``Node``, in a registry of their own.
 
     ``registry``: where to register (a new ``CollectorRegistry`` when None);
+    ``max_model_series``: how many (agent, model, tier) label sets the model-call
+    families expose before every further one is counted under ``other``
+    (``ValueError`` below 1);
     two ``NodeMetrics`` on one registry clash (``ValueError``, duplicated
     series), and the registry is left as it was. Create it right after the
     node: sessions that already exist are counted from a snapshot of the tree
@@ -55,7 +66,16 @@ class NodeMetrics:
     off an event loop.
     """
 
-    def __init__(self, node: Node, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        node: Node,
+        registry: CollectorRegistry | None = None,
+        *,
+        max_model_series: int = MAX_MODEL_SERIES,
+    ) -> None:
+        if not isinstance(max_model_series, int) or max_model_series < 1:
+            msg = f"max_model_series must be an int >= 1, got {max_model_series!r}"
+            raise ValueError(msg)
         self.node = node
         self.registry = registry if registry is not None else CollectorRegistry()
         self.content_type: str = CONTENT_TYPE_LATEST
@@ -66,7 +86,7 @@ class NodeMetrics:
         try:
             families = Families(self.registry, self._metrics)
             self._tracker = TreeTracker(node.clock, families)
-            collector = ScrapeCollector(node, self._tracker)
+            collector = ScrapeCollector(node, self._tracker, max_model_series)
             self.registry.register(collector)
             self._metrics.append(collector)
         except BaseException:  # a clash on a shared registry: leave it as it was

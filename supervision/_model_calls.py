@@ -114,6 +114,7 @@ class ModelCalls:
             reply = await self.models.call(route, request, on_delta)
         except BaseException:  # cancelled (the request is closed): settled all the same
             cut = priced(Usage(prompt_tokens=estimate, calls=1), route.price)
+            self._tally(core, route, cut, None)  # the metrics count what the budgets do
             self.tell(Call(Settle(held, cut)))
             raise
         completion, used = _outcome(route, held, reply)

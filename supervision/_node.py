@@ -172,8 +172,9 @@ class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex l
         return self._call(ListSessions(state, kind), check=False)
 
     def tree(self, root: SessionIdLike) -> dict[str, Any]:
-        """The subtree under ``root``: ``{"info", "result", "children": [...]}``;
-        ``UnknownSessionError`` for an id the node does not hold."""
+        """The subtree under ``root``: ``{"info", "result", "spending", "children":
+        [...]}`` (``spending`` as ``spending()`` gives it); ``UnknownSessionError``
+        for an id the node does not hold."""
         return self._call(GetTree(as_session_id(root, "root")), check=False)
 
     def conversation(self, session_id: SessionIdLike) -> Conversation:

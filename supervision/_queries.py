@@ -15,16 +15,19 @@ import pykka
 
 from sessiontree.actors.runtime import Reply, SessionCore
 from sessiontree.protocol import (
+    CorruptRecordError,
     SessionInfo,
     SessionKind,
     SessionResult,
     SessionState,
+    Spending,
     UnknownSessionError,
 )
 from sessiontree.store import SessionRecord
 from sessiontree.supervision._commits import answer_durable
 from sessiontree.supervision._entry import TreeEntry, with_state
 from sessiontree.supervision._requests import DEFERRED
+from sessiontree.supervision._spending import stored_spending, tree_spending
 from sessiontree.supervision._tree import Tree
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "received",
     "result",
     "sessions",
+    "spending",
     "stats",
     "stuck",
     "subtree",
@@ -75,6 +79,28 @@ def result(tree: Tree, session_id: uuid.UUID) -> SessionResult | None:
     return tree.known(session_id).result
 
 
+def spending(tree: Tree, session_id: uuid.UUID) -> Spending:
+    """The session's accounts: usage, its subtree's, budget and what is left."""
+    return _spending(tree, tree.known(session_id))
+
+
+def _spending(tree: Tree, known: TreeEntry | SessionRecord) -> Spending:
+    if isinstance(known, TreeEntry):
+        return tree_spending(known.ledger, known.result)
+    session_id = known.info.session_id
+    at_rest = tree.ledgers_at_rest.get(session_id)  # a passivated Main's
+    if at_rest is not None:
+        return tree_spending(at_rest, None)
+    store = tree.store
+    spent = None
+    if known.result is None and store is not None:
+        try:
+            spent = store.usage(session_id)
+        except CorruptRecordError:  # unreadable: nothing to report (a restart quarantines it)
+            spent = None
+    return stored_spending(known, spent)
+
+
 def received(tree: Tree, session_id: uuid.UUID) -> list[SessionResult]:
     """The results this session has received (most recent ``max_retained_results``)."""
     known = tree.known(session_id)
@@ -85,8 +111,8 @@ def received(tree: Tree, session_id: uuid.UUID) -> list[SessionResult]:
 
 
 def subtree(tree: Tree, session_id: uuid.UUID) -> dict[str, Any]:
-    """The subtree under ``session_id`` as nested dicts (info, result, children);
-    sessions that ended before a restart come from the store."""
+    """The subtree under ``session_id`` as nested dicts (info, result, spending,
+    children); sessions that ended before a restart come from the store."""
     store = tree.store
 
     def node(known: TreeEntry | SessionRecord) -> dict[str, Any]:
@@ -105,7 +131,12 @@ def subtree(tree: Tree, session_id: uuid.UUID) -> dict[str, Any]:
                 children.append(node(tree.known(child_id)))
             except UnknownSessionError:  # pruned, or evicted without a store
                 continue
-        return {"info": info, "result": result, "children": children}
+        return {
+            "info": info,
+            "result": result,
+            "spending": _spending(tree, known),
+            "children": children,
+        }
 
     return node(tree.known(session_id))
 

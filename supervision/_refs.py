@@ -26,6 +26,7 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
     SpawnSpec,
+    Spending,
     make_spec,
     spawn_batch,
 )
@@ -39,6 +40,7 @@ from sessiontree.supervision._requests import (
     GetInfo,
     GetResult,
     GetResults,
+    GetSpending,
     OpenMain,
     Resume,
     Send,
@@ -172,6 +174,11 @@ class SessionRef:
         """The results this session received from its children."""
         return self._node.results(self.session_id)
 
+    def spending(self) -> Spending:
+        """What this session and its subtree spent, its budget and what is left;
+        see ``Node.spending``."""
+        return self._node.spending(self.session_id)
+
     def cancel(self) -> ErrorInfo | None:
         """Cancel this session and its subtree; see ``Node.cancel``."""
         return self._node.cancel(self.session_id)
@@ -217,6 +224,10 @@ class SessionRef:
     async def aresults(self) -> list[SessionResult]:
         """Awaitable ``results``."""
         return await self._node.aresults(self.session_id)
+
+    async def aspending(self) -> Spending:
+        """Awaitable ``spending``."""
+        return await self._node.aspending(self.session_id)
 
     async def acancel(self) -> ErrorInfo | None:
         """Awaitable ``cancel``."""
@@ -359,6 +370,14 @@ class NodeSessions(NodeBase):
         ``UnknownSessionError`` for an unknown id."""
         return self._call(GetResults(as_session_id(session_id)), check=False)
 
+    def spending(self, session_id: SessionIdLike) -> Spending:
+        """A session's accounts (a ``Spending``): what its own model calls and
+        its subtree spent, what calls in flight hold, its budget and what is
+        left of it (a Main's: this message cycle's), whether it was clamped
+        and the dimension it ran out in. A session that has ended reports its
+        result's usage. ``UnknownSessionError`` for an unknown id."""
+        return self._call(GetSpending(as_session_id(session_id)), check=False)
+
     async def amain(self, agent_id: str, key: str = "internal:main:main") -> SessionRef:
         """Awaitable ``main``."""
         sid = await self._acall(OpenMain(agent_id, key))
@@ -432,3 +451,7 @@ class NodeSessions(NodeBase):
     async def aresults(self, session_id: SessionIdLike) -> list[SessionResult]:
         """Awaitable ``results``."""
         return await self._acall(GetResults(as_session_id(session_id)), check=False)
+
+    async def aspending(self, session_id: SessionIdLike) -> Spending:
+        """Awaitable ``spending``."""
+        return await self._acall(GetSpending(as_session_id(session_id)), check=False)

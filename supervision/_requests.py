@@ -32,6 +32,7 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
     SpawnSpec,
+    Spending,
     Usage,
 )
 from sessiontree.supervision._entry import SpawnAnswer
@@ -52,6 +53,7 @@ __all__ = [
     "GetInfo",
     "GetResult",
     "GetResults",
+    "GetSpending",
     "GetStats",
     "GetTree",
     "ListSessions",
@@ -193,6 +195,12 @@ class GetResult(Request[SessionResult | None], frozen=True):
 
 class GetResults(Request[list[SessionResult]], frozen=True):
     """The results the session has received."""
+
+    session_id: uuid.UUID
+
+
+class GetSpending(Request[Spending], frozen=True):
+    """The session's accounts: usage, its subtree's, budget and what is left."""
 
     session_id: uuid.UUID
 

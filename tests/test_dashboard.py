@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from sessiontree.actors import VirtualClock
-from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics
+from sessiontree.actors import AsyncSession, VirtualClock
+from sessiontree.cli._standin import StandinServer
+from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics, Price, Provider
 from tests._promtool import promtool
 from tests.conftest import WAIT, settle
 
@@ -30,6 +31,11 @@ _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 def quick(session: Any) -> str:
     return "ok"
+
+
+async def asks(session: AsyncSession) -> str:
+    reply = await session.complete("how much does this cost")
+    return reply.text
 
 
 def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -56,24 +62,29 @@ def dashboard() -> dict[str, Any]:
 
 @pytest.fixture
 def exposed(tmp_path: pathlib.Path) -> Iterator[dict[str, str]]:
-    """Family name -> type in the exposition of a node with a store, after some work."""
-    node = Node(
-        [Agent("agent", {"main": quick, "quick": quick})],
-        NodeConfig(),
-        clock=VirtualClock(),
-        store=tmp_path / "db",
-    )
-    metrics = NodeMetrics(node)
-    try:
-        ref = node.main("agent").spawn(kind="worker", skill="quick").ref
-        assert ref is not None
-        ref.wait(WAIT)
-        settle(node)
-        text = metrics.exposition().decode()
-        yield dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.MULTILINE))
-    finally:
-        metrics.close()
-        node.shutdown(grace=0, timeout=5.0)
+    """Family name -> type in the exposition of a node with a store, after some
+    work: a worker that ran, and one that called a model (the stand-in)."""
+    with StandinServer() as standin:
+        provider = Provider(base_url=standin.url, prices={"m": Price(0.001, 0.002)})
+        skills = {"main": quick, "quick": quick, "asks": asks}
+        agent = Agent("agent", skills, model_tiers=("small",), models={"small": "m"})
+        node = Node(
+            [agent], NodeConfig(providers=(provider,)), clock=VirtualClock(), store=tmp_path / "db"
+        )
+        metrics = NodeMetrics(node)
+        try:
+            for skill in ("quick", "asks"):
+                ref = node.main("agent").spawn(kind="worker", skill=skill).ref
+                assert ref is not None
+                ref.wait(WAIT)
+            settle(node)
+            assert standin.completions_served == 1
+            text = metrics.exposition().decode()
+            assert 'sessiontree_model_calls_total{agent="agent",model="m",tier="small"} 1.0' in text
+            yield dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.MULTILINE))
+        finally:
+            metrics.close()
+            node.shutdown(grace=0, timeout=5.0)
 
 
 def test_every_metric_the_dashboard_queries_exists_in_a_nodes_exposition(
@@ -95,13 +106,17 @@ def test_every_metric_the_dashboard_queries_exists_in_a_nodes_exposition(
     assert not missing, f"the dashboard queries metrics no node exposes: {missing}"
     histograms = {name for name, kind in exposed.items() if kind == "histogram"}
     assert histograms <= wanted, f"histograms without a panel: {sorted(histograms - wanted)}"
+    spending = {n for n in exposed if n.startswith(("sessiontree_model_", "sessiontree_budget"))}
+    assert len(spending) == 6
+    assert spending <= wanted, f"model or budget metrics without a panel: {spending - wanted}"
 
 
 def test_every_query_parses_as_promql(dashboard: dict[str, Any], tmp_path: pathlib.Path) -> None:
     rules = []
     for number, expr in enumerate(queries(dashboard)):
         # Grafana's variables as Grafana fills them in; label_values() is Grafana's, not PromQL
-        promql = expr.replace("$__rate_interval", "1m").replace("$instance", ".*")
+        promql = expr.replace("$__rate_interval", "1m").replace("$__range", "1h")
+        promql = promql.replace("$instance", ".*")
         promql = re.sub(r"^label_values\((.+), *\w+\)$", r"\1", promql)
         assert "$" not in promql, expr
         rules.append({"record": f"dashboard:query_{number}", "expr": promql})

@@ -19,17 +19,28 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
-from sessiontree.actors import Cancelled, VirtualClock
-from sessiontree.protocol import ErrorCode, EscalationError, RejectedInputError, SessionState
+from sessiontree.actors import AsyncSession, Cancelled, VirtualClock
+from sessiontree.cli._standin import StandinServer
+from sessiontree.protocol import (
+    Budget,
+    ErrorCode,
+    EscalationError,
+    RejectedInputError,
+    SessionState,
+)
 from sessiontree.store import Store, StoreIO
 from sessiontree.supervision import (
+    MAX_MODEL_SERIES,
     REJECT_REASONS,
     Agent,
     Node,
     NodeConfig,
     NodeMetrics,
+    Price,
+    Provider,
     Retry,
 )
+from sessiontree.supervision._metric_models import OTHER, bounded
 from tests._promtool import promtool
 from tests.conftest import WAIT, settle
 
@@ -100,8 +111,8 @@ def watch() -> Iterator[Callable[..., NodeMetrics]]:
     """``NodeMetrics`` for a node; every one is closed after the test."""
     made: list[NodeMetrics] = []
 
-    def make(node: Node, registry: CollectorRegistry | None = None) -> NodeMetrics:
-        metrics = NodeMetrics(node, registry)
+    def make(node: Node, registry: CollectorRegistry | None = None, **options: Any) -> NodeMetrics:
+        metrics = NodeMetrics(node, registry, **options)
         made.append(metrics)
         return metrics
 
@@ -721,3 +732,166 @@ def test_session_mailbox_depth_counts_messages_waiting_in_session_actors(
     assert depth >= 1
     settle(node)
     assert value(metrics, "sessiontree_session_mailbox_depth") == 0
+
+
+# -- model calls and budgets ----------------------------------------------------------------
+
+PRICE = Price(0.001, 0.002)
+
+
+async def asks(session: AsyncSession) -> str:
+    """One model call per word of its task (``-`` for its tier's model, any
+    other word names the model); an error reply ends it early."""
+    for word in session.task.split():
+        reply = await session.complete("a question", model=None if word == "-" else word)
+        if reply.error is not None:
+            return str(reply.error.code)
+    return "answered"
+
+
+async def asks_until_refused(session: AsyncSession) -> str:
+    while True:
+        reply = await session.complete("more")
+        if reply.error is not None:
+            return str(reply.error.code)
+
+
+@pytest.fixture
+def standin() -> Iterator[StandinServer]:
+    with StandinServer() as server:
+        yield server
+
+
+@pytest.fixture
+def model_node(standin: StandinServer, make_node: Any) -> Node:
+    agent = Agent(
+        "writer",
+        {"main": idle_main, "asks": asks, "asks_until_refused": asks_until_refused},
+        main_skill="main",
+        models={"small": "cheap", "large": "smart"},
+    )
+    provider = Provider(
+        base_url=standin.url, prices={"cheap": PRICE, "smart": PRICE}, max_retries=0
+    )
+    return make_node(agent, providers=(provider,), grace=5.0)
+
+
+def ran(node: Node, kind: str, skill: str, task: str = "", **spec: Any) -> str:
+    ref = node.main("writer").spawn(kind=kind, skill=skill, task=task, **spec).ref
+    assert ref is not None
+    result = ref.wait(WAIT)
+    assert result is not None
+    return result.summary
+
+
+def model_series(metrics: NodeMetrics) -> set[tuple[str, str, str]]:
+    """The (agent, model, tier) label sets of ``sessiontree_model_calls_total``."""
+    return {
+        (s.labels["agent"], s.labels["model"], s.labels["tier"])
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name == "sessiontree_model_calls_total"
+    }
+
+
+def test_model_calls_tokens_and_cost_are_counted_by_agent_model_and_tier(
+    model_node: Node, standin: StandinServer, watch: Callable[..., NodeMetrics]
+) -> None:
+    metrics = watch(model_node)
+    seeded = {("writer", "cheap", "small"), ("writer", "smart", "large")}
+    assert model_series(metrics) == seeded  # every tier of every agent, from the start
+    smart = {"agent": "writer", "model": "smart", "tier": "large"}
+    cheap = {"agent": "writer", "model": "cheap", "tier": "small"}
+    assert value(metrics, "sessiontree_model_calls_total", **smart) == 0
+
+    assert ran(model_node, "branch", "asks", "- -") == "answered"  # a branch: the large tier
+    assert ran(model_node, "worker", "asks", "-") == "answered"  # a worker: the small tier
+    standin.fail_next("server_error")
+    assert ran(model_node, "worker", "asks", "-") == "model_error"
+    settle(model_node)
+
+    assert value(metrics, "sessiontree_model_calls_total", **smart) == 2
+    assert value(metrics, "sessiontree_model_calls_total", **cheap) == 2
+    assert value(metrics, "sessiontree_model_call_errors_total", **smart) == 0
+    assert value(metrics, "sessiontree_model_call_errors_total", **cheap) == 1
+    tokens = {
+        (labels["model"], kind): value(
+            metrics, "sessiontree_model_tokens_total", **labels, kind=kind
+        )
+        for labels in (smart, cheap)
+        for kind in ("prompt", "completion")
+    }
+    assert sum(tokens.values()) == standin.tokens_served  # the failed call served none
+    stats = standin.stats()
+    assert tokens[("smart", "prompt")] + tokens[("cheap", "prompt")] == stats.prompt_tokens_served
+    for labels in (smart, cheap):
+        prompt = tokens[(labels["model"], "prompt")]
+        completion = tokens[(labels["model"], "completion")]
+        assert value(metrics, "sessiontree_model_cost_total", **labels) == pytest.approx(
+            prompt * PRICE.prompt + completion * PRICE.completion
+        )
+    assert model_series(metrics) == seeded
+    checked = promtool("check", "metrics", stdin=metrics.exposition())
+    assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
+
+
+def test_budget_warnings_and_exhaustions_are_counted(
+    model_node: Node, standin: StandinServer, watch: Callable[..., NodeMetrics]
+) -> None:
+    metrics = watch(model_node)
+    assert value(metrics, "sessiontree_budget_warnings_total") == 0
+    assert value(metrics, "sessiontree_budgets_exhausted_total") == 0
+    summary = ran(model_node, "branch", "asks_until_refused", budget=Budget(calls=2, soft=0.5))
+    assert summary == "budget_exhausted"
+    assert standin.requests_received == 2  # the third call was refused before it was sent
+    settle(model_node)
+    assert value(metrics, "sessiontree_budget_warnings_total") == 1  # at the first call of two
+    assert value(metrics, "sessiontree_budgets_exhausted_total") == 1
+    stats = model_node.stats()
+    assert (stats["budget_warnings"], stats["budgets_exhausted"]) == (1, 1)
+
+
+def test_model_label_sets_past_the_bound_are_counted_as_other(
+    model_node: Node, standin: StandinServer, watch: Callable[..., NodeMetrics]
+) -> None:
+    metrics = watch(model_node, max_model_series=3)
+    assert ran(model_node, "worker", "asks", "alpha beta gamma beta -") == "answered"
+    settle(model_node)
+    assert model_series(metrics) == {
+        ("writer", "cheap", "small"),
+        ("writer", "smart", "large"),
+        ("writer", "alpha", "small"),  # the third label set keeps its own
+        ("other", "other", "other"),
+    }
+    other = {"agent": "other", "model": "other", "tier": "other"}
+    assert value(metrics, "sessiontree_model_calls_total", **other) == 3  # beta, gamma, beta
+    assert value(metrics, "sessiontree_model_cost_total", **other) == 0  # no price: unpriced
+    total = sum(
+        s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name == "sessiontree_model_tokens_total"
+    )
+    assert total == standin.tokens_served
+    assert MAX_MODEL_SERIES == 64
+
+
+def test_the_bound_on_model_label_sets_must_be_positive(make_node: Any) -> None:
+    node = make_node(Agent("a", {"main": idle_main}))
+    with pytest.raises(ValueError, match="max_model_series"):
+        NodeMetrics(node, max_model_series=0)
+
+
+def test_a_model_label_set_never_moves_between_its_own_series_and_other() -> None:
+    seeded = [("a", "m", "small")]
+    tallies: dict[tuple[tuple[str, str, str], str], float] = {}
+    seen: list[set[tuple[str, str, str]]] = []
+    for n, model in enumerate(["x", "y", "z", "x", "w", "y"]):
+        key = (("a", model, "small"), "calls")
+        tallies[key] = tallies.get(key, 0) + 1
+        series = bounded(seeded, tallies, limit=2)
+        seen.append(set(series))
+        assert sum(f["calls"] for f in series.values()) == n + 1
+    assert seen[0] == {("a", "m", "small"), ("a", "x", "small")}
+    assert all(s == {("a", "m", "small"), ("a", "x", "small"), OTHER} for s in seen[1:])
+    assert bounded(seeded, tallies, limit=2)[OTHER]["calls"] == 4  # y, z, w, y

@@ -111,17 +111,32 @@ def test_prometheus_scrapes_the_expected_series_from_a_running_node(
     refused = http.post(f"/v1/sessions/{ended}/children", json={"kind": "worker"})
     assert refused.json()["error"]["code"] == "parent_not_active"
     assert http.post(f"/v1/sessions/{main}/children", json={"kind": "x"}).status_code == 400
+    # a branch bounded to one descendant: the first child crosses its soft
+    # threshold, the second is refused at the hard limit
+    bounded = http.post(
+        f"/v1/sessions/{main}/children",
+        json={"kind": "branch", "task": "3600", "budget": {"descendants": 1, "soft": 0.5}},
+    ).json()["info"]["session_id"]
+    child = http.post(f"/v1/sessions/{bounded}/children", json={"kind": "worker", "task": "0"})
+    child_id = child.json()["info"]["session_id"]
+    assert http.get(f"/v1/sessions/{child_id}/result", params={"timeout": 30}).json()["done"]
+    over = http.post(f"/v1/sessions/{bounded}/children", json={"kind": "worker", "task": "0"})
+    assert over.json()["error"]["code"] == "budget_exhausted"
+    assert http.get(f"/v1/sessions/{bounded}").json()["budget_exhausted"] == "descendants"
 
     expected = {
-        'sessiontree_sessions_spawned_total{kind="worker"}': 4.0,
+        'sessiontree_sessions_spawned_total{kind="worker"}': 5.0,
         'sessiontree_sessions_spawned_total{kind="main"}': 1.0,
-        'sessiontree_sessions_terminated_total{kind="worker",state="completed"}': 3.0,
+        'sessiontree_sessions_terminated_total{kind="worker",state="completed"}': 4.0,
         'sessiontree_sessions_terminated_total{kind="worker",state="failed"}': 1.0,
         'sessiontree_spawn_rejections_total{code="parent_not_active"}': 1.0,
         'sessiontree_rejected_inputs_total{reason="invalid_field"}': 1.0,
         'sessiontree_sessions{kind="main",state="active"}': 1.0,
         'sessiontree_sessions{kind="worker",state="active"}': 0.0,
-        'sessiontree_session_duration_seconds_count{kind="worker"}': 4.0,
+        'sessiontree_session_duration_seconds_count{kind="worker"}': 5.0,
+        'sessiontree_spawn_rejections_total{code="budget_exhausted"}': 1.0,
+        "sessiontree_budget_warnings_total": 1.0,
+        "sessiontree_budgets_exhausted_total": 1.0,
         'up{job="sessiontree"}': 1.0,
     }
     found: dict[str, float | None] = {}
@@ -131,6 +146,10 @@ def test_prometheus_scrapes_the_expected_series_from_a_running_node(
             try:
                 found = {expr: _value(client, expr) for expr in expected}
             except httpx.TransportError:  # Prometheus still starting
+                found = {}
+            except httpx.HTTPStatusError as exc:  # 503 until its storage is ready
+                if exc.response.status_code != 503:
+                    raise
                 found = {}
             if found == expected:
                 break

@@ -145,6 +145,7 @@ PROTOCOL = [
     "SessionTreeError",
     "SpawnCmd",
     "SpawnSpec",
+    "Spending",
     "StoreError",
     "StoreFullError",
     "StoreLockedError",
@@ -212,6 +213,7 @@ CONVERSATIONS = [
 SUPERVISION = [
     "COMMANDS",
     "MAX_BRANCH_DEPTH",
+    "MAX_MODEL_SERIES",
     "MAX_WORKER_DEPTH",
     "REJECT_REASONS",
     "Agent",
@@ -239,6 +241,7 @@ SUPERVISION = [
     "is_command",
     "normalise_answer",
     "parse_continuation",
+    "stored_spending",
 ]
 
 CLI = [

@@ -24,7 +24,10 @@ from sessiontree.cli._wire import (
     SessionPage,
     SessionView,
     Spawn,
+    TreeView,
     WaitResult,
+    session_view,
+    tree_view,
 )
 from sessiontree.protocol import (
     RejectedInputError,
@@ -47,11 +50,11 @@ _CURSOR = (
 
 
 async def _view(node: Node, session_id: uuid.UUID) -> SessionView:
-    """A session and, once it ended, its result (``UnknownSessionError`` for
-    an unknown id)."""
+    """A session, its accounts and, once it ended, its result
+    (``UnknownSessionError`` for an unknown id)."""
     info = await node.aget(session_id)
     result = await node.aresult(session_id) if info.state.is_terminal else None
-    return SessionView(info=info, result=result)
+    return session_view(info, result, await node.aspending(session_id))
 
 
 def _cursor(raw: str | None) -> tuple[float, str] | None:
@@ -131,14 +134,19 @@ async def spawn_child(state: State, session_id: Sid, data: JSONBody[SpawnSpec]) 
 
 @get("/sessions/{session_id:uuid}", tags=["sessions"], responses=ERRORS)
 async def get_session(state: State, session_id: Sid) -> SessionView:
-    """One session and, once it ended, its result."""
+    """One session, its usage and budget and, once it ended, its result.
+
+    ``usage`` is what its own model calls spent, ``subtree_usage`` that and
+    its descendants'; ``budget_left`` what its budget still allows (null
+    without one); ``budget_exhausted`` the dimension that ran out."""
     return await _view(node_of(state), session_id)
 
 
 @get("/sessions/{session_id:uuid}/tree", tags=["sessions"], responses=ERRORS)
-async def session_tree(state: State, session_id: Sid) -> dict[str, Any]:
-    """The subtree under a session: ``{info, result, children: [...]}``."""
-    return await node_of(state).atree(session_id)
+async def session_tree(state: State, session_id: Sid) -> TreeView:
+    """The subtree under a session: each session as ``GET /sessions/{id}`` shows
+    it (identity, result, usage and budget), with its ``children``."""
+    return tree_view(await node_of(state).atree(session_id))
 
 
 @post("/sessions/{session_id:uuid}/cancel", tags=["sessions"], status_code=202, responses=ERRORS)
