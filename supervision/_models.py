@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ __all__ = ["ModelError", "Models", "Reply", "Route"]
 
 log = logging.getLogger("sessiontree.models")
 
+_JITTER = 1.0  # seconds of random jitter at most, added to each backoff
 _TRANSIENT = (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError)
 
 
@@ -167,13 +169,13 @@ class Models:
 
 class _RetryWait(tenacity.wait.wait_base):
     """A 429's ``Retry-After`` (capped), else exponential backoff from
-    ``retry_wait`` with jitter, never past ``retry_wait_max``."""
+    ``retry_wait`` with up to a second of jitter, never past ``retry_wait_max``
+    (tenacity's ``wait_exponential_jitter``, computed here: its first
+    argument was renamed in 9.2 and the old name warns)."""
 
     def __init__(self, provider: Provider) -> None:
         self.cap = provider.retry_wait_max
-        self.backoff = tenacity.wait_exponential_jitter(
-            initial=provider.retry_wait, max=provider.retry_wait_max
-        )
+        self.first = provider.retry_wait
 
     def __call__(self, retry_state: tenacity.RetryCallState) -> float:
         outcome = retry_state.outcome
@@ -185,7 +187,12 @@ class _RetryWait(tenacity.wait.wait_base):
                     return min(float(asked), self.cap)
             except ValueError:
                 pass  # an HTTP date: back off as usual
-        return float(self.backoff(retry_state))
+        exponent = max(retry_state.attempt_number - 1, 0)
+        try:
+            backoff = self.first * 2.0**exponent + random.uniform(0.0, _JITTER)  # noqa: S311
+        except OverflowError:
+            return self.cap
+        return max(0.0, min(backoff, self.cap))
 
 
 def _log_retry(retry_state: tenacity.RetryCallState) -> None:
