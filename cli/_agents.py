@@ -5,19 +5,36 @@ convention of uvicorn and celery: the object is an ``Agent``, an iterable of
 them, or a callable taking no arguments that returns either. Without
 ``--agents`` the node runs the built-in ``assistant`` agent, so a fresh node
 can be driven (and watched) at once.
+
+The assistant is model-backed once the node has a model provider
+(``node start --model-url URL --model NAME``): its Main answers chat
+messages with the model, and its ``model`` skill asks the model a branch's
+or worker's task. Without a provider the Main echoes, and the ``model``
+skill completes with a typed ``model_error`` in its artifacts (never a
+crash).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from sessiontree.actors import AsyncSession
-from sessiontree.protocol import SessionResult, SessionTreeError
+from sessiontree.protocol import (
+    Completion,
+    ErrorCode,
+    ErrorInfo,
+    Outcome,
+    SessionResult,
+    SessionTreeError,
+)
 from sessiontree.supervision import Agent
 
-__all__ = ["AgentLoadError", "builtin_agents", "load_agents"]
+__all__ = ["AgentLoadError", "builtin_agents", "load_agents", "with_model"]
 
 BUILTIN = "sessiontree.cli._agents:builtin_agents"
 
@@ -59,6 +76,17 @@ def load_agents(path: str) -> list[Agent]:
     return found
 
 
+def with_model(agents: Iterable[Agent], model: str) -> list[Agent]:
+    """``agents``, each that maps no tier to a model of its own now calling
+    ``model`` at every tier (``node start --model``); the others as they are."""
+    return [
+        agent
+        if agent.models
+        else dataclasses.replace(agent, models=dict.fromkeys(agent.model_tiers, model))
+        for agent in agents
+    ]
+
+
 # -- the built-in agent ------------------------------------------------------------------
 
 
@@ -70,18 +98,67 @@ def _seconds(task: str) -> float:
     return value if 0.0 <= value <= 3600.0 else 0.0
 
 
+def _no_provider(reply: Completion) -> bool:
+    """Whether ``reply`` failed because the node has no model provider."""
+    error = reply.error
+    return (
+        error is not None
+        and error.code is ErrorCode.MODEL_ERROR
+        and error.detail.get("field") == "providers"
+    )
+
+
+def _error(error: ErrorInfo) -> dict[str, Any]:
+    """A model call's error as a JSON value: its code, message and detail."""
+    return {"code": error.code.value, "message": error.message, "detail": dict(error.detail)}
+
+
 async def _chat(session: AsyncSession) -> None:
-    """A Main's cycle: a chat message is answered in its conversation (an echo);
-    children's results are noted in the working context."""
+    """A Main's cycle: a chat message is answered in its conversation by the
+    node's model (with the Main's working context: earlier turns are sent
+    too), or echoed when the node has no model provider; a failed call is
+    answered with a ``system`` message holding its typed error. Children's
+    results are noted in the working context (as ``system`` text, which a
+    chat model accepts between turns), so the model hears of them."""
     message = session.message
     if isinstance(message, SessionResult):
+        note = f"child {message.session_id} ended {message.status.value}"
         await session.add_message(
-            "tool", {"child": str(message.session_id), "status": message.status}
+            "system", f"{note}: {message.summary}" if message.summary else note
         )
         return
     inbound = message.get("inbound") if isinstance(message, dict) else None
     text = inbound.get("text") if isinstance(inbound, dict) else message
-    await session.conversation.aappend("assistant", f"echo: {text}")
+    reply = await session.complete(str(text))
+    if _no_provider(reply):
+        await session.conversation.aappend("assistant", f"echo: {text}")
+    elif reply.error is not None:
+        await session.conversation.aappend("system", {"error": _error(reply.error)})
+    else:
+        await session.conversation.aappend(
+            "assistant",
+            reply.text or "",
+            tool_calls=[dict(call) for call in reply.tool_calls] or None,
+            usage=msgspec.to_builtins(reply.usage),
+        )
+
+
+async def _model(session: AsyncSession) -> Outcome:
+    """Ask the node's model the task (with the session's context: its
+    ``context_summary``); the reply's text is the summary. A call that fails,
+    or a node without a model provider, completes with the typed error in
+    ``artifacts["error"]`` (``code``, ``message``, ``detail``) and says so in
+    the summary. The result's ``usage`` is what the call spent."""
+    reply = await session.complete(session.task)
+    if reply.error is not None:
+        error = reply.error
+        return Outcome(
+            summary=f"{error.code.value}: {error.message}", artifacts={"error": _error(error)}
+        )
+    artifacts: dict[str, Any] = {"model": reply.model, "finish_reason": reply.finish_reason}
+    if reply.tool_calls:
+        artifacts["tool_calls"] = [dict(call) for call in reply.tool_calls]
+    return Outcome(summary=reply.text or "", artifacts=artifacts)
 
 
 async def _work(session: AsyncSession) -> str:
@@ -106,13 +183,21 @@ def _crash(session: AsyncSession) -> None:
 
 
 def builtin_agents() -> list[Agent]:
-    """The ``assistant`` agent: ``chat`` (its Main echoes chat messages),
-    ``work`` (sleeps the task's seconds), ``fan_out`` (a branch running
-    workers) and ``crash`` (always fails)."""
+    """The ``assistant`` agent: ``chat`` (its Main answers chat messages with
+    the node's model, or echoes them without one), ``model`` (asks the model
+    the task), ``work`` (sleeps the task's seconds), ``fan_out`` (a branch
+    running workers) and ``crash`` (always fails). It maps no tier to a
+    model: ``node start --model NAME`` gives it one."""
     return [
         Agent(
             "assistant",
-            skills={"chat": _chat, "work": _work, "fan_out": _fan_out, "crash": _crash},
+            skills={
+                "chat": _chat,
+                "model": _model,
+                "work": _work,
+                "fan_out": _fan_out,
+                "crash": _crash,
+            },
             main_skill="chat",
             default_skill="work",
         )

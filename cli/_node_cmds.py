@@ -3,10 +3,17 @@
 ``node start`` runs the runtime on an LMDB store with its HTTP API and
 ``/metrics`` on one port. Settings come from, weakest first: the defaults,
 the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
-``max_body``, ``max_wait`` at the top, ``NodeConfig`` fields in a ``[node]``
-table), environment variables (``SESSIONTREE_NODE_START_<OPTION>``, click's
-automatic names) and flags. The effective settings are printed as one JSON
-line on stdout at start, followed by ``listening on URL``.
+``max_body``, ``max_wait`` and the model provider's ``model_url``,
+``model``, ``api_key_file``, ``model_price`` at the top, ``NodeConfig``
+fields in a ``[node]`` table), environment variables
+(``SESSIONTREE_NODE_START_<OPTION>``, click's automatic names) and flags.
+The effective settings are printed as one JSON line on stdout at start
+(a provider's key never), followed by ``listening on URL``.
+
+``--model-url`` makes an OpenAI-compatible endpoint the node's model
+provider (its key read from ``--api-key-file`` at start); ``--model`` is
+the model every agent that maps no tier to a model of its own calls (the
+built-in assistant among them), and ``--model-price`` its price.
 
 The node owns its signals (uvicorn's handlers would re-raise them and exit
 143): the first SIGTERM or SIGINT stops accepting connections and shuts the
@@ -28,6 +35,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import signal
 import socket
 import sys
@@ -42,19 +50,20 @@ import uvicorn
 
 from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
-from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents
+from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
 from sessiontree.cli._api import MAX_BODY_BYTES, MAX_WAIT, create_app
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
 from sessiontree.cli._wire import plain_figures, settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.store import Store
-from sessiontree.supervision import Node, NodeConfig, NodeMetrics
+from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics, Price, Provider
 
 __all__ = ["node"]
 
 log = logging.getLogger("sessiontree.cli.node")
 
-_TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait"}
+_MODEL = ("model_url", "model", "api_key_file", "model_price")
+_TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait", *_MODEL}
 _NODE_FLAGS = (
     "grace",
     "max_sessions",
@@ -149,6 +158,50 @@ def _node_config(table: dict[str, Any]) -> NodeConfig:
         return NodeConfig(**table)
     except (TypeError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="[node] / --config") from None
+
+
+def _price(text: str) -> Price:
+    """``--model-price PROMPT,COMPLETION`` (per million tokens) as a per-token ``Price``."""
+    parts = text.split(",")
+    try:
+        prompt, completion = (float(part) for part in parts)
+    except ValueError:
+        msg = f"{text!r} must be PROMPT,COMPLETION: two numbers, per million tokens"
+        raise click.BadParameter(msg, param_hint="--model-price") from None
+    if not all(math.isfinite(v) and v >= 0 for v in (prompt, completion)):
+        msg = f"{text!r}: prices must be finite numbers >= 0"
+        raise click.BadParameter(msg, param_hint="--model-price")
+    return Price(prompt=prompt / 1e6, completion=completion / 1e6)
+
+
+def _provider(settings: dict[str, Any]) -> Provider | None:
+    """The model provider ``--model-url`` and its companions describe (None
+    without ``--model-url``); a companion without it is a usage error."""
+    url, model = settings["model_url"], settings["model"]
+    if url is None:
+        given = [name for name in _MODEL[1:] if settings[name] is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise click.UsageError(f"{flag} goes with --model-url (the provider it belongs to)")
+        return None
+    price = settings["model_price"]
+    if price is not None and model is None:
+        raise click.UsageError("--model-price prices --model; give --model NAME too")
+    prices = {} if price is None else {str(model): _price(str(price))}
+    try:
+        return Provider(base_url=url, api_key_file=settings["api_key_file"], prices=prices)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--model-url") from None
+
+
+def _agents(settings: dict[str, Any]) -> list[Agent]:
+    try:
+        agents = load_agents(str(settings["agents"]))
+    except AgentLoadError as exc:
+        raise click.ClickException(str(exc)) from None
+    if settings["model"] is not None:
+        agents = with_model(agents, str(settings["model"]))
+    return agents
 
 
 class _Server(uvicorn.Server):
@@ -263,6 +316,33 @@ async def _serve(server: _Server, sock: socket.socket, running: Node, early: lis
     show_default=True,
     help="The longest a result long-poll waits, in seconds.",
 )
+@click.option(
+    "--model-url",
+    default=None,
+    metavar="URL",
+    help="An OpenAI-compatible endpoint as the node's model provider, ending before "
+    "/chat/completions (e.g. http://127.0.0.1:8000/v1).",
+)
+@click.option(
+    "--model",
+    default=None,
+    metavar="NAME",
+    help="The model every agent that maps no tier to a model calls at --model-url "
+    "(the built-in assistant's chat and model skills).",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A file holding the API key of --model-url, read at start (none: no key needed).",
+)
+@click.option(
+    "--model-price",
+    default=None,
+    metavar="PROMPT,COMPLETION",
+    help="What a million prompt and completion tokens of --model cost (for usage and cost "
+    "budgets; none: its calls are counted as unpriced).",
+)
 @click.option("--grace", type=click.FloatRange(0.0), default=None, help="NodeConfig.grace (s).")
 @click.option(
     "--max-sessions", type=click.IntRange(1), default=None, help="NodeConfig.max_sessions."
@@ -342,17 +422,18 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     settings, sources = _effective(ctx, _read_config(config_file))
     if settings["store"] is None:
         raise click.UsageError("give --store DIR (or `store` in --config)")
-    config = _node_config(settings["node"])
-    try:
-        agents = load_agents(str(settings["agents"]))
-    except AgentLoadError as exc:
-        raise click.ClickException(str(exc)) from None
+    provider = _provider(settings)
+    table = dict(settings["node"])
+    if provider is not None:
+        table["providers"] = (provider,)
+    config = _node_config(table)
+    agents = _agents(settings)
     try:
         running = Node(agents, config, store=Path(settings["store"]))
     except StoreLockedError as exc:
         msg = f"store {settings['store']} is held by another node: {exc}"
         raise click.ClickException(msg) from None
-    except (SessionTreeError, OSError) as exc:
+    except (SessionTreeError, OSError, ValueError) as exc:  # ValueError: a key file, a model
         raise click.ClickException(f"the node could not start: {exc}") from None
     try:
         sock = _bind(str(settings["host"]), int(settings["port"]))

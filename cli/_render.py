@@ -79,6 +79,16 @@ class EventPrinter:
             case EventKind.CYCLE_ENDED:
                 cycle = event.data.get("cycle", "?")
                 return f"{pad}. {label} message cycle {cycle} done{_code(event.code)}"
+            case EventKind.BUDGET_WARNING:
+                dimension = event.data.get("dimension", "?")
+                soft = float(event.data.get("soft", 0.8))
+                return f"{pad}$ {label} budget warning: {soft:.0%} of its {dimension} spent"
+            case EventKind.BUDGET_EXHAUSTED:
+                dimension = event.data.get("dimension", "?")
+                return (
+                    f"{pad}$ {label} budget of {dimension} exhausted: the next call is refused "
+                    "before it is sent, the subtree cancelled with the grace"
+                )
             case EventKind.REFUSED:
                 what = event.data.get("what", "call")
                 return f"{pad}# {label} late {what} refused (the session is fenced)"

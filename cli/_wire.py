@@ -23,6 +23,7 @@ from sessiontree.protocol import (
     Spending,
     Usage,
 )
+from sessiontree.supervision import Provider
 
 __all__ = [
     "ApiError",
@@ -39,6 +40,7 @@ __all__ = [
     "TreeView",
     "WaitResult",
     "plain_figures",
+    "provider_settings",
     "session_view",
     "settings_of",
     "tree_view",
@@ -196,11 +198,34 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
 
 def settings_of(config: Any) -> dict[str, Any]:
     """A ``NodeConfig``'s fields as plain values (callables, like the memory
-    pressure probe, left out)."""
-    return {
+    pressure probe, left out; providers as ``provider_settings`` shows them)."""
+    settings = {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(config)
         if not callable(getattr(config, f.name))
+    }
+    if "providers" in settings:
+        settings["providers"] = [provider_settings(p) for p in settings["providers"]]
+    return settings
+
+
+def provider_settings(provider: Provider) -> dict[str, Any]:
+    """A model provider as plain values, its key left out: ``api_key`` says
+    only whether one was given (a key file's path is shown)."""
+    return {
+        "name": provider.name,
+        "base_url": provider.base_url,
+        "api_key": "set" if provider.api_key is not None else None,
+        "api_key_file": provider.api_key_file,
+        "timeout": provider.timeout,
+        "connect_timeout": provider.connect_timeout,
+        "max_retries": provider.max_retries,
+        "retry_wait": provider.retry_wait,
+        "retry_wait_max": provider.retry_wait_max,
+        "prices": {
+            model: {"prompt": price.prompt, "completion": price.completion}
+            for model, price in provider.prices.items()
+        },
     }
 
 
