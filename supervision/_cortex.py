@@ -54,6 +54,7 @@ from sessiontree.supervision._reports import (
     Refused,
     RunEnded,
     RunsEnded,
+    Streamed,
     Tick,
 )
 from sessiontree.supervision._requests import (
@@ -211,6 +212,9 @@ class Cortex:
                 self.cancelling.deadline(ids)
             case Progress(session_id=sid, note=note, data=data):
                 self.messages.progress(sid, note, data)
+            case Streamed(pieces=pieces):
+                for sid, text in pieces:
+                    self.messages.progress(sid, "", {"delta": text})
             case ChildUpdate(session_id=sid, message=message):
                 self.messages.child_update(sid, message)
             case Refused(session_id=sid, what=what):

@@ -6,7 +6,9 @@ session and every ancestor in one turn of the Cortex; a call that cannot fit
 is answered with ``budget_exhausted`` and never sent. The call goes out with
 ``max_tokens`` capped to what the budgets leave, and when it ends its
 reservation is settled to the usage the provider reported, priced, and
-written to the store before the reply reaches the skill:
+written to the store before the reply reaches the skill (on a node without
+a store nothing is durable, so the settle is told and not waited for; the
+Cortex takes it before anything the session asks next, one mailbox in order):
 
 - a reply with usage counts exactly that;
 - a reply without usage keeps its text, is answered with ``model_error``
@@ -14,6 +16,10 @@ written to the store before the reply reaches the skill:
 - a failed call (after its retries) counts one call and no tokens;
 - a cancelled call counts one call and its prompt as estimated (the
   provider reported nothing).
+
+Streamed text goes to the session's progress as it arrives; the pieces of
+every stream that arrive in one pass of the loop reach the Cortex as one
+message, and a call's pieces before its settle.
 """
 
 from __future__ import annotations
@@ -23,16 +29,18 @@ import collections
 import concurrent.futures
 import functools
 import threading
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
 
-from sessiontree.actors.runtime import ModelCall, SessionCore
+from sessiontree.actors.runtime import Activity, ModelCall, SessionCore
 from sessiontree.protocol import Completion, ErrorCode, ErrorInfo, NodeClosedError, Usage
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._ledger import Reserved, priced
 from sessiontree.supervision._models import Models, Reply, Route
+from sessiontree.supervision._reports import Streamed
 from sessiontree.supervision._requests import Call, Request, Reserve, Settle
 
 __all__ = ["ModelCalls", "Spent", "estimate_tokens"]
@@ -62,19 +70,25 @@ class ModelCalls:
         models: Models,
         agents: Mapping[str, Agent],
         ask: Callable[[Request[Any]], Awaitable[Any]],
-        tell: Callable[[Call], None],
-        progress: Callable[[SessionCore, str, dict[str, Any]], None],
+        tell: Callable[[object], None],
+        activity: Activity,
         loop: Callable[[], asyncio.AbstractEventLoop],
+        *,
+        durable: bool,
     ) -> None:
         """``ask`` a request of the Cortex and await its answer (``NodeClosedError``
-        once the node closes), ``tell`` it one, report ``progress``; ``loop``
-        is the node's event loop (made on first use)."""
+        once the node closes), ``tell`` it a message; ``activity`` counts
+        progress not yet told; ``loop`` is the node's event loop (made on
+        first use); ``durable``: the node has a store, so a call waits until
+        its usage is written."""
         self.models = models
         self.agents = agents
         self.ask = ask
         self.tell = tell
-        self.progress = progress
+        self.activity = activity
         self.loop = loop
+        self.durable = durable
+        self._deltas: list[tuple[uuid.UUID, str]] = []  # on the event loop thread only
         self._tallies: collections.defaultdict[tuple[Spent, str], float] = collections.defaultdict(
             float
         )
@@ -115,10 +129,15 @@ class ModelCalls:
         except BaseException:  # cancelled (the request is closed): settled all the same
             cut = priced(Usage(prompt_tokens=estimate, calls=1), route.price)
             self._tally(core, route, cut, None)  # the metrics count what the budgets do
+            self._flush_deltas()
             self.tell(Call(Settle(held, cut)))
             raise
+        self._flush_deltas()
         completion, used = _outcome(route, held, reply)
         self._tally(core, route, used, completion.error)
+        if not self.durable:
+            self.tell(Call(Settle(held, used)))  # nothing to wait for (see the docstring)
+            return completion
         try:
             refused = await self.ask(Settle(held, used))
         except NodeClosedError as exc:
@@ -136,7 +155,22 @@ class ModelCalls:
             self.tell(Call(Settle(held, Usage())))
 
     def _delta(self, core: SessionCore, text: str) -> None:
-        self.progress(core, "", {"delta": text})
+        """A piece of streamed text for the session's progress, told with the
+        rest of this pass of the loop: a hand-off to the Cortex thread per
+        piece was most of what a stream through a session cost."""
+        deltas = self._deltas
+        deltas.append((core.session_id, text))
+        if len(deltas) == 1:
+            self.activity.begin()  # counted until told
+            self.loop().call_soon(self._flush_deltas)
+
+    def _flush_deltas(self) -> None:
+        """Tell the Cortex the pieces of text gathered so far (on the loop)."""
+        if not self._deltas:
+            return
+        batch, self._deltas = self._deltas, []
+        self.tell(Streamed(tuple(batch)))
+        self.activity.end()
 
     def _tally(self, core: SessionCore, route: Route, used: Usage, error: ErrorInfo | None) -> None:
         key: Spent = (core.info.agent_id, route.model, core.info.model_tier or "")

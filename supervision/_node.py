@@ -139,8 +139,9 @@ class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex l
             agents_of,
             functools.partial(self._acall, check=False),
             self._tell,
-            self._runtime.host.progress,
+            self.activity,
             lambda: parts.event_loop().loop,
+            durable=self.store is not None,
         )
         self._cortex = start_cortex(self._runtime)
         if recovered is not None:  # sessions it starts report through self._cortex

@@ -27,6 +27,7 @@ __all__ = [
     "Refused",
     "RunEnded",
     "RunsEnded",
+    "Streamed",
     "Tick",
 ]
 
@@ -82,6 +83,15 @@ class Progress:
     session_id: uuid.UUID
     note: str
     data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """Pieces of streamed model replies that arrived in one pass of the event
+    loop, as (session id, text) in arrival order: each is a progress report
+    of its session with ``{"delta": text}``."""
+
+    pieces: tuple[tuple[uuid.UUID, str], ...]
 
 
 @dataclass(frozen=True, slots=True)

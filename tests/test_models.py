@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sessiontree.actors import AsyncSession, Cancelled, Session
-from sessiontree.actors.runtime import ModelCall
+from sessiontree.actors.runtime import Activity, ModelCall
 from sessiontree.cli._standin import Reply, StandinServer, ToolCall
 from sessiontree.protocol import (
     Budget,
@@ -571,13 +571,13 @@ def test_a_call_cancelled_while_it_reserves_releases_a_late_grant() -> None:
     models = Models((Provider(base_url="http://127.0.0.1:9/v1"),), [the_agent])
     loop = asyncio.new_event_loop()
     answer: asyncio.Future[Reserved | ErrorInfo] = loop.create_future()
-    told: list[Call] = []
+    told: list[object] = []
 
     async def ask(request: Any) -> Any:
         return await answer
 
     calls = ModelCalls(
-        models, {"agent": the_agent}, ask, told.append, lambda *_: None, lambda: loop
+        models, {"agent": the_agent}, ask, told.append, Activity(), lambda: loop, durable=True
     )
     info = SessionInfo(
         session_id=uuid.uuid4(),
