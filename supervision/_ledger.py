@@ -83,16 +83,15 @@ class Ledgers:
             return self._refuse(*refused)
         return budget, clamped
 
-    def enforceable(
-        self, agent: Agent, tier: str | None, budget: Budget | None
-    ) -> ErrorInfo | None:
+    def enforceable(self, agent: Agent, tier: str | None, budget: Budget) -> ErrorInfo | None:
         """``budget_unenforceable`` when ``budget`` bounds cost and the model a
         session of ``agent`` at ``tier`` calls has no price (None: it can be kept)."""
         models = self.tree.rt.models
-        if budget is None or budget.cost is None or models is None:
+        if budget.cost is None or models is None:
             return None
-        if models.price_for(agent, tier) is not None:
-            return None  # priced, or the agent calls no model at that tier
+        route = models.route(agent, tier)
+        if isinstance(route, ErrorInfo) or route.price is not None:
+            return None  # the agent calls no model at that tier, or it is priced
         return ErrorInfo(
             code=ErrorCode.BUDGET_UNENFORCEABLE,
             message=f"a budget of cost needs a price for agent {agent.agent_id!r}'s model "

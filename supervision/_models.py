@@ -113,14 +113,6 @@ class Models:
                 )
         return Route(provider, model, provider.prices.get(model))
 
-    def price_for(self, agent: Agent, tier: str | None) -> Price | bool | None:
-        """The price of the model ``agent`` calls at ``tier``: None when it has
-        no price, False when the agent calls no model there."""
-        route = self.route(agent, tier)
-        if isinstance(route, ErrorInfo):
-            return False
-        return route.price
-
     async def call(
         self,
         route: Route,
@@ -268,10 +260,8 @@ def _merge_call(call: dict[str, Any], piece: Any) -> None:
 def _usage(usage: Any) -> tuple[int, int] | None:
     if usage is None:
         return None
-    prompt, completion = (
-        getattr(usage, "prompt_tokens", None),
-        getattr(usage, "completion_tokens", None),
-    )
+    prompt = getattr(usage, "prompt_tokens", None)
+    completion = getattr(usage, "completion_tokens", None)
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return None
     return prompt, completion

@@ -224,8 +224,9 @@ class Spawning:
                 error = narrowed
             else:
                 budget, clamped = narrowed
-                tier = model_tier(spec, agent, parent.info.model_tier, root=False)
-                error = self.ledgers.enforceable(agent, tier, budget)
+                if budget is not None and budget.cost is not None:  # only then is a price needed
+                    tier = model_tier(spec, agent, parent.info.model_tier, root=False)
+                    error = self.ledgers.enforceable(agent, tier, budget)
         if error is not None:
             self._rejected_spawn(parent_id, spec, error)
             return error

@@ -22,6 +22,7 @@ PROMPT = "one two three four five"
 REPLY = "echo " + PROMPT
 CALLS = 3  # per session: streamed, whole, streamed
 
+
 @pytest.fixture
 def server() -> Iterator[StandinServer]:
     with StandinServer() as standin:
