@@ -156,7 +156,8 @@ class SessionCore:
     ``cond``. Blocking waits release the compute slot and count the skill as
     blocked for :class:`Activity`. ``resumed`` is set when a session comes
     back from the store after a restart; ``input_seq`` is the stored inbox
-    number of the message a Main's current cycle runs. ``remote`` is set for a
+    number of the message a Main's current cycle runs, ``attempt`` which run
+    of its work this is (more than 1 once crashes cut runs of it off). ``remote`` is set for a
     session whose skill runs on another backend (a process, a Ray actor).
     """
 
@@ -189,6 +190,7 @@ class SessionCore:
         self.fence_code: ErrorCode | None = None
         self.resumed = False
         self.input_seq: int | None = None
+        self.attempt = 1
         self.last_checkpoint = clock.monotonic()
         self.stuck = False
         self.holds_slot = False

@@ -147,6 +147,14 @@ class SessionHost(Protocol):
         """Tell the supervisor a skill run (or a Main's message cycle) ended."""
         ...
 
+    def cycle_starting(
+        self, core: SessionCore, seq: int | None, child_id: uuid.UUID | None, attempt: int
+    ) -> concurrent.futures.Future[None] | None:
+        """A Main is about to run a cycle for inbox message ``seq`` or child
+        ``child_id``'s result (attempt ``attempt``): None to run it now, or a
+        future that finishes (on another thread) once the start is durable."""
+        ...
+
     def refused(self, core: SessionCore, what: str) -> None:
         """Count something a fenced session tried to do."""
         ...

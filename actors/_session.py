@@ -101,6 +101,14 @@ class _Base:
         return self._core.resumed
 
     @property
+    def attempt(self) -> int:
+        """Which run of this work this is: 1, or more when crashes of the node cut
+        earlier runs off (a Main's cycle whose message is replayed after a
+        restart, a branch run again after one). A skill whose effects live
+        outside the store deduplicates them on it."""
+        return self._core.attempt
+
+    @property
     def context(self) -> SessionContext:
         """The session's working context (messages, tool results, system prompt)."""
         return self._core.context

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import functools
 import logging
 import uuid
@@ -56,17 +57,21 @@ log = logging.getLogger("sessiontree.session")
 @dataclass(frozen=True, slots=True)
 class Inbound:
     """An inbound message for a Main: queued, then one message cycle. ``seq``
-    numbers it in the Main's stored inbox (None without a store)."""
+    numbers it in the Main's stored inbox (None without a store); ``attempt``:
+    which run of it this is (more than 1 after crashes cut runs off)."""
 
     message: Any
     seq: int | None = None
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
-    """A child's result, already filed on the session: a Main runs a cycle for it."""
+    """A child's result, already filed on the session: a Main runs a cycle for it
+    (``attempt``: as for ``Inbound``)."""
 
     result: SessionResult
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,9 +198,9 @@ class SessionActorLogic:
             case Inbound():
                 self.inputs.append(body)
                 self._next_cycle()
-            case Deliver(result=result):  # already filed by the Cortex
+            case Deliver(result=result, attempt=attempt):  # already filed by the Cortex
                 if core.info.kind is SessionKind.MAIN:
-                    self.inputs.append(_ResultInput(result.session_id))
+                    self.inputs.append(_ResultInput(result.session_id, attempt))
                     self._next_cycle()
             case CycleDone():
                 self.cycle_running = False
@@ -248,14 +253,37 @@ class SessionActorLogic:
                     result = core.claim(item.child)
                 if result is None:  # a collect in an earlier cycle already took it
                     continue
-                core.input_seq = None
-                item = result
+                core.input_seq, child, message = None, item.child, result
             else:
-                core.input_seq = item.seq  # read by the Cortex when the cycle ends
-                item = item.message
+                core.input_seq, child, message = item.seq, None, item.message
+            core.attempt = item.attempt
             self.cycles += 1
             self.cycle_running = True
-            self._submit(item, self.cycles)
+            # With a store the cycle is marked as started, durably, before the
+            # skill runs: a crash in it is then counted against its input.
+            marked = self.host.cycle_starting(core, core.input_seq, child, item.attempt)
+            if marked is None:
+                self._submit(message, self.cycles)
+            else:
+                self.activity.begin()  # busy while the mark is written: the cycle is due
+                marked.add_done_callback(functools.partial(self._marked, message, self.cycles))
+
+    def _marked(self, message: Any, cycle: int, marked: concurrent.futures.Future[None]) -> None:
+        """The cycle's start is durable (on the store's writer thread): run it. A
+        mark that failed is logged and the cycle runs anyway: the store's
+        failure is counted where it happened, and refusing the cycle would
+        drop an acknowledged message."""
+        if marked.exception() is not None:
+            log.error(
+                "session %s: the start of cycle %d could not be recorded: %s",
+                self.core.session_id,
+                cycle,
+                marked.exception(),
+            )
+        try:
+            self._submit(message, cycle)
+        finally:
+            self.activity.end()
 
     def _submit(self, message: Any, cycle: int) -> None:
         start_run(
@@ -319,3 +347,4 @@ def start_run(
 @dataclass(frozen=True, slots=True)
 class _ResultInput:
     child: uuid.UUID
+    attempt: int = 1

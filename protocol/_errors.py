@@ -50,6 +50,7 @@ class ErrorCode(enum.StrEnum):
     PARENT_TERMINATED = "parent_terminated"
     TERMINATED_BY_FORCE = "terminated_by_force"
     NODE_RESTARTED = "node_restarted"
+    WEDGED = "wedged"
     NODE_CLOSED = "node_closed"
     REJECTED_INPUT = "rejected_input"
     NOT_ALLOWED = "not_allowed"

@@ -34,6 +34,7 @@ from sessiontree.store._keys import (
 from sessiontree.store._records import (
     BranchRecord,
     ConversationRecord,
+    CycleRecord,
     InboxRecord,
     MemoryIdRecord,
     MemoryRecord,
@@ -42,7 +43,9 @@ from sessiontree.store._records import (
     QuarantineRecord,
     ReceivedRecord,
     SessionRecord,
+    StartsRecord,
     UsageRecord,
+    WedgedRecord,
     encode_record,
 )
 
@@ -195,6 +198,31 @@ class WriteBatch:
 
     def clear_inbox(self, session_id: uuid.UUID) -> WriteBatch:
         self._delete("inbox", session_id.bytes, prefix=True)
+        self._delete("cycles", session_id.bytes)
+        return self
+
+    def cycle(self, record: CycleRecord) -> WriteBatch:
+        """A Main starts a message cycle (attempt ``record.attempt``)."""
+        self._put("cycles", record.session_id.bytes, record)
+        return self
+
+    def cycle_done(self, session_id: uuid.UUID) -> WriteBatch:
+        """A Main's cycle is snapshotted: no cycle of it is in flight."""
+        self._delete("cycles", session_id.bytes)
+        return self
+
+    # -- what recovery held back, the node's starts ---------------------------------
+
+    def wedged(self, record: WedgedRecord) -> WriteBatch:
+        self._put("wedged", record.wedged_id.bytes, record)
+        return self
+
+    def unwedge(self, wedged_id: uuid.UUID) -> WriteBatch:
+        self._delete("wedged", wedged_id.bytes)
+        return self
+
+    def starts(self, record: StartsRecord) -> WriteBatch:
+        self._put("meta", b"starts", record)
         return self
 
     # -- conversations ---------------------------------------------------------------

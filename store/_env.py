@@ -50,6 +50,8 @@ DATABASES = (
     "meta",  # b"meta" -> MetaRecord
     "quarantine",  # db NUL key -> QuarantineRecord
     "usage",  # session id -> UsageRecord (what it and its subtree spent)
+    "cycles",  # main id -> CycleRecord (the cycle it started and has not yet snapshotted)
+    "wedged",  # wedged id -> WedgedRecord (what recovery held back after repeated crashes)
 )
 
 _LOCK_FILE = "writer.lock"

@@ -115,6 +115,8 @@ def _lines(store: Store) -> Iterator[Line]:
     yield header
     for db in DATABASES:
         for key, raw in store.scan(db):
+            if db == "meta" and key == b"starts":
+                continue  # the node's run history: a restore starts afresh
             if db == "meta" and key == b"meta":
                 if meta_opaque is None:
                     continue

@@ -23,6 +23,9 @@ outbox          outbox        ``record`` (an ``OutboxRecord``)
 received        received      ``parent``, ``record`` (a ``ReceivedRecord``)
 inbox           inbox         ``record`` (an ``InboxRecord``)
 quarantine      quarantine    ``record`` (a ``QuarantineRecord``)
+usage           usage         ``record`` (a ``UsageRecord``)
+cycles          cycle         ``record`` (a ``CycleRecord``)
+wedged          wedged        ``record`` (a ``WedgedRecord``)
 any             opaque        ``db``, ``key``, ``value`` (base64), ``reason``
 ==============  ============  ==========================================================
 
@@ -39,7 +42,9 @@ also carries ``raw``: the stored value in base64, which import writes
 as it is. An entry that does not decode at all, or whose key does not
 match its record, becomes an ``opaque`` line. Export, import into an empty store and export
 again therefore gives the same bytes, header included (import carries the
-file's ``MetaRecord`` over: a restore is the same store).
+file's ``MetaRecord`` over: a restore is the same store). The node's own
+run history (the ``starts`` entry of ``meta``, for its restart intensity) is
+not exported: a restore starts afresh.
 
 Writing a file is ``_export``'s, reading one back ``_import``'s; this module
 holds what both must agree on. Nothing here does I/O or fails at import.
@@ -64,6 +69,7 @@ from sessiontree.store._keys import (
 from sessiontree.store._records import (
     BranchRecord,
     ConversationRecord,
+    CycleRecord,
     InboxRecord,
     MemoryIdRecord,
     MemoryRecord,
@@ -74,6 +80,7 @@ from sessiontree.store._records import (
     ReceivedRecord,
     SessionRecord,
     UsageRecord,
+    WedgedRecord,
 )
 
 __all__ = [
@@ -87,6 +94,7 @@ __all__ = [
     "AnyLine",
     "BranchLine",
     "ConversationLine",
+    "CycleLine",
     "EndLine",
     "InboxLine",
     "Line",
@@ -105,13 +113,14 @@ __all__ = [
     "RecordLine",
     "SessionLine",
     "UsageLine",
+    "WedgedLine",
     "parent_of",
     "tag_of",
 ]
 
 EXPORT_FORMAT = "sessiontree-export"
 """The ``format`` of the header line."""
-EXPORT_VERSION = 3
+EXPORT_VERSION = 4
 """The version of this line format (not the records' schema version); 2 made
 ``message`` a record line and added ``conversation``, ``branch`` and
 ``platform_id``; 3 added ``usage``."""
@@ -133,6 +142,8 @@ LINE_TYPES = (
     "inbox",
     "quarantine",
     "usage",
+    "cycle",
+    "wedged",
     "opaque",
     "end",
 )
@@ -223,6 +234,16 @@ class UsageLine(Line, tag="usage"):
     raw: bytes | None = None
 
 
+class CycleLine(Line, tag="cycle"):
+    record: CycleRecord
+    raw: bytes | None = None
+
+
+class WedgedLine(Line, tag="wedged"):
+    record: WedgedRecord
+    raw: bytes | None = None
+
+
 class QuarantineLine(Line, tag="quarantine"):
     record: QuarantineRecord
     raw: bytes | None = None
@@ -255,6 +276,8 @@ AnyLine: TypeAlias = (
     | InboxLine
     | QuarantineLine
     | UsageLine
+    | CycleLine
+    | WedgedLine
     | OpaqueLine
     | EndLine
 )
@@ -270,6 +293,8 @@ RecordLine: TypeAlias = (
     | InboxLine
     | QuarantineLine
     | UsageLine
+    | CycleLine
+    | WedgedLine
 )
 
 ENCODER = msgspec.json.Encoder()
@@ -308,6 +333,14 @@ def _received_key(line: ReceivedLine) -> bytes:
 
 def _usage_key(line: UsageLine) -> bytes:
     return line.record.session_id.bytes
+
+
+def _cycle_key(line: CycleLine) -> bytes:
+    return line.record.session_id.bytes
+
+
+def _wedged_key(line: WedgedLine) -> bytes:
+    return line.record.wedged_id.bytes
 
 
 def _inbox_key(line: InboxLine) -> bytes:
@@ -372,6 +405,8 @@ RECORD_DBS: dict[str, RecordDb] = {
         _quarantine_key,
     ),
     "usage": RecordDb(UsageRecord, lambda _k, r, raw: UsageLine(record=r, raw=raw), _usage_key),
+    "cycles": RecordDb(CycleRecord, lambda _k, r, raw: CycleLine(record=r, raw=raw), _cycle_key),
+    "wedged": RecordDb(WedgedRecord, lambda _k, r, raw: WedgedLine(record=r, raw=raw), _wedged_key),
 }
 LINE_DB: dict[type[Line], str] = {
     SessionLine: "sessions",
@@ -385,6 +420,8 @@ LINE_DB: dict[type[Line], str] = {
     InboxLine: "inbox",
     QuarantineLine: "quarantine",
     UsageLine: "usage",
+    CycleLine: "cycles",
+    WedgedLine: "wedged",
 }
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "ContextEntry",
     "ContextRecord",
     "ConversationRecord",
+    "CycleRecord",
     "InboxRecord",
     "MemoryIdRecord",
     "MemoryRecord",
@@ -42,7 +43,9 @@ __all__ = [
     "QuarantineRecord",
     "ReceivedRecord",
     "SessionRecord",
+    "StartsRecord",
     "UsageRecord",
+    "WedgedRecord",
     "decode_record",
     "encode_record",
 ]
@@ -83,6 +86,8 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     result: SessionResult | None = None
     updated_at: float = 0.0
     resume: bool = False
+    attempts: int = 0
+    """Runs of a parked branch that a crash cut off (recovery counts them)."""
 
 
 class OutboxRecord(msgspec.Struct, kw_only=True):
@@ -110,6 +115,50 @@ class InboxRecord(msgspec.Struct, kw_only=True):
     seq: int
     message: Any
     received_at: float
+
+
+class CycleRecord(msgspec.Struct, kw_only=True):
+    """The message cycle a Main started and has not yet snapshotted: what it runs
+    for (an inbox ``seq``, or a child's result ``child_id``) and which attempt.
+    Durable before the skill runs, so a crash mid-cycle is counted."""
+
+    v: int = SCHEMA_VERSION
+    session_id: uuid.UUID
+    seq: int | None = None
+    child_id: uuid.UUID | None = None
+    attempt: int = 1
+    started_at: float = 0.0
+
+
+class WedgedRecord(msgspec.Struct, kw_only=True):
+    """Work recovery held back because runs of it kept ending in a crash (or that
+    was too old to replay): a Main's inbound ``message`` or child ``result``, or
+    a parked ``branch``. Never run again on its own; requeued or dropped by the
+    operator. ``session_id``: the Main, or the branch."""
+
+    v: int = SCHEMA_VERSION
+    wedged_id: uuid.UUID
+    kind: str  # "message" | "result" | "branch"
+    session_id: uuid.UUID
+    agent_id: str
+    attempts: int
+    reason: str
+    at: float
+    seq: int | None = None
+    message: Any = None
+    received_at: float | None = None
+    result: SessionResult | None = None
+
+
+class StartsRecord(msgspec.Struct, kw_only=True):
+    """The node's recent starts, for its restart intensity: ``running`` from a
+    start until a clean shutdown (still set at the next start: that run
+    crashed); ``crashes``: when the runs that crashed had started."""
+
+    v: int = SCHEMA_VERSION
+    running: bool = False
+    started_at: float = 0.0
+    crashes: list[float] = msgspec.field(default_factory=list)
 
 
 class ConversationRecord(msgspec.Struct, kw_only=True):

@@ -42,6 +42,7 @@ from sessiontree.store._io import StoreIO
 from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key
 from sessiontree.store._reads import Reads
 from sessiontree.store._records import (
+    CycleRecord,
     InboxRecord,
     MemoryIdRecord,
     MemoryRecord,
@@ -51,7 +52,9 @@ from sessiontree.store._records import (
     QuarantineRecord,
     ReceivedRecord,
     SessionRecord,
+    StartsRecord,
     UsageRecord,
+    WedgedRecord,
 )
 from sessiontree.store._writer import Writer
 
@@ -314,6 +317,30 @@ class Store:
     def usage(self, session_id: uuid.UUID) -> UsageRecord | None:
         """What a session and its subtree have spent, or None (it never spent)."""
         return self._reads.get(UsageRecord, "usage", session_id.bytes)
+
+    def cycle(self, session_id: uuid.UUID) -> CycleRecord | None:
+        """The cycle a Main started and has not snapshotted, or None;
+        ``CorruptRecordError`` if unreadable."""
+        return self._reads.get(CycleRecord, "cycles", session_id.bytes)
+
+    def wedged(self, wedged_id: uuid.UUID) -> WedgedRecord | None:
+        """One piece of work recovery held back, or None; ``CorruptRecordError``
+        if unreadable."""
+        return self._reads.get(WedgedRecord, "wedged", wedged_id.bytes)
+
+    def wedged_list(self) -> list[WedgedRecord]:
+        """What recovery held back, oldest first (unreadable ones left out)."""
+        found = [
+            item
+            for item in self._reads.decoded(WedgedRecord, "wedged")
+            if not isinstance(item, CorruptRecordError)
+        ]
+        return sorted(found, key=lambda w: w.at)
+
+    def starts(self) -> StartsRecord | None:
+        """The node's recent starts (None before the first); ``CorruptRecordError``
+        if unreadable."""
+        return self._reads.get(StartsRecord, "meta", b"starts")
 
     def quarantine_list(self) -> list[QuarantineRecord]:
         """Values recovery set aside (unreadable ones left out)."""

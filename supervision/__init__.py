@@ -15,7 +15,10 @@ from sessiontree.supervision._events import Event, EventBus, EventKind
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
 from sessiontree.supervision._metrics import MAX_MODEL_SERIES, REJECT_REASONS, NodeMetrics
 from sessiontree.supervision._node import Node
+from sessiontree.supervision._node_recovery import Requeued
 from sessiontree.supervision._providers import Price, Provider
+from sessiontree.supervision._recovery import RecoveryDecision
+from sessiontree.supervision._recovery_rules import Decision, classify
 from sessiontree.supervision._refs import SessionRef, Spawned
 from sessiontree.supervision._retry import Retry
 from sessiontree.supervision._rules import MAX_BRANCH_DEPTH, MAX_WORKER_DEPTH, check_spawn
@@ -29,6 +32,7 @@ __all__ = [
     "REJECT_REASONS",
     "Agent",
     "Cortex",
+    "Decision",
     "Event",
     "EventBus",
     "EventKind",
@@ -39,6 +43,8 @@ __all__ = [
     "NodeMetrics",
     "Price",
     "Provider",
+    "RecoveryDecision",
+    "Requeued",
     "Retry",
     "SessionRef",
     "Spawned",
@@ -47,6 +53,7 @@ __all__ = [
     "aggregate",
     "chat_command",
     "check_spawn",
+    "classify",
     "continuation_token",
     "extractive_summary",
     "is_command",

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
 import pykka
 
 from sessiontree.actors import Clock, RealClock
@@ -37,7 +38,7 @@ from sessiontree.actors.runtime import (
 )
 from sessiontree.conversations import Conversations, MemoryBackend
 from sessiontree.protocol import SessionTreeError
-from sessiontree.store import Store
+from sessiontree.store import Store, WriteBatch
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
@@ -130,7 +131,7 @@ class NodeParts:
         if self.store is None:
             return None
         try:
-            return recover(self.store, agents, self.clock.time())
+            return recover(self.store, agents, self.clock.time(), self.config)
         except BaseException:
             self.abort()
             raise
@@ -229,10 +230,17 @@ class NodeParts:
             log.warning("model clients did not close cleanly: %r", exc)
 
     def _flush_store(self) -> None:
+        """Commit what is queued, and that this run stopped cleanly (its next
+        start does not count it as a crash for the restart intensity)."""
         if self.store is None:
             return
         try:
-            self.store.flush()
+            starts = self.store.starts()
+            if starts is not None and starts.running:
+                stopped = msgspec.structs.replace(starts, running=False)
+                self.store.write(WriteBatch().starts(stopped))
+            else:
+                self.store.flush()
         except SessionTreeError as exc:
             log.error("the store could not be flushed at shutdown: %s", exc)
 

@@ -67,6 +67,14 @@ class NodeConfig:
     setting is process-wide (``sessiontree node start`` turns it on).
     ``providers``: the model endpoints sessions call (``Provider``; names
     unique); an agent names one, or gets the first.
+
+    Recovery, with a store: work a crash interrupted runs again (a Main's
+    message, a branch a shutdown parked) unless crashes cut off
+    ``recovery_attempts`` runs of it already (then it is held back as
+    *wedged*), or it is older than ``recovery_max_age`` (None: no limit; then
+    it is *stale*). A node whose runs crashed ``restart_intensity`` times
+    within ``restart_period`` seconds starts with all replay held back until
+    ``Node.release_replay()`` (0: never held).
     """
 
     grace: float = 30.0
@@ -95,10 +103,35 @@ class NodeConfig:
     ray_num_cpus: float = 1.0
     gc_tuning: bool = False
     providers: tuple[Provider, ...] = ()
+    recovery_attempts: int = 3
+    recovery_max_age: float | None = None
+    restart_intensity: int = 5
+    restart_period: float = 300.0
+
+    def _check_recovery(self) -> None:
+        for name in ("recovery_attempts", "restart_intensity"):
+            value = getattr(self, name)
+            least = 1 if name == "recovery_attempts" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                msg = f"NodeConfig.{name} must be an integer >= {least}, got {value!r}"
+                raise ValueError(msg)
+        for name in ("recovery_max_age", "restart_period"):
+            value = getattr(self, name)
+            if value is None and name == "recovery_max_age":
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                msg = f"NodeConfig.{name} must be a number > 0, got {value!r}"
+                raise ValueError(msg)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "providers", tuple(self.providers))
         _check_providers(self.providers)
+        self._check_recovery()
         if self.prune_after is not None and (
             not isinstance(self.prune_after, int | float)
             or not math.isfinite(self.prune_after)

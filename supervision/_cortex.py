@@ -78,6 +78,8 @@ from sessiontree.supervision._requests import (
     ListStuck,
     OpenMain,
     ProbeParked,
+    Redeliver,
+    ReleaseReplay,
     Request,
     Reserve,
     Resume,
@@ -260,8 +262,12 @@ class Cortex:
                 return self.spawning.spawn(parent_id, spec, reply)
             case SpawnMany(parent_id=parent_id, specs=specs):
                 return self.spawning.spawn_many(parent_id, specs, reply)
-            case Send(session_id=sid, message=message):
-                return self.messages.send(sid, message, reply)
+            case Send(session_id=sid, message=message, unwedge=unwedge):
+                return self.messages.send(sid, message, reply, unwedge=unwedge)
+            case Redeliver(session_id=sid, result=result, unwedge=unwedge):
+                return self.messages.redeliver(sid, result, unwedge, reply)
+            case ReleaseReplay():
+                return self.starting.release_replay()
             case Cancel(session_id=sid):
                 return self.cancelling.cancel(sid)
             case Suspend(session_id=sid):

@@ -18,6 +18,7 @@ from typing import Any
 from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore
 from sessiontree.conversations import Conversation
 from sessiontree.protocol import Completion, ErrorInfo, NodeClosedError, SessionKind, SpawnSpec
+from sessiontree.store import CycleRecord, WriteBatch
 from sessiontree.supervision._drivers import drive_async, drive_sync
 from sessiontree.supervision._refs import NodeSessions, Spawned
 from sessiontree.supervision._reports import (
@@ -133,6 +134,26 @@ class NodeHost:
         batch, self._ended = self._ended, []
         self.node._tell(RunsEnded(tuple(batch)))
         self.node.activity.end()
+
+    def cycle_starting(
+        self, core: SessionCore, seq: int | None, child_id: uuid.UUID | None, attempt: int
+    ) -> concurrent.futures.Future[None] | None:
+        store = self.parts.store
+        if store is None:
+            return None
+        mark = CycleRecord(
+            session_id=core.session_id,
+            seq=seq,
+            child_id=child_id,
+            attempt=attempt,
+            started_at=self.parts.clock.time(),
+        )
+        try:
+            return store.submit(WriteBatch().cycle(mark))
+        except Exception as exc:  # noqa: BLE001 - a closed store: the cycle runs, the mark failed
+            failed: concurrent.futures.Future[None] = concurrent.futures.Future()
+            failed.set_exception(exc)
+            return failed
 
     def refused(self, core: SessionCore, what: str) -> None:
         self.node._tell(Refused(core.session_id, what))

@@ -11,8 +11,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sessiontree.actors.runtime import Inbound, Reply
-from sessiontree.protocol import ErrorCode, ErrorInfo, RejectedInputError, SessionKind
+from sessiontree.actors.runtime import Deliver, Inbound, Reply
+from sessiontree.protocol import (
+    ErrorCode,
+    ErrorInfo,
+    RejectedInputError,
+    SessionKind,
+    SessionResult,
+)
 from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._requests import DEFERRED
@@ -28,9 +34,17 @@ class Messages:
         self.tree = tree
         self.commits = commits
 
-    def send(self, session_id: uuid.UUID, message: object, reply: Reply | None = None) -> object:
+    def send(
+        self,
+        session_id: uuid.UUID,
+        message: object,
+        reply: Reply | None = None,
+        *,
+        unwedge: uuid.UUID | None = None,
+    ) -> object:
         """Queue an inbound message for a Main (one message cycle). With a store it
-        is written to the Main's inbox first and accepted once durable."""
+        is written to the Main's inbox first and accepted once durable (with
+        ``unwedge``, the held-back item it requeues is dropped in that commit)."""
         tree = self.tree
         entry = tree.lookup(session_id)
         if entry.kind is not SessionKind.MAIN:
@@ -49,7 +63,7 @@ class Messages:
             return ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
         seq = entry.next_seq
         try:
-            future = tree.persist.inbound(entry, seq, message, tree.now())
+            future = tree.persist.inbound(entry, seq, message, tree.now(), unwedge)
         except RejectedInputError as exc:
             raise RejectedInputError(str(exc), field="message") from exc
         tree.note_input(entry)
@@ -70,12 +84,47 @@ class Messages:
                     code=ErrorCode.SESSION_NOT_ACTIVE,
                     message=f"session {session_id} ended before the message was accepted",
                 )
+            elif tree.held_reason is not None and session_id in tree.held:
+                # behind the Main's held replay: runs after it, once released
+                tree.held[session_id].append(Inbound(message, seq))
             else:
                 tree.post(entry, Inbound(message, seq))
             if reply is not None:
                 reply.set(answer)
 
         self.commits.when_written(future, written)
+        return DEFERRED
+
+    def redeliver(
+        self, session_id: uuid.UUID, result: SessionResult, unwedge: uuid.UUID, reply: Reply | None
+    ) -> object:
+        """Run a Main's cycle for a child result recovery held back (filed on it
+        already) once the held-back item is durably dropped."""
+        tree = self.tree
+        entry = tree.lookup(session_id)
+        if entry.kind is not SessionKind.MAIN or entry.state.is_terminal:
+            return ErrorInfo(
+                code=ErrorCode.SESSION_NOT_ACTIVE,
+                message=f"session {session_id} is not a live Main; its result cannot run again",
+            )
+        future = tree.persist.unwedge(unwedge)
+
+        def deliver(error: BaseException | None) -> None:
+            answer: ErrorInfo | None = None
+            if error is not None:
+                tree.store_failed(error)
+                answer = store_error(error, session_id)
+            elif not entry.state.is_terminal:
+                with entry.core.cond:
+                    entry.core.unclaimed[result.session_id] = result
+                tree.post(entry, Deliver(result))
+            if reply is not None:
+                reply.set(answer)
+
+        if future is None:
+            deliver(None)
+            return None
+        self.commits.when_written(future, deliver)
         return DEFERRED
 
     def progress(self, session_id: uuid.UUID, note: str, data: dict[str, Any]) -> None:

@@ -51,6 +51,7 @@ from sessiontree.supervision._memory import MemorySpace
 from sessiontree.supervision._model_calls import ModelCalls
 from sessiontree.supervision._models import Models
 from sessiontree.supervision._node_patterns import NodePatterns
+from sessiontree.supervision._node_recovery import NodeRecovery
 from sessiontree.supervision._refs import SessionIdLike, SessionRef, as_session_id
 from sessiontree.supervision._requests import (
     BringBack,
@@ -69,7 +70,7 @@ from sessiontree.supervision._routing import route_inbound
 __all__ = ["Node"]
 
 
-class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex line, lifecycle)
+class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, lifecycle)
     """One supervision node, embedded: agents, a Cortex, and the sessions it owns.
 
     Use it as a context manager (``with Node(agents) as node:``) or call
@@ -122,7 +123,14 @@ class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex l
         recovered = parts.recover(agents_of)
         self.recovery: dict[str, int] = {} if recovered is None else dict(recovered.figures)
         """What recovery found on start (empty without a store): mains, suspended,
-        failed, quarantined, terminal, results owed, ``recovery_ms``…"""
+        failed, quarantined, terminal, results owed, decisions (fresh, stale,
+        wedged), recent crashes, ``recovery_ms``…"""
+        self.recovery_decisions = [] if recovered is None else list(recovered.decisions)
+        """Each decision recovery took beyond a plain first run: replays after a
+        crash, work held back as stale or wedged (``RecoveryDecision``)."""
+        self.replay_held = None if recovered is None else recovered.held
+        """Why this start holds replay back (the node kept crashing), or None;
+        ``release_replay()`` runs it."""
         parts.start_backend()
         self._runtime = parts.runtime(
             agents=agents_of,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import uuid
 from typing import Any
 
 import msgspec
@@ -197,15 +198,31 @@ class Persister:
             batch.main(info.agent_id, info.key, info.session_id)
         return self._submit(batch)
 
-    def inbound(self, entry: TreeEntry, seq: int, message: Any, now: float) -> Future | None:
-        """An inbound message a Main accepted (dropped by the cycle that runs it)."""
+    def inbound(
+        self,
+        entry: TreeEntry,
+        seq: int,
+        message: Any,
+        now: float,
+        unwedge: uuid.UUID | None = None,
+    ) -> Future | None:
+        """An inbound message a Main accepted (dropped by the cycle that runs it);
+        ``unwedge``: the held-back item it requeues, dropped in the same commit."""
         if self.store is None:
             return None
         batch = WriteBatch()
         batch.inbox(
             InboxRecord(session_id=entry.session_id, seq=seq, message=message, received_at=now)
         )
+        if unwedge is not None:
+            batch.unwedge(unwedge)
         return self._submit(batch)
+
+    def unwedge(self, wedged_id: uuid.UUID) -> Future | None:
+        """Drop a held-back item (requeued, or dropped by the operator)."""
+        if self.store is None:
+            return None
+        return self._submit(WriteBatch().unwedge(wedged_id))
 
     def snapshot(
         self, entry: TreeEntry, now: float, *, consumed: int | None = None, resume: bool = False
@@ -218,6 +235,8 @@ class Persister:
         self._add_record(batch, entry, now=now, resume=resume)
         if consumed is not None:
             batch.consumed(entry.session_id, consumed)
+        if entry.kind is SessionKind.MAIN:
+            batch.cycle_done(entry.session_id)
         self._receipts(batch, entry, ended=False)
         return self._submit(batch)
 

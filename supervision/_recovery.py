@@ -6,6 +6,14 @@ comes back, write the endings of what cannot, and hand the Cortex its plan.
 - Suspended branches come back (parents first) and run their skill again,
   with their context and ``session.resumed`` set, when resumed — at once for
   those a shutdown parked.
+- Work a crash may have cut off — a Main's acknowledged messages and owed
+  results (the one its cycle mark names was running), a branch a shutdown
+  parked — is classified (``_recovery_rules``): *fresh* runs again as its
+  next attempt (counted durably before it runs), *stale* and *wedged* are
+  held back in the ``wedged`` database for the operator (a branch also ends:
+  ``expired``, or ``failed`` with ``wedged``, its parent told once). Each
+  decision is logged, counted and listed (``decisions``).
+- A node whose recent runs kept crashing holds every replay back (``held``).
 - Every other non-terminal session ends ``failed`` with ``node_restarted``;
   a suspended branch whose parent did not come back ends ``cancelled`` with
   ``parent_terminated``. Each ending writes its result where its parent will
@@ -38,43 +46,78 @@ from sessiontree.protocol import (
     Usage,
 )
 from sessiontree.store import (
+    CycleRecord,
     InboxRecord,
     OutboxRecord,
     QuarantineRecord,
     SessionRecord,
+    StartsRecord,
     Store,
     UsageRecord,
+    WedgedRecord,
     WriteBatch,
     decode_record,
 )
-from sessiontree.supervision._config import Agent
+from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._recovery_rules import (
+    Decision,
+    Verdict,
+    classify,
+    crashes_after_start,
+    hold_replay,
+)
 
-__all__ = ["Recovered", "recover"]
+__all__ = ["Recovered", "RecoveryDecision", "recover"]
 
 log = logging.getLogger("sessiontree.recovery")
 
 
+@dataclass(frozen=True, slots=True)
+class RecoveryDecision:
+    """One decision recovery took: what (``kind``: message, result or branch;
+    the session, and the message's ``seq`` or the result's ``child_id``),
+    ``decision`` (fresh, stale or wedged), why, and the attempt a fresh run is."""
+
+    kind: str
+    session_id: uuid.UUID
+    decision: str
+    reason: str
+    attempt: int
+    seq: int | None = None
+    child_id: uuid.UUID | None = None
+    wedged_id: uuid.UUID | None = None
+
+
 @dataclass
 class Recovered:
-    """What recovery hands the Cortex."""
+    """What recovery hands the Cortex. ``attempts``: the attempt a replayed
+    inbox message (main id, seq) or owed result (child id) runs as, when not 1.
+    ``held``: why replay is held back (None: it is not)."""
 
     dormant: dict[uuid.UUID, SessionRecord] = field(default_factory=dict)
     mains: dict[tuple[str, str], uuid.UUID] = field(default_factory=dict)
     suspended: list[SessionRecord] = field(default_factory=list)
     deliveries: dict[uuid.UUID, list[SessionResult]] = field(default_factory=dict)
     inbox: dict[uuid.UUID, list[InboxRecord]] = field(default_factory=dict)
+    attempts: dict[object, int] = field(default_factory=dict)
+    decisions: list[RecoveryDecision] = field(default_factory=list)
+    held: str | None = None
     figures: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 class _Recovery:
-    def __init__(self, store: Store, agents: dict[str, Agent], now: float) -> None:
+    def __init__(
+        self, store: Store, agents: dict[str, Agent], now: float, config: NodeConfig
+    ) -> None:
         self.store = store
         self.agents = agents
         self.now = now
+        self.config = config
         self.plan = Recovered()
         self.figures = self.plan.figures
         self.batch = WriteBatch()
         self.back: set[uuid.UUID] = set()  # sessions that come back after this restart
+        self.cycles: dict[uuid.UUID, CycleRecord] = {}  # a Main's cycle in flight at the crash
 
     def quarantine(self, db: str, error: CorruptRecordError, raw: bytes) -> None:
         log.error("quarantined %s record %s: %s", db, error.key.hex(), error)
@@ -116,10 +159,7 @@ class _Recovery:
             return None
         suspended = info.state is SessionState.SUSPENDED
         if suspended and info.parent_id in self.back and info.skill in agent.skills:
-            self.back.add(info.session_id)
-            self.plan.suspended.append(record)
-            self.figures["suspended"] += 1
-            return None
+            return self.decide_suspended(record)
         if suspended:
             state, code = SessionState.CANCELLED, ErrorCode.PARENT_TERMINATED
             why = "was suspended and its parent (or its skill) did not survive the restart"
@@ -128,22 +168,132 @@ class _Recovery:
             state, code = SessionState.FAILED, ErrorCode.NODE_RESTARTED
             why = "was running when the node stopped"
             self.figures["failed"] += 1
+        return self.end(
+            record, state, ErrorInfo(code=code, message=f"session {info.session_id} {why}")
+        )
+
+    def decide_suspended(self, record: SessionRecord) -> SessionResult | None:
+        """A suspended branch whose parent came back: back as it was, unless it is
+        stale (its TTL ran out: it ends ``expired``) or, parked by a shutdown and
+        run again after each restart, crashes cut it off too often (``wedged``)."""
+        info = record.info
+        verdict = classify(
+            attempts=record.attempts if record.resume else 0,
+            created_at=info.created_at,
+            deadline=info.deadline,
+            now=self.now,
+            max_attempts=self.config.recovery_attempts,
+            max_age=self.config.recovery_max_age,
+        )
+        if verdict.decision is Decision.FRESH:
+            self.back.add(info.session_id)
+            if record.resume:  # it runs at once: the attempt is counted before it does
+                self.note("branch", info.session_id, verdict)
+                record = msgspec.structs.replace(record, attempts=verdict.attempt)
+                self.batch.session(record)
+            self.plan.suspended.append(record)
+            self.figures["suspended"] += 1
+            return None
+        wedged_id = None
+        if verdict.decision is Decision.WEDGED:
+            state, code = SessionState.FAILED, ErrorCode.WEDGED
+            wedged_id = self.hold("branch", info.session_id, info.agent_id, verdict)
+        elif info.deadline is not None and self.now >= info.deadline:
+            state, code = SessionState.EXPIRED, ErrorCode.TTL_EXPIRED
+        else:
+            state, code = SessionState.FAILED, ErrorCode.NODE_RESTARTED
+        self.note("branch", info.session_id, verdict, wedged_id=wedged_id)
+        message = f"session {info.session_id}: {verdict.reason}"
+        return self.end(record, state, ErrorInfo(code=code, message=message))
+
+    def end(self, record: SessionRecord, state: SessionState, error: ErrorInfo) -> SessionResult:
+        """Write ``record``'s end; the result it owes its parent."""
+        info = record.info
         spent = self.spent(info.session_id)
         result = SessionResult(
             session_id=info.session_id,
             status=state,
             parent_id=info.parent_id,
             kind=info.kind,
-            error=ErrorInfo(code=code, message=f"session {info.session_id} {why}"),
+            error=error,
             timings=Timings(created_at=info.created_at, ended_at=self.now),
             usage=spent.own if spent is not None else Usage(),
             subtree_usage=spent.subtree if spent is not None else Usage(),
         )
         ended = msgspec.structs.replace(info, state=state)
         self.batch.session(
-            msgspec.structs.replace(record, info=ended, result=result, updated_at=self.now)
+            msgspec.structs.replace(
+                record, info=ended, result=result, updated_at=self.now, resume=False
+            )
         )
         return result
+
+    def note(
+        self,
+        kind: str,
+        session_id: uuid.UUID,
+        verdict: Verdict,
+        *,
+        seq: int | None = None,
+        child_id: uuid.UUID | None = None,
+        wedged_id: uuid.UUID | None = None,
+    ) -> None:
+        """Log, count and list one decision (a fresh first run is only counted)."""
+        decision = RecoveryDecision(
+            kind=kind,
+            session_id=session_id,
+            decision=verdict.decision.value,
+            reason=verdict.reason,
+            attempt=verdict.attempt,
+            seq=seq,
+            child_id=child_id,
+            wedged_id=wedged_id,
+        )
+        self.figures[verdict.decision.value] += 1
+        if verdict.decision is Decision.FRESH and verdict.attempt == 1:
+            return
+        self.plan.decisions.append(decision)
+        where = f" seq {seq}" if seq is not None else f" child {child_id}" if child_id else ""
+        level = logging.INFO if verdict.decision is Decision.FRESH else logging.WARNING
+        log.log(
+            level,
+            "recovery: %s of session %s%s is %s (attempt %d): %s",
+            kind,
+            session_id,
+            where,
+            verdict.decision.value,
+            verdict.attempt,
+            verdict.reason,
+        )
+
+    def hold(
+        self,
+        kind: str,
+        session_id: uuid.UUID,
+        agent_id: str,
+        verdict: Verdict,
+        *,
+        inbox: InboxRecord | None = None,
+        result: SessionResult | None = None,
+    ) -> uuid.UUID:
+        """Put work aside in the ``wedged`` database; its id."""
+        wedged_id = uuid.uuid4()
+        self.batch.wedged(
+            WedgedRecord(
+                wedged_id=wedged_id,
+                kind=kind,
+                session_id=session_id,
+                agent_id=agent_id,
+                attempts=verdict.attempt,
+                reason=f"{verdict.decision.value}: {verdict.reason}",
+                at=self.now,
+                seq=inbox.seq if inbox is not None else None,
+                message=inbox.message if inbox is not None else None,
+                received_at=inbox.received_at if inbox is not None else None,
+                result=result,
+            )
+        )
+        return wedged_id
 
     def spent(self, session_id: uuid.UUID) -> UsageRecord | None:
         """What the session's usage record says it spent (None: nothing, or a
@@ -160,13 +310,100 @@ class _Recovery:
         if parent_id in self.back:
             if not in_outbox:
                 self.batch.owe(parent_id, result)
+            elif parent_id in self.plan.dormant and not self.result_cycle(parent_id, result):
+                return  # held back: filed on the Main, no cycle runs for it
             self.plan.deliveries.setdefault(parent_id, []).append(result)
         else:
             self.batch.file(parent_id, result)
             if in_outbox:
                 self.batch.receipt(result.session_id)
 
+    def classify_cycle(self, main_id: uuid.UUID, attempts: int, created_at: float) -> Verdict:
+        return classify(
+            attempts=attempts,
+            created_at=created_at,
+            deadline=None,
+            now=self.now,
+            max_attempts=self.config.recovery_attempts,
+            max_age=self.config.recovery_max_age,
+        )
+
+    def result_cycle(self, main_id: uuid.UUID, result: SessionResult) -> bool:
+        """A result owed to a Main from before the restart: True to run its cycle
+        (as which attempt goes in the plan); False if it is held back."""
+        mark = self.cycles.get(main_id)
+        cut_off = mark is not None and mark.child_id == result.session_id
+        timings = result.timings
+        ended_at = timings.ended_at if timings is not None and timings.ended_at else self.now
+        verdict = self.classify_cycle(main_id, mark.attempt if cut_off and mark else 0, ended_at)
+        if verdict.decision is Decision.FRESH:
+            if verdict.attempt > 1:
+                self.plan.attempts[result.session_id] = verdict.attempt
+            self.note("result", main_id, verdict, child_id=result.session_id)
+            return True
+        agent_id = self.plan.dormant[main_id].info.agent_id
+        wedged_id = self.hold("result", main_id, agent_id, verdict, result=result)
+        self.note("result", main_id, verdict, child_id=result.session_id, wedged_id=wedged_id)
+        self.batch.file(main_id, result).receipt(result.session_id)
+        return False
+
+    def inbox_message(self, message: InboxRecord) -> None:
+        """An acknowledged message of a Main that came back: replayed, or held back."""
+        main_id = message.session_id
+        mark = self.cycles.get(main_id)
+        cut_off = mark is not None and mark.seq == message.seq
+        attempts = mark.attempt if cut_off and mark is not None else 0
+        verdict = self.classify_cycle(main_id, attempts, message.received_at)
+        if verdict.decision is Decision.FRESH:
+            if verdict.attempt > 1:
+                self.plan.attempts[(main_id, message.seq)] = verdict.attempt
+            self.note("message", main_id, verdict, seq=message.seq)
+            self.plan.inbox.setdefault(main_id, []).append(message)
+            self.figures["inbox"] += 1
+            return
+        agent_id = self.plan.dormant[main_id].info.agent_id
+        wedged_id = self.hold("message", main_id, agent_id, verdict, inbox=message)
+        self.note("message", main_id, verdict, seq=message.seq, wedged_id=wedged_id)
+        self.batch.consumed(main_id, message.seq)
+
+    def read_cycles(self) -> None:
+        for key, raw in self.store.scan("cycles"):
+            try:
+                mark = decode_record(CycleRecord, raw, db="cycles", key=key)
+            except CorruptRecordError as exc:
+                self.quarantine("cycles", exc, raw)
+                continue
+            self.cycles[mark.session_id] = mark
+            self.batch.cycle_done(mark.session_id)  # what it marked is decided here
+
+    def restart_intensity(self) -> None:
+        """Record this start; hold replay back if recent runs kept crashing."""
+        config = self.config
+        try:
+            previous = self.store.starts() or StartsRecord()
+        except CorruptRecordError as exc:
+            raw = next((v for k, v in self.store.scan("meta", b"starts") if k == b"starts"), b"")
+            self.quarantine("meta", exc, raw)
+            previous = StartsRecord()
+        crashes = crashes_after_start(
+            previous_running=previous.running,
+            previous_start=previous.started_at,
+            crashes=previous.crashes,
+            now=self.now,
+            period=config.restart_period,
+        )
+        self.plan.held = hold_replay(
+            crashes, intensity=config.restart_intensity, period=config.restart_period
+        )
+        self.figures["recent_crashes"] = len(crashes)
+        if self.plan.held is not None:
+            self.figures["replay_held"] = 1
+            log.error("recovery: %s", self.plan.held)
+        self.batch.starts(StartsRecord(running=True, started_at=self.now, crashes=crashes))
+
     def run(self) -> Recovered:
+        self.restart_intensity()
+        self.read_cycles()
         for record in self.live_sessions():
             result = self.decide(record)
             if result is not None and record.info.parent_id is not None:
@@ -191,21 +428,23 @@ class _Recovery:
                 self.quarantine("inbox", exc, raw)
                 continue
             if message.session_id in self.plan.dormant:
-                self.plan.inbox.setdefault(message.session_id, []).append(message)
-                self.figures["inbox"] += 1
+                self.inbox_message(message)
         if self.batch:
             self.store.write(self.batch)
         self.store.quarantined += self.figures["quarantined"]
         return self.plan
 
 
-def recover(store: Store, agents: dict[str, Agent], now: float) -> Recovered:
+def recover(
+    store: Store, agents: dict[str, Agent], now: float, config: NodeConfig | None = None
+) -> Recovered:
     """Read ``store`` and durably write the endings recovery decides, before the
     node takes work (``now``: wall-clock seconds). Raises ``StoreError`` if those
     writes fail; an unreadable record is quarantined, never fatal."""
     started = time.perf_counter()
-    plan = _Recovery(store, agents, now).run()
+    plan = _Recovery(store, agents, now, config or NodeConfig()).run()
     plan.figures["recovery_ms"] = int((time.perf_counter() - started) * 1000)
-    if plan.figures["failed"] or plan.figures["suspended"] or plan.figures["quarantined"]:
-        log.info("recovered %s", dict(plan.figures))
+    figures = plan.figures
+    if figures["failed"] or figures["suspended"] or figures["quarantined"] or plan.decisions:
+        log.info("recovered %s", dict(figures))
     return plan

@@ -60,6 +60,8 @@ __all__ = [
     "ListStuck",
     "OpenMain",
     "ProbeParked",
+    "Redeliver",
+    "ReleaseReplay",
     "Request",
     "Reserve",
     "Resume",
@@ -111,10 +113,12 @@ class SpawnMany(Request[list[SpawnAnswer]], frozen=True):
 
 
 class Send(Request[ErrorInfo | None], frozen=True):
-    """Queue an inbound message for a Main (one message cycle)."""
+    """Queue an inbound message for a Main (one message cycle); ``unwedge``: the
+    held-back item it requeues, dropped in the same commit."""
 
     session_id: uuid.UUID
     message: object
+    unwedge: uuid.UUID | None = None
 
 
 class Cancel(Request[ErrorInfo | None], frozen=True):
@@ -162,6 +166,19 @@ class Settle(Request[ErrorInfo | None], frozen=True):
 
 class BringBack(Request[None], frozen=True):
     """Apply recovery's plan: the first request a node with a store sends."""
+
+
+class ReleaseReplay(Request[int], frozen=True):
+    """Run what a held replay kept back; answers how many pieces of work."""
+
+
+class Redeliver(Request[ErrorInfo | None], frozen=True):
+    """Run a Main's cycle again for a child's result recovery held back (already
+    filed on it); the held-back item ``unwedge`` is dropped first, durably."""
+
+    session_id: uuid.UUID
+    result: SessionResult
+    unwedge: uuid.UUID
 
 
 # -- reading the tree --------------------------------------------------------------

@@ -192,6 +192,7 @@ ENDING_MESSAGES: dict[ErrorCode, str] = {
     "terminated by force",
     ErrorCode.TTL_EXPIRED: "session {} outlived its ttl",
     ErrorCode.NODE_RESTARTED: "session {} was running when the node stopped",
+    ErrorCode.WEDGED: "session {} was cut off by a crash on every run; held back",
     ErrorCode.NODE_CLOSED: "session {} was stopped with the node",
     ErrorCode.BUDGET_EXHAUSTED: "session {} was cancelled: its subtree's budget ran out",
 }

@@ -70,14 +70,20 @@ class Starting:
     def bring_back(self, plan: Recovered) -> None:
         """Apply recovery's plan: dormant Mains, suspended branches (those a
         shutdown parked run again), results owed to them, the Mains'
-        acknowledged inbound messages. A raise here fails the node loudly."""
+        acknowledged inbound messages, each as the attempt recovery counted.
+        With replay held (``plan.held``) nothing runs again until
+        ``release_replay``. A raise here fails the node loudly."""
         tree = self.tree
         tree.dormant = plan.dormant
         tree.mains.update(plan.mains)
+        held = tree.held
+        if plan.held is not None:
+            tree.held_reason = plan.held
         rerun = []
         for record in plan.suspended:
             entry = tree.restore(record)  # recovery brought its parent back first
             if record.resume:
+                entry.core.attempt = max(1, record.attempts)
                 rerun.append(entry)
         for parent_id, results in plan.deliveries.items():
             parent = tree.entry(parent_id)
@@ -87,13 +93,46 @@ class Starting:
                 parent.core.add_result(result)
                 parent.receipts.append(result)
                 if parent.kind is SessionKind.MAIN:
-                    tree.post(parent, Deliver(result))
+                    attempt = plan.attempts.get(result.session_id, 1)
+                    self.replay(parent_id, Deliver(result, attempt))
         for session_id, messages in plan.inbox.items():
             main = tree.entry(session_id)
             if main is None:
                 continue
             for message in messages:
-                tree.post(main, Inbound(message.message, message.seq))
+                attempt = plan.attempts.get((session_id, message.seq), 1)
+                self.replay(session_id, Inbound(message.message, message.seq, attempt))
                 main.next_seq = max(main.next_seq, message.seq + 1)
         for entry in rerun:
-            self.rerun(entry)
+            if tree.held_reason is not None:
+                held.setdefault(entry.session_id, []).append(entry)
+            else:
+                self.rerun(entry)
+
+    def replay(self, main_id: uuid.UUID, item: Inbound | Deliver) -> None:
+        """Run a Main's cycle for ``item`` again, or hold it while replay is held."""
+        tree = self.tree
+        if tree.held_reason is not None:
+            tree.held.setdefault(main_id, []).append(item)
+            return
+        main = tree.entry(main_id)
+        if main is not None:
+            tree.post(main, item)
+
+    def release_replay(self) -> int:
+        """Run what a held replay kept back, in the order it was kept; how many
+        pieces of work that was (0 when replay was not held)."""
+        tree = self.tree
+        held, tree.held, tree.held_reason = tree.held, {}, None
+        released = 0
+        for session_id, items in held.items():
+            for item in items:
+                released += 1
+                if isinstance(item, TreeEntry):
+                    if not item.state.is_terminal:
+                        self.rerun(item)
+                    continue
+                main = tree.entry(session_id)
+                if main is not None and not main.state.is_terminal:
+                    tree.post(main, item)
+        return released

@@ -76,6 +76,10 @@ class Tree:
         self.sync_threads = 0
         self.zombies = 0
         self.main_zombies = 0
+        # Replay held back by recovery (the node kept crashing): per session, the
+        # cycles (Inbound, Deliver) and parked branches (entries) to run once released.
+        self.held_reason: str | None = None
+        self.held: dict[uuid.UUID, list[Any]] = {}
         self.closing = False
         self.shutdown_waiters: list[Reply] = []
         self.to_stop: list[pykka.ActorRef[Any]] = []  # actors of ended sessions

@@ -1169,12 +1169,18 @@ def test_a_session_is_not_forgotten_before_its_ending_is_durable(
         session.sleep(1.0)
         return "short"
 
+    def parent(session: Any) -> None:
+        session.sleep(3600.0)  # receives the results without a Main's cycle (which waits
+        # for its start to be durable)
+
     io = FailingIO()
     store = make_store(store_path, io=io)
-    agent = Agent("agent", {"main": MainLog(), "short": short})
+    agent = Agent("agent", {"main": MainLog(), "short": short, "parent": parent})
     node = open_node(store, agent, retain_terminal=1)
     main = node.main("agent")
-    refs = [main.spawn(kind="branch", skill="short").ref for _ in range(3)]
+    holder = main.spawn(kind="branch", skill="parent").ref
+    assert holder is not None
+    refs = [holder.spawn(kind="branch", skill="short").ref for _ in range(3)]
     settle(node)
     io.hold.set()  # the endings are queued, not yet durable
     try:

@@ -54,6 +54,7 @@ class StepJob:
     is_async: bool
     backend: str
     cancel: ErrorCode | None = None
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,7 @@ async def run_remote(
             is_async=is_async,
             backend=backend.name,
             cancel=core.cancel_code,
+            attempt=core.attempt,
         )
         run = backend.submit(job, loop, functools.partial(_apply, host, core, calls))
         calls.run = run

@@ -184,6 +184,10 @@ class RemoteSession:
         return False
 
     @property
+    def attempt(self) -> int:
+        return self._job.attempt
+
+    @property
     def cancel_pending(self) -> bool:
         """True once cancellation was requested (not a checkpoint; never raises)."""
         return self._control.code is not None

@@ -1,0 +1,132 @@
+"""What recovery held back, for the operator: the node's wedged and stale work
+(listed, requeued, dropped) and a replay held after repeated crashes."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sessiontree.protocol import (
+    ErrorCode,
+    ErrorInfo,
+    NodeClosedError,
+    RejectedInputError,
+    SessionKind,
+    SpawnSpec,
+)
+from sessiontree.store import Store, WedgedRecord, WriteBatch
+from sessiontree.supervision._recovery import RecoveryDecision
+from sessiontree.supervision._refs import NodeSessions
+from sessiontree.supervision._requests import Redeliver, ReleaseReplay, Send
+
+__all__ = ["NodeRecovery", "Requeued"]
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    """What a requeue did: ``session_id`` runs the work again (the Main, or the
+    fresh branch spawned in place of a wedged one); ``error`` when refused."""
+
+    session_id: uuid.UUID | None
+    error: ErrorInfo | None = None
+
+
+def as_wedged_id(value: object) -> uuid.UUID:
+    """A held-back item's id from a ``uuid.UUID`` or its string;
+    ``RejectedInputError`` naming ``wedged_id`` otherwise."""
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    msg = f"{value!r} is not a wedged item's id"
+    raise RejectedInputError(msg, field="wedged_id")
+
+
+class NodeRecovery(NodeSessions):
+    """The node's recovery surface (see ``NodeConfig`` for the limits)."""
+
+    store: Store | None
+    recovery: dict[str, int]
+    recovery_decisions: list[RecoveryDecision]
+    replay_held: str | None
+
+    def wedged(self) -> list[WedgedRecord]:
+        """Work recovery held back (wedged or stale), oldest first; empty
+        without a store."""
+        return [] if self.store is None else self.store.wedged_list()
+
+    def wedged_item(self, wedged_id: uuid.UUID | str) -> WedgedRecord | None:
+        """One held-back item, or None."""
+        if self.store is None:
+            return None
+        return self.store.wedged(as_wedged_id(wedged_id))
+
+    def requeue(self, wedged_id: uuid.UUID | str) -> Requeued:
+        """Run held-back work again, as a first attempt: a message goes back to
+        its Main's inbox (in the commit that drops the held item), a result runs
+        its Main's cycle again, a wedged branch is spawned afresh under its
+        parent (a new session: the Fresh-Session ADR) with its task, context
+        summary, skill and metadata. A refusal comes back in ``Requeued.error``
+        (``unknown_session`` for an id not held, the Main's or the spawn's own
+        error) and leaves the item held."""
+        item = self.wedged_item(wedged_id)
+        if item is None:
+            missing = ErrorInfo(
+                code=ErrorCode.UNKNOWN_SESSION, message=f"no held-back item {wedged_id}"
+            )
+            return Requeued(None, missing)
+        if item.kind == "message":
+            error = self._call(Send(item.session_id, item.message, unwedge=item.wedged_id))
+            return Requeued(item.session_id, error)
+        if item.kind == "result" and item.result is not None:
+            error = self._call(Redeliver(item.session_id, item.result, item.wedged_id))
+            return Requeued(item.session_id, error)
+        return self._requeue_branch(item)
+
+    def _requeue_branch(self, item: WedgedRecord) -> Requeued:
+        assert self.store is not None  # an item was read from it
+        record = self.store.session(item.session_id)
+        if record is None or record.info.parent_id is None:
+            gone = ErrorInfo(
+                code=ErrorCode.UNKNOWN_SESSION,
+                message=f"the wedged branch {item.session_id} is no longer in the store",
+            )
+            return Requeued(None, gone)
+        info, parent_id = record.info, record.info.parent_id
+        spec = SpawnSpec(
+            kind=SessionKind.BRANCH,
+            task=info.task,
+            context_summary=info.context_summary,
+            skill=info.skill or None,
+            model_tier=info.model_tier,
+            metadata=dict(info.metadata),
+            budget=info.budget,
+        )
+        spawned = self.spawn(parent_id, spec)
+        if spawned.error is not None:
+            return Requeued(None, spawned.error)
+        self.store.write(WriteBatch().unwedge(item.wedged_id))
+        return Requeued(spawned.session_id)
+
+    def drop_wedged(self, wedged_id: uuid.UUID | str) -> bool:
+        """Forget a held-back item for good; False if no such item was held.
+        ``NodeClosedError`` without a store."""
+        if self.store is None:
+            msg = "this node has no store: nothing is held back"
+            raise NodeClosedError(msg)
+        sid = as_wedged_id(wedged_id)
+        if self.store.wedged(sid) is None:
+            return False
+        self.store.write(WriteBatch().unwedge(sid))
+        return True
+
+    def release_replay(self) -> int:
+        """Run what a held replay kept back (after repeated crashes: see
+        ``replay_held``); how many pieces of work were released."""
+        released: int = self._call(ReleaseReplay(), check=False)
+        self.replay_held = None
+        self.recovery["replay_held"] = 0
+        return released
