@@ -30,6 +30,7 @@ from sessiontree.cli._demo import (
 )
 from sessiontree.cli._demo_models import render_models
 from sessiontree.cli._node_cmds import node
+from sessiontree.cli._recovery_cmds import recovery, wedged
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
 from sessiontree.cli._session_cmds import sessions
 from sessiontree.cli._store_cmds import export_cmd, import_cmd
@@ -174,3 +175,5 @@ main.add_command(import_cmd)
 main.add_command(conv)
 main.add_command(node)
 main.add_command(sessions)
+main.add_command(wedged)
+main.add_command(recovery)

@@ -12,6 +12,7 @@ from sessiontree.cli._api._chat import CHAT_ROUTES
 from sessiontree.cli._api._conversations import CONVERSATION_ROUTES
 from sessiontree.cli._api._errors import EXCEPTION_HANDLERS
 from sessiontree.cli._api._node import NODE_ROUTES, ROOT_ROUTES
+from sessiontree.cli._api._recovery import RECOVERY_ROUTES
 from sessiontree.cli._api._sessions import SESSION_ROUTES
 from sessiontree.cli._api._shared import MAX_BODY_BYTES, MAX_WAIT, Metrics
 from sessiontree.supervision import Node
@@ -19,7 +20,7 @@ from sessiontree.supervision import Node
 __all__ = ["create_app"]
 
 # the order of registration is the order of the paths in the OpenAPI document
-_V1 = [*NODE_ROUTES, *SESSION_ROUTES, *CHAT_ROUTES, *CONVERSATION_ROUTES]
+_V1 = [*NODE_ROUTES, *SESSION_ROUTES, *CHAT_ROUTES, *CONVERSATION_ROUTES, *RECOVERY_ROUTES]
 
 
 def create_app(

@@ -1,0 +1,168 @@
+"""``sessiontree wedged ls|show|requeue|drop`` and ``sessiontree recovery
+show|release``: the work recovery held back after repeated crashes (or as
+too old to replay), and what it decided when the node started.
+
+``ls`` and ``show`` read a running node (``--node URL``) or a store directory
+(``--store DIR``, read-only, also while a node runs); the others change a
+node and need ``--node``.
+
+Exit codes: 0 done; 1 the node or store refused, or no such item (one line
+on stderr names it); 2 a usage error; 69 no node answered at ``--node``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.protocol import SessionTreeError
+from sessiontree.store import Store
+
+__all__ = ["recovery", "wedged"]
+
+_STORE = click.option(
+    "--store",
+    "store_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Read a store directory instead of a node (read-only).",
+)
+_JSON = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
+
+
+def _wid(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a wedged item's id", param_hint="ID") from None
+
+
+def _client(node_url: str | None) -> NodeClient:
+    if node_url is None:
+        raise click.UsageError("this command changes a node: give --node URL")
+    return NodeClient(node_url)
+
+
+def _from_store(store_dir: Path) -> list[dict[str, Any]]:
+    try:
+        with Store(store_dir, readonly=True) as store:
+            items = store.wedged_list()
+    except (SessionTreeError, OSError) as exc:
+        raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
+    plain = [msgspec.to_builtins(item) for item in items]
+    return [{k: v for k, v in item.items() if k != "v"} for item in plain]
+
+
+def _items(node_url: str | None, store_dir: Path | None) -> list[dict[str, Any]]:
+    one_source(node_url, store_dir)
+    if store_dir is not None:
+        return _from_store(store_dir)
+    with NodeClient(str(node_url)) as client:
+        found: list[dict[str, Any]] = client.get("/v1/wedged")
+        return found
+
+
+def _line(item: dict[str, Any]) -> str:
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(item["at"]))
+    what = f"{item['kind']} of {item['session_id']}"
+    if item.get("seq") is not None:
+        what += f" (message {item['seq']})"
+    return f"{item['wedged_id']}  {at}Z  {what}  attempts={item['attempts']}  {item['reason']}"
+
+
+@click.group()
+def wedged() -> None:
+    """Work recovery held back: list, inspect, requeue or drop it."""
+
+
+@wedged.command("ls")
+@NODE_OPTION
+@_STORE
+@_JSON
+def ls_cmd(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
+    """List held-back work, oldest first."""
+    items = _items(node_url, store_dir)
+    if as_json:
+        click.echo(json.dumps(items, sort_keys=True))
+        return
+    if not items:
+        click.echo("nothing is held back")
+    for item in items:
+        click.echo(_line(item))
+
+
+@wedged.command("show")
+@NODE_OPTION
+@_STORE
+@click.argument("wedged_id", metavar="ID", callback=lambda _c, _p, v: _wid(v))
+def show_cmd(node_url: str | None, store_dir: Path | None, wedged_id: str) -> None:
+    """One held-back item, as JSON (its message or result included)."""
+    found = [item for item in _items(node_url, store_dir) if item["wedged_id"] == wedged_id]
+    if not found:
+        raise click.ClickException(f"no held-back item {wedged_id}")
+    click.echo(json.dumps(found[0], sort_keys=True, indent=2))
+
+
+@wedged.command("requeue")
+@NODE_OPTION
+@click.argument("wedged_id", metavar="ID", callback=lambda _c, _p, v: _wid(v))
+def requeue_cmd(node_url: str | None, wedged_id: str) -> None:
+    """Run held-back work again, as a first attempt (a wedged branch runs as a
+    fresh session under its parent)."""
+    with _client(node_url) as client:
+        answer = client.post(f"/v1/wedged/{wedged_id}/requeue")
+    click.echo(f"requeued {wedged_id}: runs in session {answer['session_id']}")
+
+
+@wedged.command("drop")
+@NODE_OPTION
+@click.argument("wedged_id", metavar="ID", callback=lambda _c, _p, v: _wid(v))
+def drop_cmd(node_url: str | None, wedged_id: str) -> None:
+    """Forget a held-back item for good."""
+    with _client(node_url) as client:
+        client.request("DELETE", f"/v1/wedged/{wedged_id}")
+    click.echo(f"dropped {wedged_id}")
+
+
+@click.group()
+def recovery() -> None:
+    """What recovery decided at the node's start; release a held replay."""
+
+
+@recovery.command("show")
+@NODE_OPTION
+@_JSON
+def recovery_show(node_url: str | None, as_json: bool) -> None:
+    """Recovery's figures and decisions (replays after a crash, held-back work)."""
+    with _client(node_url) as client:
+        view = client.get("/v1/recovery")
+    if as_json:
+        click.echo(json.dumps(view, sort_keys=True))
+        return
+    if view["replay_held"]:
+        click.echo(f"replay held: {view['replay_held']}")
+    figures = ", ".join(f"{k}={v}" for k, v in sorted(view["figures"].items()))
+    click.echo(f"figures: {figures}")
+    for d in view["decisions"]:
+        where = f" message {d['seq']}" if d.get("seq") is not None else ""
+        click.echo(
+            f"{d['decision']:<7} {d['kind']} of {d['session_id']}{where} "
+            f"(attempt {d['attempt']}): {d['reason']}"
+        )
+    click.echo(f"held back: {view['wedged']} (sessiontree wedged ls)")
+
+
+@recovery.command("release")
+@NODE_OPTION
+def recovery_release(node_url: str | None) -> None:
+    """Run what a held replay kept back (after the node kept crashing)."""
+    with _client(node_url) as client:
+        answer = client.post("/v1/recovery/release")
+    click.echo(f"released {answer['released']} held replays")
