@@ -13,6 +13,8 @@ ACK_LOG as one JSON line, written and flushed only after the call returned:
 - ``{"op": "send", "main", "text"}`` — ``node.send`` accepted (in the durable inbox)
 - ``{"op": "memory", "id", "key", "seq", "nonce", "value"}`` — ``memory_put`` returned
 - ``{"op": "result", "id", "status"}`` — ``ref.wait`` returned (terminal write durable)
+- ``{"op": "cycle", "text", "attempt"}`` — a Main's cycle for a message reached its
+  end (``session.attempt``: a rerun after a crash says so)
 
 It runs until killed, and exits by itself after ``RUN_FOR`` seconds.
 ``make_agents`` is imported by the test, so the recovering node runs the
@@ -74,7 +76,8 @@ def make_agents(ack: Ack = _no_ack) -> list[Agent]:
 
     def main(session: Any) -> None:
         """One message cycle: append what it ran for to the Main's context (then
-        raise, when the message asks for it: the cycle fails, the context stays)."""
+        raise, when the message asks for it: the cycle fails, the context stays);
+        a message's cycle logs its attempt as it ends."""
         message = session.message
         if isinstance(message, SessionResult):
             entry = {"result": str(message.session_id), "status": message.status.value}
@@ -85,6 +88,7 @@ def make_agents(ack: Ack = _no_ack) -> list[Agent]:
                 # a model call, not a checkpoint: the cycle counts as running (so
                 # wait_idle waits for it), and a crash may cut it here
                 time.sleep(message["pause"])
+            ack("cycle", text=message["text"], attempt=session.attempt)
             if message.get("fail"):
                 raise RuntimeError("a planned failure of a message cycle")
 
@@ -195,6 +199,10 @@ class AckLog:
         with self._lock:
             self._file.write(line)
             self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
 
 
 class Workload:

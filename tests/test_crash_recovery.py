@@ -18,7 +18,14 @@ chain so far:
 (e) every terminal child's result is owed to its parent in the outbox or filed
     on it — exactly one of the two — and nothing else is owed or filed;
 (f) every acknowledged inbound message and every child result appears exactly
-    once in its Main's stored context (a cycle the crash cut short runs again).
+    once in its Main's stored context (a cycle the crash cut short runs again);
+(g) a message's cycle runs once, or says it did not: every run of it that
+    reached its end (in the workload or in a recovering node) has an attempt
+    number of its own — a completed cycle whose snapshot committed never runs
+    again, and a rerun after a crash is attempt 2, 3…
+
+The chains' seeds are fixed (``random.Random(chain)``; each round's seed is
+in the assertion messages), so a failure replays.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from sessiontree.store import (
 )
 from sessiontree.supervision import Node, NodeConfig
 from tests.conftest import WAIT
-from tests.crash_node import AGENT_ID, CONFIG, make_agents
+from tests.crash_node import AGENT_ID, CONFIG, AckLog, make_agents
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAINS = 10  # stores, each crashed ROUNDS times in a row
@@ -306,19 +313,31 @@ def check_main_contexts(acks: Acks, view: StoreView) -> None:
         assert ended or set(results) == expected, expected - set(results)
 
 
+def check_cycles_once(acks: Acks, where: str) -> None:
+    """(g) no two runs of one message's cycle share an attempt number."""
+    attempts: dict[str, list[int]] = collections.defaultdict(list)
+    for line in acks.of("cycle"):
+        attempts[line["text"]].append(line["attempt"])
+    twice = {text: runs for text, runs in attempts.items() if len(set(runs)) != len(runs)}
+    assert not twice, f"{where}: cycles that ran twice as the same attempt: {twice}"
+
+
 # -- the test ---------------------------------------------------------------------------
 
 
-def recover(store: Path) -> dict[str, int]:
-    """Open a node on the store (recovery runs), let it settle, shut it down."""
+def recover(store: Path, log: Path) -> dict[str, int]:
+    """Open a node on the store (recovery runs), let it settle, shut it down;
+    the cycles it runs are logged to ``log``."""
     # the actor type under test (CONFIG was built when this module was imported)
     config = dataclasses.replace(CONFIG, actor_type=NodeConfig().actor_type)
-    node = Node(make_agents(), config, store=store)
+    ack = AckLog(str(log))
+    node = Node(make_agents(ack), config, store=store)
     try:
         assert node.wait_idle(WAIT), f"the recovered node did not settle: {node.activity.busy}"
         return node.recovery
     finally:
         node.shutdown(grace=0.5, timeout=WAIT)
+        ack.close()
 
 
 @pytest.mark.slow
@@ -332,7 +351,8 @@ def test_kill_9_at_random_points_loses_nothing_acknowledged_and_owes_one_result_
     acks = Acks()
     for round_ in range(ROUNDS):
         log = tmp_path / f"acks-{round_}.jsonl"
-        run_and_kill(store, log, seed=rng.randrange(1 << 30), kill_after=rng.randint(*KILL_AFTER))
+        seed = rng.randrange(1 << 30)
+        run_and_kill(store, log, seed=seed, kill_after=rng.randint(*KILL_AFTER))
         acks.add(read_acks(log))
         last = acks.last_memory_writes()
         memory_ids = [line["id"] for line in last.values()]
@@ -340,9 +360,12 @@ def test_kill_9_at_random_points_loses_nothing_acknowledged_and_owes_one_result_
         check_acknowledged(acks, before)
         if round_ < ROUNDS - 1 and rng.random() < LEFT_TO_NEXT_RUN:
             continue  # the next run recovers this crash itself, under its own workload
-        figures = recover(store)
+        recovered_log = tmp_path / f"recovered-{round_}.jsonl"
+        figures = recover(store, recovered_log)
+        acks.add(read_acks(recovered_log))
         after = read_store(store, memory_ids, list(last))
         check_acknowledged(acks, after)
         check_recovery(before, after, figures)
         check_one_result_each(after)
         check_main_contexts(acks, after)
+        check_cycles_once(acks, f"chain {chain}, round {round_}, seed {seed}")
