@@ -205,6 +205,21 @@ SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Cost of model calls, in the currency of the providers' price tables.",
         _MODEL_LABELS,
     ),
+    "sessiontree_recovery_decisions": (
+        "counter",
+        "Interrupted work recovery classified at this start, by decision (fresh, stale, wedged).",
+        ("decision",),
+    ),
+    "sessiontree_replay_held": (
+        "gauge",
+        "1 while replay is held back because the node kept crashing (restart intensity).",
+        (),
+    ),
+    "sessiontree_wedged_items": (
+        "gauge",
+        "Work recovery held back (wedged or stale) and not yet requeued or dropped.",
+        (),
+    ),
     "sessiontree_store_map_used_bytes": ("gauge", "Bytes of the LMDB map in use.", ()),
     "sessiontree_store_map_size_bytes": ("gauge", "Size of the LMDB map.", ()),
     "sessiontree_store_readers": ("gauge", "LMDB reader slots in use.", ()),

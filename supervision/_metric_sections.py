@@ -55,6 +55,7 @@ class ScrapeCollector:
             self._cortex_section,
             self._models_section,
             self._store_section,
+            self._recovery_section,
         )
 
     def describe(self) -> list[Metric]:
@@ -158,6 +159,17 @@ class ScrapeCollector:
         yield single("sessiontree_store_readers", figures["readers"])
         yield single("sessiontree_store_commit_errors", figures.get("write_errors", 0))
         yield single("sessiontree_store_map_full", figures.get("store_full", 0))
+
+    def _recovery_section(self) -> Iterator[Metric]:
+        node = self._node
+        if node.store is None:
+            return
+        decisions = family("sessiontree_recovery_decisions")
+        for decision in ("fresh", "stale", "wedged"):
+            decisions.add_metric((decision,), node.recovery.get(decision, 0))
+        yield decisions
+        yield single("sessiontree_replay_held", 1 if node.replay_held is not None else 0)
+        yield single("sessiontree_wedged_items", node.store.count("wedged"))
 
 
 class Only:

@@ -49,7 +49,7 @@ def start_dies(store: Path, env: dict[str, str]) -> int:
     """Start a node that is expected to die replaying the poison: its exit code."""
     command = [sys.executable, "-m", "sessiontree.cli", "node", "start", "--store", str(store)]
     command += ["--port", "0", "--agents", AGENTS]
-    proc = subprocess.run(  # noqa: S603 - our own CLI
+    proc = subprocess.run(
         command,
         cwd=ROOT,
         env={**os.environ, **env},
@@ -63,7 +63,7 @@ def start_dies(store: Path, env: dict[str, str]) -> int:
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: S603 - our own CLI
+    return subprocess.run(
         [sys.executable, "-m", "sessiontree.cli", *args],
         cwd=ROOT,
         env={**os.environ, **env},

@@ -18,11 +18,18 @@ from typing import Any
 
 import msgspec
 import pytest
+from prometheus_client import CollectorRegistry
 
 from sessiontree.actors import VirtualClock
-from sessiontree.protocol import ErrorCode, SessionKind, SessionResult, SessionState
+from sessiontree.protocol import (
+    ErrorCode,
+    RejectedInputError,
+    SessionKind,
+    SessionResult,
+    SessionState,
+)
 from sessiontree.store import CycleRecord, InboxRecord, StartsRecord, Store, WriteBatch
-from sessiontree.supervision import Agent, Decision, Node, NodeConfig, classify
+from sessiontree.supervision import Agent, Decision, Node, NodeConfig, NodeMetrics, classify
 from sessiontree.supervision._recovery_rules import crashes_after_start, hold_replay
 from tests.conftest import settle
 
@@ -80,7 +87,10 @@ def test_crashes_count_the_previous_run_only_when_it_never_stopped_cleanly() -> 
     )
     assert clean == [NOW - 20]
     crashed = crashes_after_start(
-        previous_running=True, previous_start=NOW - 5, crashes=[NOW - 90, NOW - 20], now=NOW,
+        previous_running=True,
+        previous_start=NOW - 5,
+        crashes=[NOW - 90, NOW - 20],
+        now=NOW,
         period=60,
     )
     assert crashed == [NOW - 20, NOW - 5]  # the one older than the period is forgotten
@@ -89,7 +99,8 @@ def test_crashes_count_the_previous_run_only_when_it_never_stopped_cleanly() -> 
 def test_replay_is_held_at_the_restart_intensity_and_never_at_zero() -> None:
     assert hold_replay([NOW] * 4, intensity=5, period=60) is None
     reason = hold_replay([NOW] * 5, intensity=5, period=60)
-    assert reason is not None and "restart_intensity=5" in reason
+    assert reason is not None
+    assert "restart_intensity=5" in reason
     assert hold_replay([NOW] * 50, intensity=0, period=60) is None
 
 
@@ -177,9 +188,7 @@ def nodes(clock: VirtualClock) -> Iterator[Callable[..., Node]]:
 
 
 def agent_with(main: Cycles) -> Agent:
-    return Agent(
-        "agent", {"main": main, "loops": loops, "finishes": finishes}, main_skill="main"
-    )
+    return Agent("agent", {"main": main, "loops": loops, "finishes": finishes}, main_skill="main")
 
 
 def main_id_of(node: Node) -> uuid.UUID:
@@ -219,7 +228,8 @@ def test_a_cycle_is_marked_as_started_before_its_skill_runs_and_unmarked_with_it
     node: Node | None = None
 
     def main(session: Any) -> None:
-        assert node is not None and node.store is not None
+        assert node is not None
+        assert node.store is not None
         seen.append(node.store.cycle(session.session_id))
 
     node = nodes(tmp_path, Agent("agent", {"main": main}, main_skill="main"))
@@ -325,7 +335,13 @@ def test_a_dropped_item_is_gone_and_dropping_it_again_says_so(
     leave_as_a_crash_would(tmp_path, main, ["poison"], cut_off=3)
     node = nodes(tmp_path, agent_with(log))
     (item,) = node.wedged()
-    assert node.drop_wedged(item.wedged_id) is True
+    metrics = NodeMetrics(node, CollectorRegistry())
+    try:
+        assert "sessiontree_wedged_items 1.0" in metrics.exposition().decode()
+        assert node.drop_wedged(item.wedged_id) is True
+        assert "sessiontree_wedged_items 0.0" in metrics.exposition().decode()
+    finally:
+        metrics.close()
     assert node.wedged() == []
     assert node.drop_wedged(item.wedged_id) is False
     assert log.ran == []
@@ -334,8 +350,6 @@ def test_a_dropped_item_is_gone_and_dropping_it_again_says_so(
 def test_a_bad_wedged_id_is_refused_naming_the_field(
     nodes: Callable[..., Node], tmp_path: pathlib.Path
 ) -> None:
-    from sessiontree.protocol import RejectedInputError
-
     node = nodes(tmp_path, agent_with(Cycles()))
     with pytest.raises(RejectedInputError) as caught:
         node.requeue("not-an-id")
@@ -399,7 +413,7 @@ def test_a_parked_branch_runs_again_counting_its_attempt_durably_first(
     nodes: Callable[..., Node], tmp_path: pathlib.Path
 ) -> None:
     log = Cycles()
-    main, branch = park_a_branch(nodes, tmp_path, log, "finishes")
+    _, branch = park_a_branch(nodes, tmp_path, log, "finishes")
     set_branch_attempts(tmp_path, branch, 1)  # one rerun was cut off by a crash
 
     node = nodes(tmp_path, agent_with(log))
@@ -423,7 +437,8 @@ def test_a_parked_branch_cut_off_at_every_rerun_ends_wedged_and_its_parent_hears
     info = node.get(branch)
     assert info.state is SessionState.FAILED
     result = node.result(branch)
-    assert result is not None and result.error is not None
+    assert result is not None
+    assert result.error is not None
     assert result.error.code is ErrorCode.WEDGED
     assert log.results_of(branch) == 1
     (item,) = node.wedged()
@@ -436,10 +451,12 @@ def test_a_parked_branch_cut_off_at_every_rerun_ends_wedged_and_its_parent_hears
 
     FIXED.set()
     requeued = node.requeue(item.wedged_id)  # a fresh session under the same parent
-    assert requeued.error is None and requeued.session_id not in (None, branch)
+    assert requeued.error is None
     assert requeued.session_id is not None
+    assert requeued.session_id != branch
     fresh = node.wait(requeued.session_id, WAIT)
-    assert fresh is not None and fresh.status is SessionState.COMPLETED
+    assert fresh is not None
+    assert fresh.status is SessionState.COMPLETED
     assert fresh.artifacts == {"attempt": 1, "resumed": False}
     assert node.get(requeued.session_id).parent_id == main
     assert node.wedged() == []
@@ -454,7 +471,8 @@ def test_a_suspended_branch_whose_ttl_ran_out_while_the_node_was_down_ends_expir
     node = nodes(tmp_path, agent_with(log))
     settle(node)
     result = node.result(branch)
-    assert result is not None and result.error is not None
+    assert result is not None
+    assert result.error is not None
     assert (result.status, result.error.code) == (SessionState.EXPIRED, ErrorCode.TTL_EXPIRED)
     assert log.results_of(branch) == 1
     assert node.recovery["stale"] == 1
@@ -471,8 +489,9 @@ def test_a_node_that_keeps_crashing_holds_replay_until_released(
     leave_as_a_crash_would(tmp_path, main, ["replayed"], cut_off=1)
     with Store(tmp_path) as store:  # four crashes in the last minute, and one more now
         crashes = [NOW - 50, NOW - 40, NOW - 30, NOW - 20]
-        store.write(WriteBatch().starts(StartsRecord(running=True, started_at=NOW - 10,
-                                                     crashes=crashes)))
+        store.write(
+            WriteBatch().starts(StartsRecord(running=True, started_at=NOW - 10, crashes=crashes))
+        )
 
     node = nodes(tmp_path, agent_with(log), restart_intensity=5, restart_period=300.0)
     assert node.replay_held is not None
@@ -482,10 +501,18 @@ def test_a_node_that_keeps_crashing_holds_replay_until_released(
     settle(node)
     assert log.ran == []
 
-    assert node.release_replay() == 2
-    settle(node)
-    assert log.ran == [("replayed", 2), ("new", 1)]
-    assert node.replay_held is None
+    metrics = NodeMetrics(node, CollectorRegistry())
+    try:
+        held = metrics.exposition().decode()
+        assert "sessiontree_replay_held 1.0" in held
+        assert 'sessiontree_recovery_decisions_total{decision="fresh"} 1.0' in held
+        assert node.release_replay() == 2
+        settle(node)
+        assert log.ran == [("replayed", 2), ("new", 1)]
+        assert node.replay_held is None
+        assert "sessiontree_replay_held 0.0" in metrics.exposition().decode()
+    finally:
+        metrics.close()
 
 
 def test_a_clean_shutdown_is_not_counted_as_a_crash(
