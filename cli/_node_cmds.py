@@ -500,6 +500,10 @@ def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
         click.echo(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
     click.echo(f"  sessions: {counts or 'none'}")
+    if found.get("replay_held"):
+        click.echo(f"  REPLAY HELD: {found['replay_held']} (sessiontree recovery release)")
+    if found.get("wedged"):
+        click.echo(f"  held back: {found['wedged']} (sessiontree wedged ls)")
     store = found.get("store") or {}
     if store:
         click.echo(
@@ -516,6 +520,7 @@ def _store_status(store_dir: Path) -> dict[str, Any]:
                 if not isinstance(record, SessionTreeError):
                     by_state[record.info.state.value] += 1
             figures = store.stats()
+            wedged = store.count("wedged")
     except (SessionTreeError, OSError) as exc:
         raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
     return {
@@ -523,4 +528,5 @@ def _store_status(store_dir: Path) -> dict[str, Any]:
         "state": "stored",
         "sessions": dict(by_state),
         "store": plain_figures(figures),
+        "wedged": wedged,
     }

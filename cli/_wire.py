@@ -183,7 +183,9 @@ class WaitResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """The node at a glance: what it runs, how long, its counters and its store."""
+    """The node at a glance: what it runs, how long, its counters and its store;
+    ``replay_held``: why its start held replay back (the node kept crashing),
+    ``wedged``: work recovery held back and nobody requeued or dropped yet."""
 
     node: str
     version: str
@@ -194,6 +196,8 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     stats: dict[str, int]
     config: dict[str, Any]
     store: dict[str, Any] | None = None
+    replay_held: str | None = None
+    wedged: int = 0
 
 
 def settings_of(config: Any) -> dict[str, Any]:

@@ -116,6 +116,8 @@ def test_a_poison_message_is_held_back_within_the_attempt_limit_and_requeued_onc
         listed = cli("wedged", "ls", "--node", node.url, "--json", env=env)
         assert listed.returncode == 0, listed.stderr
         assert [i["wedged_id"] for i in json.loads(listed.stdout)] == [item["wedged_id"]]
+        status = cli("node", "status", "--node", node.url, env=env)
+        assert "held back: 1 (sessiontree wedged ls)" in status.stdout, status.stdout
 
         send(node.http, two, {"text": "marker"})
         wait_for_text(tmp_path, "marker")

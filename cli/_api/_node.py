@@ -70,6 +70,8 @@ async def node_status(state: State) -> NodeStatus:
         stats=stats,
         config=settings_of(node.config),
         store=store,
+        replay_held=node.replay_held,
+        wedged=node.store.count("wedged") if node.store is not None else 0,
     )
 
 
