@@ -303,6 +303,10 @@ class Node(NodePatterns):  # on NodeSessions (one session) on NodeBase (Cortex l
         """Awaitable ``sessions``."""
         return await self._acall(ListSessions(state, kind), check=False)
 
+    async def astuck(self) -> list[SessionInfo]:
+        """Awaitable ``stuck``."""
+        return await self._acall(ListStuck(), check=False)
+
     async def astats(self) -> dict[str, int]:
         """Awaitable ``stats`` (the Cortex's figures)."""
         return await self._acall(GetStats(), check=False)

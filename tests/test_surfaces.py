@@ -222,6 +222,8 @@ SUPERVISION = [
     "EventBus",
     "EventKind",
     "InMemorySpace",
+    "MemoryProbe",
+    "MemoryReading",
     "MemorySpace",
     "Node",
     "NodeConfig",
