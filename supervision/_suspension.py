@@ -167,9 +167,7 @@ class Suspension:
             if self._resume(entry) is not None:  # a closing node: leave it be
                 continue
             tree.rt.counters["pressure_resumptions"] += 1
-            tree.emit(
-                EventKind.MEMORY_RELIEVED, entry, data={**data, "suspended_s": now - since}
-            )
+            tree.emit(EventKind.MEMORY_RELIEVED, entry, data={**data, "suspended_s": now - since})
             resumed.append(entry)
         return resumed
 
