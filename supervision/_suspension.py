@@ -12,6 +12,7 @@ Refusals are answers (``ErrorInfo`` with ``invalid_transition`` or
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -22,6 +23,8 @@ from sessiontree.supervision._starting import Starting
 from sessiontree.supervision._tree import Tree
 
 __all__ = ["Suspension"]
+
+log = logging.getLogger("sessiontree.cortex")
 
 
 class Suspension:
@@ -143,6 +146,9 @@ class Suspension:
         self.pressured[victim.session_id] = tree.rt.clock.monotonic()
         tree.rt.counters["pressure_suspensions"] += 1
         tree.emit(EventKind.MEMORY_PRESSURE, victim, data=data)
+        log.warning(
+            "memory pressure (%s): asking branch %s to suspend", _figures(data), victim.session_id
+        )
         self.request_suspend(victim)
         tree.emit(EventKind.SUSPEND_REQUESTED, victim, data={"reason": "memory_pressure"})
         return victim
@@ -163,10 +169,12 @@ class Suspension:
         now = tree.rt.clock.monotonic()
         resumed = []
         for _, since, entry in waiting[:most]:
-            del self.pressured[entry.session_id]
+            session_id = entry.session_id
+            del self.pressured[session_id]
             if self._resume(entry) is not None:  # a closing node: leave it be
                 continue
             tree.rt.counters["pressure_resumptions"] += 1
+            log.info("memory free again (%s): resumed branch %s", _figures(data), session_id)
             tree.emit(EventKind.MEMORY_RELIEVED, entry, data={**data, "suspended_s": now - since})
             resumed.append(entry)
         return resumed
@@ -189,3 +197,8 @@ class Suspension:
             and not entry.state.is_terminal
             and entry.cancel_code is None
         )
+
+
+def _figures(data: dict[str, Any]) -> str:
+    """``used 0.93, high 0.9`` from an event's data, for the log."""
+    return ", ".join(f"{name} {value:.3g}" for name, value in data.items())
