@@ -7,6 +7,10 @@ the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
 ``model``, ``api_key_file``, ``model_price`` at the top, ``NodeConfig``
 fields in a ``[node]`` table), environment variables
 (``SESSIONTREE_NODE_START_<OPTION>``, click's automatic names) and flags.
+Memory pressure is watched out of the box (the built-in probe: the cgroup's
+memory limit, else the machine's memory); ``--memory-high`` and
+``--memory-low`` (``memory_high``/``memory_low`` in ``[node]``) set its marks,
+``--no-memory-probe`` (``memory_probe = false``) turns it off.
 The effective settings are printed as one JSON line on stdout at start
 (a provider's key never), followed by ``listening on URL``.
 
@@ -77,6 +81,9 @@ _NODE_FLAGS = (
     "ray_address",
     "ray_actors",
     "gc_tuning",
+    "memory_high",
+    "memory_low",
+    "memory_probe",
 )
 
 
@@ -401,6 +408,26 @@ async def _serve(server: _Server, sock: socket.socket, running: Node, early: lis
     "--gc-tuning/--no-gc-tuning",
     default=True,
     help="NodeConfig.gc_tuning: collector thresholds for many sessions (on for a node).",
+)
+@click.option(
+    "--memory-high",
+    type=click.FloatRange(0.0, 1.0, min_open=True),
+    default=None,
+    help="NodeConfig.memory_high: memory use (a fraction) at which branches are suspended "
+    "[default: 0.9].",
+)
+@click.option(
+    "--memory-low",
+    type=click.FloatRange(0.0, 1.0, min_open=True),
+    default=None,
+    help="NodeConfig.memory_low: memory use below which branches suspended by memory "
+    "pressure resume [default: 0.8].",
+)
+@click.option(
+    "--memory-probe/--no-memory-probe",
+    default=True,
+    help="NodeConfig.memory_probe: watch memory with the built-in probe (the cgroup's limit, "
+    "else the machine's memory).",
 )
 @click.pass_context
 def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:

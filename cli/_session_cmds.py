@@ -250,6 +250,11 @@ def sessions() -> None:
 @click.option("--agent", default=None, help="Only this agent's sessions.")
 @click.option("--key", default=None, help="Only sessions with this session key.")
 @click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
+@click.option(
+    "--stuck",
+    is_flag=True,
+    help="Only sessions the node flagged as stuck (no checkpoint for stuck_after); needs --node.",
+)
 @_JSON
 def ls_cmd(
     node_url: str | None,
@@ -259,10 +264,14 @@ def ls_cmd(
     agent: str | None,
     key: str | None,
     limit: int,
+    stuck: bool,
     as_json: bool,
 ) -> None:
     """Sessions, oldest first (at most --limit)."""
     one_source(node_url, store_dir)
+    marks = {"stuck": stuck}
+    if store_dir is not None:
+        _store_marks(marks)
     infos: list[dict[str, Any]] = []
     if node_url is not None:
         with NodeClient(node_url) as client:
@@ -276,6 +285,7 @@ def ls_cmd(
                     key=key,
                     limit=min(1000, limit - len(infos)),
                     cursor=cursor,
+                    **{name: "true" for name, on in marks.items() if on},
                 )
                 infos += page["items"]
                 cursor = page["next_cursor"]
@@ -300,6 +310,22 @@ def ls_cmd(
     for info in infos:
         click.echo(_line(info, None, now))
     click.echo(f"{len(infos)} sessions", err=True)
+
+
+#: Marks ``ls`` filters on (``--stuck``: the API's ``stuck=true``) that only a
+#: running node knows, with why a store cannot answer them.
+_LIVE_MARKS = {
+    "stuck": "stuck is what a running node sees (a skill with no checkpoint for its "
+    "stuck_after) and no store records it",
+}
+
+
+def _store_marks(marks: dict[str, bool]) -> None:
+    """Refuse (a usage error) a mark ``ls --store`` cannot read from a store."""
+    for name, on in marks.items():
+        if on and name in _LIVE_MARKS:
+            msg = f"--{name} needs --node: {_LIVE_MARKS[name]}"
+            raise click.UsageError(msg)
 
 
 @sessions.command("show")

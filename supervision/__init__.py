@@ -13,6 +13,7 @@ from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import Event, EventBus, EventKind
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
+from sessiontree.supervision._memory_probe import MemoryProbe, MemoryReading
 from sessiontree.supervision._metrics import MAX_MODEL_SERIES, REJECT_REASONS, NodeMetrics
 from sessiontree.supervision._node import Node
 from sessiontree.supervision._node_recovery import Requeued
@@ -37,6 +38,8 @@ __all__ = [
     "EventBus",
     "EventKind",
     "InMemorySpace",
+    "MemoryProbe",
+    "MemoryReading",
     "MemorySpace",
     "Node",
     "NodeConfig",

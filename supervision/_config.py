@@ -50,9 +50,19 @@ class NodeConfig:
     always run inline. The node's backend starts with the node; another one
     starts when a spawn first names it (``ray`` only if the application
     initialised Ray: Ray must be started on the main thread).
-    ``memory_pressure``: a probe, called every ``check_interval``; while it
-    returns True the Cortex suspends the least recently active branch each
-    time. ``check_interval`` also paces passivation and the stuck check (a
+    Memory pressure is read every ``check_interval``: at or past
+    ``memory_high`` (a fraction of the memory the node may use; default 0.90)
+    the Cortex asks the least recently active running branch to suspend (one
+    per check); below ``memory_low`` (default 0.80; it must be below
+    ``memory_high``) it resumes one branch that pressure suspended, the
+    oldest-created first; between the marks nothing changes. Branches
+    suspended by a caller are never resumed by it. The reading comes from the
+    built-in probe (``MemoryProbe``: the cgroup's memory limit and use where
+    there is one, else the machine's memory) unless ``memory_probe`` is False,
+    or from ``memory_pressure`` when given: a callable returning the fraction
+    in use, None for no reading, or a bool (True reads as past the high mark,
+    False as below the low mark). ``check_interval`` also paces passivation
+    and the stuck check (a
     check looks at up to 10,000 sessions; a node holding more is swept over
     several checks, so a stuck skill may be flagged a few intervals later
     than ``stuck_after``). With a store:
@@ -85,7 +95,10 @@ class NodeConfig:
     max_zombies: int = 64
     stuck_after: float = 300.0
     check_interval: float = 5.0
-    memory_pressure: Callable[[], bool] | None = None
+    memory_pressure: Callable[[], float | bool | None] | None = None
+    memory_probe: bool = True
+    memory_high: float = 0.90
+    memory_low: float = 0.80
     actor_type: str = field(default_factory=lambda: _DEFAULTS["actor_type"])
     dispatcher_threads: int = 2
     block_threshold: float = 1.0
@@ -149,6 +162,7 @@ class NodeConfig:
         if not isinstance(self.gc_tuning, bool):
             msg = f"NodeConfig.gc_tuning must be True or False, got {self.gc_tuning!r}"
             raise ValueError(msg)
+        _check_memory(self)
         if self.export_path is not None and not isinstance(self.export_path, str):
             msg = f"NodeConfig.export_path must be None or a path string, got {self.export_path!r}"
             raise ValueError(msg)
@@ -199,6 +213,31 @@ class NodeConfig:
             if not isinstance(value, int) or value < 1:
                 msg = f"NodeConfig.{name} must be an integer >= 1, got {value!r}"
                 raise ValueError(msg)
+
+
+def _check_memory(config: NodeConfig) -> None:
+    if config.memory_pressure is not None and not callable(config.memory_pressure):
+        msg = "NodeConfig.memory_pressure must be None or a callable, got "
+        raise ValueError(msg + repr(config.memory_pressure))
+    if not isinstance(config.memory_probe, bool):
+        msg = f"NodeConfig.memory_probe must be True or False, got {config.memory_probe!r}"
+        raise ValueError(msg)
+    for name in ("memory_high", "memory_low"):
+        value = getattr(config, name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or not 0 < value <= 1
+        ):
+            msg = f"NodeConfig.{name} must be a fraction in (0, 1], got {value!r}"
+            raise ValueError(msg)
+    if not config.memory_low < config.memory_high:
+        msg = (
+            f"NodeConfig.memory_high ({config.memory_high!r}) must be above "
+            f"NodeConfig.memory_low ({config.memory_low!r})"
+        )
+        raise ValueError(msg)
 
 
 def _check_providers(providers: tuple[Provider, ...]) -> None:

@@ -312,7 +312,9 @@ class Cortex:
             case ListStuck():
                 return queries.stuck(tree)
             case GetStats():
-                return queries.stats(tree)
+                figures = queries.stats(tree)
+                figures["pressure_suspended"] = self.suspension.pressure_suspended()
+                return figures
             case GetActorRef(session_id=sid):
                 return queries.actor_ref(tree, sid)
             case ProbeParked(session_id=sid, probe=probe):

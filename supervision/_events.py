@@ -31,6 +31,7 @@ class EventKind(enum.StrEnum):
     STUCK = "stuck"
     REFUSED = "refused"
     MEMORY_PRESSURE = "memory_pressure"
+    MEMORY_RELIEVED = "memory_relieved"
     NODE_FAILED = "node_failed"
     RESTORED = "restored"
     STORE_ERROR = "store_error"
@@ -48,6 +49,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     whose record could not be written was taken out again, as if never created.
     ``PASSIVATED``: an idle Main was written out and its actor stopped; its next
     message brings it back (``RESTORED`` with ``data["reactivated"]``).
+    ``MEMORY_PRESSURE``: memory use reached the high mark and this branch was
+    asked to suspend (a ``SUSPEND_REQUESTED`` with ``data["reason"]`` follows);
+    ``MEMORY_RELIEVED``: use fell below the low mark and this branch, which
+    pressure had suspended, was resumed (``data["suspended_s"]``: for how
+    long). Both carry the reading and the mark (``used``, ``high``/``low``).
     """
 
     kind: EventKind

@@ -121,6 +121,16 @@ SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Time a cancelled session has to wrap up before it is terminated by force.",
         (),
     ),
+    "sessiontree_memory_high_ratio": (
+        "gauge",
+        "Memory use (a fraction of what the node may use) at which branches are suspended.",
+        (),
+    ),
+    "sessiontree_memory_low_ratio": (
+        "gauge",
+        "Memory use below which branches suspended by memory pressure are resumed.",
+        (),
+    ),
     "sessiontree_retries": (
         "counter",
         "Failed attempts of coordination patterns that were retried as fresh sessions.",
@@ -166,6 +176,27 @@ SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "sessiontree_stuck_flags": (
         "counter",
         "Sessions flagged as stuck (no checkpoint for stuck_after).",
+        (),
+    ),
+    "sessiontree_memory_used_ratio": (
+        "gauge",
+        "Memory in use as a fraction of what the node may use, at the last periodic check "
+        "(NaN: no reading).",
+        (),
+    ),
+    "sessiontree_memory_pressure_suspensions": (
+        "counter",
+        "Branches asked to suspend because memory use reached the high mark.",
+        (),
+    ),
+    "sessiontree_memory_pressure_resumptions": (
+        "counter",
+        "Branches suspended by memory pressure that were resumed below the low mark.",
+        (),
+    ),
+    "sessiontree_memory_pressure_suspended": (
+        "gauge",
+        "Branches memory pressure holds suspended (or has asked to suspend).",
         (),
     ),
     "sessiontree_main_cycles_failed": ("counter", "Message cycles of mains that raised.", ()),

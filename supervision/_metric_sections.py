@@ -104,6 +104,8 @@ class ScrapeCollector:
         yield single("sessiontree_sessions_limit", config.max_sessions)
         yield single("sessiontree_zombie_threads_limit", config.max_zombies)
         yield single("sessiontree_grace_period_seconds", config.grace)
+        yield single("sessiontree_memory_high_ratio", config.memory_high)
+        yield single("sessiontree_memory_low_ratio", config.memory_low)
 
     def _retries_section(self) -> Iterator[Metric]:
         restarts = self._node._restarts
@@ -128,6 +130,14 @@ class ScrapeCollector:
         yield single("sessiontree_rejected_messages", stats.get("rejected_messages", 0))
         yield single("sessiontree_fenced_refusals", stats.get("refused_after_fence", 0))
         yield single("sessiontree_stuck_flags", stats.get("stuck_flagged", 0))
+        yield single("sessiontree_memory_used_ratio", self._node._runtime.memory_used)
+        yield single(
+            "sessiontree_memory_pressure_suspensions", stats.get("pressure_suspensions", 0)
+        )
+        yield single(
+            "sessiontree_memory_pressure_resumptions", stats.get("pressure_resumptions", 0)
+        )
+        yield single("sessiontree_memory_pressure_suspended", stats.get("pressure_suspended", 0))
         yield single("sessiontree_main_cycles_failed", stats.get("main_cycles_failed", 0))
         yield single("sessiontree_store_write_errors", stats.get("store_write_errors", 0))
         yield single("sessiontree_budget_warnings", stats.get("budget_warnings", 0))

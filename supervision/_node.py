@@ -311,6 +311,10 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         """Awaitable ``sessions``."""
         return await self._acall(ListSessions(state, kind), check=False)
 
+    async def astuck(self) -> list[SessionInfo]:
+        """Awaitable ``stuck``."""
+        return await self._acall(ListStuck(), check=False)
+
     async def astats(self) -> dict[str, int]:
         """Awaitable ``stats`` (the Cortex's figures)."""
         return await self._acall(GetStats(), check=False)

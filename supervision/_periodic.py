@@ -1,25 +1,36 @@
 """The periodic check: idle Mains passivated, stuck skills flagged, memory
-pressure relieved.
+pressure relieved and, once memory is free again, branches it suspended
+resumed.
 
 Its cost is bounded, not a walk of every session each time (a tenth of a
 second at 100,000 sessions): it walks the resident Mains, at most
 ``SWEEP_SLICE`` sessions for the stuck check (a node holding more is swept
 over several checks), and the branches only when the probe says memory is
-short. A probe that raises is logged and read as no pressure.
+short. A probe that raises is logged and read as no reading.
+
+Memory (see ``_pressure``): at or past the high mark one branch is asked to
+suspend per check (suspension is cooperative: memory comes back as branches
+park, so the next check reads again before asking another); below the low
+mark at most ``RESUME_PER_CHECK`` branches that pressure suspended resume,
+the oldest-created first (the nearest its TTL, which counts on while it is
+suspended); between the marks nothing changes. One check does one or the
+other, never both.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import uuid
 
 from sessiontree.actors import TimerHandle
 from sessiontree.actors.runtime import Passivate, post
-from sessiontree.protocol import SessionKind, SessionState
+from sessiontree.protocol import SessionState
 from sessiontree.store import SessionRecord
 from sessiontree.supervision._entry import TreeEntry, with_state
 from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._pressure import MemoryWatch, Step, step
 from sessiontree.supervision._reports import Idle, Tick
 from sessiontree.supervision._suspension import Suspension
 from sessiontree.supervision._tree import Tree
@@ -29,6 +40,7 @@ __all__ = ["Periodic", "passivable"]
 log = logging.getLogger("sessiontree.cortex")
 
 SWEEP_SLICE = 10_000  # sessions the periodic check looks at for being stuck
+RESUME_PER_CHECK = 1  # branches memory pressure suspended that one check resumes
 
 
 class Periodic:
@@ -39,6 +51,7 @@ class Periodic:
         self.suspension = suspension
         self.timer: TimerHandle | None = None
         self.sweep: list[TreeEntry] = []  # sessions the stuck check has yet to look at this round
+        self.memory = MemoryWatch(tree.rt.config)
 
     def arm(self) -> None:
         """Ask for the next check in ``check_interval`` seconds."""
@@ -67,15 +80,8 @@ class Periodic:
         if tree.store is not None and not tree.closing and idle_after is not None:
             self._ask_idle_mains(now, idle_after)
         self._sweep_stuck(now, config.stuck_after)
-        pressure = config.memory_pressure
-        if pressure is not None and not tree.closing:
-            try:
-                under_pressure = pressure()
-            except Exception:
-                log.exception("memory-pressure probe raised; treated as no pressure")
-                under_pressure = False
-            if under_pressure:
-                self._relieve_pressure()
+        if not tree.closing:
+            self._watch_memory()
         if not tree.closing:
             self.arm()
 
@@ -109,21 +115,22 @@ class Periodic:
                     EventKind.STUCK, entry, data={"since_checkpoint_s": now - core.last_checkpoint}
                 )
 
-    def _relieve_pressure(self) -> None:
-        """Memory is short: suspend the active branch whose last checkpoint is oldest."""
-        candidates = [
-            entry
-            for entry in self.tree.entries.values()
-            if entry.kind is SessionKind.BRANCH
-            and entry.state is SessionState.ACTIVE
-            and not entry.suspend_requested
-            and entry.cancel_code is None
-            and entry.core.remote is None
-        ]
-        if candidates:
-            victim = min(candidates, key=lambda e: e.core.last_checkpoint)
-            self.tree.emit(EventKind.MEMORY_PRESSURE, victim)
-            self.suspension.suspend(victim.session_id)
+    def _watch_memory(self) -> None:
+        """Read the memory probe; suspend a branch past the high mark, resume
+        pressure-suspended ones below the low mark (see the module docstring)."""
+        memory = self.memory
+        if memory.probe is None:
+            return
+        used = memory.read()
+        self.tree.rt.memory_used = math.nan if used is None else used
+        match step(used, memory.high, memory.low):
+            case Step.SUSPEND:
+                self.suspension.suspend_for_pressure({"used": used, "high": memory.high})
+            case Step.RESUME:
+                data = {"used": used, "low": memory.low}
+                self.suspension.resume_after_pressure(RESUME_PER_CHECK, data)
+            case Step.HOLD:
+                pass
 
     # -- passivation ------------------------------------------------------------------
 

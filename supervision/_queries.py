@@ -175,8 +175,11 @@ def probe_parked(
 
 
 def stuck(tree: Tree) -> list[SessionInfo]:
-    """Sessions flagged as stuck (no checkpoint for ``stuck_after``)."""
-    return [with_state(e) for e in tree.entries.values() if e.core.stuck]
+    """Live sessions flagged as stuck (no checkpoint for ``stuck_after``); one
+    that ended since (forced, or returned without a checkpoint) is not."""
+    return [
+        with_state(e) for e in tree.entries.values() if e.core.stuck and not e.state.is_terminal
+    ]
 
 
 def stats(tree: Tree) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,3 +48,5 @@ class Runtime:
     dispatcher: Dispatcher | None = None
     backends: Backends = field(default_factory=lambda: Backends({}))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
+    # the fraction of memory in use at the last periodic check (NaN: no reading)
+    memory_used: float = math.nan

@@ -1,13 +1,20 @@
 """Suspension: a Branch parks at its next checkpoint and gives up its compute
 slot and its actor; a resume lets it go on (a restored one runs again).
 
+Memory pressure suspends branches too; those it suspended (and only those)
+are marked, so that it resumes them once memory is free again. A caller's
+suspend or resume of a marked branch takes the mark off: from then on it is
+the caller's to resume.
+
 Refusals are answers (``ErrorInfo`` with ``invalid_transition`` or
 ``node_closed``); an unknown session raises ``UnknownSessionError``.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
+from typing import Any
 
 from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionState
 from sessiontree.supervision._entry import TreeEntry
@@ -17,6 +24,8 @@ from sessiontree.supervision._tree import Tree
 
 __all__ = ["Suspension"]
 
+log = logging.getLogger("sessiontree.cortex")
+
 
 class Suspension:
     """Suspends and resumes Branches (Cortex thread)."""
@@ -24,10 +33,15 @@ class Suspension:
     def __init__(self, tree: Tree, starting: Starting) -> None:
         self.tree = tree
         self.starting = starting
+        # branches memory pressure suspended -> the monotonic time it did
+        self.pressured: dict[uuid.UUID, float] = {}
 
     def suspend(self, session_id: uuid.UUID) -> ErrorInfo | None:
-        """Ask a Branch to park at its next checkpoint."""
+        """Ask a Branch to park at its next checkpoint (a caller's suspend: a
+        branch memory pressure suspended stays suspended, now for the caller)."""
         entry = self.tree.lookup(session_id)
+        if self.pressured.pop(session_id, None) is not None and self._pressure_held(entry):
+            return None
         if entry.kind is not SessionKind.BRANCH:
             return ErrorInfo(
                 code=ErrorCode.INVALID_TRANSITION,
@@ -78,8 +92,13 @@ class Suspension:
 
     def resume(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Resume a suspended Branch (or withdraw a suspension not yet taken)."""
+        entry = self.tree.lookup(session_id)
+        self.pressured.pop(session_id, None)
+        return self._resume(entry)
+
+    def _resume(self, entry: TreeEntry) -> ErrorInfo | None:
         tree = self.tree
-        entry = tree.lookup(session_id)
+        session_id = entry.session_id
         if (
             entry.kind is not SessionKind.BRANCH
             or not entry.suspend_requested
@@ -99,5 +118,87 @@ class Suspension:
         entry.suspend_requested = False
         if entry.state is SessionState.SUSPENDED:
             tree.set_state(entry, SessionState.ACTIVE)
+        # counts as activity: otherwise its checkpoint from before it parked
+        # would make it the first branch the next memory pressure suspends
+        entry.core.touch()
         entry.core.request_suspend(False)
         return None
+
+    # -- memory pressure ----------------------------------------------------------------
+
+    def suspend_for_pressure(self, data: dict[str, Any]) -> TreeEntry | None:
+        """Ask the running inline branch whose last checkpoint (or resume) is
+        oldest to suspend, and mark it as suspended by memory pressure; None
+        when no branch can suspend. ``data`` goes into its events."""
+        candidates = [
+            entry
+            for entry in self.tree.entries.values()
+            if entry.kind is SessionKind.BRANCH
+            and entry.state is SessionState.ACTIVE
+            and not entry.suspend_requested
+            and entry.cancel_code is None
+            and entry.core.remote is None
+        ]
+        if not candidates:
+            return None
+        victim = min(candidates, key=lambda e: e.core.last_checkpoint)
+        tree = self.tree
+        self.pressured[victim.session_id] = tree.rt.clock.monotonic()
+        tree.rt.counters["pressure_suspensions"] += 1
+        tree.emit(EventKind.MEMORY_PRESSURE, victim, data=data)
+        log.warning(
+            "memory pressure (%s): asking branch %s to suspend", _figures(data), victim.session_id
+        )
+        self.request_suspend(victim)
+        tree.emit(EventKind.SUSPEND_REQUESTED, victim, data={"reason": "memory_pressure"})
+        return victim
+
+    def resume_after_pressure(self, most: int, data: dict[str, Any]) -> list[TreeEntry]:
+        """Resume up to ``most`` branches memory pressure suspended, the
+        oldest-created first (ties: the first suspended); marks of branches
+        that ended or were cancelled meanwhile are dropped."""
+        tree = self.tree
+        waiting = []
+        for session_id, since in list(self.pressured.items()):
+            entry = tree.entries.get(session_id)
+            if entry is None or not self._pressure_held(entry):
+                del self.pressured[session_id]
+            else:
+                waiting.append((entry.info.created_at, since, entry))
+        waiting.sort(key=lambda item: item[:2])
+        now = tree.rt.clock.monotonic()
+        resumed = []
+        for _, since, entry in waiting[:most]:
+            session_id = entry.session_id
+            del self.pressured[session_id]
+            if self._resume(entry) is not None:  # a closing node: leave it be
+                continue
+            tree.rt.counters["pressure_resumptions"] += 1
+            log.info("memory free again (%s): resumed branch %s", _figures(data), session_id)
+            tree.emit(EventKind.MEMORY_RELIEVED, entry, data={**data, "suspended_s": now - since})
+            resumed.append(entry)
+        return resumed
+
+    def pressure_suspended(self) -> int:
+        """How many branches memory pressure holds suspended (or asked to)."""
+        entries = self.tree.entries
+        return sum(
+            1
+            for session_id in self.pressured
+            if (entry := entries.get(session_id)) is not None and self._pressure_held(entry)
+        )
+
+    @staticmethod
+    def _pressure_held(entry: TreeEntry) -> bool:
+        """Whether a marked branch is still suspended (or asked to) and live."""
+        return (
+            entry.suspend_requested
+            and not entry.rerun
+            and not entry.state.is_terminal
+            and entry.cancel_code is None
+        )
+
+
+def _figures(data: dict[str, Any]) -> str:
+    """``used 0.93, high 0.9`` from an event's data, for the log."""
+    return ", ".join(f"{name} {value:.3g}" for name, value in data.items())

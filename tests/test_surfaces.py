@@ -226,6 +226,8 @@ SUPERVISION = [
     "EventBus",
     "EventKind",
     "InMemorySpace",
+    "MemoryProbe",
+    "MemoryReading",
     "MemorySpace",
     "Node",
     "NodeConfig",

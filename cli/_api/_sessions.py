@@ -10,6 +10,7 @@ and answered with its code's status (see ``_errors.status_for``).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from litestar import Request, get, post
@@ -74,6 +75,33 @@ def _sort_key(info: SessionInfo) -> tuple[float, str]:
     return info.created_at, str(info.session_id)
 
 
+#: Marks a live node sets on sessions, each a boolean query parameter of
+#: ``GET /v1/sessions`` that narrows the listing to the sessions so marked
+#: (several: those marked all of them), and how to ask the node for them.
+MARKS: dict[str, Callable[[Node], Awaitable[list[SessionInfo]]]] = {
+    "stuck": Node.astuck,
+}
+
+
+async def _candidates(
+    node: Node, state: SessionState | None, kind: SessionKind | None, marks: dict[str, bool]
+) -> list[SessionInfo]:
+    """The sessions of ``state`` and ``kind`` carrying every mark set true in ``marks``."""
+    wanted = [name for name, on in marks.items() if on]
+    if not wanted:
+        return await node.asessions(state, kind)
+    chosen: dict[uuid.UUID, SessionInfo] | None = None
+    for name in wanted:
+        marked = {info.session_id: info for info in await MARKS[name](node)}
+        chosen = marked if chosen is None else {s: i for s, i in chosen.items() if s in marked}
+    assert chosen is not None
+    return [
+        info
+        for info in chosen.values()
+        if (state is None or info.state is state) and (kind is None or info.kind is kind)
+    ]
+
+
 # GET and POST /v1/sessions are registered in this order (as the controller
 # that held them did), so the path's OPTIONS answer stays as it was.
 
@@ -87,15 +115,23 @@ async def list_sessions(
     key: Annotated[str | None, QueryParameter(max_length=1024)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 100,
     cursor: Annotated[str | None, QueryParameter(pattern=_CURSOR)] = None,
+    stuck: Annotated[
+        bool,
+        QueryParameter(
+            description="Only sessions flagged as stuck: a running skill with no checkpoint "
+            "for the node's stuck_after (flagged, never killed)."
+        ),
+    ] = False,
 ) -> SessionPage:
-    """Sessions oldest first, filtered by state, kind, agent and key; paginated.
+    """Sessions oldest first, filtered by state, kind, agent, key and marks
+    (``stuck=true``); paginated.
 
     A bad filter, limit or cursor is a 400 naming the parameter."""
     node = node_of(request.app.state)
     after = _cursor(cursor)
     infos = [
         info
-        for info in await node.asessions(session_state, kind)
+        for info in await _candidates(node, session_state, kind, {"stuck": stuck})
         if (agent is None or info.agent_id == agent)
         and (key is None or info.key == key)
         and (after is None or _sort_key(info) > after)
