@@ -87,7 +87,11 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     updated_at: float = 0.0
     resume: bool = False
     attempts: int = 0
-    """Runs of a parked branch that a crash cut off (recovery counts them)."""
+    """Runs of a parked branch started since it was parked (counted before each
+    runs): a crash leaves the count, a clean park resets it."""
+    pressured: bool = False
+    """A branch memory pressure suspended: resumed once memory is free again,
+    also after a restart."""
 
 
 class OutboxRecord(msgspec.Struct, kw_only=True):

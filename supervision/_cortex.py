@@ -289,7 +289,7 @@ class Cortex:
             case BringBack():
                 plan, self.rt.recovered = self.rt.recovered, None
                 if plan is not None:
-                    self.starting.bring_back(plan)
+                    self.suspension.adopt(self.starting.bring_back(plan))
                 return None
             case GetInfo(session_id=sid):
                 return queries.info(tree, sid)

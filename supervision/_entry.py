@@ -129,6 +129,7 @@ class TreeEntry:
     started_at: float | None = None
     zombie: bool = False
     shutdown_park: bool = False
+    pressured: bool = False  # suspended by memory pressure (stored with its record)
     # persistence: results got since the last snapshot (their receipts), the
     # next inbox number, whether the creation is durable (and who waits for
     # it), the terminal write, and whether resuming re-runs the skill (a

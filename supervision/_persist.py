@@ -128,6 +128,7 @@ class Persister:
             result=entry.result,
             updated_at=now,
             resume=resume,
+            pressured=entry.pressured,
         )
 
     def _add_record(

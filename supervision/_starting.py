@@ -67,24 +67,27 @@ class Starting:
         entry.suspend_requested = False
         self.want_slot(entry)
 
-    def bring_back(self, plan: Recovered) -> None:
+    def bring_back(self, plan: Recovered) -> list[TreeEntry]:
         """Apply recovery's plan: dormant Mains, suspended branches (those a
         shutdown parked run again), results owed to them, the Mains'
         acknowledged inbound messages, each as the attempt recovery counted.
         With replay held (``plan.held``) nothing runs again until
-        ``release_replay``. A raise here fails the node loudly."""
+        ``release_replay``. Returns the branches memory pressure had suspended
+        (to resume once memory is free). A raise here fails the node loudly."""
         tree = self.tree
         tree.dormant = plan.dormant
         tree.mains.update(plan.mains)
         held = tree.held
         if plan.held is not None:
             tree.held_reason = plan.held
-        rerun = []
+        rerun, pressured = [], []
         for record in plan.suspended:
             entry = tree.restore(record)  # recovery brought its parent back first
             if record.resume:
                 entry.core.attempt = max(1, record.attempts)
                 rerun.append(entry)
+            elif record.pressured:
+                pressured.append(entry)
         for parent_id, results in plan.deliveries.items():
             parent = tree.entry(parent_id)
             if parent is None:
@@ -108,6 +111,7 @@ class Starting:
                 held.setdefault(entry.session_id, []).append(entry)
             else:
                 self.rerun(entry)
+        return pressured
 
     def replay(self, main_id: uuid.UUID, item: Inbound | Deliver) -> None:
         """Run a Main's cycle for ``item`` again, or hold it while replay is held."""

@@ -40,7 +40,7 @@ class Suspension:
         """Ask a Branch to park at its next checkpoint (a caller's suspend: a
         branch memory pressure suspended stays suspended, now for the caller)."""
         entry = self.tree.lookup(session_id)
-        if self.pressured.pop(session_id, None) is not None and self._pressure_held(entry):
+        if self._unmark(entry) and self._pressure_held(entry):
             return None
         if entry.kind is not SessionKind.BRANCH:
             return ErrorInfo(
@@ -93,7 +93,7 @@ class Suspension:
     def resume(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Resume a suspended Branch (or withdraw a suspension not yet taken)."""
         entry = self.tree.lookup(session_id)
-        self.pressured.pop(session_id, None)
+        self._unmark(entry)
         return self._resume(entry)
 
     def _resume(self, entry: TreeEntry) -> ErrorInfo | None:
@@ -144,6 +144,7 @@ class Suspension:
         victim = min(candidates, key=lambda e: e.core.last_checkpoint)
         tree = self.tree
         self.pressured[victim.session_id] = tree.rt.clock.monotonic()
+        victim.pressured = True
         tree.rt.counters["pressure_suspensions"] += 1
         tree.emit(EventKind.MEMORY_PRESSURE, victim, data=data)
         log.warning(
@@ -163,6 +164,8 @@ class Suspension:
             entry = tree.entries.get(session_id)
             if entry is None or not self._pressure_held(entry):
                 del self.pressured[session_id]
+                if entry is not None:
+                    entry.pressured = False
             else:
                 waiting.append((entry.info.created_at, since, entry))
         waiting.sort(key=lambda item: item[:2])
@@ -170,7 +173,7 @@ class Suspension:
         resumed = []
         for _, since, entry in waiting[:most]:
             session_id = entry.session_id
-            del self.pressured[session_id]
+            self._unmark(entry)
             if self._resume(entry) is not None:  # a closing node: leave it be
                 continue
             tree.rt.counters["pressure_resumptions"] += 1
@@ -178,6 +181,19 @@ class Suspension:
             tree.emit(EventKind.MEMORY_RELIEVED, entry, data={**data, "suspended_s": now - since})
             resumed.append(entry)
         return resumed
+
+    def adopt(self, entries: list[TreeEntry]) -> None:
+        """Branches memory pressure had suspended before a restart: resumed like
+        any it suspended, once memory is free again."""
+        now = self.tree.rt.clock.monotonic()
+        for entry in entries:
+            self.pressured[entry.session_id] = now
+            entry.pressured = True
+
+    def _unmark(self, entry: TreeEntry) -> bool:
+        """No longer suspended by memory pressure; whether it was."""
+        entry.pressured = False
+        return self.pressured.pop(entry.session_id, None) is not None
 
     def pressure_suspended(self) -> int:
         """How many branches memory pressure holds suspended (or asked to)."""
@@ -193,7 +209,6 @@ class Suspension:
         """Whether a marked branch is still suspended (or asked to) and live."""
         return (
             entry.suspend_requested
-            and not entry.rerun
             and not entry.state.is_terminal
             and entry.cancel_code is None
         )
