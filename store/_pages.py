@@ -203,9 +203,9 @@ class _Walk:
                 raise self.bad(db, pgno, f"node bounds {lower}..{upper} do not fit the page")
             count = (lower - PAGE_HEADER) >> 1
             offsets = struct.unpack_from(f"<{count}H", page, PAGE_HEADER)
-            for offset in offsets:
-                if not upper <= offset <= psize - _NODE.size:
-                    raise self.bad(db, pgno, f"a node at offset {offset} is outside the page")
+            if offsets and not upper <= min(offsets) <= max(offsets) <= psize - _NODE.size:
+                where = f"{min(offsets)}..{max(offsets)}"
+                raise self.bad(db, pgno, f"node offsets {where} are outside the page")
             if want == P_BRANCH:
                 if not offsets:
                     raise self.bad(db, pgno, "a branch page without children")
@@ -219,10 +219,9 @@ class _Walk:
         self, db: str, pgno: int, page: bytes, offsets: tuple[int, ...], *, main: bool
     ) -> None:
         psize = self.meta.page_size
-        for offset in offsets:
+        # The node flags' low byte (offset 4) says whether the value lives elsewhere.
+        for offset in [o for o in offsets if page[o + 4] & (F_BIGDATA | F_SUBDATA)]:
             _, _, flags, ksize = _NODE.unpack_from(page, offset)
-            if not flags & (F_BIGDATA | F_SUBDATA):
-                continue
             at = offset + _NODE.size + ksize
             if flags & F_SUBDATA:
                 if not main or flags & F_DUPDATA or at + _DB.size > psize:
