@@ -224,9 +224,11 @@ class _Walk:
             _, _, flags, ksize = _NODE.unpack_from(page, offset)
             at = offset + _NODE.size + ksize
             if flags & F_SUBDATA:
-                if not main or flags & F_DUPDATA or at + _DB.size > psize:
+                # a named database (in the main tree), or one key's values of a
+                # DUPSORT database (F_DUPDATA too)
+                if main == bool(flags & F_DUPDATA) or at + _DB.size > psize:
                     raise self.bad(db, pgno, f"a node at offset {offset} has flags {flags:#x}")
-                name = page[offset + _NODE.size : at].decode(errors="replace")
+                name = db if not main else page[offset + _NODE.size : at].decode(errors="replace")
                 sub = _DB.unpack_from(page, at)
                 self.tree(name, sub[7], sub[2], main=False)
             else:

@@ -380,3 +380,37 @@ def test_a_corruption_error_on_a_commit_is_a_store_damaged_error(tmp_path: Path)
         assert caught.value.path == str((tmp_path / "s" / "data.mdb").resolve())
         store.write(WriteBatch().session(record(2)))  # the writer lives on
         assert store.count("sessions") == 1
+
+
+def test_the_walk_follows_named_and_dupsort_databases_and_overflow_runs(tmp_path: Path) -> None:
+    # Plain LMDB beyond what the store writes today: a DUPSORT database whose key
+    # holds a sub-database, and values big enough for overflow pages.
+    env = lmdb.open(str(tmp_path), max_dbs=4)
+    dups = env.open_db(b"dups", dupsort=True)
+    big = env.open_db(b"big")
+    with env.begin(write=True) as txn:
+        for n in range(3000):
+            txn.put(b"k", b"v%06d" % n, db=dups)
+        txn.put(b"one", b"x" * 20_000, db=big)
+    env.close()
+    data = str(tmp_path / "data.mdb")
+    meta = read_meta(data)
+    assert check_tree(data, meta) >= 10
+    env = lmdb.open(str(tmp_path), max_dbs=4, readonly=True)
+    with env.begin() as txn:
+        assert txn.stat(env.open_db(b"big", txn=txn))["overflow_pages"] >= 5
+    env.close()
+    # the overflow run's first page (found by its flags) given another number
+    raw = Path(data).read_bytes()
+    heads = [
+        p
+        for p in range(2, meta.last_page + 1)
+        if struct.unpack_from("<H", raw, p * 4096 + 10)[0] & 0x04
+        and struct.unpack_from("<Q", raw, p * 4096)[0] == p
+    ]
+    assert len(heads) == 1
+    with open(data, "r+b") as file:
+        file.seek(heads[0] * 4096)
+        file.write(struct.pack("<Q", 0))
+    with pytest.raises(StoreDamagedError, match=f"page {heads[0]} of database 'big'"):
+        check_tree(data, meta)
