@@ -57,8 +57,8 @@ rate is bounded by it.
 
 ``--quick`` keeps the sizes (64 producers, 1 KiB records, 100,000
 sessions, the 100,000-snapshot backup store) and cuts the repetitions: one
-window of 1.5 s per mode (full: three of 4 s), three copies each way for the
-backup (full: seven).
+window of 1.5 s per mode (full: three of 4 s), five copies each way for the
+backup (full: nine).
 """
 
 from __future__ import annotations
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         tp = throughput(base, reps, warmup, window)
         rec = recovery(base)
-        backup = backup_ratio(base, 3 if args.quick else 7)
+        backup = backup_ratio(base, 5 if args.quick else 9)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
