@@ -146,6 +146,7 @@ PROTOCOL = [
     "SpawnCmd",
     "SpawnSpec",
     "Spending",
+    "StoreDamagedError",
     "StoreError",
     "StoreFullError",
     "StoreLockedError",
@@ -173,6 +174,7 @@ STORE = [
     "DEFAULT_MAP_SIZE",
     "DEFAULT_MAX_READERS",
     "SCHEMA_VERSION",
+    "Backup",
     "BranchRecord",
     "ContextEntry",
     "ContextRecord",
@@ -189,12 +191,15 @@ STORE = [
     "Store",
     "StoreIO",
     "UsageRecord",
+    "Verified",
+    "VerifyProblem",
     "WriteBatch",
     "decode_record",
     "encode_record",
     "export_jsonl",
     "import_jsonl",
     "prune",
+    "verify_store",
 ]
 
 CONVERSATIONS = [
