@@ -38,14 +38,27 @@ stdout line is one JSON object):
   store was just written). If the runtime has no store support yet, the
   script says so and reports ``recovery_s: null``.
 
+* ``backup_ratio_to_mdb_copy``: a store of ``BACKUP_SESSIONS`` (100,000)
+  1 KiB snapshots (about 200 MiB) is copied by the ``mdb_copy`` binary (a
+  subprocess, as an operator runs it) and by ``Store.backup`` on a
+  read-only ``Store`` (the library call ``sessiontree store backup`` makes;
+  it also fsyncs the copy and renames it into place), alternating, each
+  into a fresh directory on the same disk; the ratio is mdb_copy's median
+  time over ours (≥ 1: ours is as fast). Both copy without compaction. The
+  page cache is warm (the store was just written); the read-only open
+  (which walks every page of the file first) is reported apart as
+  ``backup_open_s``. Null with ``backup_error`` when ``mdb_copy`` is not
+  installed (Debian: ``lmdb-utils``).
+
 Stores live in a temporary directory on the real disk (``/tmp`` unless
 ``--dir``; refused on tmpfs), removed afterwards. ``fdatasync_ms`` is the
 raw disk's median pwrite+fdatasync latency there, for context: the naive
 rate is bounded by it.
 
 ``--quick`` keeps the sizes (64 producers, 1 KiB records, 100,000
-sessions) and cuts the repetitions: one window of 1.5 s per mode (full:
-three of 4 s).
+sessions, the 100,000-snapshot backup store) and cuts the repetitions: one
+window of 1.5 s per mode (full: three of 4 s), five copies each way for the
+backup (full: nine).
 """
 
 from __future__ import annotations
@@ -56,6 +69,8 @@ import gc
 import json
 import os
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -110,6 +125,7 @@ RECOVERY_SESSIONS = (
     + TERMINAL_BRANCHES * (1 + WORKERS_PER_TERMINAL)
 )
 assert RECOVERY_SESSIONS == 100_000
+BACKUP_SESSIONS = 100_000  # 1 KiB snapshots in the store the backup copies
 
 
 # -- snapshots ------------------------------------------------------------------------
@@ -407,6 +423,73 @@ def recovery(base: str) -> dict[str, Any]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+# -- backup ------------------------------------------------------------------------------
+
+
+def backup_ratio(base: str, reps: int) -> dict[str, Any]:
+    """``mdb_copy`` against ``Store.backup`` on one store, alternating (see the
+    module docstring). ``backup_ratio_to_mdb_copy`` None when there is no
+    ``mdb_copy``."""
+    mdb_copy = shutil.which("mdb_copy")
+    if mdb_copy is None:
+        log("backup: no mdb_copy binary (Debian: lmdb-utils); backup_ratio_to_mdb_copy is null")
+        return {"backup_ratio_to_mdb_copy": None, "backup_error": "mdb_copy is not installed"}
+    path = tempfile.mkdtemp(prefix="backup-src-", dir=base)
+    try:
+        template = snapshot_record()
+        with open_synced(path) as store:
+            for start in range(0, BACKUP_SESSIONS, 5_000):
+                batch = WriteBatch()
+                for _ in range(min(5_000, BACKUP_SESSIONS - start)):
+                    batch.session(for_producer(template))
+                store.write(batch, timeout=120.0)
+        size = os.path.getsize(os.path.join(path, "data.mdb"))
+        log(f"backup: a store of {BACKUP_SESSIONS:,} snapshots, {size / 2**20:.0f} MiB")
+        t0 = time.perf_counter()
+        store = Store(path, readonly=True)
+        open_s = time.perf_counter() - t0
+        ours: list[float] = []
+        theirs: list[float] = []
+        try:
+            for rep in range(reps):
+                for who in ("mdb_copy", "ours") if rep % 2 == 0 else ("ours", "mdb_copy"):
+                    dest = tempfile.mkdtemp(prefix=f"backup-{who}-", dir=base)
+                    try:
+                        t0 = time.perf_counter()
+                        if who == "ours":
+                            store.backup(dest)
+                        else:
+                            subprocess.run([mdb_copy, path, dest], check=True)
+                        took = time.perf_counter() - t0
+                    finally:
+                        shutil.rmtree(dest, ignore_errors=True)
+                    (ours if who == "ours" else theirs).append(took)
+                    log(f"  rep {rep + 1}/{reps} {who:8s}: {took:.3f} s")
+        finally:
+            store.close()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+    ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+    ratio = theirs_s / ours_s
+    log(
+        f"backup: mdb_copy {theirs_s:.3f} s, Store.backup {ours_s:.3f} s (median of {reps}): "
+        f"ratio {ratio:.2f}; read-only open {open_s:.3f} s"
+    )
+    return {
+        "backup_ratio_to_mdb_copy": round(ratio, 2),
+        "backup_s": round(ours_s, 3),
+        "backup_mdb_copy_s": round(theirs_s, 3),
+        "backup_store_bytes": size,
+        "backup_sessions": BACKUP_SESSIONS,
+        "backup_open_s": round(open_s, 3),
+        "backup_repetitions": reps,
+        "backup_all_s": {
+            "ours": [round(t, 3) for t in ours],
+            "mdb_copy": [round(t, 3) for t in theirs],
+        },
+    }
+
+
 # -- main --------------------------------------------------------------------------------
 
 
@@ -434,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         tp = throughput(base, reps, warmup, window)
         rec = recovery(base)
+        backup = backup_ratio(base, 5 if args.quick else 9)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -493,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": 0.0,
     }
     summary.update({k: v for k, v in rec.items() if k != "recovery_s"})
+    summary.update(backup)
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(summary))
     return 0

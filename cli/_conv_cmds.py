@@ -28,6 +28,7 @@ import msgspec
 
 from sessiontree.actors import RealClock
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.cli._exits import failure
 from sessiontree.conversations import Conversation, Conversations, nested_json, preview_text
 from sessiontree.protocol import (
     MAIN_KEY,
@@ -49,7 +50,7 @@ _Target = tuple[str | None, Path | None, str | None, str | None, str]
 
 
 def _fail(exc: BaseException | str) -> click.ClickException:
-    return click.ClickException(" ".join(str(exc).split()) or type(exc).__name__)
+    return failure(exc)
 
 
 class _Remote:

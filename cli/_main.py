@@ -7,7 +7,8 @@ command's own output (``--json`` documents stay parseable).
 Every option can also come from an environment variable named by click's
 automatic prefix, ``SESSIONTREE_<COMMAND>_<OPTION>`` (``--node`` also reads
 ``SESSIONTREE_NODE``). Exit codes, for every command: 0 ok, 1 failure, 2
-usage, 69 node unreachable.
+usage, 69 node unreachable, 74 the store's file is damaged (65: ``store
+verify`` found records that do not decode).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from sessiontree.cli._node_cmds import node
 from sessiontree.cli._recovery_cmds import recovery, wedged
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
 from sessiontree.cli._session_cmds import sessions
-from sessiontree.cli._store_cmds import export_cmd, import_cmd
+from sessiontree.cli._store_cmds import export_cmd, import_cmd, store
 
 __all__ = ["configure_logging", "main"]
 
@@ -53,7 +54,8 @@ def configure_logging(verbosity: int) -> None:
 
 @click.group(
     context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SESSIONTREE"},
-    epilog="Exit codes: 0 ok, 1 failure, 2 usage, 69 node unreachable. Shell completion: "
+    epilog="Exit codes: 0 ok, 1 failure, 2 usage, 69 node unreachable, 74 store file "
+    "damaged, 65 records that do not decode (store verify). Shell completion: "
     'eval "$(_SESSIONTREE_COMPLETE=bash_source sessiontree)" (zsh_source, fish_source).',
 )
 @click.version_option(package_name="sessiontree", prog_name="sessiontree")
@@ -175,5 +177,6 @@ main.add_command(import_cmd)
 main.add_command(conv)
 main.add_command(node)
 main.add_command(sessions)
+main.add_command(store)
 main.add_command(wedged)
 main.add_command(recovery)

@@ -29,7 +29,8 @@ short (what still runs is forced), flushes and exits 1.
 Exit codes: 0 a clean stop; 1 the node could not start (the store is held by
 another node, the agents cannot be loaded, the port is taken) or was forced;
 2 a usage error (a bad flag, config file or setting); 69 ``status`` found no
-node at ``--node``.
+node at ``--node``; 74 the store's file is damaged (``start``, ``status
+--store``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
 from sessiontree.cli._api import MAX_BODY_BYTES, MAX_WAIT, create_app
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.cli._exits import failure
 from sessiontree.cli._wire import plain_figures, settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.store import Store
@@ -461,7 +463,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         msg = f"store {settings['store']} is held by another node: {exc}"
         raise click.ClickException(msg) from None
     except (SessionTreeError, OSError, ValueError) as exc:  # ValueError: a key file, a model
-        raise click.ClickException(f"the node could not start: {exc}") from None
+        raise failure(exc, "the node could not start: ") from None
     try:
         sock = _bind(str(settings["host"]), int(settings["port"]))
     except click.ClickException:
@@ -549,7 +551,7 @@ def _store_status(store_dir: Path) -> dict[str, Any]:
             figures = store.stats()
             wedged = store.count("wedged")
     except (SessionTreeError, OSError) as exc:
-        raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
+        raise failure(exc, f"cannot read store {store_dir}: ") from None
     return {
         "node": str(store_dir),
         "state": "stored",

@@ -26,6 +26,7 @@ import click
 import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.cli._exits import failure
 from sessiontree.cli._wire import SessionView, TreeView, session_view
 from sessiontree.protocol import SessionKind, SessionState, SessionTreeError
 from sessiontree.store import SessionRecord, Store
@@ -76,7 +77,7 @@ def _reading(store_dir: Path) -> Iterator[Store]:
         with Store(store_dir, readonly=True) as store:
             yield store
     except (SessionTreeError, OSError) as exc:
-        raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
+        raise failure(exc, f"cannot read store {store_dir}: ") from None
 
 
 def _row(record: SessionRecord) -> dict[str, Any]:

@@ -22,6 +22,7 @@ __all__ = [
     "NotAllowedError",
     "RejectedInputError",
     "SessionTreeError",
+    "StoreDamagedError",
     "StoreError",
     "StoreFullError",
     "StoreLockedError",
@@ -57,6 +58,7 @@ class ErrorCode(enum.StrEnum):
     STORE_FULL = "store_full"
     STORE_FAILED = "store_failed"
     STORE_LOCKED = "store_locked"
+    STORE_DAMAGED = "store_damaged"
     CORRUPT_RECORD = "corrupt_record"
     UNKNOWN_MESSAGE = "unknown_message"
     UNKNOWN_BRANCH = "unknown_branch"
@@ -180,6 +182,23 @@ class StoreLockedError(StoreError):
     twice in one process."""
 
     code = ErrorCode.STORE_LOCKED
+
+
+class StoreDamagedError(StoreError):
+    """Raised when the store's file is damaged (truncated, a bad meta or data page,
+    emptied); ``path`` names the file, ``problem`` says what is wrong."""
+
+    code = ErrorCode.STORE_DAMAGED
+
+    def __init__(self, message: str, *, path: str, problem: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.problem = problem
+
+    def to_info(self) -> ErrorInfo:
+        info = super().to_info()
+        info.detail.update(path=self.path, problem=self.problem)
+        return info
 
 
 class CorruptRecordError(StoreError):

@@ -5,6 +5,7 @@ One ``Store`` per node directory; every write goes through its one writer
 thread with group commit. Records are msgspec msgpack with a schema version.
 """
 
+from sessiontree.store._backup import Backup
 from sessiontree.store._batch import WriteBatch
 from sessiontree.store._env import DATABASES, DEFAULT_MAP_SIZE, DEFAULT_MAX_READERS
 from sessiontree.store._export import export_jsonl
@@ -34,12 +35,14 @@ from sessiontree.store._records import (
 )
 from sessiontree.store._retention import prune
 from sessiontree.store._store import Store
+from sessiontree.store._verify import Verified, VerifyProblem, verify_store
 
 __all__ = [
     "DATABASES",
     "DEFAULT_MAP_SIZE",
     "DEFAULT_MAX_READERS",
     "SCHEMA_VERSION",
+    "Backup",
     "BranchRecord",
     "ContextEntry",
     "ContextRecord",
@@ -58,6 +61,8 @@ __all__ = [
     "Store",
     "StoreIO",
     "UsageRecord",
+    "Verified",
+    "VerifyProblem",
     "WedgedRecord",
     "WriteBatch",
     "decode_record",
@@ -65,4 +70,5 @@ __all__ = [
     "export_jsonl",
     "import_jsonl",
     "prune",
+    "verify_store",
 ]

@@ -1,5 +1,6 @@
 """Opening an LMDB environment safely: one per path per process, one writer
-node per directory (a lock file), stale reader slots cleared, fork-aware.
+node per directory (a lock file), stale reader slots cleared, fork-aware,
+and a damaged file refused before LMDB maps it (``_pages``).
 
 The traps (DESIGN.md §6): a second ``lmdb.open`` of the same path in one
 process breaks its locks; an environment must never be used across
@@ -19,14 +20,19 @@ from dataclasses import dataclass
 
 import lmdb
 
-from sessiontree.protocol import StoreError, StoreFullError, StoreLockedError
+from sessiontree.protocol import StoreDamagedError, StoreError, StoreFullError, StoreLockedError
+from sessiontree.store._pages import check_length, check_tree, damaged, read_meta
 
 __all__ = [
+    "CORRUPTION",
     "DATABASES",
     "DEFAULT_MAP_SIZE",
     "DEFAULT_MAX_READERS",
+    "MARKER",
     "Opened",
     "close_env",
+    "damaged_by",
+    "mark_committed",
     "open_env",
 ]
 
@@ -55,6 +61,17 @@ DATABASES = (
 )
 
 _LOCK_FILE = "writer.lock"
+#: Written beside data.mdb once the store has committed data: from then on an
+#: empty or missing data.mdb is damage, never a fresh store.
+MARKER = "sessiontree.marker"
+#: LMDB's errors that mean the file itself is damaged.
+CORRUPTION: tuple[type[lmdb.Error], ...] = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.InvalidError,
+    lmdb.VersionMismatchError,
+    lmdb.PanicError,
+)
 _open_paths: dict[str, int] = {}  # real path -> pid that opened it
 _open_lock = threading.Lock()
 _lock_fds: set[int] = set()  # writer-lock descriptors this process holds
@@ -101,14 +118,14 @@ def open_env(
     """Open (creating for a writer) the store at ``path``.
 
     Raises ``StoreLockedError`` when another node holds the directory or this
-    process already has it open, ``StoreError`` when LMDB refuses to open it.
+    process already has it open, ``StoreDamagedError`` when ``data.mdb`` is
+    damaged (shorter than its meta pages say, a bad meta or B-tree page, or
+    empty or missing where the store's marker says data was committed),
+    ``StoreError`` when LMDB refuses to open it.
     """
     directory = pathlib.Path(path)
     if not readonly:
         directory.mkdir(parents=True, exist_ok=True)
-    elif not (directory / "data.mdb").exists():
-        msg = f"no store at {directory} (no data.mdb)"
-        raise StoreError(msg)
     real = str(directory.resolve())
     with _open_lock:
         if real in _open_paths:
@@ -122,6 +139,7 @@ def open_env(
     try:
         if not readonly:
             lock_fd = _take_writer_lock(directory)
+        _check_before_open(directory, readonly=readonly)
         env = lmdb.open(
             real,
             map_size=0 if readonly else map_size,
@@ -134,6 +152,8 @@ def open_env(
         )
     except lmdb.Error as exc:
         _release(real, lock_fd)
+        if isinstance(exc, CORRUPTION):
+            raise damaged_by(os.path.join(real, "data.mdb"), exc) from exc
         msg = f"cannot open store {real}: {exc}"
         if real in _open_at_fork:
             msg += (
@@ -146,6 +166,7 @@ def open_env(
         _release(real, lock_fd)
         raise
     try:
+        _check_pages(env, os.path.join(real, "data.mdb"))
         stale = 0 if readonly else env.reader_check()
         dbs: dict[str, lmdb._Database] = {}
         for name in DATABASES:
@@ -159,11 +180,75 @@ def open_env(
         if isinstance(exc, lmdb.MapFullError):
             msg = f"cannot open store {real}: map_size is too small to hold its databases"
             raise StoreFullError(msg) from exc
+        if isinstance(exc, CORRUPTION):
+            raise damaged_by(os.path.join(real, "data.mdb"), exc) from exc
         if isinstance(exc, lmdb.Error):
             msg = f"cannot open store {real}: {exc}"
             raise StoreError(msg) from exc
         raise
     return Opened(env, dbs, real, readonly, lock_fd, os.getpid(), stale)
+
+
+def _check_before_open(directory: pathlib.Path, *, readonly: bool) -> None:
+    """Refuse what LMDB would map and die on, or silently start afresh from."""
+    data = directory / "data.mdb"
+    marked = (directory / MARKER).exists()
+    try:
+        size = data.stat().st_size
+    except FileNotFoundError:
+        if marked:
+            what = f"it is missing, but {directory / MARKER} says data was committed here"
+            raise damaged(str(data), "missing", what) from None
+        if readonly:
+            msg = f"no store at {directory} (no data.mdb)"
+            raise StoreError(msg) from None
+        return
+    if size == 0:
+        if marked:
+            what = f"it is empty (0 bytes), but {directory / MARKER} says data was committed here"
+            raise damaged(str(data), "empty", what)
+        if readonly:
+            msg = f"no store at {directory} (data.mdb is empty: nothing was ever committed)"
+            raise StoreError(msg)
+        return  # a store whose creation was cut short: LMDB starts it afresh
+    meta = read_meta(str(data))
+    check_length(str(data), meta)
+
+
+def _check_pages(env: lmdb.Environment, data: str) -> None:
+    """Walk the B-tree pages of the newest snapshot, pinned by a read transaction
+    (pages of snapshots at least that new are not reused while it lasts)."""
+    txn = env.begin()
+    try:
+        meta = read_meta(data)
+        check_length(data, meta)
+        check_tree(data, meta)
+    finally:
+        txn.abort()
+
+
+def damaged_by(path: str, exc: lmdb.Error) -> StoreDamagedError:
+    """The ``StoreDamagedError`` for one of LMDB's ``CORRUPTION`` errors on ``path``."""
+    problem = "page_not_found" if isinstance(exc, lmdb.PageNotFoundError) else "corrupted"
+    return damaged(path, problem, f"LMDB reports {exc}")
+
+
+def mark_committed(directory: str, content: str) -> None:
+    """Write the ``MARKER`` file (atomically, synced) once data is committed."""
+    marker = pathlib.Path(directory) / MARKER
+    if marker.exists():
+        return
+    tmp = marker.with_name(f".{MARKER}.{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as file:
+        file.write(content)
+        file.flush()
+        os.fsync(file.fileno())
+    tmp.replace(marker)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _take_writer_lock(directory: pathlib.Path) -> int:

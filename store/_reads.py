@@ -31,7 +31,7 @@ import lmdb
 import msgspec
 
 from sessiontree.protocol import CorruptRecordError, StoreError
-from sessiontree.store._env import Opened
+from sessiontree.store._env import CORRUPTION, Opened, damaged_by
 from sessiontree.store._records import decode_record
 
 __all__ = ["Reads"]
@@ -68,7 +68,8 @@ class Reads:
     def transaction(self) -> Iterator[lmdb.Transaction]:
         """A read-only transaction, aborted on leaving the block. Waits while the
         map is being resized; raises ``StoreError`` when the store is not usable
-        or every reader slot is taken."""
+        or every reader slot is taken, ``StoreDamagedError`` when LMDB finds a
+        damaged page on a read inside the block."""
         self._check_usable()
         with self._lock:
             self._lock.wait_for(lambda: not self._resizing)
@@ -80,6 +81,8 @@ class Reads:
                 yield txn
             finally:
                 txn.abort()
+        except CORRUPTION as exc:
+            raise damaged_by(f"{self._opened.path}/data.mdb", exc) from exc
         finally:
             with self._lock:
                 del self._open[id(token)]

@@ -30,12 +30,14 @@ from sessiontree.protocol import (
     SessionResult,
     StoreError,
 )
+from sessiontree.store._backup import Backup, copy_env
 from sessiontree.store._batch import WriteBatch
 from sessiontree.store._conversation_reads import conversation_read, walk
 from sessiontree.store._env import (
     DEFAULT_MAP_SIZE,
     DEFAULT_MAX_READERS,
     close_env,
+    mark_committed,
     open_env,
 )
 from sessiontree.store._io import StoreIO
@@ -263,6 +265,11 @@ class Store:
         """``scan`` decoded: each record, or the ``CorruptRecordError`` naming a bad one."""
         return self._reads.decoded(kind, db, prefix)
 
+    def databases(self) -> list[str]:
+        """The named databases this store has, in ``DATABASES`` order (a read-only
+        open of a store written by older code may lack some)."""
+        return list(self._opened.dbs)
+
     def count(self, db: str) -> int:
         """Entries in ``db``."""
         return self._reads.count(db)
@@ -399,13 +406,25 @@ class Store:
 
     def _meta_or_create(self) -> MetaRecord:
         meta = self._read_meta()
-        if meta is not None:
-            return meta
-        meta = MetaRecord(node_id=str(uuid.uuid4()), created_at=time.time())
-        batch = WriteBatch()
-        batch._put("meta", b"meta", meta)
-        self.write(batch)
+        if meta is None:
+            meta = MetaRecord(node_id=str(uuid.uuid4()), created_at=time.time())
+            batch = WriteBatch()
+            batch._put("meta", b"meta", meta)
+            self.write(batch)
+        # From here on an empty or missing data.mdb is damage, not a fresh store.
+        mark_committed(self.path, msgspec.json.encode(meta).decode() + "\n")
         return meta
+
+    def backup(self, dest: str | os.PathLike[str], *, compact: bool = False) -> Backup:
+        """Copy the store into the directory ``dest`` (it must not exist, or be
+        empty): one consistent snapshot holding every commit acknowledged
+        before the call, taken while writes go on (read-only stores too, so
+        the CLI backs up beside a live node), synced, and renamed into place
+        only once whole. ``compact`` leaves free pages out (slower, smaller).
+        Raises ``StoreError`` naming ``dest`` when it is taken or cannot be
+        written, ``StoreDamagedError`` when a damaged page is met."""
+        with self._reads.transaction():  # counted as a read: the map is not resized under it
+            return copy_env(self._opened.env, self.path, dest, compact=compact)
 
     def stats(self) -> dict[str, Any]:
         """Figures of the store: entries per database, commits, errors, map use."""

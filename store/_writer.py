@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -33,6 +34,7 @@ import lmdb
 
 from sessiontree.protocol import StoreError, StoreFullError
 from sessiontree.store._batch import Op, WriteBatch
+from sessiontree.store._env import CORRUPTION, damaged_by
 from sessiontree.store._io import StoreIO
 
 __all__ = ["PreconditionFailedError", "Writer"]
@@ -296,7 +298,10 @@ class Writer:
             # raising I/O layer): the batches fail, the writer thread must live on
             self.errors += 1
             log.error("store commit failed (%d batches not acknowledged): %r", len(group), exc)
-            self._settle(group, StoreError(f"the store could not commit: {exc!r}"))
+            error: StoreError = StoreError(f"the store could not commit: {exc!r}")
+            if isinstance(exc, CORRUPTION):
+                error = damaged_by(os.path.join(self._env.path(), "data.mdb"), exc)
+            self._settle(group, error)
             return []
         elapsed = time.perf_counter() - started
         self.commits += 1

@@ -33,6 +33,8 @@ SINGLE_RUN = frozenset(
         "test_standin",
         "test_protocol",
         "test_store",
+        "test_store_backup",
+        "test_store_damage",
         "test_tree_html",
     }
 )

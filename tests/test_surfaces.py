@@ -146,6 +146,7 @@ PROTOCOL = [
     "SpawnCmd",
     "SpawnSpec",
     "Spending",
+    "StoreDamagedError",
     "StoreError",
     "StoreFullError",
     "StoreLockedError",
@@ -173,6 +174,7 @@ STORE = [
     "DEFAULT_MAP_SIZE",
     "DEFAULT_MAX_READERS",
     "SCHEMA_VERSION",
+    "Backup",
     "BranchRecord",
     "ContextEntry",
     "ContextRecord",
@@ -191,6 +193,8 @@ STORE = [
     "Store",
     "StoreIO",
     "UsageRecord",
+    "Verified",
+    "VerifyProblem",
     "WedgedRecord",
     "WriteBatch",
     "decode_record",
@@ -198,6 +202,7 @@ STORE = [
     "export_jsonl",
     "import_jsonl",
     "prune",
+    "verify_store",
 ]
 
 CONVERSATIONS = [

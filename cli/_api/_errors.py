@@ -40,6 +40,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.STORE_FULL: 503,
     ErrorCode.STORE_FAILED: 503,
     ErrorCode.STORE_LOCKED: 503,
+    ErrorCode.STORE_DAMAGED: 503,
     ErrorCode.CORRUPT_RECORD: 500,
     ErrorCode.INTERNAL_ERROR: 500,
 }

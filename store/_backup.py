@@ -1,0 +1,91 @@
+"""A hot copy of a store's file, as ``mdb_copy`` makes it.
+
+LMDB copies the environment from one read transaction, so the copy is one
+consistent snapshot even while the writer commits (the writer only has to
+keep the pages of that snapshot until the copy ends, so the file may grow
+meanwhile). The copy is written into a hidden directory beside the
+destination, synced, then renamed into place: a destination that exists is
+a whole backup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import time
+from dataclasses import dataclass
+
+import lmdb
+
+from sessiontree.protocol import StoreError
+from sessiontree.store._env import CORRUPTION, MARKER, damaged_by
+from sessiontree.store._pages import read_meta
+
+__all__ = ["Backup", "copy_env"]
+
+
+@dataclass(frozen=True)
+class Backup:
+    """What ``Store.backup`` wrote: the directory, the bytes of its ``data.mdb``,
+    the transaction id it holds (every commit up to it), and the seconds taken."""
+
+    path: str
+    bytes: int
+    txnid: int
+    seconds: float
+    compact: bool
+
+
+def copy_env(
+    env: lmdb.Environment, source: str, dest: str | os.PathLike[str], *, compact: bool
+) -> Backup:
+    """Copy ``env`` (the store at ``source``) into ``dest``, which must not exist
+    or be an empty directory. Raises ``StoreError`` naming ``dest`` when it is
+    taken or cannot be written (nothing is left behind then),
+    ``StoreDamagedError`` when LMDB finds a damaged page while copying."""
+    started = time.perf_counter()
+    target = pathlib.Path(dest).absolute()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        msg = f"backup destination {target} exists and is not an empty directory"
+        raise StoreError(msg)
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        try:
+            env.copy(str(partial), compact=compact)
+        except CORRUPTION as exc:
+            raise damaged_by(os.path.join(source, "data.mdb"), exc) from exc
+        except lmdb.Error as exc:
+            msg = f"cannot back the store {source} up to {target}: {exc}"
+            raise StoreError(msg) from exc
+        data = partial / "data.mdb"
+        _fsync(data)
+        marker = pathlib.Path(source) / MARKER
+        if marker.exists():
+            shutil.copyfile(marker, partial / MARKER)
+            _fsync(partial / MARKER)
+        _fsync(partial)
+        meta = read_meta(str(data))
+        size = data.stat().st_size
+        if target.exists():
+            target.rmdir()  # empty, checked above
+        partial.rename(target)
+        _fsync(target.parent)
+    except OSError as exc:
+        msg = f"cannot back the store {source} up to {target}: {exc}"
+        raise StoreError(msg) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(partial)
+    return Backup(str(target), size, meta.txnid, time.perf_counter() - started, compact)
+
+
+def _fsync(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
