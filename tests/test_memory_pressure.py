@@ -419,3 +419,33 @@ def test_bad_marks_in_the_config_file_are_usage_errors_naming_the_field(
     result = cli("node", "start", "--store", str(store), "--port", "0", "--config", str(config))
     assert result.exit_code == 2
     assert named in result.output
+
+
+def test_a_branch_pressure_suspended_before_a_restart_resumes_once_memory_is_free(
+    clock: VirtualClock, probe: FakeProbe, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    node = Node(
+        [AGENT], NodeConfig(check_interval=1.0, memory_pressure=probe), clock=clock, store=store
+    )
+    try:
+        (branch,) = branches(node, clock, 1)
+        probe.used = 0.95
+        check(node, clock)
+        assert states(node, [branch]) == [SUSPENDED]
+    finally:
+        node.shutdown(grace=0)
+    node = Node(
+        [AGENT], NodeConfig(check_interval=1.0, memory_pressure=probe), clock=clock, store=store
+    )
+    try:
+        assert states(node, [branch]) == [SUSPENDED]
+        assert node.stats()["pressure_suspended"] == 1
+        check(node, clock)  # still past the high mark: it stays suspended
+        assert states(node, [branch]) == [SUSPENDED]
+        probe.used = 0.5
+        check(node, clock)
+        assert states(node, [branch]) == [ACTIVE]
+        assert node.stats()["pressure_resumptions"] == 1
+    finally:
+        node.shutdown(grace=0)

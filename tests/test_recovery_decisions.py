@@ -28,7 +28,14 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
 )
-from sessiontree.store import CycleRecord, InboxRecord, StartsRecord, Store, WriteBatch
+from sessiontree.store import (
+    CycleRecord,
+    InboxRecord,
+    StartsRecord,
+    Store,
+    WriteBatch,
+    verify_store,
+)
 from sessiontree.supervision import Agent, Decision, Node, NodeConfig, NodeMetrics, classify
 from sessiontree.supervision._recovery_rules import crashes_after_start, hold_replay
 from tests.conftest import settle
@@ -301,6 +308,10 @@ def test_a_message_cut_off_at_every_attempt_is_held_back_and_the_rest_runs(
     settle(node)
     assert log.ran == [("after", 1)]
     assert [w.wedged_id for w in node.wedged()] == [item.wedged_id]
+    assert node.store is not None
+    verified = verify_store(node.store)  # every new record decodes under its own key
+    assert verified.clean, verified.problems
+    assert verified.entries["wedged"] == 1
 
 
 def test_a_requeued_message_runs_once_as_a_first_attempt_and_is_no_longer_held(
