@@ -89,6 +89,12 @@ def _stored_rows(store_dir: Path) -> list[dict[str, Any]]:
         return [_row(r) for r in store.sessions() if not isinstance(r, SessionTreeError)]
 
 
+def _stored_wedged(store_dir: Path) -> set[str]:
+    """The ids of the sessions holding held-back work in a store."""
+    with _reading(store_dir) as store:
+        return {str(item.session_id) for item in store.wedged_list()}
+
+
 def _stored(store: Store, session_id: uuid.UUID) -> SessionRecord:
     record = store.session(session_id)
     if record is None:
@@ -256,6 +262,11 @@ def sessions() -> None:
     is_flag=True,
     help="Only sessions the node flagged as stuck (no checkpoint for stuck_after); needs --node.",
 )
+@click.option(
+    "--wedged",
+    is_flag=True,
+    help="Only sessions holding work recovery held back (see 'sessiontree wedged ls').",
+)
 @_JSON
 def ls_cmd(
     node_url: str | None,
@@ -266,11 +277,12 @@ def ls_cmd(
     key: str | None,
     limit: int,
     stuck: bool,
+    wedged: bool,
     as_json: bool,
 ) -> None:
     """Sessions, oldest first (at most --limit)."""
     one_source(node_url, store_dir)
-    marks = {"stuck": stuck}
+    marks = {"stuck": stuck, "wedged": wedged}
     if store_dir is not None:
         _store_marks(marks)
     infos: list[dict[str, Any]] = []
@@ -294,10 +306,12 @@ def ls_cmd(
                     break
     else:
         assert store_dir is not None
+        held = _stored_wedged(store_dir) if wedged else None
         infos = [
             row["info"]
             for row in _stored_rows(store_dir)
-            if (state is None or row["info"]["state"] == state)
+            if (held is None or row["info"]["session_id"] in held)
+            and (state is None or row["info"]["state"] == state)
             and (kind is None or row["info"]["kind"] == kind)
             and (agent is None or row["info"]["agent_id"] == agent)
             and (key is None or row["info"]["key"] == key)

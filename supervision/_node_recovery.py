@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 
@@ -10,8 +11,10 @@ from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
     RejectedInputError,
+    SessionInfo,
     SessionKind,
     SpawnSpec,
+    UnknownSessionError,
 )
 from sessiontree.store import Store, WedgedRecord, WriteBatch
 from sessiontree.supervision._recovery import RecoveryDecision
@@ -56,6 +59,21 @@ class NodeRecovery(NodeSessions):
         """Work recovery held back (wedged or stale), oldest first; empty
         without a store."""
         return [] if self.store is None else self.store.wedged_list()
+
+    def wedged_sessions(self) -> list[SessionInfo]:
+        """The sessions holding held-back work (a Main with a wedged message or
+        result, a wedged branch), in the order of their oldest item."""
+        found = []
+        for session_id in dict.fromkeys(item.session_id for item in self.wedged()):
+            try:
+                found.append(self.get(session_id))
+            except UnknownSessionError:  # pruned from the store since
+                continue
+        return found
+
+    async def awedged_sessions(self) -> list[SessionInfo]:
+        """Awaitable ``wedged_sessions`` (its store reads run off the loop)."""
+        return await asyncio.to_thread(self.wedged_sessions)
 
     def wedged_item(self, wedged_id: uuid.UUID | str) -> WedgedRecord | None:
         """One held-back item, or None."""

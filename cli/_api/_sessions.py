@@ -80,6 +80,7 @@ def _sort_key(info: SessionInfo) -> tuple[float, str]:
 #: (several: those marked all of them), and how to ask the node for them.
 MARKS: dict[str, Callable[[Node], Awaitable[list[SessionInfo]]]] = {
     "stuck": Node.astuck,
+    "wedged": Node.awedged_sessions,
 }
 
 
@@ -122,16 +123,23 @@ async def list_sessions(
             "for the node's stuck_after (flagged, never killed)."
         ),
     ] = False,
+    wedged: Annotated[
+        bool,
+        QueryParameter(
+            description="Only sessions holding work recovery held back after repeated "
+            "crashes (a Main's wedged message or result, a wedged branch): see /v1/wedged."
+        ),
+    ] = False,
 ) -> SessionPage:
     """Sessions oldest first, filtered by state, kind, agent, key and marks
-    (``stuck=true``); paginated.
+    (``stuck=true``, ``wedged=true``); paginated.
 
     A bad filter, limit or cursor is a 400 naming the parameter."""
     node = node_of(request.app.state)
     after = _cursor(cursor)
     infos = [
         info
-        for info in await _candidates(node, session_state, kind, {"stuck": stuck})
+        for info in await _candidates(node, session_state, kind, {"stuck": stuck, "wedged": wedged})
         if (agent is None or info.agent_id == agent)
         and (key is None or info.key == key)
         and (after is None or _sort_key(info) > after)
