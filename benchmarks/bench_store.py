@@ -29,12 +29,18 @@ stdout line is one JSON object):
   written directly with ``WriteBatch`` — 20,000 active Mains (small context,
   ``mains`` key set), 71,700 terminal branches and workers (results filed on
   their parents, 200 still owed in the outbox), 8,000 branches and workers
-  in flight at the "crash", 300 suspended branches — closed, then timed from
-  ``Store(path)`` through ``Node([agent], store=store)`` (recovery runs in
-  the constructor: Mains stay dormant, in-flight sessions fail with
-  ``node_restarted``, suspended branches are loaded) until
-  ``node.wait_idle()`` returns (Mains woken by the results owed to them have
-  run their cycle and written their snapshot). The page cache is warm (the
+  in flight at the "crash", 300 suspended branches — and what recovery
+  classifies: the 1,000 busy Mains hold 2 acknowledged messages each, the
+  first cut off by the crash (100 for the third time: held back as wedged,
+  900 replayed as attempt 2), and 200 of the suspended branches were parked
+  by a shutdown (160 run again, 20 cut off at three reruns end wedged, 20 past
+  their TTL end expired) — closed, then timed from ``Store(path)`` through
+  ``Node([agent], store=store)`` (recovery runs in the constructor: Mains
+  stay dormant, in-flight sessions fail with ``node_restarted``, suspended
+  branches are loaded, each replay classified) until
+  ``node.wait_idle()`` returns (Mains woken by the results owed to them and
+  the messages replayed have run their cycles and written their snapshots;
+  parked branches have run again). The page cache is warm (the
   store was just written). If the runtime has no store support yet, the
   script says so and reports ``recovery_s: null``.
 
@@ -101,6 +107,8 @@ from sessiontree.protocol import (
 from sessiontree.store import (
     ContextEntry,
     ContextRecord,
+    CycleRecord,
+    InboxRecord,
     SessionRecord,
     Store,
     WriteBatch,
@@ -116,6 +124,13 @@ RECOVERY_MAINS = 20_000
 BUSY_MAINS = 1_000  # each with 2 in-flight branches of 3 in-flight workers: 8,000 in flight
 INFLIGHT_BRANCHES, INFLIGHT_WORKERS = 2, 3
 SUSPENDED = 300
+# What recovery classifies (no extra sessions): each busy Main has INBOX acknowledged
+# messages, the first cut off by the crash (WEDGED_MAINS of them for the third time:
+# held back as wedged); of the suspended branches, PARKED a shutdown parked (they run
+# again; PARKED_WEDGED of them were cut off at three reruns, PARKED_STALE are past
+# their TTL) and the rest were suspended by a caller.
+INBOX, WEDGED_MAINS = 2, 100
+PARKED, PARKED_WEDGED, PARKED_STALE = 200, 20, 20
 TERMINAL_BRANCHES, WORKERS_PER_TERMINAL = 14_340, 4  # 14,340 x 5 = 71,700 terminal
 OWED = 200  # terminal branches whose result is still in the outbox
 RECOVERY_SESSIONS = (
@@ -254,9 +269,7 @@ def _info(
         state=state,
         depth=depth,
         created_at=t,
-        ttl=None,
-        deadline=None,
-        **kw,
+        **{"ttl": None, "deadline": None, **kw},
     )
 
 
@@ -271,6 +284,7 @@ def build_recovery_store(path: str) -> dict[str, int]:
         ],
     )
     counts: dict[str, int] = dict.fromkeys(("mains", "inflight", "suspended", "terminal"), 0)
+    replays = dict.fromkeys(("inbox", "cut_off", "parked"), 0)
     pending: list[WriteBatch] = []
 
     with open_synced(path) as store:
@@ -326,6 +340,15 @@ def build_recovery_store(path: str) -> dict[str, int]:
             counts["mains"] += 1
             flush()
         for i in range(BUSY_MAINS):  # in flight at the crash
+            main_id = mains[i].session_id
+            for seq in range(INBOX):
+                batch.inbox(
+                    InboxRecord(session_id=main_id, seq=seq, message=f"m{seq}", received_at=t + 1.0)
+                )
+                replays["inbox"] += 1
+            attempt = 3 if i < WEDGED_MAINS else 1
+            batch.cycle(CycleRecord(session_id=main_id, seq=0, attempt=attempt, started_at=t))
+            replays["cut_off"] += 1
             for _ in range(INFLIGHT_BRANCHES):
                 branch = child(mains[i], SessionKind.BRANCH, SessionState.ACTIVE, skill="work")
                 batch.session(SessionRecord(info=branch, context=small, updated_at=t))
@@ -336,8 +359,19 @@ def build_recovery_store(path: str) -> dict[str, int]:
             flush()
         for i in range(SUSPENDED):
             parent = mains[BUSY_MAINS + i]
-            branch = child(parent, SessionKind.BRANCH, SessionState.SUSPENDED, skill="work")
-            batch.session(SessionRecord(info=branch, context=small, updated_at=t))
+            stale = PARKED - PARKED_STALE <= i < PARKED
+            timing = {"ttl": 60.0, "deadline": t + 60.0} if stale else {}
+            branch = child(
+                parent, SessionKind.BRANCH, SessionState.SUSPENDED, skill="work", **timing
+            )
+            parked = i < PARKED
+            attempts = 3 if i < PARKED_WEDGED else 0
+            batch.session(
+                SessionRecord(
+                    info=branch, context=small, updated_at=t, resume=parked, attempts=attempts
+                )
+            )
+            replays["parked"] += parked
             counts["suspended"] += 1
             flush()
         for n in range(TERMINAL_BRANCHES):
@@ -351,7 +385,7 @@ def build_recovery_store(path: str) -> dict[str, int]:
     if stored != RECOVERY_SESSIONS or sum(counts.values()) != RECOVERY_SESSIONS:
         msg = f"built {stored} sessions ({counts}), wanted {RECOVERY_SESSIONS}"
         raise AssertionError(msg)
-    return counts
+    return {**counts, **replays}
 
 
 def recovery(base: str) -> dict[str, Any]:
