@@ -7,6 +7,8 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 
+import msgspec
+
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
@@ -101,7 +103,13 @@ class NodeRecovery(NodeSessions):
         if item.kind == "result" and item.result is not None:
             error = self._call(Redeliver(item.session_id, item.result, item.wedged_id))
             return Requeued(item.session_id, error)
-        return self._requeue_branch(item)
+        if item.kind == "branch":
+            return self._requeue_branch(item)
+        unreadable = ErrorInfo(
+            code=ErrorCode.CORRUPT_RECORD,
+            message=f"held-back item {item.wedged_id} is a {item.kind!r} this node cannot run",
+        )
+        return Requeued(None, unreadable)
 
     def _requeue_branch(self, item: WedgedRecord) -> Requeued:
         assert self.store is not None  # an item was read from it
@@ -139,8 +147,14 @@ class NodeRecovery(NodeSessions):
 
     def release_replay(self) -> int:
         """Run what a held replay kept back (after repeated crashes: see
-        ``replay_held``); how many pieces of work were released."""
+        ``replay_held``); how many pieces of work were released. The crashes
+        counted so far are forgiven: the next start holds replay back only if
+        the node crashes ``restart_intensity`` times again."""
         released: int = self._call(ReleaseReplay(), check=False)
+        if self.store is not None:
+            starts = self.store.starts()
+            if starts is not None and starts.crashes:
+                self.store.write(WriteBatch().starts(msgspec.structs.replace(starts, crashes=[])))
         self.replay_held = None
         self.recovery["replay_held"] = 0
         return released

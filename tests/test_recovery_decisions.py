@@ -524,6 +524,9 @@ def test_a_node_that_keeps_crashing_holds_replay_until_released(
         assert "sessiontree_replay_held 0.0" in metrics.exposition().decode()
     finally:
         metrics.close()
+    node.shutdown()
+    node = nodes(tmp_path, agent_with(log), restart_intensity=5, restart_period=300.0)
+    assert node.replay_held is None  # released: the crashes so far are forgiven
 
 
 def test_a_clean_shutdown_is_not_counted_as_a_crash(
