@@ -187,7 +187,8 @@ class _Recovery:
         )
         if verdict.decision is Decision.FRESH:
             self.back.add(info.session_id)
-            if record.resume:  # it runs at once: the attempt is counted before it does
+            if record.resume and self.plan.held is None:  # it runs at once: the
+                # attempt is counted before it does (held, it does not run yet)
                 self.note("branch", info.session_id, verdict)
                 record = msgspec.structs.replace(record, attempts=verdict.attempt)
                 self.batch.session(record)
@@ -374,7 +375,9 @@ class _Recovery:
                 self.quarantine("cycles", exc, raw)
                 continue
             self.cycles[mark.session_id] = mark
-            self.batch.cycle_done(mark.session_id)  # what it marked is decided here
+            if self.plan.held is None:  # what it marked is decided here (and runs again
+                # with a mark of its own); a held replay keeps the count for later
+                self.batch.cycle_done(mark.session_id)
 
     def restart_intensity(self) -> None:
         """Record this start; hold replay back if recent runs kept crashing."""

@@ -84,7 +84,10 @@ class Starting:
         for record in plan.suspended:
             entry = tree.restore(record)  # recovery brought its parent back first
             if record.resume:
-                entry.core.attempt = max(1, record.attempts)
+                # recovery counted this run already, unless replay is held (then it
+                # is counted when released, in memory: the rerun after a release)
+                held_back = plan.held is not None
+                entry.core.attempt = record.attempts + 1 if held_back else max(1, record.attempts)
                 rerun.append(entry)
             elif record.pressured:
                 pressured.append(entry)

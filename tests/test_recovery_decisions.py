@@ -508,6 +508,10 @@ def test_a_node_that_keeps_crashing_holds_replay_until_released(
     assert node.replay_held is not None
     assert "crashed 5 times" in node.replay_held
     assert node.recovery["recent_crashes"] == 5
+    settle(node)
+    node.shutdown()  # a clean stop while held: the count of the cut-off cycle is kept
+    node = nodes(tmp_path, agent_with(log), restart_intensity=5, restart_period=300.0)
+    assert node.replay_held is not None
     assert node.main("agent").send("new") is None  # accepted, queued behind the held replay
     settle(node)
     assert log.ran == []
