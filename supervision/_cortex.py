@@ -78,6 +78,7 @@ from sessiontree.supervision._requests import (
     ListStuck,
     OpenMain,
     ProbeParked,
+    ReleaseParked,
     Request,
     Reserve,
     Resume,
@@ -320,6 +321,9 @@ class Cortex:
             case ForceWorkers():
                 self.shutdown.force_workers()
                 return None
+            case ReleaseParked():
+                assert reply is not None  # answered once the released runs ended
+                return self.shutdown.release_parked(reply)
             case StopAll():
                 return self.shutdown.stop_all()
         msg = f"the cortex has no operation {type(request).__name__}"

@@ -60,6 +60,7 @@ __all__ = [
     "ListStuck",
     "OpenMain",
     "ProbeParked",
+    "ReleaseParked",
     "Request",
     "Reserve",
     "Resume",
@@ -254,6 +255,11 @@ class ShutdownDeadline(Request[None], frozen=True):
 
 class ForceWorkers(Request[None], frozen=True):
     """Force every worker and remote step still running."""
+
+
+class ReleaseParked(Request[None], frozen=True):
+    """Let every skill parked at a checkpoint go (``Cancelled`` with ``node_closed``);
+    answered once each of their runs ended (a step of a shutdown)."""
 
 
 class StopAll(Request[int], frozen=True):

@@ -78,6 +78,10 @@ class Tree:
         self.main_zombies = 0
         self.closing = False
         self.shutdown_waiters: list[Reply] = []
+        # Skills a shutdown let go of their checkpoint, until their runs end; then
+        # ``release_reply`` is answered (Shutdown.release_parked).
+        self.releasing: set[uuid.UUID] = set()
+        self.release_reply: Reply | None = None
         self.to_stop: list[pykka.ActorRef[Any]] = []  # actors of ended sessions
 
     # -- reading ----------------------------------------------------------------
@@ -438,12 +442,15 @@ class Tree:
 
     def check_shutdown(self) -> None:
         """Answer the shutdown's waiters once nothing is left to settle: no worker
-        or remote step runs, and every branch asked to park has parked."""
+        or remote step runs, no session is in its cancellation grace, and every
+        branch asked to park has parked."""
         for entry in self.entries.values():
             if entry.state.is_terminal:
                 continue
             if entry.kind is SessionKind.WORKER or entry.core.remote is not None:
                 return
+            if entry.cancel_code is not None:
+                return  # cancelled before or during the shutdown: wraps up or is forced
             if entry.suspend_requested and entry.state is SessionState.ACTIVE:
                 return  # parked by the shutdown, or explicitly suspended: not parked yet
         self.settle_shutdown()
@@ -453,6 +460,18 @@ class Tree:
         final = [with_state(e) for e in self.entries.values()]
         for reply in waiters:
             reply.set(final)
+
+    def run_released(self, session_id: uuid.UUID) -> None:
+        """The run of ``session_id`` ended; if a shutdown released it, and it was
+        the last one, the shutdown's wait for them is answered."""
+        releasing = self.releasing
+        if not releasing or session_id not in releasing:
+            return
+        releasing.discard(session_id)
+        reply = self.release_reply
+        if not releasing and reply is not None:
+            self.release_reply = None
+            reply.set(None)
 
 
 def _post_to(ref: pykka.ActorRef[Any], activity: Activity, message: object) -> None:
