@@ -27,7 +27,9 @@ class Suspension:
 
     def suspend(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Ask a Branch to park at its next checkpoint."""
-        entry = self.tree.lookup(session_id)
+        entry = self.tree.entry(session_id)
+        if entry is None:
+            return self.tree.ended_answer(session_id)
         if entry.kind is not SessionKind.BRANCH:
             return ErrorInfo(
                 code=ErrorCode.INVALID_TRANSITION,
@@ -79,7 +81,9 @@ class Suspension:
     def resume(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Resume a suspended Branch (or withdraw a suspension not yet taken)."""
         tree = self.tree
-        entry = tree.lookup(session_id)
+        entry = tree.entry(session_id)
+        if entry is None:
+            return tree.ended_answer(session_id)
         if (
             entry.kind is not SessionKind.BRANCH
             or not entry.suspend_requested

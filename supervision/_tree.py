@@ -31,6 +31,7 @@ from sessiontree.actors.runtime import (
 from sessiontree.protocol import (
     TERMINAL_STATES,
     ErrorCode,
+    ErrorInfo,
     InvalidTransitionError,
     SessionInfo,
     SessionKind,
@@ -127,6 +128,18 @@ class Tree:
             msg = f"unknown session {session_id}"
             raise UnknownSessionError(msg, session_id=session_id)
         return record
+
+    def ended_answer(self, session_id: uuid.UUID) -> ErrorInfo:
+        """What cancel, suspend or resume answer for a session the index no longer
+        holds but the store does (it ended before a restart, or was evicted):
+        ``invalid_transition`` naming how it ended, as for one still indexed.
+        ``UnknownSessionError`` when the store has no such session either."""
+        known = self.known(session_id)
+        state = known.state if isinstance(known, TreeEntry) else known.info.state
+        return ErrorInfo(
+            code=ErrorCode.INVALID_TRANSITION,
+            message=f"session {session_id} already ended ({state.value})",
+        )
 
     def uncancelled_descendants(self, entry: TreeEntry) -> list[TreeEntry]:
         """``entry``'s live descendants not yet asked to cancel, parents before

@@ -406,3 +406,33 @@ def test_every_way_in_refuses_a_malformed_spec_and_the_node_goes_on(
     settle(node)
     assert node.failure is None
     assert_serves(node, main)
+
+
+# -- 5. Found by the tree machine -----------------------------------------------------------
+
+
+def test_cancel_suspend_and_resume_answer_for_a_session_that_ended_before_a_restart(
+    open_node: Callable[..., Node], tmp_path: pathlib.Path
+) -> None:
+    """A session ended before a restart is read from the store (``get``,
+    ``result``); cancel, suspend and resume answered ``UnknownSessionError`` for
+    it, where the same session still indexed gets ``invalid_transition``."""
+    agent = Agent("agent", SKILLS)
+    store = tmp_path / "store"
+    node = open_node(store, agent)
+    main = node.main("agent")
+    branch = main.spawn(kind="branch", skill="done").ref
+    assert node.wait(branch.session_id, WAIT) is not None
+    node.shutdown(timeout=WAIT)
+
+    node = open_node(store, agent)
+    assert node.get(branch.session_id).state is SessionState.COMPLETED
+    for answer in (
+        node.cancel(branch.session_id),
+        node.suspend(branch.session_id),
+        node.resume(branch.session_id),
+    ):
+        assert answer is not None
+        assert answer.code is ErrorCode.INVALID_TRANSITION
+        assert "completed" in answer.message
+    assert_serves(node, main)
