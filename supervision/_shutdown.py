@@ -7,10 +7,11 @@ grace ran out. Whether it has settled is asked after every ending and every
 park, so the check lives with the tree's state (``Tree.check_shutdown``),
 where endings and suspension reach it.
 
-Last, the skills still parked at a checkpoint are let go (``release_parked``)
-so no thread is left behind: they get ``Cancelled`` with ``node_closed``,
-their sessions keep the state they have (a branch the shutdown parked resumes
-after a restart), and whatever their runs end with is refused.
+Last, the skills still parked or blocked at a checkpoint are let go
+(``release_parked``) so no thread is left behind: they get ``Cancelled`` with
+``node_closed``, their sessions keep the state they have (a branch the
+shutdown parked resumes after a restart, a Main's unfinished cycle runs again
+then), and whatever their runs end with is refused.
 """
 
 from __future__ import annotations
@@ -113,19 +114,21 @@ class Shutdown:
         self.cancelling.deadline(ids)
 
     def release_parked(self, reply: Reply) -> object:
-        """Let every Branch's skill parked at a checkpoint go: it gets ``Cancelled``
-        (``node_closed``) there, so its thread (or task) ends. Its state and its
-        stored record stay as they are; what its run ends with is refused
+        """Let every skill parked or blocked at a checkpoint go (a Branch parked by
+        the shutdown or before it, a Main's cycle waiting on its children): it gets
+        ``Cancelled`` (``node_closed``) there, so its thread (or task) ends. Its
+        state and its stored record stay as they are (a Main's message, not
+        consumed, runs again after a restart); what its run ends with is refused
         (``Endings``). Answers ``reply`` once every released run ended (None at
-        once when none is parked); the caller bounds the wait."""
+        once when none is held); the caller bounds the wait."""
         tree = self.tree
         released: set[uuid.UUID] = set()
         for entry in tree.entries.values():
             core = entry.core
-            if entry.state.is_terminal or entry.kind is not SessionKind.BRANCH:
+            if entry.state.is_terminal or core.remote is not None:
                 continue
             with core.cond:
-                held = core.parked and core.skill_running
+                held = core.skill_running and (core.parked or core.blocked)
             if held:
                 core.fence(ErrorCode.NODE_CLOSED)  # wakes it; it holds no actor to stop
                 released.add(entry.session_id)

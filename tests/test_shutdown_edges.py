@@ -241,6 +241,46 @@ def test_a_parked_async_branch_is_let_go_at_shutdown(
     assert node.wait(branch.session_id, WAIT).summary == "resumed"
 
 
+def test_a_mains_cycle_blocked_at_a_checkpoint_is_let_go_and_runs_again_after_restart(
+    open_node: Callable[..., Node], tmp_path: pathlib.Path
+) -> None:
+    cycles: list[tuple[Any, bool]] = []
+    threads: list[threading.Thread] = []
+    caught: list[ErrorCode] = []
+
+    def waits(session: Any) -> None:
+        cycles.append((session.message, session.resumed))
+        if session.message != "go":
+            return
+        threads.append(threading.current_thread())
+        try:
+            session.sleep(10_000)  # waits (on its children, say) at a checkpoint
+        except Cancelled as exc:
+            caught.append(exc.code)
+            raise
+
+    agent = Agent("agent", {"main": waits})
+    store = tmp_path / "store"
+    node = open_node(store, agent)
+    main = node.main("agent")
+    assert main.send("go") is None
+    settle(node)
+    node.shutdown(timeout=WAIT)
+    assert node.failure is None
+    assert caught == [ErrorCode.NODE_CLOSED]
+    threads[0].join(WAIT)
+    assert not threads[0].is_alive()
+
+    node = open_node(store, agent)
+    assert node.main("agent").session_id == main.session_id
+    settle(node)
+    assert cycles == [("go", False), ("go", True)]  # not consumed: it runs again
+    node.shutdown(timeout=WAIT)
+    assert caught == [ErrorCode.NODE_CLOSED] * 2
+    threads[1].join(WAIT)
+    assert not threads[1].is_alive()
+
+
 # -- 3. A session cancelled before the shutdown, still in its grace --------------------------
 
 
