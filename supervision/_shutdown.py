@@ -114,27 +114,28 @@ class Shutdown:
         self.cancelling.deadline(ids)
 
     def release_parked(self, reply: Reply) -> object:
-        """Let every skill parked or blocked at a checkpoint go (a Branch parked by
-        the shutdown or before it, a Main's cycle waiting on its children): it gets
-        ``Cancelled`` (``node_closed``) there, so its thread (or task) ends. Its
-        state and its stored record stay as they are (a Main's message, not
+        """Let every skill still running go (``SessionCore.release``): at the
+        checkpoint it is parked or blocked at (a Branch parked by the shutdown or
+        before it, a Main's cycle waiting on its children), or at its next one, it
+        gets ``Cancelled`` (``node_closed``), so its thread (or task) ends. Its
+        session keeps its state and stored record (a Main's message, not
         consumed, runs again after a restart); what its run ends with is refused
-        (``Endings``). Answers ``reply`` once every released run ended (None at
-        once when none is held); the caller bounds the wait."""
+        (``Endings``). Answers ``reply`` once every run held at a checkpoint now
+        has ended (None at once when none is); the caller bounds the wait."""
         tree = self.tree
-        released: set[uuid.UUID] = set()
+        held_now: set[uuid.UUID] = set()
         for entry in tree.entries.values():
             core = entry.core
             if entry.state.is_terminal or core.remote is not None:
                 continue
             with core.cond:
                 held = core.skill_running and (core.parked or core.blocked)
+            core.release(ErrorCode.NODE_CLOSED)  # also one whose cycle is about to start
             if held:
-                core.fence(ErrorCode.NODE_CLOSED)  # wakes it; it holds no actor to stop
-                released.add(entry.session_id)
-        if not released:
+                held_now.add(entry.session_id)
+        if not held_now:
             return None
-        tree.releasing = released
+        tree.releasing = held_now
         tree.release_reply = reply
         return DEFERRED
 

@@ -281,6 +281,38 @@ def test_a_mains_cycle_blocked_at_a_checkpoint_is_let_go_and_runs_again_after_re
     assert not threads[1].is_alive()
 
 
+def test_a_skill_busy_outside_a_checkpoint_at_shutdown_is_let_go_at_its_next_one(
+    open_node: Callable[..., Node], tmp_path: pathlib.Path, release: threading.Event
+) -> None:
+    """Found by the tree machine: a Main's cycle woken by a timer just as the
+    shutdown let the held skills go was not held then, and blocked for good at
+    its next checkpoint."""
+    busy = threading.Event()
+    threads: list[threading.Thread] = []
+    caught: list[ErrorCode] = []
+
+    def busy_main(session: Any) -> None:
+        if session.message != "go" or session.resumed:
+            return
+        threads.append(threading.current_thread())
+        busy.set()
+        release.wait(WAIT)  # "in a model call": no checkpoint while the node closes
+        try:
+            session.sleep(10_000)
+        except Cancelled as exc:
+            caught.append(exc.code)
+            raise
+
+    node = open_node(tmp_path / "store", Agent("agent", {"main": busy_main}))
+    assert node.main("agent").send("go") is None
+    assert busy.wait(WAIT)
+    node.shutdown(grace=0, timeout=WAIT)
+    release.set()
+    threads[0].join(WAIT)
+    assert not threads[0].is_alive()
+    assert caught == [ErrorCode.NODE_CLOSED]
+
+
 # -- 3. A session cancelled before the shutdown, still in its grace --------------------------
 
 

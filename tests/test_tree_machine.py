@@ -14,10 +14,11 @@ every step, once the tree has settled:
   against the protocol's table) and no ended session ever moved again, across
   restarts too;
 * every parent heard exactly once per ended child (``SessionRef.results()``),
-  the Main ran exactly one cycle per ended child, and a result once seen never
-  changes;
+  the Main ran exactly one cycle per ended child (once a cycle it waits in
+  has gone on), and a result once seen never changes;
 * nothing acknowledged is lost: every spawned session is still known after
-  any number of restarts, and every message the Main acknowledged ran once;
+  any number of restarts, and every message the Main acknowledged ran to its
+  end once, in order (a cycle let go by a shutdown runs again after it);
 * a shutdown leaves no skill thread behind and every Worker ended.
 
 How skills are driven: each branch or worker skill polls, waiting one virtual
@@ -118,15 +119,24 @@ class Commands:
 
 
 class MainLog:
-    """The Main's skill: records every cycle's message (a child's result as its id)."""
+    """The Main's skill: records every cycle that ran to its end (a child's result
+    as its id). A message starting with ``hold`` keeps its cycle waiting at a
+    checkpoint until the test commands the Main to go on (a shutdown lets it
+    go with ``Cancelled``; the message, not consumed, runs again after the
+    restart)."""
 
-    def __init__(self) -> None:
+    def __init__(self, commands: Commands) -> None:
         self._lock = threading.Lock()
+        self.commands = commands
         self.messages: collections.Counter[Any] = collections.Counter()
         self.results: collections.Counter[uuid.UUID] = collections.Counter()
 
     def __call__(self, session: Session) -> None:
         message = session.message
+        if isinstance(message, str) and message.startswith("hold"):
+            self.commands.ran_on(threading.current_thread())
+            while self.commands.take(session.session_id) != COMPLETE:
+                session.sleep(TICK)
         with self._lock:
             if isinstance(message, SessionResult):
                 self.results[message.session_id] += 1
@@ -193,7 +203,7 @@ class TreeMachine(RuleBasedStateMachine):
         self.directory = tempfile.mkdtemp(prefix="sessiontree-machine-")
         self.clock = VirtualClock()
         self.commands = Commands()
-        self.main_log = MainLog()
+        self.main_log = MainLog(self.commands)
         self.agent = Agent(AGENT, make_skills(self.commands, self.main_log), main_skill="main")
         self.known: dict[uuid.UUID, tuple[SessionKind, uuid.UUID | None]] = {}
         self.seen: dict[uuid.UUID, tuple[SessionState, str | None, str]] = {}  # ended ones
@@ -305,12 +315,21 @@ class TreeMachine(RuleBasedStateMachine):
         self.node.resume(session)
         self._settle()
 
-    @rule(main=mains)
-    def send(self, main: uuid.UUID) -> None:
-        text = f"message-{next(self._labels)}"
+    @rule(main=mains, hold=st.booleans())
+    def send(self, main: uuid.UUID, hold: bool) -> None:
+        text = f"{'hold' if hold else 'message'}-{next(self._labels)}"
         assert self.node.send(main, text) is None  # acknowledged: it must run once
         self.sent.append(text)
         self._settle()
+
+    @rule(main=mains)
+    def let_main_go_on(self, main: uuid.UUID) -> None:
+        self.commands.give(main, COMPLETE)
+        self._settle()
+
+    def _main_held(self) -> bool:
+        """A cycle of the Main waits (its later messages and results queue behind it)."""
+        return any(self.main_log.messages[text] == 0 for text in self.sent)
 
     @rule(seconds=st.sampled_from(ADVANCES))
     def advance(self, seconds: float) -> None:
@@ -382,12 +401,19 @@ class TreeMachine(RuleBasedStateMachine):
             assert result.status is info.state
             assert self.seen.setdefault(sid, ending) == ending, f"{sid} changed its result"
             if self.known[parent][0] is SessionKind.MAIN:
-                assert self.main_log.results[sid] == 1, f"the main ran {sid}'s result again"
+                cycles = self.main_log.results[sid]
+                assert cycles <= 1, f"the main ran {sid}'s result {cycles} times"
+                assert cycles == 1 or self._main_held(), f"the main never ran {sid}'s result"
 
     @invariant()
     def every_acknowledged_message_ran_once(self) -> None:
-        for text in self.sent:
-            assert self.main_log.messages[text] == 1, f"{text!r} ran {self.main_log.messages}"
+        ran = [self.main_log.messages[text] for text in self.sent]
+        assert all(count <= 1 for count in ran), f"a message ran twice: {self.main_log.messages}"
+        # in order: once one waits, those after it wait too
+        waiting = ran.index(0) if 0 in ran else len(ran)
+        assert all(count == 0 for count in ran[waiting + 1 :]), f"out of order: {ran}"
+        if waiting < len(ran):
+            assert self.sent[waiting].startswith("hold"), f"{self.sent[waiting]!r} never ran"
 
     def teardown(self) -> None:
         try:
