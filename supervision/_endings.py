@@ -77,9 +77,9 @@ class Endings:
                 tree.zombies -= 1
         core = entry.core
         tree.run_released(session_id)
-        # Ended already, or fenced by a shutdown (a branch it released from its
-        # checkpoint, or one that never parked): the session keeps its state (a
-        # branch the shutdown parked resumes after a restart); nothing counts.
+        # Ended already, or fenced by a shutdown (a skill it let go, a branch
+        # that never parked): the session keeps its state (a branch the shutdown
+        # parked resumes after a restart, a Main's message runs again); nothing counts.
         if core.state in TERMINAL_STATES or core.fence_code is not None:
             if end.outcome is not None or end.error is not None:
                 tree.rt.counters["refused_after_fence"] += 1

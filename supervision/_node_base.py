@@ -192,9 +192,9 @@ class NodeBase:
             self._stopped.set()
 
     def _release_parked(self, timeout: float) -> None:
-        """Let the skills parked at a checkpoint go (``Cancelled`` with
-        ``node_closed``) and wait up to ``timeout`` real seconds for their runs
-        to end, so no thread is left blocked behind a closed node."""
+        """Let the running skills go (``Cancelled`` with ``node_closed`` at their
+        checkpoint) and wait up to ``timeout`` real seconds for those held at a
+        checkpoint to end, so no thread is left blocked behind a closed node."""
         try:
             self._call(ReleaseParked(), check=False, timeout=timeout)
         except AskTimeoutError:

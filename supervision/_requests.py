@@ -258,8 +258,9 @@ class ForceWorkers(Request[None], frozen=True):
 
 
 class ReleaseParked(Request[None], frozen=True):
-    """Let every skill parked at a checkpoint go (``Cancelled`` with ``node_closed``);
-    answered once each of their runs ended (a step of a shutdown)."""
+    """Let every running skill go (``Cancelled`` with ``node_closed`` at its
+    checkpoint); answered once the runs held at a checkpoint ended (a step of
+    a shutdown)."""
 
 
 class StopAll(Request[int], frozen=True):

@@ -7,11 +7,12 @@ grace ran out. Whether it has settled is asked after every ending and every
 park, so the check lives with the tree's state (``Tree.check_shutdown``),
 where endings and suspension reach it.
 
-Last, the skills still parked or blocked at a checkpoint are let go
-(``release_parked``) so no thread is left behind: they get ``Cancelled`` with
-``node_closed``, their sessions keep the state they have (a branch the
-shutdown parked resumes after a restart, a Main's unfinished cycle runs again
-then), and whatever their runs end with is refused.
+Last, the skills still running are let go (``release_parked``) so no thread
+is left behind: at the checkpoint they are parked or blocked at, or their
+next one, they get ``Cancelled`` with ``node_closed``; their sessions keep the
+state they have (a branch the shutdown parked resumes after a restart, a
+Main's unfinished cycle runs again then), and whatever their runs end with
+is refused.
 """
 
 from __future__ import annotations
