@@ -188,6 +188,7 @@ class SessionCore:
         self.suspend_requested = False
         self.parked = False
         self.fence_code: ErrorCode | None = None
+        self.release_code: ErrorCode | None = None  # a closing node let the skill go
         self.resumed = False
         self.input_seq: int | None = None
         self.attempt = 1
@@ -264,14 +265,29 @@ class SessionCore:
                 self.fence_code = code
             self.wake()
 
+    def release(self, code: ErrorCode) -> None:
+        """A closing node lets the skill go (``node_closed``): at the checkpoint it
+        waits at, or its next one, the session is fenced with ``code`` and the
+        skill gets ``Cancelled``, so its thread or task ends. A run that ends
+        before reaching one ends as it would have."""
+        with self.cond:
+            if self.release_code is None:
+                self.release_code = code
+            self.wake()
+
     def cancel_task(self) -> None:
         """Cancel an async skill's task (forced termination); nothing for a sync one."""
         task, loop = self.task, self.task_loop
         if task is not None and loop is not None:
             call_soon(loop, task.cancel)
 
+    @property
+    def letting_go(self) -> bool:
+        """True once fenced or released: the skill takes no compute slot again."""
+        return self.fence_code is not None or self.release_code is not None
+
     def _interrupted(self, *, parking: bool, landing: bool = False) -> bool:
-        if self.fenced:
+        if self.letting_go:
             return True
         if landing:
             return False
@@ -402,7 +418,7 @@ class SessionCore:
         finally:
             if timer is not None:
                 timer.cancel()
-            if released and not self.fenced:
+            if released and not self.letting_go:
                 self.acquire_slot_blocking()
 
     async def block_until_async(
@@ -428,7 +444,7 @@ class SessionCore:
                         # slot back at once when one is free (the usual case)
                         self._unmark_blocked()
                         unmarked = True
-                        if released and self.fence_code is None and self.slots.try_acquire():
+                        if released and not self.letting_go and self.slots.try_acquire():
                             self.holds_slot = True
                             released = False
                         break
@@ -449,7 +465,7 @@ class SessionCore:
             if not unmarked:
                 with self.cond:
                     self._unmark_blocked()
-        if released and not self.fenced:
+        if released and not self.letting_go:
             await self.acquire_slot_async()
 
     @property

@@ -157,6 +157,9 @@ class _Base:
         core = self._core
         core.touch()
         fence_code = core.fence_code
+        if fence_code is None and core.release_code is not None:  # the node closes
+            core.fence(core.release_code)
+            fence_code = core.fence_code
         if fence_code is not None:
             self._host.refused(core, what)
             raise Cancelled(fence_code, core.session_id)
@@ -711,8 +714,8 @@ def _message(role: str, content: Any, name: str | None) -> ContextMessage:
 def _landing(core: SessionCore) -> bool:
     """Whether a model call in flight finishes and its reply is delivered
     although the session was cancelled: when its budget ran out (the next
-    checkpoint raises ``Cancelled``), unless the session is fenced."""
-    return core.cancel_code is ErrorCode.BUDGET_EXHAUSTED and not core.fenced
+    checkpoint raises ``Cancelled``), unless the session is fenced or let go."""
+    return core.cancel_code is ErrorCode.BUDGET_EXHAUSTED and not core.letting_go
 
 
 def _never() -> bool:

@@ -11,7 +11,6 @@ import msgspec
 from sessiontree.protocol._errors import RejectedInputError
 from sessiontree.protocol._messages import ControlMessage
 from sessiontree.protocol._specs import SpawnSpec
-from sessiontree.protocol._usage import Budget
 
 __all__ = [
     "MAX_CONTROL_BYTES",
@@ -30,7 +29,7 @@ MAX_NESTING = 64
 
 _json_control = msgspec.json.Decoder(ControlMessage)
 _msgpack_control = msgspec.msgpack.Decoder(ControlMessage)
-_PATH = re.compile(r"at `\$(.*)`$")
+_PATH = re.compile(r"`\$([^`]*)`$")  # "at `$.ttl`", "at `key` in `$.metadata`"
 _JSON_NOISE = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
@@ -137,9 +136,28 @@ def spawn_batch(specs: Iterable[Any]) -> tuple[SpawnSpec, ...]:
                 seen = checked[id(spec)] = (spec, make_spec(spec))
             except RejectedInputError as exc:
                 msg = f"specs[{i}]: {exc}"
-                raise RejectedInputError(msg, field=f"specs[{i}].{exc.field}") from exc
+                field = f"specs[{i}]" if exc.field is None else f"specs[{i}].{exc.field}"
+                raise RejectedInputError(msg, field=field) from exc
         batch.append(seen[1])
     return tuple(batch)
+
+
+def _builtins_of(spec: Any) -> Any:
+    """A spec (or its fields) as plain data; ``RejectedInputError`` naming the field
+    that holds a value with no plain form (an ``object()`` in ``metadata``)."""
+    try:
+        return msgspec.to_builtins(spec)
+    except (TypeError, ValueError, OverflowError) as exc:
+        field = None
+        values = spec if isinstance(spec, dict) else msgspec.structs.asdict(spec)
+        for name, value in values.items():
+            try:
+                msgspec.to_builtins(value)
+            except (TypeError, ValueError, OverflowError):
+                field = name
+                break
+        msg = f"invalid spawn spec: {exc}" + (f" - at `$.{field}`" if field else "")
+        raise RejectedInputError(msg, field=field) from exc
 
 
 def make_spec(spec: Any = None, /, **fields: Any) -> SpawnSpec:
@@ -152,12 +170,9 @@ def make_spec(spec: Any = None, /, **fields: Any) -> SpawnSpec:
     if spec is not None and fields:
         msg = "pass either a SpawnSpec or keyword fields, not both"
         raise TypeError(msg)
-    if spec is not None:
-        raw = msgspec.to_builtins(spec)
-    elif isinstance(fields.get("budget"), Budget):  # checked like one given as a mapping
-        raw = {**fields, "budget": msgspec.to_builtins(fields["budget"])}
-    else:
-        raw = fields
+    # As plain data first (a Budget becomes a mapping and is checked like one; a
+    # value in metadata with no plain form is refused here, not by the store).
+    raw = _builtins_of(spec if spec is not None else fields)
     try:
         return msgspec.convert(raw, SpawnSpec)
     except msgspec.ValidationError as exc:

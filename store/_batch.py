@@ -211,6 +211,11 @@ class WriteBatch:
         self._delete("cycles", session_id.bytes)
         return self
 
+    def no_cycles(self) -> WriteBatch:
+        """Drop every Main's cycle mark (a clean stop: no crash cut one off)."""
+        self._delete("cycles", b"", prefix=True)
+        return self
+
     # -- what recovery held back, the node's starts ---------------------------------
 
     def wedged(self, record: WedgedRecord) -> WriteBatch:

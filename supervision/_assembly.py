@@ -112,6 +112,7 @@ class NodeParts:
         """The event loop for async skills, made on first use (``event_loop``)."""
         self._loop_lock = threading.Lock()
         self.housekeeper: Housekeeper | None = None
+        self.replay_held = False  # recovery held replay back, not yet released
 
     def event_loop(self) -> EventLoopThread:
         """The node's event loop, made on first use."""
@@ -230,15 +231,19 @@ class NodeParts:
             log.warning("model clients did not close cleanly: %r", exc)
 
     def _flush_store(self) -> None:
-        """Commit what is queued, and that this run stopped cleanly (its next
-        start does not count it as a crash for the restart intensity)."""
+        """Commit what is queued, and that this run stopped cleanly: its next
+        start does not count it as a crash for the restart intensity, and a
+        Main's cycle the shutdown let go runs again as it was, not as a run a
+        crash cut off (unless replay is held: then the counts are kept)."""
         if self.store is None:
             return
         try:
             starts = self.store.starts()
             if starts is not None and starts.running:
-                stopped = msgspec.structs.replace(starts, running=False)
-                self.store.write(WriteBatch().starts(stopped))
+                batch = WriteBatch().starts(msgspec.structs.replace(starts, running=False))
+                if not self.replay_held:
+                    batch.no_cycles()
+                self.store.write(batch)
             else:
                 self.store.flush()
         except SessionTreeError as exc:

@@ -39,7 +39,9 @@ class Cancelling:
     def cancel(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Cancel a session and its whole subtree, with one deadline; an
         ``ErrorInfo`` if it already ended (``UnknownSessionError`` if unknown)."""
-        entry = self.tree.lookup(session_id)
+        entry = self.tree.entry(session_id)
+        if entry is None:
+            return self.tree.ended_answer(session_id)
         if entry.state.is_terminal:
             return ErrorInfo(
                 code=ErrorCode.INVALID_TRANSITION,

@@ -79,6 +79,7 @@ from sessiontree.supervision._requests import (
     OpenMain,
     ProbeParked,
     Redeliver,
+    ReleaseParked,
     ReleaseReplay,
     Request,
     Reserve,
@@ -328,6 +329,9 @@ class Cortex:
             case ForceWorkers():
                 self.shutdown.force_workers()
                 return None
+            case ReleaseParked():
+                assert reply is not None  # answered once the released runs ended
+                return self.shutdown.release_parked(reply)
             case StopAll():
                 return self.shutdown.stop_all()
         msg = f"the cortex has no operation {type(request).__name__}"

@@ -8,6 +8,7 @@ result is delivered at once, then the descendants are cancelled (through
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 
@@ -32,6 +33,8 @@ from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
 from sessiontree.supervision._tree import Tree
 
 __all__ = ["Endings"]
+
+log = logging.getLogger("sessiontree.cortex")
 
 EVICT_TRIES = 16  # zombies an ending's eviction passes over at most
 
@@ -73,7 +76,11 @@ class Endings:
             else:
                 tree.zombies -= 1
         core = entry.core
-        if core.state in TERMINAL_STATES:
+        tree.run_released(session_id)
+        # Ended already, or fenced by a shutdown (a skill it let go, a branch
+        # that never parked): the session keeps its state (a branch the shutdown
+        # parked resumes after a restart, a Main's message runs again); nothing counts.
+        if core.state in TERMINAL_STATES or core.fence_code is not None:
             if end.outcome is not None or end.error is not None:
                 tree.rt.counters["refused_after_fence"] += 1
                 tree.emit(EventKind.REFUSED, entry, data={"what": "result"})
@@ -100,6 +107,12 @@ class Endings:
             ended = False
         else:
             state, code, outcome, error = ending_of(end, cancel_code)
+            if state not in TRANSITIONS[core.state]:
+                # A run let go of its checkpoint without its session being made
+                # active first (a broken invariant elsewhere): what a skill does
+                # never fails the Cortex, so it leaves suspension, then ends.
+                log.warning("session %s ended its run while %s", id_text(entry), core.state)
+                tree.set_state(entry, SessionState.ACTIVE, at=now)
             self.finish(entry, state, code, outcome, error=error, now=now, evict=False)
             ended = True
         if end.fatal is not None:

@@ -42,8 +42,9 @@ class NodeHost:
         self.parts = node._parts  # read at every run's end: one hop fewer
         self._ended: list[RunEnded] = []  # touched on the event loop thread only
 
-    # A skill spawning while the node shuts down (or after) gets node_closed
-    # back as a value, like any refused spawn.
+    # A skill spawning while the node shuts down gets node_closed back as a
+    # value, like any refused spawn (once the shutdown let the skills go, the
+    # spawn's checkpoint raises Cancelled(node_closed) before this is reached).
     def spawn(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
         try:
             answer = self.node._call(Spawn(parent.session_id, spec), check=False)

@@ -129,6 +129,7 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         """Each decision recovery took beyond a plain first run: replays after a
         crash, work held back as stale or wedged (``RecoveryDecision``)."""
         self.replay_held = None if recovered is None else recovered.held
+        parts.replay_held = self.replay_held is not None
         """Why this start holds replay back (the node kept crashing), or None;
         ``release_replay()`` runs it."""
         parts.start_backend()

@@ -31,6 +31,7 @@ from sessiontree.supervision._requests import (
     Call,
     ForceWorkers,
     ListSessions,
+    ReleaseParked,
     Request,
     ShutdownDeadline,
     StopAll,
@@ -178,6 +179,7 @@ class NodeBase:
                     self._call(ShutdownDeadline(), check=False)
                     self._call(ForceWorkers(), check=False)
                 self.final_sessions = self._call(ListSessions(), check=False)
+                self._release_parked(timeout)
                 self._call(StopAll(), check=False)
         except NodeClosedError:
             pass
@@ -188,6 +190,15 @@ class NodeBase:
                 release_gc()
             self._state = "closed"
             self._stopped.set()
+
+    def _release_parked(self, timeout: float) -> None:
+        """Let the running skills go (``Cancelled`` with ``node_closed`` at their
+        checkpoint) and wait up to ``timeout`` real seconds for those held at a
+        checkpoint to end, so no thread is left blocked behind a closed node."""
+        try:
+            self._call(ReleaseParked(), check=False, timeout=timeout)
+        except AskTimeoutError:
+            log.warning("a skill let go at shutdown did not return in %.1f s", timeout)
 
     def force_shutdown(self) -> None:
         """Cut a shutdown short: what still runs is forced now (the second

@@ -156,5 +156,6 @@ class NodeRecovery(NodeSessions):
             if starts is not None and starts.crashes:
                 self.store.write(WriteBatch().starts(msgspec.structs.replace(starts, crashes=[])))
         self.replay_held = None
+        self._parts.replay_held = False
         self.recovery["replay_held"] = 0
         return released

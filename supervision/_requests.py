@@ -61,6 +61,7 @@ __all__ = [
     "OpenMain",
     "ProbeParked",
     "Redeliver",
+    "ReleaseParked",
     "ReleaseReplay",
     "Request",
     "Reserve",
@@ -271,6 +272,12 @@ class ShutdownDeadline(Request[None], frozen=True):
 
 class ForceWorkers(Request[None], frozen=True):
     """Force every worker and remote step still running."""
+
+
+class ReleaseParked(Request[None], frozen=True):
+    """Let every running skill go (``Cancelled`` with ``node_closed`` at its
+    checkpoint); answered once the runs held at a checkpoint ended (a step of
+    a shutdown)."""
 
 
 class StopAll(Request[int], frozen=True):

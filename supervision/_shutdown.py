@@ -1,13 +1,23 @@
 """A node's shutdown as the Cortex runs it (DESIGN.md §3, "Shutdown"): no new
 work; running Branches park (they resume after a restart); Workers and remote
-steps are cancelled with the grace, forced at its end; Mains stay. The caller
-is answered with every session once that has settled or the grace ran out.
-Whether it has settled is asked after every ending and every park, so the
-check lives with the tree's state (``Tree.check_shutdown``), where endings
-and suspension reach it.
+steps are cancelled with the grace, forced at its end; a session already
+cancelled wraps up within the grace (or its own deadline) or is forced; Mains
+stay. The caller is answered with every session once that has settled or the
+grace ran out. Whether it has settled is asked after every ending and every
+park, so the check lives with the tree's state (``Tree.check_shutdown``),
+where endings and suspension reach it.
+
+Last, the skills still running are let go (``release_parked``) so no thread
+is left behind: at the checkpoint they are parked or blocked at, or their
+next one, they get ``Cancelled`` with ``node_closed``; their sessions keep the
+state they have (a branch the shutdown parked resumes after a restart, a
+Main's unfinished cycle runs again then), and whatever their runs end with
+is refused.
 """
 
 from __future__ import annotations
+
+import uuid
 
 from sessiontree.actors.runtime import Reply, post, stop_actor
 from sessiontree.protocol import ErrorCode, SessionKind, SessionState
@@ -73,25 +83,62 @@ class Shutdown:
         return DEFERRED
 
     def deadline(self) -> None:
-        """The shutdown grace ran out: force workers still running, fence branches
-        that never parked, then settle."""
+        """The shutdown grace ran out: force workers and cancelled sessions still
+        running, fence branches that never parked (one whose park is still on its
+        way to the Cortex is suspended now), then settle."""
         self.force_workers()
         tree = self.tree
-        for entry in tree.entries.values():
+        for entry in list(tree.entries.values()):
             if entry.suspend_requested and entry.state is SessionState.ACTIVE:
-                self.cancelling.fence(entry, ErrorCode.NODE_CLOSED)
+                with entry.core.cond:
+                    parked = entry.core.parked
+                if parked:  # as Suspension.parked does, without settling yet
+                    tree.set_state(entry, SessionState.SUSPENDED)
+                    tree.stop_actor(entry)
+                else:
+                    self.cancelling.fence(entry, ErrorCode.NODE_CLOSED)
         tree.settle_shutdown()
 
     def force_workers(self) -> None:
-        """Force every worker and remote step still running (a shutdown that ran
-        out of real time)."""
+        """Force every worker and remote step still running, and every session
+        still in its cancellation grace (a shutdown that ran out of time)."""
         ids = tuple(
             e.session_id
             for e in self.tree.entries.values()
-            if (e.kind is SessionKind.WORKER or e.core.remote is not None)
+            if (
+                e.kind is SessionKind.WORKER
+                or e.core.remote is not None
+                or e.cancel_code is not None
+            )
             and not e.state.is_terminal
         )
         self.cancelling.deadline(ids)
+
+    def release_parked(self, reply: Reply) -> object:
+        """Let every skill still running go (``SessionCore.release``): at the
+        checkpoint it is parked or blocked at (a Branch parked by the shutdown or
+        before it, a Main's cycle waiting on its children), or at its next one, it
+        gets ``Cancelled`` (``node_closed``), so its thread (or task) ends. Its
+        session keeps its state and stored record (a Main's message, not
+        consumed, runs again after a restart); what its run ends with is refused
+        (``Endings``). Answers ``reply`` once every run held at a checkpoint now
+        has ended (None at once when none is); the caller bounds the wait."""
+        tree = self.tree
+        held_now: set[uuid.UUID] = set()
+        for entry in tree.entries.values():
+            core = entry.core
+            if entry.state.is_terminal or core.remote is not None:
+                continue
+            with core.cond:
+                held = core.skill_running and (core.parked or core.blocked)
+            core.release(ErrorCode.NODE_CLOSED)  # also one whose cycle is about to start
+            if held:
+                held_now.add(entry.session_id)
+        if not held_now:
+            return None
+        tree.releasing = held_now
+        tree.release_reply = reply
+        return DEFERRED
 
     def stop_all(self) -> int:
         """Stop every session actor still running (last step of a shutdown); how many."""

@@ -39,7 +39,9 @@ class Suspension:
     def suspend(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Ask a Branch to park at its next checkpoint (a caller's suspend: a
         branch memory pressure suspended stays suspended, now for the caller)."""
-        entry = self.tree.lookup(session_id)
+        entry = self.tree.entry(session_id)
+        if entry is None:
+            return self.tree.ended_answer(session_id)
         if self._unmark(entry) and self._pressure_held(entry):
             return None
         if entry.kind is not SessionKind.BRANCH:
@@ -92,7 +94,9 @@ class Suspension:
 
     def resume(self, session_id: uuid.UUID) -> ErrorInfo | None:
         """Resume a suspended Branch (or withdraw a suspension not yet taken)."""
-        entry = self.tree.lookup(session_id)
+        entry = self.tree.entry(session_id)
+        if entry is None:
+            return self.tree.ended_answer(session_id)
         self._unmark(entry)
         return self._resume(entry)
 

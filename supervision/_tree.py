@@ -31,6 +31,7 @@ from sessiontree.actors.runtime import (
 from sessiontree.protocol import (
     TERMINAL_STATES,
     ErrorCode,
+    ErrorInfo,
     InvalidTransitionError,
     SessionInfo,
     SessionKind,
@@ -82,6 +83,10 @@ class Tree:
         self.held: dict[uuid.UUID, list[Any]] = {}
         self.closing = False
         self.shutdown_waiters: list[Reply] = []
+        # Skills a shutdown let go of their checkpoint, until their runs end; then
+        # ``release_reply`` is answered (Shutdown.release_parked).
+        self.releasing: set[uuid.UUID] = set()
+        self.release_reply: Reply | None = None
         self.to_stop: list[pykka.ActorRef[Any]] = []  # actors of ended sessions
 
     # -- reading ----------------------------------------------------------------
@@ -127,6 +132,18 @@ class Tree:
             msg = f"unknown session {session_id}"
             raise UnknownSessionError(msg, session_id=session_id)
         return record
+
+    def ended_answer(self, session_id: uuid.UUID) -> ErrorInfo:
+        """What cancel, suspend or resume answer for a session the index no longer
+        holds but the store does (it ended before a restart, or was evicted):
+        ``invalid_transition`` naming how it ended, as for one still indexed.
+        ``UnknownSessionError`` when the store has no such session either."""
+        known = self.known(session_id)
+        state = known.state if isinstance(known, TreeEntry) else known.info.state
+        return ErrorInfo(
+            code=ErrorCode.INVALID_TRANSITION,
+            message=f"session {session_id} already ended ({state.value})",
+        )
 
     def uncancelled_descendants(self, entry: TreeEntry) -> list[TreeEntry]:
         """``entry``'s live descendants not yet asked to cancel, parents before
@@ -442,12 +459,15 @@ class Tree:
 
     def check_shutdown(self) -> None:
         """Answer the shutdown's waiters once nothing is left to settle: no worker
-        or remote step runs, and every branch asked to park has parked."""
+        or remote step runs, no session is in its cancellation grace, and every
+        branch asked to park has parked."""
         for entry in self.entries.values():
             if entry.state.is_terminal:
                 continue
             if entry.kind is SessionKind.WORKER or entry.core.remote is not None:
                 return
+            if entry.cancel_code is not None:
+                return  # cancelled before or during the shutdown: wraps up or is forced
             if entry.suspend_requested and entry.state is SessionState.ACTIVE:
                 return  # parked by the shutdown, or explicitly suspended: not parked yet
         self.settle_shutdown()
@@ -457,6 +477,18 @@ class Tree:
         final = [with_state(e) for e in self.entries.values()]
         for reply in waiters:
             reply.set(final)
+
+    def run_released(self, session_id: uuid.UUID) -> None:
+        """The run of ``session_id`` ended; if a shutdown released it, and it was
+        the last one, the shutdown's wait for them is answered."""
+        releasing = self.releasing
+        if not releasing or session_id not in releasing:
+            return
+        releasing.discard(session_id)
+        reply = self.release_reply
+        if not releasing and reply is not None:
+            self.release_reply = None
+            reply.set(None)
 
 
 def _post_to(ref: pykka.ActorRef[Any], activity: Activity, message: object) -> None:

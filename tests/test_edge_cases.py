@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sessiontree.actors import VirtualClock
+from sessiontree.actors import Cancelled, VirtualClock
 from sessiontree.protocol import (
     ErrorCode,
     Outcome,
@@ -209,15 +209,22 @@ def test_zombies_are_evicted_once_their_thread_returns(make_node: Any) -> None:
     assert node.stats()["indexed_sessions"] == 2  # the main and the last ended worker
 
 
-def test_a_skill_spawning_after_shutdown_gets_node_closed_back(clock: VirtualClock) -> None:
+def test_a_skill_spawning_after_shutdown_is_let_go_with_node_closed(clock: VirtualClock) -> None:
+    # A shutdown lets every running skill go: its next checkpoint (this spawn)
+    # raises Cancelled(node_closed), so its thread ends (issue 21).
     entered, go, answered = threading.Event(), threading.Event(), threading.Event()
     answers: list[Any] = []
 
     def lead(session: Any) -> None:
         entered.set()
         go.wait(WAIT)
-        answers.append(session.spawn(kind="worker", skill="quick").error.code)
-        answered.set()
+        try:
+            session.spawn(kind="worker", skill="quick")
+        except Cancelled as exc:
+            answers.append(exc.code)
+            raise
+        finally:
+            answered.set()
 
     node = Node([Agent("agent", {"lead": lead, "quick": quick})], clock=clock)
     node.main("agent").send("hi")

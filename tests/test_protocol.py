@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import msgspec
 import pytest
@@ -138,3 +139,44 @@ def test_a_batch_spec_built_by_hand_is_checked_and_converted() -> None:
     with pytest.raises(RejectedInputError) as caught:
         spawn_batch([loose, bad])
     assert caught.value.field == "specs[1].ttl"
+
+
+BAD_SPECS: list[tuple[dict[str, Any], str]] = [
+    ({"kind": "nope"}, "kind"),
+    ({"kind": None}, "kind"),
+    ({"kind": "worker", "task": 5}, "task"),
+    ({"kind": "worker", "context_summary": None}, "context_summary"),
+    ({"kind": "worker", "skill": 5}, "skill"),
+    ({"kind": "worker", "ttl": "5"}, "ttl"),
+    ({"kind": "worker", "model_tier": ""}, "model_tier"),
+    ({"kind": "worker", "request_id": 7}, "request_id"),
+    ({"kind": "worker", "metadata": [1]}, "metadata"),
+    ({"kind": "worker", "metadata": {1: "x"}}, "metadata"),
+    ({"kind": "worker", "metadata": {"x": object()}}, "metadata"),
+    ({"kind": "worker", "backend": 3}, "backend"),
+    ({"kind": "worker", "budget": "lots"}, "budget"),
+]
+
+
+@pytest.mark.parametrize(("fields", "field"), BAD_SPECS, ids=[f for _, f in BAD_SPECS])
+def test_a_hand_built_spec_with_a_bad_field_is_refused_naming_it(
+    fields: dict[str, Any], field: str
+) -> None:
+    spec = SpawnSpec(**fields)
+    with pytest.raises(RejectedInputError) as single:
+        make_spec(spec)
+    assert single.value.field == field
+    with pytest.raises(RejectedInputError) as batch:
+        spawn_batch([make_spec(kind="worker"), spec])
+    assert batch.value.field == f"specs[1].{field}"
+
+
+def test_a_hand_built_spec_with_a_str_kind_is_taken_as_the_enum() -> None:
+    assert make_spec(SpawnSpec(kind="branch")).kind is SessionKind.BRANCH  # type: ignore[arg-type]
+
+
+def test_a_spec_field_with_no_plain_form_is_refused_naming_it() -> None:
+    """A value with no plain form passed as a keyword is refused here, not by the store."""
+    with pytest.raises(RejectedInputError) as caught:
+        make_spec(kind="worker", metadata={"x": object()})
+    assert caught.value.field == "metadata"

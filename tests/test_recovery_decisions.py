@@ -556,3 +556,28 @@ def test_main_sessions_are_untouched_by_classification(
     assert node.get(main).kind is SessionKind.MAIN
     assert node.recovery["mains"] == 1
     assert node.recovery_decisions == []
+
+
+def test_a_cycle_a_clean_shutdown_let_go_runs_again_as_it_was_never_counted_as_a_crash(
+    nodes: Callable[..., Node], tmp_path: pathlib.Path
+) -> None:
+    runs: list[int] = []
+
+    def main(session: Any) -> None:
+        runs.append(session.attempt)
+        if not FIXED.is_set():
+            session.sleep(3600.0)  # at a checkpoint: the shutdown lets it go
+
+    agent = Agent("agent", {"main": main}, main_skill="main")
+    for _ in range(4):  # more clean stops than recovery_attempts
+        node = nodes(tmp_path, agent)
+        if not runs:
+            assert node.main("agent").send("slow") is None
+        settle(node)
+        node.shutdown(grace=1.0)
+    FIXED.set()
+    node = nodes(tmp_path, agent)
+    settle(node)
+    assert runs == [1, 1, 1, 1, 1]
+    assert node.wedged() == []
+    assert node.recovery_decisions == []
