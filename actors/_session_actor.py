@@ -269,10 +269,15 @@ class SessionActorLogic:
                 marked.add_done_callback(functools.partial(self._marked, message, self.cycles))
 
     def _marked(self, message: Any, cycle: int, marked: concurrent.futures.Future[None]) -> None:
-        """The cycle's start is durable (on the store's writer thread): run it. A
-        mark that failed is logged and the cycle runs anyway: the store's
-        failure is counted where it happened, and refusing the cycle would
-        drop an acknowledged message."""
+        """The cycle's start is durable (on the store's writer thread): run it,
+        unless the Main was cancelled or fenced meanwhile (its end does not wait
+        for a cycle that never started). A mark that failed is logged and the
+        cycle runs anyway: the store's failure is counted where it happened,
+        and refusing the cycle would drop an acknowledged message."""
+        core = self.core
+        if core.fenced or core.cancel_code is not None:
+            self.activity.end()
+            return
         if marked.exception() is not None:
             log.error(
                 "session %s: the start of cycle %d could not be recorded: %s",
