@@ -27,7 +27,7 @@ from sessiontree.supervision._engine import (
     _Cancel,
     _Now,
     _Sleep,
-    _Spawn,
+    _SpawnMany,
     _WaitAny,
 )
 from sessiontree.supervision._patterns import PATTERNS
@@ -65,8 +65,8 @@ def drive_sync(
         while True:
             command = engine.send(answer)
             match command:
-                case _Spawn(spec=spec):
-                    answer = session.spawn(spec)
+                case _SpawnMany(specs=specs):
+                    answer = session.spawn_many(specs)
                 case _WaitAny(children=children, timeout=timeout):
                     got = session.next_result(children, timeout)
                     answer = None if got is None else (got.session_id, got.result)
@@ -97,8 +97,8 @@ async def drive_async(
         while True:
             command = engine.send(answer)
             match command:
-                case _Spawn(spec=spec):
-                    answer = await session.spawn(spec)
+                case _SpawnMany(specs=specs):
+                    answer = await session.spawn_many(specs)
                 case _WaitAny(children=children, timeout=timeout):
                     got = await session.next_result(children, timeout)
                     answer = None if got is None else (got.session_id, got.result)
@@ -157,13 +157,14 @@ class NodeDriver:
     def _do(self, command: Command) -> Any:
         node = self.node
         match command:
-            case _Spawn(spec=spec):
-                spawned = node.spawn(self.parent, spec)
-                if spawned.session_id is not None:
-                    self._mine.add(spawned.session_id)
-                    if node.result(spawned.session_id) is not None:  # ended already
-                        self._ended.put(spawned.session_id)
-                return spawned
+            case _SpawnMany(specs=specs):
+                answers = node.spawn_many(self.parent, specs)
+                for spawned in answers:
+                    if spawned.session_id is not None:
+                        self._mine.add(spawned.session_id)
+                        if node.result(spawned.session_id) is not None:  # ended already
+                            self._ended.put(spawned.session_id)
+                return answers
             case _WaitAny(children=children, timeout=timeout):
                 return self._wait_any(children, timeout)
             case _Sleep(seconds=seconds):

@@ -1,12 +1,13 @@
 """The pattern engine: the commands a pattern yields and the loop that runs tasks.
 
 A pattern (``_patterns``) is a generator that never does I/O itself: it
-yields commands (``_Spawn`` a child, ``_WaitAny`` of some children,
+yields commands (``_SpawnMany`` children in one batch, ``_WaitAny`` of some children,
 ``_Sleep``, ``_Cancel`` a child, read the clock with ``_Now``) and receives
 their answers from a driver (``_drivers``). ``gather`` is the loop every
-pattern shares: it spawns tasks as fresh sessions, queues those the
-children limit or the node's capacity refuses, retries failed attempts on
-the clock, and marks what is still running at the timeout.
+pattern shares: it spawns the tasks ready to run as fresh sessions in one
+batch (one admission, one group commit), queues those the children limit or
+the node's capacity refuses, retries failed attempts on the clock, and marks
+what is still running at the timeout.
 
 On failure: a spawn refused for good ends its task with the refusal in its
 ``Attempt``; a retry refused at the restart intensity limit cancels what
@@ -53,10 +54,11 @@ _SLOT_WAIT = 0.05  # clock seconds between spawn attempts when no child of ours 
 
 
 @dataclass(frozen=True, slots=True)
-class _Spawn:
-    """Spawn ``spec`` under the parent; answered with the ``Spawned``."""
+class _SpawnMany:
+    """Spawn ``specs`` under the parent in one batch; answered with one
+    ``Spawned`` per spec, in order."""
 
-    spec: SpawnSpec
+    specs: tuple[SpawnSpec, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,7 @@ class _Now:
     """Read the monotonic clock; answered with its seconds."""
 
 
-Command = _Spawn | _WaitAny | _Sleep | _Cancel | _Now
+Command = _SpawnMany | _WaitAny | _Sleep | _Cancel | _Now
 Engine = Generator[Command, Any, Gathered]
 # -- the engine ----------------------------------------------------------------------------
 
@@ -137,6 +139,11 @@ class _Gather:
         self.delayed: list[tuple[float, int, Task, float]] = []  # (when, index, task, wait)
         self.running: dict[uuid.UUID, tuple[Task, Attempt]] = {}
         self.backoff_of: dict[int, float] = {}
+        # Once the children limit refused a task, a batch asks only for as many
+        # as children of ours ended since (each frees one place), so a long
+        # queue is not offered to the Cortex whole every time one child ends.
+        self.limited = False
+        self.freed = 0
 
     def run(self, timeout: float | None) -> Generator[Command, Any, None]:
         now: float = yield _Now()
@@ -167,21 +174,26 @@ class _Gather:
         self.restarts.forget(self.parent, now, self.retry.period)
 
     def _spawn_ready(self) -> Generator[Command, Any, None]:
-        """Spawn queued tasks until the children limit refuses one (it waits for a slot)."""
-        while self.ready:
-            task = self.ready[0]
-            number = len(task.attempts or []) + 1
-            spec = task.spec
-            if number > 1 and self.retry.fallback_skill is not None:
-                spec = msgspec.structs.replace(spec, skill=self.retry.fallback_skill)
-            spawned = yield _Spawn(spec)
+        """Spawn the queued tasks in one batch; those the children limit (or the
+        node's capacity, while a child of ours runs) refuses wait for a slot."""
+        if not self.ready:
+            return
+        size = max(1, self.freed) if self.limited else len(self.ready)
+        batch, self.ready = self.ready[:size], self.ready[size:]
+        self.freed = 0
+        numbers = [len(task.attempts or []) + 1 for task in batch]
+        specs = tuple(self._spec(task, n) for task, n in zip(batch, numbers, strict=True))
+        answers = yield _SpawnMany(specs)
+        waiting: list[Task] = []
+        for task, number, spec, spawned in zip(batch, numbers, specs, answers, strict=True):
             code = None if spawned.error is None else spawned.error.code
             if spawned.session_id is None and (
                 code is ErrorCode.CHILDREN_EXCEEDED
                 or (code is ErrorCode.CAPACITY_EXCEEDED and self.running)
             ):
-                return  # queue: a child of ours ending frees a slot
-            self.ready.pop(0)
+                self.limited = True
+                waiting.append(task)  # queued: a child of ours ending frees a slot
+                continue
             task.started = True
             attempt = Attempt(
                 number=number,
@@ -195,10 +207,18 @@ class _Gather:
                 task.done = True  # refused for good (depth, ttl, unknown skill…)
             else:
                 self.running[spawned.session_id] = (task, attempt)
+        self.ready[:0] = waiting  # in their order, ahead of the rest
+
+    def _spec(self, task: Task, number: int) -> SpawnSpec:
+        """A task's spec for attempt ``number`` (a retry may run the fallback skill)."""
+        if number > 1 and self.retry.fallback_skill is not None:
+            return msgspec.structs.replace(task.spec, skill=self.retry.fallback_skill)
+        return task.spec
 
     def _ended(self, child: uuid.UUID, result: SessionResult) -> Generator[Command, Any, None]:
         """A child's result: done, or queued for another attempt after its backoff."""
         task, attempt = self.running.pop(child)
+        self.freed += 1
         recorded = msgspec.structs.replace(attempt, result=result, error=result.error)
         task.attempts = [*(task.attempts or [])[:-1], recorded]
         task.result = result

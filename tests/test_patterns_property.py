@@ -30,7 +30,7 @@ from sessiontree.protocol import (
     SessionState,
 )
 from sessiontree.supervision import Retry
-from sessiontree.supervision._engine import _Cancel, _Now, _Sleep, _Spawn, _WaitAny
+from sessiontree.supervision._engine import _Cancel, _Now, _Sleep, _SpawnMany, _WaitAny
 from sessiontree.supervision._patterns import fan_out
 from sessiontree.supervision._retry import Restarts
 
@@ -122,8 +122,8 @@ def drive(sim: Sim, engine: Any) -> Any:
         except StopIteration as stop:
             return stop.value
         match command:
-            case _Spawn(spec=spec):
-                answer = sim.spawn(spec.task)
+            case _SpawnMany(specs=specs):
+                answer = [sim.spawn(spec.task) for spec in specs]
             case _WaitAny(children=children, timeout=timeout):
                 answer = sim.wait_any(children, timeout)
             case _Sleep(seconds=seconds):
