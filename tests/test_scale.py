@@ -163,9 +163,9 @@ def test_a_tuned_node_raises_the_collector_thresholds_until_the_last_one_closes(
 ) -> None:
     found = gc.get_threshold()
     tuned = (50_000, 20, 20)  # as NodeConfig.gc_tuning says
-    first = Node([AGENT], NodeConfig(gc_tuning=True), clock=clock)
+    first = Node([AGENT], NodeConfig(), clock=clock)  # tuned by default
     second = Node([AGENT], NodeConfig(gc_tuning=True), clock=clock)
-    plain = Node([AGENT], NodeConfig(), clock=clock)
+    plain = Node([AGENT], NodeConfig(gc_tuning=False), clock=clock)
     try:
         assert gc.get_threshold() == tuned
         first.shutdown(grace=0, timeout=WAIT)
@@ -177,9 +177,9 @@ def test_a_tuned_node_raises_the_collector_thresholds_until_the_last_one_closes(
     assert gc.get_threshold() == found
 
 
-def test_a_node_leaves_the_collector_alone_unless_asked(make_node: Any) -> None:
+def test_a_node_leaves_the_collector_alone_when_asked(make_node: Any) -> None:
     found = gc.get_threshold()
-    make_node(AGENT)
+    make_node(AGENT, gc_tuning=False)
     assert gc.get_threshold() == found
 
 
