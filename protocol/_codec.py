@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from sessiontree.protocol._errors import RejectedInputError
-from sessiontree.protocol._messages import ControlMessage
+from sessiontree.protocol._messages import ControlMessage, SpawnCmd
 from sessiontree.protocol._specs import SpawnSpec
 
 __all__ = [
@@ -106,7 +106,9 @@ def decode_strict(
 
 
 def decode_control(data: bytes, *, fmt: str = "json") -> ControlMessage:
-    """Decode one control command (JSON or msgpack); see ``decode_strict`` for errors."""
+    """Decode one control command (JSON or msgpack); see ``decode_strict`` for
+    errors. A spawn's ``input`` is checked as ``make_spec`` checks it (the
+    error names ``spec.input``)."""
     decoder: msgspec.json.Decoder[ControlMessage] | msgspec.msgpack.Decoder[ControlMessage]
     if fmt == "json":
         decoder = _json_control
@@ -115,7 +117,15 @@ def decode_control(data: bytes, *, fmt: str = "json") -> ControlMessage:
     else:
         msg = f"unknown format {fmt!r} (json or msgpack)"
         raise RejectedInputError(msg, field="fmt")
-    return decode_strict(data, decoder)
+    command = decode_strict(data, decoder)
+    if isinstance(command, SpawnCmd) and command.spec.input is not None:
+        try:
+            plain = plain_input(command.spec.input)
+        except RejectedInputError as exc:
+            raise RejectedInputError(str(exc), field="spec.input", reason=exc.reason) from exc
+        spec = msgspec.structs.replace(command.spec, input=plain)
+        command = msgspec.structs.replace(command, spec=spec)
+    return command
 
 
 def encode_json(value: Any) -> bytes:

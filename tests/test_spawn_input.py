@@ -192,6 +192,21 @@ def test_a_skill_spawning_with_a_bad_input_gets_the_refusal(make_node: Any) -> N
     assert seen == ["input"]
 
 
+def test_a_control_spawn_checks_its_input_and_the_child_reads_it(make_node: Any) -> None:
+    node: Node = make_node(agent())
+    parent = node.main("agent").session_id
+    for fmt, encode in (("json", msgspec.json.encode), ("msgpack", msgspec.msgpack.encode)):
+        spec = {"kind": "worker", "skill": "echo", "input": {"pair": [1, 2]}}
+        command = encode({"type": "spawn", "parent_id": str(parent), "spec": spec})
+        answer = node.control(command, fmt=fmt)
+        child = answer.session_id  # type: ignore[attr-defined]
+        assert node.wait(child, WAIT).artifacts == {"input": {"pair": [1, 2]}}
+        spec["input"] = {"big": 2**70} if fmt == "json" else deep(MAX_INPUT_NESTING + 1)
+        with pytest.raises(RejectedInputError) as refused:
+            node.control(encode({"type": "spawn", "parent_id": str(parent), "spec": spec}), fmt=fmt)
+        assert refused.value.field == "spec.input"
+
+
 # -- stored ------------------------------------------------------------------------------------
 
 
