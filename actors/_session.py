@@ -87,6 +87,12 @@ class _Base:
         return self._core.info.context_summary
 
     @property
+    def input(self) -> Any:
+        """The structured input the spawn carried (JSON data: dicts, lists, str,
+        numbers, bools), or None; a branch resumed after a restart still has it."""
+        return self._core.info.input
+
+    @property
     def model_tier(self) -> str | None:
         return self._core.info.model_tier
 

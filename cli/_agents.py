@@ -55,6 +55,9 @@ def load_agents(path: str) -> list[Agent]:
     except ImportError as exc:
         msg = f"--agents {path!r}: cannot import {module_name!r}: {exc}"
         raise AgentLoadError(msg) from exc
+    except (ValueError, TypeError) as exc:  # an Agent(...) refused at import
+        msg = f"--agents {path!r}: {module_name!r} raised while importing: {exc}"
+        raise AgentLoadError(msg) from exc
     for part in attr.split("."):
         try:
             target = getattr(target, part)
@@ -62,7 +65,11 @@ def load_agents(path: str) -> list[Agent]:
             msg = f"--agents {path!r}: {module_name!r} has no attribute {attr!r}"
             raise AgentLoadError(msg) from None
     if callable(target) and not isinstance(target, Agent):
-        target = target()
+        try:
+            target = target()
+        except (ValueError, TypeError) as exc:  # an Agent(...) it made was refused
+            msg = f"--agents {path!r}: {attr!r} raised: {exc}"
+            raise AgentLoadError(msg) from exc
     agents = [target] if isinstance(target, Agent) else target
     if not isinstance(agents, Iterable) or isinstance(agents, str | bytes):
         msg = f"--agents {path!r} is a {type(target).__name__}, not Agents"

@@ -416,6 +416,13 @@ def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json
 @click.option("--skill", default=None, help="Which of the agent's skills runs it.")
 @click.option("--ttl", type=float, default=None, help="Seconds (default: the kind's).")
 @click.option("--request-id", default=None, help="Idempotency key under the parent.")
+@click.option(
+    "--input",
+    "input_json",
+    default=None,
+    metavar="JSON",
+    help="Structured input for the child (session.input), as a JSON document.",
+)
 @_JSON
 def spawn_cmd(
     node_url: str | None,
@@ -428,17 +435,21 @@ def spawn_cmd(
     skill: str | None,
     ttl: float | None,
     request_id: str | None,
+    input_json: str | None,
     as_json: bool,
 ) -> None:
     """Open a Main (--agent) or spawn a child (--parent); prints the new session."""
     if (agent is None) == (parent is None):
         raise click.UsageError("give exactly one of --agent (a Main) or --parent (a child)")
+    if input_json is not None and parent is None:
+        raise click.UsageError("--input goes with --parent (a child's input)")
+    child_input = None if input_json is None else _json_option("--input", input_json)
     with _client(node_url) as client:
         if agent is not None:
             made = client.post("/v1/sessions", {"agent_id": agent, "key": key})
         else:
             spec: dict[str, Any] = {"kind": kind, "task": task, "context_summary": context_summary}
-            optional = {"skill": skill, "ttl": ttl, "request_id": request_id}
+            optional = {"skill": skill, "ttl": ttl, "request_id": request_id, "input": child_input}
             spec.update({k: v for k, v in optional.items() if v is not None})
             made = client.post(f"/v1/sessions/{_sid(str(parent))}/children", spec)
     if as_json:
@@ -446,6 +457,15 @@ def spawn_cmd(
         return
     info = made["info"]
     click.echo(f"{info['kind']} {info['session_id']} {info['state']}")
+
+
+def _json_option(name: str, text: str) -> Any:
+    """The JSON document an option holds; a usage error naming the option if it is not one."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        msg = f"{name} must be a JSON document: {exc}"
+        raise click.BadParameter(msg, param_hint=name) from exc
 
 
 @sessions.command("send")

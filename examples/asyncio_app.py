@@ -36,7 +36,7 @@ async def look(session: AsyncSession) -> str:
 
 
 async def main() -> None:
-    agent = Agent("helper", {"lead": lead, "look": look})
+    agent = Agent("helper", {"lead": lead, "look": look}, main_skill="lead")
     node = Node([agent], NodeConfig(grace=2.0))
     loop = asyncio.get_running_loop()
     heard_all = asyncio.Event()

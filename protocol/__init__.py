@@ -16,6 +16,8 @@ from sessiontree.protocol._chat import (
 )
 from sessiontree.protocol._codec import (
     MAX_CONTROL_BYTES,
+    MAX_INPUT_BYTES,
+    MAX_INPUT_NESTING,
     MAX_NESTING,
     decode_control,
     decode_strict,
@@ -103,6 +105,8 @@ __all__ = [
     "MAX_BUDGET_COUNT",
     "MAX_CONTENT_BYTES",
     "MAX_CONTROL_BYTES",
+    "MAX_INPUT_BYTES",
+    "MAX_INPUT_NESTING",
     "MAX_NESTING",
     "MAX_TASK_CHARS",
     "MAX_TEXT_CHARS",

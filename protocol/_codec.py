@@ -9,11 +9,13 @@ from typing import Any, TypeVar
 import msgspec
 
 from sessiontree.protocol._errors import RejectedInputError
-from sessiontree.protocol._messages import ControlMessage
+from sessiontree.protocol._messages import ControlMessage, SpawnCmd
 from sessiontree.protocol._specs import SpawnSpec
 
 __all__ = [
     "MAX_CONTROL_BYTES",
+    "MAX_INPUT_BYTES",
+    "MAX_INPUT_NESTING",
     "MAX_NESTING",
     "decode_control",
     "decode_strict",
@@ -26,6 +28,11 @@ T = TypeVar("T")
 
 MAX_CONTROL_BYTES = 1 << 20
 MAX_NESTING = 64
+# A spawn's structured input, encoded: a quarter of a control message, so a
+# spawn body holding it and a task and context summary at their caps fits one;
+# half the nesting, so a session's info still decodes inside a tree view.
+MAX_INPUT_BYTES = MAX_CONTROL_BYTES // 4
+MAX_INPUT_NESTING = MAX_NESTING // 2
 
 _json_control = msgspec.json.Decoder(ControlMessage)
 _msgpack_control = msgspec.msgpack.Decoder(ControlMessage)
@@ -99,7 +106,9 @@ def decode_strict(
 
 
 def decode_control(data: bytes, *, fmt: str = "json") -> ControlMessage:
-    """Decode one control command (JSON or msgpack); see ``decode_strict`` for errors."""
+    """Decode one control command (JSON or msgpack); see ``decode_strict`` for
+    errors. A spawn's ``input`` is checked as ``make_spec`` checks it (the
+    error names ``spec.input``)."""
     decoder: msgspec.json.Decoder[ControlMessage] | msgspec.msgpack.Decoder[ControlMessage]
     if fmt == "json":
         decoder = _json_control
@@ -108,7 +117,15 @@ def decode_control(data: bytes, *, fmt: str = "json") -> ControlMessage:
     else:
         msg = f"unknown format {fmt!r} (json or msgpack)"
         raise RejectedInputError(msg, field="fmt")
-    return decode_strict(data, decoder)
+    command = decode_strict(data, decoder)
+    if isinstance(command, SpawnCmd) and command.spec.input is not None:
+        try:
+            plain = plain_input(command.spec.input)
+        except RejectedInputError as exc:
+            raise RejectedInputError(str(exc), field="spec.input", reason=exc.reason) from exc
+        spec = msgspec.structs.replace(command.spec, input=plain)
+        command = msgspec.structs.replace(command, spec=spec)
+    return command
 
 
 def encode_json(value: Any) -> bytes:
@@ -147,13 +164,13 @@ def _builtins_of(spec: Any) -> Any:
     that holds a value with no plain form (an ``object()`` in ``metadata``)."""
     try:
         return msgspec.to_builtins(spec)
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         field = None
         values = spec if isinstance(spec, dict) else msgspec.structs.asdict(spec)
         for name, value in values.items():
             try:
                 msgspec.to_builtins(value)
-            except (TypeError, ValueError, OverflowError):
+            except (TypeError, ValueError, OverflowError, RecursionError):
                 field = name
                 break
         msg = f"invalid spawn spec: {exc}" + (f" - at `$.{field}`" if field else "")
@@ -174,6 +191,39 @@ def make_spec(spec: Any = None, /, **fields: Any) -> SpawnSpec:
     # value in metadata with no plain form is refused here, not by the store).
     raw = _builtins_of(spec if spec is not None else fields)
     try:
-        return msgspec.convert(raw, SpawnSpec)
+        made = msgspec.convert(raw, SpawnSpec)
     except msgspec.ValidationError as exc:
         raise RejectedInputError(f"invalid spawn spec: {exc}", field=_field_of(exc)) from exc
+    if made.input is not None:
+        made = msgspec.structs.replace(made, input=plain_input(made.input))
+    return made
+
+
+def plain_input(value: Any) -> Any:
+    """A spawn's ``input`` as its session reads it: a detached copy as JSON data.
+
+    Raises ``RejectedInputError`` naming ``input`` for a value msgspec cannot
+    encode as JSON, one over ``MAX_INPUT_BYTES`` encoded (``too_large``) or
+    nested deeper than ``MAX_INPUT_NESTING`` (``too_deep``), or an integer
+    beyond 64 bits (the store could not write it)."""
+    try:
+        encoded = msgspec.json.encode(value)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        msg = f"input is not encodable as JSON: {exc}"
+        raise RejectedInputError(msg, field="input") from exc
+    if len(encoded) > MAX_INPUT_BYTES:
+        msg = f"input of {len(encoded)} bytes encoded is over the cap of {MAX_INPUT_BYTES}"
+        raise RejectedInputError(msg, field="input", reason="too_large")
+    # Counting brackets is C-fast and bounds the depth from above; the exact
+    # (Python) scan runs only for inputs with many brackets.
+    brackets = encoded.count(b"[") + encoded.count(b"{")
+    if brackets > MAX_INPUT_NESTING and _nesting(encoded) > MAX_INPUT_NESTING:
+        msg = f"input is nested deeper than {MAX_INPUT_NESTING} levels"
+        raise RejectedInputError(msg, field="input", reason="too_deep")
+    plain = msgspec.json.decode(encoded)
+    try:
+        msgspec.msgpack.encode(plain)
+    except OverflowError as exc:
+        msg = f"input holds an integer the store cannot write: {exc}"
+        raise RejectedInputError(msg, field="input") from exc
+    return plain

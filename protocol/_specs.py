@@ -33,7 +33,13 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ``inline`` for a branch. ``budget`` bounds what the child's subtree may
     spend; it can only narrow what its parent has left (a wider one is
     clamped, and the spawn's answer says so); ``None`` takes the agent's
-    default, or what the parent has left.
+    default, or what the parent has left. ``input`` is structured data for
+    the child besides its task text (``session.input``): any value msgspec
+    encodes as JSON, at most ``MAX_INPUT_BYTES`` encoded and nested
+    ``MAX_INPUT_NESTING`` deep; the child reads it as JSON data (a Struct
+    becomes a dict, a tuple a list) and it is stored with the session
+    (workers' records keep none). ``make_spec`` refuses anything else with
+    ``RejectedInputError`` naming ``input``.
     """
 
     kind: SessionKind
@@ -46,6 +52,7 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     metadata: Metadata = msgspec.field(default_factory=dict)
     backend: Name | None = None
     budget: Budget | None = None
+    input: Any = None
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -55,6 +62,7 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     wall-clock instant the TTL runs out (``None``: no TTL). ``backend`` is where
     its skill runs (``inline``, ``process``, ``ray``); ``budget`` what its
     subtree may spend (a Main's: per message cycle), after narrowing.
+    ``input`` is the structured input its spawn carried (JSON data, or None).
     """
 
     session_id: uuid.UUID
@@ -75,3 +83,4 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     backend: str = "inline"
     budget: Budget | None = None
+    input: Any = None

@@ -19,6 +19,8 @@ __all__ = ["Agent", "NodeConfig", "Price", "Provider"]
 
 Skill = Callable[[Any], Any]
 
+MAIN_SKILL = "main"  # the skill that runs Main cycles when main_skill names none
+
 # Process-wide defaults of NodeConfig fields that tests run both ways.
 _DEFAULTS: dict[str, Any] = {"actor_type": "pooled"}
 
@@ -266,7 +268,11 @@ class Agent:
 
     ``skills`` maps names to callables (sync or ``async def``) taking a
     ``Session``; ``default_skill`` (default: the first) runs when a spawn names
-    none; ``main_skill`` runs Main message cycles (default: ``default_skill``).
+    none; ``main_skill`` runs the agent's Main message cycles — one per inbound
+    message and per child result. Without ``main_skill`` a skill named
+    ``main`` runs them, or the agent's only skill; an agent with several
+    skills and neither is refused with ``ValueError`` (its Main would run a
+    skill written for its children).
     ``model_tiers`` go from cheapest to best: workers get the first, a Main the
     last. ``ttls`` overrides the default TTL per kind (None: no TTL).
     ``dm_scope`` maps direct messages to sessions (``Node.route``): ``main``
@@ -308,6 +314,14 @@ class Agent:
             if chosen is not None and chosen not in self.skills:
                 msg = f"agent {self.agent_id!r} has no skill {chosen!r}"
                 raise ValueError(msg)
+        if self.main_skill is None and MAIN_SKILL not in self.skills and len(self.skills) > 1:
+            names = ", ".join(repr(name) for name in self.skills)
+            msg = (
+                f"agent {self.agent_id!r} has several skills ({names}) and no main_skill: "
+                f"name the skill that runs its Main's message cycles (main_skill=...), "
+                f"or call it {MAIN_SKILL!r}"
+            )
+            raise ValueError(msg)
         if not isinstance(self.max_children, int) or self.max_children < 1:
             msg = f"agent {self.agent_id!r}: max_children must be >= 1, got {self.max_children!r}"
             raise ValueError(msg)
@@ -357,8 +371,13 @@ class Agent:
 
     @property
     def main(self) -> str:
-        """The skill that runs a Main's message cycles."""
-        return self.main_skill or self.default
+        """The skill that runs a Main's message cycles: ``main_skill``, else the
+        skill named ``main``, else the only skill."""
+        if self.main_skill is not None:
+            return self.main_skill
+        if MAIN_SKILL in self.skills:
+            return MAIN_SKILL
+        return next(iter(self.skills))
 
     def ttl_for(self, kind: SessionKind) -> float | None:
         """The default TTL of ``kind`` for this agent."""

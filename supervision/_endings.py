@@ -26,6 +26,7 @@ from sessiontree.protocol import (
     Timings,
 )
 from sessiontree.supervision._commits import Commits, answer_durable
+from sessiontree.supervision._cycle_log import FailedCycles
 from sessiontree.supervision._entry import TreeEntry, id_text
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import RunEnded
@@ -48,6 +49,7 @@ class Endings:
         # What cleans up an ended session's live descendants (not yet asked to
         # cancel): Cancelling.orphans, wired by the Cortex once both exist.
         self.on_orphans: Callable[[TreeEntry], None] = _unwired
+        self.failed_cycles = FailedCycles()
 
     def runs_ended(self, ends: tuple[RunEnded, ...]) -> None:
         """Runs that ended in one pass of the event loop: their writes go into one
@@ -95,6 +97,7 @@ class Endings:
             )
             if end.error is not None:
                 tree.rt.counters["main_cycles_failed"] += 1
+                self.failed_cycles.failed(id_text(entry), core.info, end.cycle, end.error, now)
             tree.note_input(entry)
             if entry.ledger is not None:
                 entry.ledger.new_cycle()

@@ -164,6 +164,21 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         """The ids of the agents registered on this node, sorted."""
         return sorted(self._runtime.agents)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The asyncio loop every async skill of this node runs on (inline ones:
+        a ``process`` or ``ray`` step runs in its worker), on the node's one
+        thread ``sessiontree-loop``, started on first use; sync skills run on
+        the step executor's threads instead. A client that async skills share
+        (``httpx.AsyncClient``, ``AsyncOpenAI``) belongs to this loop: use it
+        only from skills, and hand it work from other threads with
+        ``asyncio.run_coroutine_threadsafe(coro, node.loop)`` (closing it
+        before ``shutdown``, for one). Another node, or the application's own
+        loop, is another loop. Never block it: every async skill waits then.
+        Raises ``NodeClosedError`` once the node is shut down."""
+        self._check_open()
+        return self._parts.event_loop().loop
+
     def ref(self, session_id: SessionIdLike) -> SessionRef:
         """A handle for ``session_id`` (not checked until used; ``RejectedInputError``
         if it is not a session id)."""

@@ -88,7 +88,7 @@ class NodeRecovery(NodeSessions):
         its Main's inbox (in the commit that drops the held item), a result runs
         its Main's cycle again, a wedged branch is spawned afresh under its
         parent (a new session: the Fresh-Session ADR) with its task, context
-        summary, skill and metadata. A refusal comes back in ``Requeued.error``
+        summary, skill, metadata and input. A refusal comes back in ``Requeued.error``
         (``unknown_session`` for an id not held, the Main's or the spawn's own
         error) and leaves the item held."""
         item = self.wedged_item(wedged_id)
@@ -129,6 +129,7 @@ class NodeRecovery(NodeSessions):
             model_tier=info.model_tier,
             metadata=dict(info.metadata),
             budget=info.budget,
+            input=info.input,
         )
         spawned = self.spawn(parent_id, spec)
         if spawned.error is not None:

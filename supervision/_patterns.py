@@ -133,8 +133,9 @@ def fan_out(
 ) -> Engine:
     """One child per task, in parallel up to the children limit (the rest queue).
 
-    ``tasks``: task strings, ``SpawnSpec``s or mappings of spec fields
-    (``kind``, ``skill`` and ``ttl`` fill in what they leave out). ``retry``: a
+    ``tasks``: task strings, ``SpawnSpec``s or mappings of spec fields (e.g.
+    ``{"task": ..., "input": {...}}``; ``kind``, ``skill`` and ``ttl`` fill in
+    what they leave out). ``retry``: a
     ``Retry`` (default: no retry). ``timeout``: clock seconds for the whole
     fan-out. ``aggregate``: a strategy whose ``Aggregated`` the result carries.
     """

@@ -118,7 +118,7 @@ class Persister:
         info, state = entry.info, entry.state
         if info.kind is SessionKind.WORKER:  # identity and state only (the ADR)
             info = msgspec.structs.replace(
-                info, state=state, task="", context_summary="", metadata={}
+                info, state=state, task="", context_summary="", metadata={}, input=None
             )
         elif info.state is not state:
             info = msgspec.structs.replace(info, state=state)

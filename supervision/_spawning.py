@@ -332,6 +332,7 @@ class Spawning:
             metadata=dict(spec.metadata),
             backend=backend,
             budget=budget,
+            input=spec.input,
         )
         return self.tree.register(agent, info, parent, ttl, remote=remote, ttl_share=ttl_share)
 

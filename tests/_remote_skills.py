@@ -195,3 +195,8 @@ async def async_waits_on_model(session: Any) -> str:
     except Cancelled as exc:
         return f"partial after {exc.code}"
     return f"answered {reply.text}"
+
+
+def echo_input(session: Any) -> dict[str, Any]:
+    """Return the step's structured input and where it ran."""
+    return {"input": session.input, "backend": session.info.backend}

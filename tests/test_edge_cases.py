@@ -79,7 +79,9 @@ def test_a_sync_main_cycle_never_takes_the_thread_its_child_needs(make_node: Any
             child = session.spawn(kind="worker", skill="quick")
             heard.append(session.wait(child.session_id).summary)
 
-    node = make_node(Agent("agent", {"lead": lead, "quick": quick}), max_step_threads=1)
+    node = make_node(
+        Agent("agent", {"lead": lead, "quick": quick}, main_skill="lead"), max_step_threads=1
+    )
     node.main("agent").send("go")
     settle(node)
     assert heard == ["ok"]
@@ -226,7 +228,7 @@ def test_a_skill_spawning_after_shutdown_is_let_go_with_node_closed(clock: Virtu
         finally:
             answered.set()
 
-    node = Node([Agent("agent", {"lead": lead, "quick": quick})], clock=clock)
+    node = Node([Agent("agent", {"lead": lead, "quick": quick}, main_skill="lead")], clock=clock)
     node.main("agent").send("hi")
     assert entered.wait(WAIT)
     node.shutdown(grace=0, timeout=1.0)  # the cycle is still running: it is left behind

@@ -25,12 +25,12 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
 
 @pytest.mark.parametrize(
     "number",
-    [0, 1, 2, 3, 4],
-    ids=["embedding", "scaling-out", "conversations", "patterns", "model-calls"],
+    [0, 1, 2, 3, 4, 5],
+    ids=["embedding", "shared-client", "scaling-out", "conversations", "patterns", "model-calls"],
 )
 def test_readme_example_prints_what_it_promises(tmp_path: Path, number: int) -> None:
     blocks = python_blocks()
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     example = blocks[number]
     promised = [line.split("# -> ", 1)[1] for line in example.splitlines() if "# -> " in line]
     script = tmp_path / "example.py"

@@ -167,6 +167,11 @@ class RemoteSession:
         return self._job.info.context_summary
 
     @property
+    def input(self) -> Any:
+        """The structured input the spawn carried (JSON data), or None."""
+        return self._job.info.input
+
+    @property
     def model_tier(self) -> str | None:
         return self._job.info.model_tier
 
