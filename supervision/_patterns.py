@@ -67,10 +67,11 @@ _WAIT_ALL = Retry()
 
 
 def _spec(task: object, defaults: dict[str, Any], field: str) -> SpawnSpec:
-    """A task (text, a ``SpawnSpec`` or a mapping of its fields) as a spec; the
-    pattern's defaults fill what the task leaves out."""
+    """A task (text, a ``SpawnSpec`` or a mapping of its fields) as a checked
+    spec; the pattern's defaults fill what the task leaves out. A bad field is
+    refused here, naming it, before anything of the pattern is spawned."""
     if isinstance(task, SpawnSpec):
-        return task
+        return make_spec(task)  # one built by hand may hold a field of the wrong type
     if isinstance(task, str):
         return make_spec(**{**defaults, "task": task})
     if isinstance(task, dict):

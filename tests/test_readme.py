@@ -28,6 +28,7 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
     [0, 1, 2, 3, 4, 5],
     ids=["embedding", "shared-client", "scaling-out", "conversations", "patterns", "model-calls"],
 )
+@pytest.mark.timeout(120)  # the example's own bound (90 s, for process pools under load) first
 def test_readme_example_prints_what_it_promises(tmp_path: Path, number: int) -> None:
     blocks = python_blocks()
     assert len(blocks) == 6
