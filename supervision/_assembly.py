@@ -112,7 +112,7 @@ class NodeParts:
         """The event loop for async skills, made on first use (``event_loop``)."""
         self._loop_lock = threading.Lock()
         self.housekeeper: Housekeeper | None = None
-        self.replay_held = False  # recovery held replay back, not yet released
+        self.replay_held: str | None = None  # why recovery held replay back, until released
 
     def event_loop(self) -> EventLoopThread:
         """The node's event loop, made on first use."""
@@ -241,7 +241,7 @@ class NodeParts:
             starts = self.store.starts()
             if starts is not None and starts.running:
                 batch = WriteBatch().starts(msgspec.structs.replace(starts, running=False))
-                if not self.replay_held:
+                if self.replay_held is None:
                     batch.no_cycles()
                 self.store.write(batch)
             else:

@@ -128,10 +128,7 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         self.recovery_decisions = [] if recovered is None else list(recovered.decisions)
         """Each decision recovery took beyond a plain first run: replays after a
         crash, work held back as stale or wedged (``RecoveryDecision``)."""
-        self.replay_held = None if recovered is None else recovered.held
-        parts.replay_held = self.replay_held is not None
-        """Why this start holds replay back (the node kept crashing), or None;
-        ``release_replay()`` runs it."""
+        parts.replay_held = None if recovered is None else recovered.held  # see replay_held
         parts.start_backend()
         self._runtime = parts.runtime(
             agents=agents_of,

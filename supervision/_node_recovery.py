@@ -55,7 +55,12 @@ class NodeRecovery(NodeSessions):
     store: Store | None
     recovery: dict[str, int]
     recovery_decisions: list[RecoveryDecision]
-    replay_held: str | None
+
+    @property
+    def replay_held(self) -> str | None:
+        """Why this start holds replay back (the node kept crashing), or None;
+        ``release_replay()`` runs it."""
+        return self._parts.replay_held
 
     def wedged(self) -> list[WedgedRecord]:
         """Work recovery held back (wedged or stale), oldest first; empty
@@ -156,7 +161,6 @@ class NodeRecovery(NodeSessions):
             starts = self.store.starts()
             if starts is not None and starts.crashes:
                 self.store.write(WriteBatch().starts(msgspec.structs.replace(starts, crashes=[])))
-        self.replay_held = None
-        self._parts.replay_held = False
+        self._parts.replay_held = None
         self.recovery["replay_held"] = 0
         return released
