@@ -289,8 +289,13 @@ class VirtualClock:
     """A clock that moves only when told to: ``advance(30)`` takes microseconds.
 
     Timers due within the advance fire in order, in the calling thread, each
-    with ``monotonic()`` set to its own due time. ``jump_wall`` moves only the
-    wall clock (as NTP would), which must never change when deadlines fire.
+    with ``monotonic()`` set to its own due time for that thread. Every other
+    thread sees the advance's end at once: an actor that handles what a
+    timer posted, while the advance goes on, reads one instant whatever the
+    threads' timing, and a timer it arms then is due after that instant
+    (never in the past, where no advance would fire it). ``jump_wall``
+    moves only the wall clock (as NTP would), which must never change when
+    deadlines fire.
     """
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
@@ -298,15 +303,21 @@ class VirtualClock:
         self._mono = 0.0
         self._heap = _TimerHeap()
         self._lock = threading.RLock()
+        # While an advance fires a timer: (the advancing thread, the timer's due time).
+        self._firing: tuple[int, float] | None = None
 
     def time(self) -> float:
-        return self._wall_offset + self._mono
+        return self._wall_offset + self.monotonic()
 
     def monotonic(self) -> float:
+        firing = self._firing
+        if firing is not None and firing[0] == threading.get_ident():
+            return firing[1]
         return self._mono
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
-        return self.call_at(self._mono + delay, callback)
+        with self._lock:  # another thread's waits for an advance to end
+            return self.call_at(self.monotonic() + delay, callback)
 
     def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle:
         handle = TimerHandle(when, callback, self._heap)
@@ -320,14 +331,19 @@ class VirtualClock:
             msg = f"cannot advance a clock backwards ({seconds})"
             raise ValueError(msg)
         with self._lock:
-            target = self._mono + seconds
-            while True:
-                handle = self._heap.pop_due(target)
-                if handle is None:
-                    break
-                self._mono = max(self._mono, handle.when)
-                _fire(handle)
-            self._mono = target
+            start = self.monotonic()
+            target = start + seconds
+            self._mono = max(self._mono, target)  # an advance from a timer never moves it back
+            me = threading.get_ident()
+            try:
+                while True:
+                    handle = self._heap.pop_due(target)
+                    if handle is None:
+                        break
+                    self._firing = (me, max(start, handle.when))
+                    _fire(handle)
+            finally:
+                self._firing = None
 
     def jump_wall(self, seconds: float) -> None:
         """Jump the wall clock by ``seconds`` (either way) without moving monotonic time."""

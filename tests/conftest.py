@@ -36,6 +36,7 @@ SINGLE_RUN = frozenset(
         "test_store_backup",
         "test_store_damage",
         "test_tree_html",
+        "test_virtual_clock",
     }
 )
 
