@@ -507,6 +507,9 @@ def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args:
     A node shutting down, or an application whose loop ended, must never make
     the thread that wakes a waiter (the Cortex, an actor) raise.
     """
+    if asyncio._get_running_loop() is loop:  # on the loop's thread: no wake-up to pay
+        loop.call_soon(fn, *args)
+        return
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(fn, *args)
 

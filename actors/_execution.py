@@ -22,6 +22,7 @@ import msgspec
 
 from sessiontree.actors._core import Cancelled, SessionCore
 from sessiontree.actors._host import RunEnd, SessionHost
+from sessiontree.actors._mailbox import mark_serving_thread
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
@@ -217,6 +218,7 @@ class EventLoopThread:
 
     def _run(self) -> None:
         self._ident = threading.get_ident()
+        mark_serving_thread()  # a blocking ask here would hold up every async skill
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._ready.set)
         try:
@@ -236,7 +238,10 @@ class EventLoopThread:
         self._starts.append(make)
         if not self._wake_pending:
             self._wake_pending = True
-            self.loop.call_soon_threadsafe(self._start_queued)
+            if self.is_current():
+                self.loop.call_soon(self._start_queued)
+            else:
+                self.loop.call_soon_threadsafe(self._start_queued)
 
     def _start_queued(self) -> None:
         # On the loop. The flag is cleared before the queue is read, so a run

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -22,7 +23,7 @@ import pykka
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._core import _set_done, call_soon
-from sessiontree.actors._pooled import Dispatcher, PooledActor
+from sessiontree.actors._pooled import Dispatcher, PooledActor, _Inbox
 from sessiontree.protocol import DeadlockError, SessionTreeError
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "drain_inbox",
     "handler_scope",
     "in_actor_handler",
+    "mailbox_depth",
+    "mark_serving_thread",
     "post",
     "start_actor",
     "stop_actor",
@@ -108,6 +111,12 @@ def post(ref: pykka.ActorRef[Any], message: object, activity: Activity) -> bool:
     return True
 
 
+def mailbox_depth(ref: pykka.ActorRef[Any]) -> int:
+    """How many messages wait in ``ref``'s inbox (a threading or a pooled actor's)."""
+    inbox = ref.actor_inbox
+    return inbox.qsize() if isinstance(inbox, queue.Queue | _Inbox) else 0
+
+
 def stop_actor(ref: pykka.ActorRef[Any]) -> None:
     """``ref.stop(block=False)`` without the reply future pykka would create for it.
 
@@ -143,8 +152,15 @@ def drain_inbox(actor: pykka.Actor, activity: Activity, refuse: Callable[[object
 
 
 def in_actor_handler() -> bool:
-    """True on a thread that is inside an actor's message handler right now."""
-    return getattr(_local, "handler", False)
+    """True on a thread where blocking on an actor's answer is refused: inside
+    an actor's message handler, or on the node's event loop (it may serve the
+    actors themselves, see ``LoopDispatcher``, and it runs every async skill)."""
+    return getattr(_local, "handler", False) or getattr(_local, "serves", False)
+
+
+def mark_serving_thread() -> None:
+    """Mark the calling thread as one where blocking asks are refused (an event loop's)."""
+    _local.serves = True
 
 
 class handler_scope:  # noqa: N801 - used as a context manager, reads as a statement
@@ -207,7 +223,10 @@ class Reply:
         answer came in time, or the exception the actor answered with.
         """
         if in_actor_handler():
-            msg = "an actor handler may not block on an ask (deadlock); tell instead"
+            msg = (
+                "no blocking ask inside an actor handler or on the node's event loop"
+                " (deadlock): tell instead, or await the async twin"
+            )
             raise DeadlockError(msg)
         if not self._done.wait(timeout):
             msg = f"no answer within {timeout} s"

@@ -139,6 +139,9 @@ class Dispatcher:
             self._pending += 1
         self._ready.put(inbox)
 
+    def _requeue(self, inbox: _Inbox) -> None:
+        self._ready.put(inbox)
+
     def _done(self) -> None:
         with self._lock:
             self._pending -= 1
@@ -185,19 +188,22 @@ class Dispatcher:
                     return
                 try:
                     inbox.serve(self, worker)
-                except BaseException:  # a hook pykka lets through (on_start, on_failure, on_stop)
-                    actor = inbox.actor
-                    log.exception("%s raised out of its hooks; it is stopped", actor)
-                    if actor is not None:
-                        ActorRegistry.unregister(actor.actor_ref)
-                        actor.actor_stopped.set()
-                    inbox._teardown()
-                    self._done()
+                except BaseException:  # noqa: BLE001 - a hook pykka lets through; _serve_failed logs it
+                    self._serve_failed(inbox)
                 if extra and self._extra_done():
                     return
         finally:
             with self._lock:
                 self._workers.pop(threading.current_thread(), None)
+
+    def _serve_failed(self, inbox: _Inbox) -> None:
+        actor = inbox.actor
+        log.exception("%s raised out of its hooks; it is stopped", actor)
+        if actor is not None:
+            ActorRegistry.unregister(actor.actor_ref)
+            actor.actor_stopped.set()
+        inbox._teardown()
+        self._done()
 
     def _extra_done(self) -> bool:
         with self._lock:
@@ -219,7 +225,7 @@ class Dispatcher:
         now = self._now()
         reports: list[BlockedHandler] = []
         with self._lock:
-            for worker in list(self._workers.values()):
+            for worker in self._serving():
                 started, actor = worker.started, worker.actor
                 if started is None or worker.reported or now - started < self.block_threshold:
                     continue
@@ -246,6 +252,10 @@ class Dispatcher:
                 except Exception:
                     log.exception("on_blocked raised")
         return reports
+
+    def _serving(self) -> list[_Worker]:
+        # under self._lock: what each serving thread is doing
+        return list(self._workers.values())
 
     def _unblocked(self) -> None:
         with self._lock:
@@ -365,7 +375,7 @@ class _Inbox:
                     self.scheduled = False
                     dispatcher._done()
                     return
-            dispatcher._ready.put(self)  # more waiting: to the back of the queue
+            dispatcher._requeue(self)  # more waiting: to the back of the queue
         finally:
             worker.actor = None
 

@@ -21,6 +21,7 @@ from sessiontree.actors._execution import (
     to_outcome,
 )
 from sessiontree.actors._host import ModelCall, RunEnd, SessionHost, SpawnedLike
+from sessiontree.actors._loop_dispatch import LoopDispatcher
 from sessiontree.actors._mailbox import (
     Counted,
     Reply,
@@ -28,6 +29,7 @@ from sessiontree.actors._mailbox import (
     drain_inbox,
     handler_scope,
     in_actor_handler,
+    mailbox_depth,
     post,
     start_actor,
     stop_actor,
@@ -62,6 +64,7 @@ __all__ = [
     "ForceStop",
     "Inbound",
     "Inspect",
+    "LoopDispatcher",
     "LoopTimer",
     "ModelCall",
     "Passivate",
@@ -82,6 +85,7 @@ __all__ = [
     "handler_scope",
     "in_actor_handler",
     "is_async_skill",
+    "mailbox_depth",
     "post",
     "start_actor",
     "start_run",

@@ -62,7 +62,15 @@ from sessiontree.cli._exits import failure
 from sessiontree.cli._wire import plain_figures, settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.store import Store
-from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics, Price, Provider
+from sessiontree.supervision import (
+    DISPATCHES,
+    Agent,
+    Node,
+    NodeConfig,
+    NodeMetrics,
+    Price,
+    Provider,
+)
 
 __all__ = ["node"]
 
@@ -76,6 +84,7 @@ _NODE_FLAGS = (
     "max_step_threads",
     "max_running_skills",
     "actor_type",
+    "dispatch",
     "dispatcher_threads",
     "passivate_after",
     "backend",
@@ -372,10 +381,16 @@ async def _serve(server: _Server, sock: socket.socket, running: Node, early: lis
     help="NodeConfig.actor_type: pooled mailboxes (default) or a thread per session.",
 )
 @click.option(
+    "--dispatch",
+    type=click.Choice(DISPATCHES),
+    default=None,
+    help="NodeConfig.dispatch: pooled actors on the event loop (default) or on threads.",
+)
+@click.option(
     "--dispatcher-threads",
     type=click.IntRange(1),
     default=None,
-    help="NodeConfig.dispatcher_threads: the pool serving pooled session actors.",
+    help="NodeConfig.dispatcher_threads: the pool serving pooled actors (--dispatch threads).",
 )
 @click.option(
     "--passivate-after",

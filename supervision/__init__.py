@@ -7,7 +7,7 @@ from sessiontree.supervision._aggregate import (
     normalise_answer,
 )
 from sessiontree.supervision._chat import COMMANDS, chat_command, is_command
-from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._config import DISPATCHES, Agent, NodeConfig
 from sessiontree.supervision._continuation import continuation_token, parse_continuation
 from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
@@ -27,6 +27,7 @@ from sessiontree.supervision._spending import stored_spending
 
 __all__ = [
     "COMMANDS",
+    "DISPATCHES",
     "MAX_BRANCH_DEPTH",
     "MAX_MODEL_SERIES",
     "MAX_WORKER_DEPTH",

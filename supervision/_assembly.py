@@ -2,12 +2,12 @@
 
 ``NodeParts`` makes everything a ``Node`` is built of besides its Cortex and
 its own state — the clock, the store, shared memory, the conversations, the
-dispatcher's pool, the two step executors, the backends and (on first use)
-the event loop — and knows the steps of a start that touch them: recovery
-from the store, starting the node's own backend, the ``Runtime`` the Cortex
-drives, housekeeping. A step that fails releases what the start had taken
-(``abort``) and raises out of ``Node()``; shutdown releases everything in
-order (``close``).
+dispatcher, the two step executors, the backends and the event loop (made
+with a dispatcher that serves actors on it, else on first use) — and knows
+the steps of a start that touch them: recovery from the store, starting the
+node's own backend, the ``Runtime`` the Cortex drives, housekeeping. A step
+that fails releases what the start had taken (``abort``) and raises out of
+``Node()``; shutdown releases everything in order (``close``).
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ from sessiontree.actors.runtime import (
     ComputeSlots,
     Dispatcher,
     EventLoopThread,
+    LoopDispatcher,
     SessionHost,
     StepExecutor,
     actor_class,
     start_actor,
+    stop_actor,
 )
 from sessiontree.conversations import Conversations, MemoryBackend
-from sessiontree.protocol import SessionTreeError
+from sessiontree.protocol import NodeClosedError, SessionTreeError
 from sessiontree.store import Store, WriteBatch
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._conversations import StoreConversations
@@ -67,9 +69,23 @@ def agents_by_id(agents: Iterable[Agent]) -> dict[str, Agent]:
 
 
 def start_cortex(runtime: Runtime) -> pykka.ActorRef[Any]:
-    """Start the Cortex actor over ``runtime``. It decides every change of the
-    tree: a thread of its own, never a turn in the pool its sessions share."""
-    return start_actor(actor_class(Cortex, "threading"), runtime)
+    """Start the Cortex actor over ``runtime`` and wait until it has started
+    (``NodeClosedError`` if it does not within ``ask_timeout``). It decides
+    every change of the tree: on the event loop with the sessions' actors
+    when they are served there, else on a thread of its own, never a turn in
+    a pool of threads its sessions share (a busy pool would delay every
+    decision)."""
+    if isinstance(runtime.dispatcher, LoopDispatcher):
+        ref = start_actor(actor_class(Cortex, "pooled", runtime.dispatcher), runtime)
+    else:
+        ref = start_actor(actor_class(Cortex, "threading"), runtime)
+    # Its start (the periodic check's first timer) happens on its own thread or
+    # turn: a node is started once that is done, whatever the clock does next.
+    if not runtime.started.wait(runtime.config.ask_timeout):
+        stop_actor(ref)
+        msg = f"the cortex did not start within {runtime.config.ask_timeout} s"
+        raise NodeClosedError(msg)
+    return ref
 
 
 class NodeParts:
@@ -103,14 +119,15 @@ class NodeParts:
         self.conversations = Conversations(
             MemoryBackend() if self.store is None else StoreConversations(self.store), self.clock
         )
-        self.dispatcher = _dispatcher_for(config)
+        self.loop: EventLoopThread | None = None
+        """The event loop for async skills (and, with ``dispatch="loop"``, for
+        every actor), made with the dispatcher that needs it or on first use."""
+        self._loop_lock = threading.Lock()
+        self.dispatcher = self._dispatcher_for(config)
         self.executor = StepExecutor(config.max_step_threads)
         self.main_executor = StepExecutor(config.max_step_threads, "sessiontree-step-main")
         self.backends = _backends_for(config)
         self.models: Models | None = None  # set with the runtime
-        self.loop: EventLoopThread | None = None
-        """The event loop for async skills, made on first use (``event_loop``)."""
-        self._loop_lock = threading.Lock()
         self.housekeeper: Housekeeper | None = None
         self.replay_held: str | None = None  # why recovery held replay back, until released
 
@@ -123,6 +140,20 @@ class NodeParts:
             if self.loop is None:
                 self.loop = EventLoopThread()
             return self.loop
+
+    def _dispatcher_for(self, config: NodeConfig) -> Dispatcher | None:
+        """What serves the node's actors: the event loop, a pool of threads, or
+        nothing (``threading`` actors: a thread each)."""
+        if config.actor_type != "pooled":
+            return None
+        if config.dispatch == "loop":
+            loop = self.event_loop()
+            return LoopDispatcher(loop, block_threshold=config.block_threshold)
+        return Dispatcher(
+            config.dispatcher_threads,
+            block_threshold=config.block_threshold,
+            name="sessiontree-session",
+        )
 
     # -- the steps of a start ------------------------------------------------------
 
@@ -193,10 +224,12 @@ class NodeParts:
     # -- taking apart --------------------------------------------------------------
 
     def abort(self) -> None:
-        """``Node()`` failed: release what it had taken (the dispatcher's threads,
-        started backends, a store it opened)."""
+        """``Node()`` failed: release what it had taken (the dispatcher, the
+        event loop, started backends, a store it opened)."""
         if self.dispatcher is not None:
             self.dispatcher.close()
+        if self.loop is not None:
+            self.loop.close()
         self.backends.close()
         self._close_owned_store()
 
@@ -262,15 +295,4 @@ def _backends_for(config: NodeConfig) -> Backends:
                 config.ray_address, actors=config.ray_actors, num_cpus=config.ray_num_cpus
             ),
         }
-    )
-
-
-def _dispatcher_for(config: NodeConfig) -> Dispatcher | None:
-    """The pool serving the node's session actors (None: a thread each)."""
-    if config.actor_type != "pooled":
-        return None
-    return Dispatcher(
-        config.dispatcher_threads,
-        block_threshold=config.block_threshold,
-        name="sessiontree-session",
     )

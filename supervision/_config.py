@@ -22,7 +22,8 @@ Skill = Callable[[Any], Any]
 MAIN_SKILL = "main"  # the skill that runs Main cycles when main_skill names none
 
 # Process-wide defaults of NodeConfig fields that tests run both ways.
-_DEFAULTS: dict[str, Any] = {"actor_type": "pooled"}
+_DEFAULTS: dict[str, Any] = {"actor_type": "pooled", "dispatch": "loop"}
+DISPATCHES = ("loop", "threads")
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,17 @@ class NodeConfig:
     children or parked holds none). ``max_sessions``/``max_zombies``: past
     either, spawns are refused with ``capacity_exceeded``. ``stuck_after``: a
     running skill with no checkpoint for that long is flagged (never killed).
-    ``actor_type``: what runs session actors: ``pooled`` (default; every
-    mailbox is served by a pool of ``dispatcher_threads`` threads, and a
-    handler still running after ``block_threshold`` real seconds is reported)
-    or ``threading`` (pykka's ``ThreadingActor``, a thread per session). The
-    Cortex always has a thread of its own. ``passivate_after``: a Main that
+    ``actor_type``: what runs session actors: ``pooled`` (default; actors
+    share what ``dispatch`` names, and a handler still running after
+    ``block_threshold`` real seconds is reported) or ``threading`` (pykka's
+    ``ThreadingActor``, a thread per session, and one for the Cortex).
+    ``dispatch`` (pooled actors only): ``loop`` (default) serves the Cortex
+    and every session actor on the node's event loop, the thread async skills
+    run on, so an async skill's spawns, results and collects never cross a
+    thread; ``threads`` serves session actors on a pool of
+    ``dispatcher_threads`` threads and gives the Cortex a thread of its own
+    (a handler that blocks then holds one pool thread, and a compensating one
+    stands in; on the loop it would hold up every async skill). ``passivate_after``: a Main that
     took no message for that long is written out and its actor stopped (it
     holds no actor until its next message brings it back; None: never).
     ``backend``: where workers' skills run unless their spawn says otherwise
@@ -103,6 +110,7 @@ class NodeConfig:
     memory_high: float = 0.90
     memory_low: float = 0.80
     actor_type: str = field(default_factory=lambda: _DEFAULTS["actor_type"])
+    dispatch: str = field(default_factory=lambda: _DEFAULTS["dispatch"])
     dispatcher_threads: int = 2
     block_threshold: float = 1.0
     ask_timeout: float = 30.0
@@ -144,6 +152,17 @@ class NodeConfig:
                 msg = f"NodeConfig.{name} must be a number > 0, got {value!r}"
                 raise ValueError(msg)
 
+    def _check_choices(self) -> None:
+        for name, known in (
+            ("actor_type", sorted(ACTOR_TYPES)),
+            ("dispatch", list(DISPATCHES)),
+            ("backend", list(BACKENDS)),
+        ):
+            value = getattr(self, name)
+            if value not in known:
+                msg = f"NodeConfig.{name} must be one of {known}, got {value!r}"
+                raise ValueError(msg)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "providers", tuple(self.providers))
         _check_providers(self.providers)
@@ -170,13 +189,7 @@ class NodeConfig:
             msg = f"NodeConfig.export_path must be None or a path string, got {self.export_path!r}"
             raise ValueError(msg)
         names = ("grace", "max_ttl", "stuck_after", "check_interval", "ask_timeout")
-        if self.actor_type not in ACTOR_TYPES:
-            known = sorted(ACTOR_TYPES)
-            msg = f"NodeConfig.actor_type must be one of {known}, got {self.actor_type!r}"
-            raise ValueError(msg)
-        if self.backend not in BACKENDS:
-            msg = f"NodeConfig.backend must be one of {list(BACKENDS)}, got {self.backend!r}"
-            raise ValueError(msg)
+        self._check_choices()
         if self.process_workers is not None and (
             not isinstance(self.process_workers, int) or self.process_workers < 1
         ):

@@ -139,6 +139,7 @@ class Cortex:
         self.tree.ref = self.commits.ref = self.actor_ref  # type: ignore[attr-defined]
         self.rt.activity.on_idle = self.on_idle
         self.periodic.arm()
+        self.rt.started.set()
 
     def on_stop(self) -> None:
         """Runs on the Cortex thread as it stops: ended actors are stopped, and

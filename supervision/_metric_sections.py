@@ -12,12 +12,12 @@ busy Cortex never breaks the rest of the exposition.
 from __future__ import annotations
 
 import logging
-import queue
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
+from sessiontree.actors.runtime import mailbox_depth
 from sessiontree.protocol import SessionTreeError
 from sessiontree.supervision._metric_families import NODE_REASON, SCRAPED, family, single
 from sessiontree.supervision._metric_models import bounded, seeds
@@ -91,9 +91,7 @@ class ScrapeCollector:
         yield single("sessiontree_compute_slots_waiting", slots.waiting)
 
     def _activity_section(self) -> Iterator[Metric]:
-        inbox = self._node._cortex.actor_inbox
-        if isinstance(inbox, queue.Queue):  # a threading actor's; other kinds cannot tell
-            yield single("sessiontree_cortex_mailbox_depth", inbox.qsize())
+        yield single("sessiontree_cortex_mailbox_depth", mailbox_depth(self._node._cortex))
         yield single("sessiontree_work_in_flight", max(0, self._node.activity.busy))
         yield single("sessiontree_node_failed", 1 if self._node.failure is not None else 0)
 

@@ -149,7 +149,11 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
             lambda: parts.event_loop().loop,
             durable=self.store is not None,
         )
-        self._cortex = start_cortex(self._runtime)
+        try:
+            self._cortex = start_cortex(self._runtime)
+        except BaseException:
+            parts.abort()
+            raise
         if recovered is not None:  # sessions it starts report through self._cortex
             self._tell(Call(BringBack()))
         parts.start_housekeeping()
@@ -165,13 +169,16 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The asyncio loop every async skill of this node runs on (inline ones:
         a ``process`` or ``ray`` step runs in its worker), on the node's one
-        thread ``sessiontree-loop``, started on first use; sync skills run on
-        the step executor's threads instead. A client that async skills share
+        thread ``sessiontree-loop`` (with ``dispatch="loop"`` the Cortex and
+        the session actors take their messages there too; it starts with the
+        node then, else on first use); sync skills run on the step
+        executor's threads instead. A client that async skills share
         (``httpx.AsyncClient``, ``AsyncOpenAI``) belongs to this loop: use it
         only from skills, and hand it work from other threads with
         ``asyncio.run_coroutine_threadsafe(coro, node.loop)`` (closing it
         before ``shutdown``, for one). Another node, or the application's own
-        loop, is another loop. Never block it: every async skill waits then.
+        loop, is another loop. Never block it: every async skill waits then
+        (a blocking ``Node`` call made on it raises ``DeadlockError``).
         Raises ``NodeClosedError`` once the node is shut down."""
         self._check_open()
         return self._parts.event_loop().loop
@@ -274,7 +281,10 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         """
         sid = as_session_id(session_id)
         if in_actor_handler():
-            msg = "an actor handler may not block on an ask (deadlock); tell instead"
+            msg = (
+                "no blocking ask inside an actor handler or on the node's event loop"
+                " (deadlock): tell instead, or await the async twin"
+            )
             raise DeadlockError(msg)
         ref = self._call(GetActorRef(sid), check=False)
         if ref is None:

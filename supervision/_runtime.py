@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,3 +51,5 @@ class Runtime:
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     # the fraction of memory in use at the last periodic check (NaN: no reading)
     memory_used: float = math.nan
+    # set by the Cortex once started (its periodic check armed): Node() waits for it
+    started: threading.Event = field(default_factory=threading.Event)

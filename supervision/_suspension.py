@@ -211,11 +211,7 @@ class Suspension:
     @staticmethod
     def _pressure_held(entry: TreeEntry) -> bool:
         """Whether a marked branch is still suspended (or asked to) and live."""
-        return (
-            entry.suspend_requested
-            and not entry.state.is_terminal
-            and entry.cancel_code is None
-        )
+        return entry.suspend_requested and not entry.state.is_terminal and entry.cancel_code is None
 
 
 def _figures(data: dict[str, Any]) -> str:

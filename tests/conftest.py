@@ -27,6 +27,7 @@ SINGLE_RUN = frozenset(
         "test_conversations",
         "test_export",
         "test_http_schema",
+        "test_loop_dispatch",
         "test_pooled_actor",
         "test_remote_models",
         "test_scale",
@@ -41,18 +42,31 @@ SINGLE_RUN = frozenset(
 )
 
 
+#: Modules that also run on pooled actors served by a pool of threads
+#: (``dispatch="threads"``; ``pooled`` alone is served on the event loop): the
+#: tree's state machine, the lifecycle and the coordination patterns.
+THREADS_TOO = frozenset({"test_lifecycle", "test_patterns", "test_tree_machine"})
+POOLED_ON_THREADS = "pooled-threads"
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Run every test that can build a node on each actor type (DESIGN: the
     suite passes on pooled and on ``ThreadingActor`` session actors)."""
-    if Path(metafunc.definition.path).stem not in SINGLE_RUN:
-        metafunc.parametrize("actor_type", sorted(ACTOR_TYPES), indirect=True)
+    stem = Path(metafunc.definition.path).stem
+    if stem not in SINGLE_RUN:
+        kinds = sorted(ACTOR_TYPES) + ([POOLED_ON_THREADS] if stem in THREADS_TOO else [])
+        metafunc.parametrize("actor_type", kinds, indirect=True)
 
 
 @pytest.fixture(autouse=True)
 def actor_type(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The actor type every node of this test runs its sessions on, by default:
-    in this process (``NodeConfig()``) and in node subprocesses (environment)."""
-    kind: str = getattr(request, "param", node_defaults._DEFAULTS["actor_type"])
+    in this process (``NodeConfig()``) and in node subprocesses (environment);
+    ``pooled-threads``: pooled actors on a pool of threads (in this process)."""
+    param: str = getattr(request, "param", node_defaults._DEFAULTS["actor_type"])
+    kind = "pooled" if param == POOLED_ON_THREADS else param
+    dispatch = "threads" if param == POOLED_ON_THREADS else "loop"
+    monkeypatch.setitem(node_defaults._DEFAULTS, "dispatch", dispatch)
     monkeypatch.setitem(node_defaults._DEFAULTS, "actor_type", kind)
     monkeypatch.setenv("SESSIONTREE_NODE_START_ACTOR_TYPE", kind)
     monkeypatch.setenv("SESSIONTREE_TEST_ACTOR_TYPE", kind)

@@ -83,8 +83,7 @@ def test_agents_refused_while_loading_are_a_load_error_naming_the_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "refused_at_import.py").write_text(
-        "from sessiontree.supervision import Agent\n"
-        "AGENT = Agent('x', {'a': print, 'b': print})\n"
+        "from sessiontree.supervision import Agent\nAGENT = Agent('x', {'a': print, 'b': print})\n"
     )
     (tmp_path / "refused_when_made.py").write_text(
         "from sessiontree.supervision import Agent\n"

@@ -710,7 +710,9 @@ def test_sessions_restored_after_a_restart_are_counted_in_their_states(
 def test_session_mailbox_depth_counts_messages_waiting_in_session_actors(
     make_node: Any, watch: Callable[..., NodeMetrics]
 ) -> None:
-    node = make_node(Agent("a", {"main": idle_main}))
+    # The test holds a Main's handler on purpose: on the event loop (dispatch
+    # "loop") that would hold the Cortex too, so its actors get threads here.
+    node = make_node(Agent("a", {"main": idle_main}), dispatch="threads")
     metrics = watch(node)
     main = node.main("a")
     settle(node)

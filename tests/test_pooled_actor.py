@@ -21,7 +21,14 @@ from pykka import ActorDeadError, ActorRegistry
 from pykka._envelope import Envelope
 
 from sessiontree.actors import _pooled
-from sessiontree.actors.runtime import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
+from sessiontree.actors.runtime import (
+    BlockedHandler,
+    Dispatcher,
+    EventLoopThread,
+    LoopDispatcher,
+    PooledActor,
+    stop_unstarted,
+)
 
 WAIT = 5.0  # real seconds any bounded wait may take before the test fails
 
@@ -60,9 +67,16 @@ class FakeNow:
 
 
 class Runtime:
-    """What a test made: dispatchers, actors and gates, all cleaned up by ``rt``."""
+    """What a test made: dispatchers, actors and gates, all cleaned up by ``rt``.
 
-    def __init__(self) -> None:
+    ``dispatch``: ``threads`` makes pools of threads, ``loop`` makes each
+    dispatcher a ``LoopDispatcher`` on an event loop of its own (the pool's
+    size and its compensating threads do not apply there).
+    """
+
+    def __init__(self, dispatch: str = "threads") -> None:
+        self.dispatch = dispatch
+        self.loops: list[EventLoopThread] = []
         self.dispatchers: list[Dispatcher] = []
         self.refs: list[pykka.ActorRef[Any]] = []
         self.gates: list[threading.Event] = []
@@ -70,9 +84,26 @@ class Runtime:
 
     def dispatcher(self, threads: int = 2, **options: Any) -> Dispatcher:
         options.setdefault("name", f"test-pool-{len(self.dispatchers)}")
-        dispatcher = Dispatcher(threads, **options)
+        dispatcher: Dispatcher
+        if self.dispatch == "loop":
+            options.pop("max_extra_threads", None)
+            loop = EventLoopThread(f"loop-of-{options['name']}")
+            self.loops.append(loop)
+            dispatcher = LoopDispatcher(loop, **options)
+        else:
+            dispatcher = Dispatcher(threads, **options)
         self.dispatchers.append(dispatcher)
         return dispatcher
+
+    def pool(self, threads: int) -> int:
+        """How many threads serve a dispatcher made with ``threads`` (a loop: its one)."""
+        return threads if self.dispatch == "threads" else 1
+
+    def serves(self, thread_name: str, name: str) -> bool:
+        """Whether ``thread_name`` is one that serves the dispatcher named ``name``."""
+        if self.dispatch == "threads":
+            return thread_name.startswith(f"{name}-")
+        return thread_name == f"loop-of-{name}"
 
     def gate(self) -> threading.Event:
         """An Event a handler may block on; set at teardown so none is left waiting."""
@@ -115,12 +146,31 @@ class Runtime:
             ActorRegistry.unregister(ref)  # keep leftovers out of later tests (no-op if gone)
         for dispatcher in self.dispatchers:
             dispatcher.close(timeout=WAIT)
+        for loop in self.loops:
+            loop.close()
         return stuck
 
 
+# What only a pool of threads has: its threads, their names and counts, and
+# a compensating thread standing in for a blocked handler.
+POOL_THREADS_ONLY = frozenset(
+    {
+        "test_a_blocked_handler_is_reported_once_and_an_extra_thread_serves_the_rest",
+        "test_the_compensating_thread_leaves_once_the_blocked_handler_returned",
+    }
+)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test of the actor semantics runs on a pool of threads and on an event loop."""
+    if "rt" in metafunc.fixturenames:
+        loop = metafunc.function.__name__ not in POOL_THREADS_ONLY
+        metafunc.parametrize("dispatch", ["threads", "loop"] if loop else ["threads"])
+
+
 @pytest.fixture
-def rt() -> Iterator[Runtime]:
-    runtime = Runtime()
+def rt(dispatch: str) -> Iterator[Runtime]:
+    runtime = Runtime(dispatch)
     try:
         yield runtime
     finally:
@@ -401,8 +451,8 @@ def test_a_message_is_handled_only_after_the_one_before_it_returned(rt: Runtime)
     held = ref.ask(Block(), block=False)
     assert entered.wait(WAIT)
     behind = ref.ask("behind", block=False)
-    # Two idle threads are free, yet the actor's next message waits for its handler.
-    assert dispatcher.live_threads == 3
+    # Other threads are free, yet the actor's next message waits for its handler.
+    assert dispatcher.live_threads == rt.pool(3)
     with pytest.raises(pykka.Timeout):
         behind.get(timeout=0.2)
     release.set()
@@ -423,7 +473,7 @@ def test_on_start_runs_on_a_pool_thread_before_the_first_message(rt: Runtime) ->
     assert [kind for kind, _ in journal] == ["on_start", "message", "message", "message"]
     assert [what for kind, what in journal if kind == "message"] == ["first", "second", "third"]
     start_thread = journal[0][1]
-    assert start_thread.startswith("starting-")
+    assert rt.serves(start_thread, "starting")
     assert start_thread != threading.current_thread().name
 
 
@@ -436,7 +486,7 @@ def test_on_stop_runs_on_a_pool_thread_when_the_actor_is_stopped(rt: Runtime) ->
     assert ref.stop(timeout=WAIT) is True
     assert stopped.is_set()
     assert journal[-1][0] == "on_stop"
-    assert journal[-1][1].startswith("stopping-")
+    assert rt.serves(journal[-1][1], "stopping")
     assert not ref.is_alive()
     assert ref not in ActorRegistry.get_all()
 
@@ -489,7 +539,7 @@ def test_an_actor_started_on_its_first_message_takes_no_pool_thread_until_then(
     ref.tell("first")
     assert ref.ask("second", timeout=WAIT) == "second"
     assert [kind for kind, _ in journal] == ["on_start", "message", "message"]
-    assert journal[0][1].startswith("lazy-")
+    assert rt.serves(journal[0][1], "lazy")
 
 
 def test_an_actor_started_on_its_first_message_runs_on_start_and_on_stop_when_stopped(
@@ -729,9 +779,10 @@ def test_thousands_of_actors_all_answer_on_two_threads(rt: Runtime) -> None:
     assert [future.get(timeout=WAIT * 4) for future in futures] == list(range(count))
     assert len(thread_counts) == count
     assert max(thread_counts) <= 2
-    assert dispatcher.live_threads == 2
+    assert dispatcher.live_threads == rt.pool(2)
     # The watchdog runs beside the pool and is not one of its threads.
-    assert thread_names("many-") == {"many-0", "many-1", "many-watchdog"}
+    pool = {"many-0", "many-1"} if rt.dispatch == "threads" else set()
+    assert thread_names("many-") == pool | {"many-watchdog"}
 
 
 # -- the blocking guard -------------------------------------------------------------------------
@@ -898,7 +949,7 @@ def test_a_system_exit_in_a_handler_stops_that_actor_but_not_the_pool(rt: Runtim
     # The pool itself lives on, with all its threads.
     fresh = rt.start(Echo, dispatcher=dispatcher)
     assert fresh.ask("still served?", timeout=WAIT) == "still served?"
-    assert dispatcher.live_threads == 2
+    assert dispatcher.live_threads == rt.pool(2)
 
 
 def test_a_system_exit_in_on_start_stops_that_actor_and_keeps_the_pool_threads(
@@ -911,7 +962,7 @@ def test_a_system_exit_in_on_start_stops_that_actor_and_keeps_the_pool_threads(
         ref.ask("ping", timeout=WAIT)
     other = rt.start(Echo, dispatcher=dispatcher)
     assert other.ask("ping", timeout=WAIT) == "ping"
-    assert dispatcher.live_threads == 2
+    assert dispatcher.live_threads == rt.pool(2)
 
 
 def test_an_actor_stopped_by_a_system_exit_in_on_start_is_unregistered(rt: Runtime) -> None:
@@ -948,7 +999,7 @@ def test_close_stops_the_pool_threads_and_is_idempotent(rt: Runtime) -> None:
     dispatcher = rt.dispatcher(threads=3, name="closing")
     ref = rt.start(Echo, dispatcher=dispatcher)
     assert ref.ask("ping", timeout=WAIT) == "ping"
-    assert dispatcher.live_threads == 3
+    assert dispatcher.live_threads == rt.pool(3)
     assert ref.stop(timeout=WAIT) is True
 
     dispatcher.close()

@@ -54,6 +54,7 @@ RUNTIME = [
     "ForceStop",
     "Inbound",
     "Inspect",
+    "LoopDispatcher",
     "LoopTimer",
     "ModelCall",
     "Passivate",
@@ -74,6 +75,7 @@ RUNTIME = [
     "handler_scope",
     "in_actor_handler",
     "is_async_skill",
+    "mailbox_depth",
     "post",
     "start_actor",
     "start_run",
@@ -222,6 +224,7 @@ CONVERSATIONS = [
 
 SUPERVISION = [
     "COMMANDS",
+    "DISPATCHES",
     "MAX_BRANCH_DEPTH",
     "MAX_MODEL_SERIES",
     "MAX_WORKER_DEPTH",
