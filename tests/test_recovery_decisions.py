@@ -40,6 +40,7 @@ from sessiontree.store import (
 )
 from sessiontree.supervision import Agent, Decision, Node, NodeConfig, NodeMetrics, classify
 from sessiontree.supervision._entry import TreeEntry
+from sessiontree.supervision._recovery import recover
 from sessiontree.supervision._recovery_rules import crashes_after_start, hold_replay
 from sessiontree.supervision._tree import Tree
 from tests.conftest import settle
@@ -337,6 +338,49 @@ def test_a_message_cut_off_once_runs_again_as_attempt_two_then_the_rest_in_order
         0,
     )
     assert node.wedged() == []
+
+
+def test_a_rerun_a_crash_cut_off_before_it_started_still_runs_as_attempt_two(
+    nodes: Callable[..., Node], tmp_path: pathlib.Path
+) -> None:
+    """A node recovers (its rerun of the cut-off cycle is attempt 2) and is killed
+    before that rerun marked its cycle: the count is still in the store, so the
+    next node runs it as attempt 2, never as a first attempt again (issue 22)."""
+    log = Cycles()
+    node = nodes(tmp_path, agent_with(log))
+    main = main_id_of(node)
+    node.shutdown()
+    leave_as_a_crash_would(tmp_path, main, ["cut", "next"], cut_off=1)
+    with Store(tmp_path) as store:  # recovery's commit, then the kill: no cycle ran
+        assert recover(store, {"agent": agent_with(log)}, NOW).attempts == {(main, 0): 2}
+    assert log.ran == []
+
+    node = nodes(tmp_path, agent_with(log))
+    settle(node)
+    assert log.ran == [("cut", 2), ("next", 1)]
+
+
+def test_a_cut_off_message_runs_again_before_the_results_owed_to_its_main(
+    nodes: Callable[..., Node], tmp_path: pathlib.Path
+) -> None:
+    """A Main has one cycle mark, which its next cycle's snapshot drops: the cycle
+    a crash cut off runs again first, so its count stays in the store until its
+    rerun marks itself, whatever else the Main has to run."""
+    log = Cycles()
+    node = nodes(tmp_path, agent_with(log))
+    main = main_id_of(node)
+    node.shutdown()
+    leave_as_a_crash_would(tmp_path, main, ["cut", "next"], cut_off=1)
+    child = uuid.uuid4()
+    owed = SessionResult(
+        session_id=child, status=SessionState.COMPLETED, parent_id=main, kind=SessionKind.WORKER
+    )
+    with Store(tmp_path) as store:
+        store.write(WriteBatch().owe(main, owed))
+
+    node = nodes(tmp_path, agent_with(log))
+    settle(node)
+    assert log.ran == [("cut", 2), (("result", child), 1), ("next", 1)]
 
 
 def test_a_message_cut_off_at_every_attempt_is_held_back_and_the_rest_runs(
