@@ -4,7 +4,8 @@ The store's one writer makes every write; the Cortex never blocks on one. It
 hands the writer its records, and what must happen once they are durable (a
 spawn's answer, a child's start, a message's acceptance) comes back to the
 Cortex's mailbox as an ``AfterWrite``. Writes made inside ``one_commit`` share
-one transaction and one ``AfterWrite``.
+one transaction and one ``AfterWrite``; what must only wait until they are
+submitted (queued in order ahead of any later write) uses ``when_submitted``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Commits:
         self.persist = runtime.persist
         self.ref: pykka.ActorRef[Any] | None = None  # the Cortex, once started
         self.batched: list[Then] | None = None
+        self.submitted: list[Callable[[], None]] | None = None  # run once the batch is submitted
         # the open batch's future and how many writes in it count_failures counts
         self.counted_writes: tuple[concurrent.futures.Future[None], list[int]] | None = None
 
@@ -63,6 +65,16 @@ class Commits:
 
         future.add_done_callback(done)
 
+    def when_submitted(self, then: Callable[[], None]) -> None:
+        """Run ``then()`` on the Cortex thread once every write made so far has been
+        submitted to the store: at once, or as the open ``one_commit`` ends. A
+        write submitted after that, from any thread, commits after them (the
+        writer commits in submission order)."""
+        if self.submitted is None:
+            then()
+        else:
+            self.submitted.append(then)
+
     @contextlib.contextmanager
     def one_commit(self) -> Iterator[None]:
         """Every write made inside goes into one store batch (one commit), and
@@ -71,13 +83,14 @@ class Commits:
         if self.batched is not None:
             yield
             return
-        self.batched = []
+        self.batched, self.submitted = [], []
         self.persist.open_batch()
         shared = self.persist.shared
         try:
             yield
         finally:
             thens, self.batched = self.batched, None
+            submitted, self.submitted = self.submitted, None
             self.persist.close_batch()
             if thens:
 
@@ -86,6 +99,8 @@ class Commits:
                         then(error)
 
                 self.when_written(shared, run_all)
+            for after in submitted:
+                after()
 
     def count_failures(self, future: concurrent.futures.Future[None]) -> None:
         """Count ``future``'s failure (once per write made) as a store write error.

@@ -8,6 +8,7 @@ result is delivered at once, then the descendants are cancelled (through
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable
@@ -106,7 +107,11 @@ class Endings:
                 # Closing with a store: no new cycle starts, for one could end after
                 # the Cortex stops and then run again after the restart. What is
                 # queued stays in the stored inbox and outbox and runs once then.
-                tree.post(entry, CycleDone())
+                # Told once the snapshot is submitted (not while it waits in an open
+                # batch): it drops the Main's mark whichever cycle wrote it, so the
+                # next cycle's mark must be queued after it, or a crash in that
+                # cycle would go uncounted and it would run again as the same attempt.
+                self.commits.when_submitted(functools.partial(tree.post, entry, CycleDone()))
             ended = False
         else:
             state, code, outcome, error = ending_of(end, cancel_code)

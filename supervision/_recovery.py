@@ -340,6 +340,7 @@ class _Recovery:
         if verdict.decision is Decision.FRESH:
             if verdict.attempt > 1:
                 self.plan.attempts[result.session_id] = verdict.attempt
+                self.keep_mark(main_id)
             self.note("result", main_id, verdict, child_id=result.session_id)
             return True
         agent_id = self.plan.dormant[main_id].info.agent_id
@@ -358,6 +359,7 @@ class _Recovery:
         if verdict.decision is Decision.FRESH:
             if verdict.attempt > 1:
                 self.plan.attempts[(main_id, message.seq)] = verdict.attempt
+                self.keep_mark(main_id)
             self.note("message", main_id, verdict, seq=message.seq)
             self.plan.inbox.setdefault(main_id, []).append(message)
             self.figures["inbox"] += 1
@@ -375,9 +377,15 @@ class _Recovery:
                 self.quarantine("cycles", exc, raw)
                 continue
             self.cycles[mark.session_id] = mark
-            if self.plan.held is None:  # what it marked is decided here (and runs again
-                # with a mark of its own); a held replay keeps the count for later
+            if self.plan.held is None:  # what it marked is decided here: held back, or
+                # run again (``keep_mark``); a held replay keeps the count for later
                 self.batch.cycle_done(mark.session_id)
+
+    def keep_mark(self, main_id: uuid.UUID) -> None:
+        """The cycle ``main_id``'s mark names runs again: the mark stays (put back
+        after ``read_cycles`` dropped it) until that rerun's own mark replaces
+        it, so a crash before the rerun starts still counts the attempts."""
+        self.batch.cycle(self.cycles[main_id])
 
     def restart_intensity(self) -> None:
         """Record this start; hold replay back if recent runs kept crashing."""

@@ -91,6 +91,13 @@ class Starting:
                 rerun.append(entry)
             elif record.pressured:
                 pressured.append(entry)
+        # A cycle a crash cut off (attempt > 1; at most one a Main) runs again
+        # first: until its rerun marks itself, the Main's one cycle mark holds its
+        # count, and any other cycle's snapshot would drop it. A cut-off message
+        # is the oldest in its Main's inbox (cycles consume them in order), so
+        # running it first keeps the messages in order.
+        cut_off: list[tuple[uuid.UUID, Inbound | Deliver]] = []
+        rest: list[tuple[uuid.UUID, Inbound | Deliver]] = []
         for parent_id, results in plan.deliveries.items():
             parent = tree.entry(parent_id)
             if parent is None:
@@ -100,15 +107,18 @@ class Starting:
                 parent.receipts.append(result)
                 if parent.kind is SessionKind.MAIN:
                     attempt = plan.attempts.get(result.session_id, 1)
-                    self.replay(parent_id, Deliver(result, attempt))
+                    (cut_off if attempt > 1 else rest).append((parent_id, Deliver(result, attempt)))
         for session_id, messages in plan.inbox.items():
             main = tree.entry(session_id)
             if main is None:
                 continue
             for message in messages:
                 attempt = plan.attempts.get((session_id, message.seq), 1)
-                self.replay(session_id, Inbound(message.message, message.seq, attempt))
+                inbound = Inbound(message.message, message.seq, attempt)
+                (cut_off if attempt > 1 else rest).append((session_id, inbound))
                 main.next_seq = max(main.next_seq, message.seq + 1)
+        for main_id, item in cut_off + rest:
+            self.replay(main_id, item)
         for entry in rerun:
             if tree.held_reason is not None:
                 held.setdefault(entry.session_id, []).append(entry)

@@ -10,6 +10,7 @@ start record), written here directly, or a real ``kill -9`` in
 
 from __future__ import annotations
 
+import concurrent.futures
 import pathlib
 import threading
 import uuid
@@ -21,6 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sessiontree.actors import VirtualClock
+from sessiontree.actors.runtime import CycleDone
 from sessiontree.protocol import (
     ErrorCode,
     RejectedInputError,
@@ -37,7 +39,10 @@ from sessiontree.store import (
     verify_store,
 )
 from sessiontree.supervision import Agent, Decision, Node, NodeConfig, NodeMetrics, classify
+from sessiontree.supervision._entry import TreeEntry
+from sessiontree.supervision._recovery import recover
 from sessiontree.supervision._recovery_rules import crashes_after_start, hold_replay
+from sessiontree.supervision._tree import Tree
 from tests.conftest import settle
 
 pytestmark = pytest.mark.timeout(60)
@@ -252,6 +257,66 @@ def test_a_cycle_is_marked_as_started_before_its_skill_runs_and_unmarked_with_it
     assert node.store.inbox(ref.session_id) == []
 
 
+def test_the_snapshot_ending_a_cycle_reaches_the_store_before_the_next_cycles_mark(
+    nodes: Callable[..., Node],
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    release: threading.Event,
+) -> None:
+    """The snapshot that ends a cycle drops the Main's mark. Had the next cycle's
+    mark been submitted before it, the snapshot would drop that mark too, and a
+    crash in that cycle would run it again as the same attempt (issue 22). Once
+    the Cortex has told the Main its first cycle is done, it is held until the
+    Main submitted its next mark: the order of the cycle writes shows whether
+    the first snapshot could still come after that mark."""
+    cycle_writes: list[str] = []
+    lock = threading.Lock()
+    second_mark = threading.Event()
+    submit, post = Store.submit, Tree.post
+
+    def spied_submit(store: Store, batch: WriteBatch) -> concurrent.futures.Future[None]:
+        with lock:
+            cycle_writes.extend(kind for kind, db, _, _ in batch.ops if db == "cycles")
+            if cycle_writes.count("put") == 2:
+                second_mark.set()
+        return submit(store, batch)
+
+    cycles_done: list[TreeEntry] = []
+
+    def held_post(tree: Tree, entry: TreeEntry, message: object) -> None:
+        post(tree, entry, message)
+        if isinstance(message, CycleDone):
+            cycles_done.append(entry)
+            if len(cycles_done) == 1:  # the Cortex thread: a bounded wait, no assert
+                second_mark.wait(WAIT)
+
+    monkeypatch.setattr(Store, "submit", spied_submit)
+    monkeypatch.setattr(Tree, "post", held_post)
+    ran: list[Any] = []
+    first_running = threading.Event()
+
+    def main(session: Any) -> None:
+        ran.append(session.message)
+        if session.message == "one":
+            first_running.set()
+            assert release.wait(WAIT)
+
+    node = nodes(tmp_path, Agent("agent", {"main": main}, main_skill="main"))
+    ref = node.main("agent")
+    assert ref.send("one") is None
+    assert first_running.wait(WAIT)
+    assert ref.send("two") is None  # queued on the Main before its first cycle ends
+    release.set()
+    settle(node)
+    assert ran == ["one", "two"]
+    assert len(cycles_done) == 2
+    assert second_mark.is_set()
+    assert cycle_writes == ["put", "delete", "put", "delete"]
+    assert node.store is not None
+    node.store.flush()
+    assert node.store.cycle(ref.session_id) is None
+
+
 def test_a_message_cut_off_once_runs_again_as_attempt_two_then_the_rest_in_order(
     nodes: Callable[..., Node], tmp_path: pathlib.Path
 ) -> None:
@@ -273,6 +338,49 @@ def test_a_message_cut_off_once_runs_again_as_attempt_two_then_the_rest_in_order
         0,
     )
     assert node.wedged() == []
+
+
+def test_a_rerun_a_crash_cut_off_before_it_started_still_runs_as_attempt_two(
+    nodes: Callable[..., Node], tmp_path: pathlib.Path
+) -> None:
+    """A node recovers (its rerun of the cut-off cycle is attempt 2) and is killed
+    before that rerun marked its cycle: the count is still in the store, so the
+    next node runs it as attempt 2, never as a first attempt again (issue 22)."""
+    log = Cycles()
+    node = nodes(tmp_path, agent_with(log))
+    main = main_id_of(node)
+    node.shutdown()
+    leave_as_a_crash_would(tmp_path, main, ["cut", "next"], cut_off=1)
+    with Store(tmp_path) as store:  # recovery's commit, then the kill: no cycle ran
+        assert recover(store, {"agent": agent_with(log)}, NOW).attempts == {(main, 0): 2}
+    assert log.ran == []
+
+    node = nodes(tmp_path, agent_with(log))
+    settle(node)
+    assert log.ran == [("cut", 2), ("next", 1)]
+
+
+def test_a_cut_off_message_runs_again_before_the_results_owed_to_its_main(
+    nodes: Callable[..., Node], tmp_path: pathlib.Path
+) -> None:
+    """A Main has one cycle mark, which its next cycle's snapshot drops: the cycle
+    a crash cut off runs again first, so its count stays in the store until its
+    rerun marks itself, whatever else the Main has to run."""
+    log = Cycles()
+    node = nodes(tmp_path, agent_with(log))
+    main = main_id_of(node)
+    node.shutdown()
+    leave_as_a_crash_would(tmp_path, main, ["cut", "next"], cut_off=1)
+    child = uuid.uuid4()
+    owed = SessionResult(
+        session_id=child, status=SessionState.COMPLETED, parent_id=main, kind=SessionKind.WORKER
+    )
+    with Store(tmp_path) as store:
+        store.write(WriteBatch().owe(main, owed))
+
+    node = nodes(tmp_path, agent_with(log))
+    settle(node)
+    assert log.ran == [("cut", 2), (("result", child), 1), ("next", 1)]
 
 
 def test_a_message_cut_off_at_every_attempt_is_held_back_and_the_rest_runs(
