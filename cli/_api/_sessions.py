@@ -15,11 +15,12 @@ from typing import Annotated, Any
 
 from litestar import Request, get, post
 from litestar.datastructures import State
-from litestar.params import JSONBody, QueryParameter
+from litestar.params import Body, JSONBody, QueryParameter
 
 from sessiontree.cli._api._errors import ERRORS, refuse
 from sessiontree.cli._api._shared import MAX_WAIT, Sid, node_of
 from sessiontree.cli._wire import (
+    CancelRequest,
     MainRequest,
     SendRequest,
     SessionPage,
@@ -43,6 +44,7 @@ from sessiontree.supervision import Node
 __all__ = ["SESSION_ROUTES"]
 
 MAX_PAGE = 1000
+_CANCEL_BODY = "Optional: this cancel's grace in seconds (absent: the node's grace)."
 # a created_at as Python's repr writes it (maybe with an exponent), "_", a session id
 _CURSOR = (
     r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?"
@@ -194,13 +196,35 @@ async def session_tree(state: State, session_id: Sid) -> TreeView:
 
 
 @post("/sessions/{session_id:uuid}/cancel", tags=["sessions"], status_code=202, responses=ERRORS)
-async def cancel_session(state: State, session_id: Sid) -> SessionView:
-    """Cancel a session and its subtree (one deadline).
+async def cancel_session(
+    state: State,
+    session_id: Sid,
+    data: Annotated[CancelRequest | None, Body(description=_CANCEL_BODY)] = None,
+) -> SessionView:
+    """Cancel a session and its subtree (one deadline: now + grace).
 
-    A session that already ended is a 409 ``invalid_transition``; a second
-    cancel of one still stopping is accepted and changes nothing."""
+    The optional body ``{"grace": S}`` sets this cancel's grace in seconds
+    (finite, >= 0; a bad one is a 400 naming ``grace``); without it the
+    node's grace applies, and 0 ends what still runs at once
+    (``terminated_by_force``). A session that already ended is a 409
+    ``invalid_transition``; a second cancel of one still stopping may bring
+    its deadline closer, never push it back."""
     node = node_of(state)
-    refuse(await node.acancel(session_id), session_id)
+    grace = data.grace if data is not None else None
+    refuse(await node.acancel(session_id, grace), session_id)
+    return await _view(node, session_id)
+
+
+@post(
+    "/sessions/{session_id:uuid}/terminate", tags=["sessions"], status_code=202, responses=ERRORS
+)
+async def terminate_session(state: State, session_id: Sid) -> SessionView:
+    """Terminate a session and its subtree at once: a cancel with no grace;
+    what still runs ends ``cancelled`` with ``terminated_by_force``.
+
+    A session that already ended is a 409 ``invalid_transition``."""
+    node = node_of(state)
+    refuse(await node.aterminate(session_id), session_id)
     return await _view(node, session_id)
 
 
@@ -265,6 +289,7 @@ SESSION_ROUTES = (
     get_session,
     session_tree,
     cancel_session,
+    terminate_session,
     suspend_session,
     resume_session,
     send_message,
