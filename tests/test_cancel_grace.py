@@ -76,9 +76,7 @@ def test_terminate_ends_the_whole_subtree_at_once_by_force(node: Any) -> None:
     assert all(node.get(s).state is SessionState.CANCELLED for s in subtree)
 
 
-def test_a_cancel_with_its_own_grace_uses_it_not_the_nodes(
-    node: Any, clock: VirtualClock
-) -> None:
+def test_a_cancel_with_its_own_grace_uses_it_not_the_nodes(node: Any, clock: VirtualClock) -> None:
     subtree = subtree_of(node, "stubborn")
     assert node.cancel(subtree[0], grace=2.0) is None
     clock.advance(1.9)

@@ -118,6 +118,14 @@ async def list_sessions(
     key: Annotated[str | None, QueryParameter(max_length=1024)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 100,
     cursor: Annotated[str | None, QueryParameter(pattern=_CURSOR)] = None,
+    prefix: Annotated[
+        str | None,
+        QueryParameter(
+            pattern=r"^[0-9a-f-]{1,36}$",
+            description="Only sessions whose id starts with this (lowercase hex and "
+            "hyphens, as the id is written): how a short id is resolved to one session.",
+        ),
+    ] = None,
     stuck: Annotated[
         bool,
         QueryParameter(
@@ -133,8 +141,10 @@ async def list_sessions(
         ),
     ] = False,
 ) -> SessionPage:
-    """Sessions oldest first, filtered by state, kind, agent, key and marks
-    (``stuck=true``, ``wedged=true``); paginated.
+    """Sessions oldest first, filtered by state, kind, agent, key, id prefix
+    and marks (``stuck=true``, ``wedged=true``); paginated: ``limit`` items,
+    and ``next_cursor`` (null on the last page) to pass as ``cursor`` for
+    the next, in a stable order (created_at, then id).
 
     A bad filter, limit or cursor is a 400 naming the parameter."""
     node = node_of(request.app.state)
@@ -144,6 +154,7 @@ async def list_sessions(
         for info in await _candidates(node, session_state, kind, {"stuck": stuck, "wedged": wedged})
         if (agent is None or info.agent_id == agent)
         and (key is None or info.key == key)
+        and (prefix is None or str(info.session_id).startswith(prefix))
         and (after is None or _sort_key(info) > after)
     ]
     infos.sort(key=_sort_key)
@@ -215,9 +226,7 @@ async def cancel_session(
     return await _view(node, session_id)
 
 
-@post(
-    "/sessions/{session_id:uuid}/terminate", tags=["sessions"], status_code=202, responses=ERRORS
-)
+@post("/sessions/{session_id:uuid}/terminate", tags=["sessions"], status_code=202, responses=ERRORS)
 async def terminate_session(state: State, session_id: Sid) -> SessionView:
     """Terminate a session and its subtree at once: a cancel with no grace;
     what still runs ends ``cancelled`` with ``terminated_by_force``.
