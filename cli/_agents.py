@@ -2,7 +2,9 @@
 
 A standalone node runs the agents ``--agents module:object`` names, the
 convention of uvicorn and celery: the object is an ``Agent``, an iterable of
-them, or a callable taking no arguments that returns either. Without
+them, or a callable taking no arguments that returns either. As with
+uvicorn, the current folder is searched first, so ``--agents myagents:agents``
+started beside ``myagents.py`` needs no ``PYTHONPATH``. Without
 ``--agents`` the node runs the built-in ``assistant`` agent, so a fresh node
 can be driven (and watched) at once.
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,11 +49,14 @@ class AgentLoadError(SessionTreeError):
 
 
 def load_agents(path: str) -> list[Agent]:
-    """The agents ``path`` (``module:object``, the object may be dotted) names."""
+    """The agents ``path`` (``module:object``, the object may be dotted) names,
+    the module imported with the current folder first on ``sys.path`` (as
+    uvicorn does); ``AgentLoadError`` naming the part that failed."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         msg = f"--agents {path!r} must look like module:object"
         raise AgentLoadError(msg)
+    _cwd_first()
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -81,6 +88,16 @@ def load_agents(path: str) -> list[Agent]:
         msg = f"--agents {path!r} must give Agent objects, got {what}"
         raise AgentLoadError(msg)
     return found
+
+
+def _cwd_first() -> None:
+    """Put the current folder at the front of ``sys.path`` (once): a console
+    script's ``sys.path[0]`` is its own folder, not the one it runs in."""
+    here = os.getcwd()
+    if sys.path[:1] != [here]:
+        if here in sys.path:
+            sys.path.remove(here)
+        sys.path.insert(0, here)
 
 
 def with_model(agents: Iterable[Agent], model: str) -> list[Agent]:

@@ -27,8 +27,9 @@ import click
 import msgspec
 
 from sessiontree.actors import RealClock
-from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.cli._client import NODE_OPTION, STORE_ENV, NodeClient, resolve_source
 from sessiontree.cli._exits import failure
+from sessiontree.cli._ids import node_candidates, resolve_id, store_candidates
 from sessiontree.conversations import Conversation, Conversations, nested_json, preview_text
 from sessiontree.protocol import (
     MAIN_KEY,
@@ -103,11 +104,12 @@ def _conversation(target: _Target, *, write: bool) -> Iterator[Conversation | _R
     """Yield the session's conversation, through the node or from the store;
     errors exit 1 (69 when the node does not answer)."""
     node_url, store_dir, session, agent, key = target
-    one_source(node_url, store_dir)
-    if node_url is not None:
-        with NodeClient(node_url) as client:
+    source = resolve_source(node_url, store_dir)
+    store_dir = source.store_dir
+    if source.node_url is not None:
+        with source.client() as client:
             if session is not None:
-                sid = str(_parse_id(session))
+                sid = resolve_id(session, node_candidates(client), hint="--session")
             elif agent is None:
                 raise click.UsageError("give --session ID, or --agent (and --key) to pick a Main")
             else:
@@ -124,16 +126,9 @@ def _conversation(target: _Target, *, write: bool) -> Iterator[Conversation | _R
         raise _fail(exc) from exc
 
 
-def _parse_id(session: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(session)
-    except ValueError:
-        raise _fail(f"--session {session!r} is not a session id") from None
-
-
 def _session_id(store: Store, session: str | None, agent: str | None, key: str) -> uuid.UUID:
     if session is not None:
-        sid = _parse_id(session)
+        sid = uuid.UUID(resolve_id(session, store_candidates(store), hint="--session"))
         if store.session(sid) is None:
             raise _fail(f"no session {sid} in {store.path}")
         return sid
@@ -172,13 +167,16 @@ def _target(command: F) -> F:
             help="With --agent: the Main's session key.",
         ),
         click.option("--agent", default=None, help="Pick the Main of this agent."),
-        click.option("--session", default=None, help="The session's id."),
+        click.option("--session", default=None, help="The session's id, or a unique prefix of it."),
         click.option(
             "--store",
             "store_dir",
+            envvar=STORE_ENV,
             default=None,
+            metavar="DIR",
             type=click.Path(file_okay=False, path_type=Path),
-            help="The node's store directory (read-only for reads; writes need the node stopped).",
+            help="The node's store directory (read-only for reads; writes need the node "
+            "stopped; env SESSIONTREE_STORE).",
         ),
         NODE_OPTION,
     ]
@@ -231,7 +229,13 @@ def branches_cmd(target: _Target, as_json: bool) -> None:
 
 @conv.command("context")
 @_target
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(0, 10_000))
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(0, 10_000),
+    help="At most this many messages of the active path.",
+)
 @_JSON
 def context_cmd(target: _Target, limit: int, as_json: bool) -> None:
     """What the agent sees: the active path, oldest first, at most --limit messages."""
@@ -252,8 +256,14 @@ def context_cmd(target: _Target, limit: int, as_json: bool) -> None:
     type=click.Choice(["text", "json", "html"]),
     default="text",
     show_default=True,
+    help="text (an outline), json (nested) or html (one self-contained page).",
 )
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the export to this file instead of stdout.",
+)
 def tree_cmd(target: _Target, fmt: str, out: Path | None) -> None:
     """Export the tree (text, nested JSON, or one self-contained HTML page)."""
     with _conversation(target, write=False) as conversation:

@@ -5,10 +5,13 @@ line only: log records go to stderr, so stdout carries nothing but the
 command's own output (``--json`` documents stay parseable).
 
 Every option can also come from an environment variable named by click's
-automatic prefix, ``SESSIONTREE_<COMMAND>_<OPTION>`` (``--node`` also reads
-``SESSIONTREE_NODE``). Exit codes, for every command: 0 ok, 1 failure, 2
-usage, 69 node unreachable, 74 the store's file is damaged (65: ``store
-verify`` found records that do not decode).
+automatic prefix, ``SESSIONTREE_<COMMAND>_<OPTION>``, except ``--node`` and a
+read command's ``--store``, which read ``SESSIONTREE_NODE`` and
+``SESSIONTREE_STORE`` (resolved by ``_client.resolve_source``: a flag, then
+the environment, then the node at http://127.0.0.1:8470). Exit codes, for
+every command: 0 ok, 1 failure, 2 usage, 69 node unreachable, 74 the
+store's file is damaged (65: ``store verify`` found records that do not
+decode).
 """
 
 from __future__ import annotations

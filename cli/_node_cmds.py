@@ -57,7 +57,7 @@ from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
 from sessiontree.cli._api import MAX_BODY_BYTES, MAX_WAIT, create_app
-from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.cli._client import DEFAULT_PORT, NODE_OPTION, STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
 from sessiontree.cli._wire import plain_figures, settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
@@ -308,7 +308,7 @@ async def _serve(server: _Server, sock: socket.socket, running: Node, early: lis
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
-    default=8470,
+    default=DEFAULT_PORT,
     show_default=True,
     help="Port for the API and /metrics (0: any free port, printed at start).",
 )
@@ -519,23 +519,17 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
 
 @node.command("status")
 @NODE_OPTION
-@click.option(
-    "--store",
-    "store_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Read a store directory instead (read-only, also while a node runs).",
-)
+@STORE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
 def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
-    """A node's state, sessions by state, counters and store (from --node or --store)."""
-    one_source(node_url, store_dir)
-    if node_url is not None:
-        with NodeClient(node_url) as client:
+    """A node's state, sessions by state, counters and store (from a node or a store)."""
+    source = resolve_source(node_url, store_dir)
+    if source.node_url is not None:
+        with source.client() as client:
             found: dict[str, Any] = client.get("/v1/node")
     else:
-        assert store_dir is not None
-        found = _store_status(store_dir)
+        assert source.store_dir is not None
+        found = _store_status(source.store_dir)
     if as_json:
         click.echo(json.dumps(found, sort_keys=True))
         return

@@ -2,9 +2,11 @@
 show|release``: the work recovery held back after repeated crashes (or as
 too old to replay), and what it decided when the node started.
 
-``ls`` and ``show`` read a running node (``--node URL``) or a store directory
-(``--store DIR``, read-only, also while a node runs); the others change a
-node and need ``--node``.
+``ls`` and ``show`` read a running node or a store directory (read-only,
+also while a node runs); the others change a node. Where they read is
+decided as for every command (``_client.resolve_source``: flags, then
+``SESSIONTREE_NODE``/``SESSIONTREE_STORE``, then the default node). An ID is
+a held-back item's id or a unique prefix of it (as ``wedged ls`` prints).
 
 Exit codes: 0 done; 1 the node or store refused, or no such item (one line
 on stderr names it); 2 a usage error; 69 no node answered at ``--node``.
@@ -14,40 +16,32 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import click
 import msgspec
 
-from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, NodeClient, resolve_source
+from sessiontree.cli._ids import from_ids, resolve_id
 from sessiontree.protocol import SessionTreeError
 from sessiontree.store import Store
 
 __all__ = ["recovery", "wedged"]
 
-_STORE = click.option(
-    "--store",
-    "store_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Read a store directory instead of a node (read-only).",
-)
+_STORE = STORE_OPTION
 _JSON = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
-
-
-def _wid(value: str) -> str:
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a wedged item's id", param_hint="ID") from None
+_ID = click.argument("wedged_id", metavar="ID")
 
 
 def _client(node_url: str | None) -> NodeClient:
-    if node_url is None:
-        raise click.UsageError("this command changes a node: give --node URL")
-    return NodeClient(node_url)
+    return resolve_source(node_url).client()
+
+
+def _wid(client: NodeClient, text: str) -> str:
+    """The held-back item ``text`` (an id or a unique prefix) names on the node."""
+    known = [str(item["wedged_id"]) for item in client.get("/v1/wedged")]
+    return resolve_id(text, from_ids(known), what="held-back item", hint="ID")
 
 
 def _from_store(store_dir: Path) -> list[dict[str, Any]]:
@@ -61,10 +55,10 @@ def _from_store(store_dir: Path) -> list[dict[str, Any]]:
 
 
 def _items(node_url: str | None, store_dir: Path | None) -> list[dict[str, Any]]:
-    one_source(node_url, store_dir)
-    if store_dir is not None:
-        return _from_store(store_dir)
-    with NodeClient(str(node_url)) as client:
+    source = resolve_source(node_url, store_dir)
+    if source.store_dir is not None:
+        return _from_store(source.store_dir)
+    with source.client() as client:
         found: list[dict[str, Any]] = client.get("/v1/wedged")
         return found
 
@@ -101,32 +95,36 @@ def ls_cmd(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
 @wedged.command("show")
 @NODE_OPTION
 @_STORE
-@click.argument("wedged_id", metavar="ID", callback=lambda _c, _p, v: _wid(v))
+@_ID
 def show_cmd(node_url: str | None, store_dir: Path | None, wedged_id: str) -> None:
     """One held-back item, as JSON (its message or result included)."""
-    found = [item for item in _items(node_url, store_dir) if item["wedged_id"] == wedged_id]
-    if not found:
-        raise click.ClickException(f"no held-back item {wedged_id}")
+    items = _items(node_url, store_dir)
+    wanted = resolve_id(
+        wedged_id, from_ids(str(i["wedged_id"]) for i in items), what="held-back item", hint="ID"
+    )
+    found = [item for item in items if item["wedged_id"] == wanted]
     click.echo(json.dumps(found[0], sort_keys=True, indent=2))
 
 
 @wedged.command("requeue")
 @NODE_OPTION
-@click.argument("wedged_id", metavar="ID", callback=lambda _c, _p, v: _wid(v))
+@_ID
 def requeue_cmd(node_url: str | None, wedged_id: str) -> None:
     """Run held-back work again, as a first attempt (a wedged branch runs as a
     fresh session under its parent)."""
     with _client(node_url) as client:
+        wedged_id = _wid(client, wedged_id)
         answer = client.post(f"/v1/wedged/{wedged_id}/requeue")
     click.echo(f"requeued {wedged_id}: runs in session {answer['session_id']}")
 
 
 @wedged.command("drop")
 @NODE_OPTION
-@click.argument("wedged_id", metavar="ID", callback=lambda _c, _p, v: _wid(v))
+@_ID
 def drop_cmd(node_url: str | None, wedged_id: str) -> None:
     """Forget a held-back item for good."""
     with _client(node_url) as client:
+        wedged_id = _wid(client, wedged_id)
         client.request("DELETE", f"/v1/wedged/{wedged_id}")
     click.echo(f"dropped {wedged_id}")
 

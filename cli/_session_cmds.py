@@ -1,20 +1,22 @@
-"""``sessiontree sessions ls|show|tree|spawn|send|cancel|suspend|resume|wait``.
+"""``sessiontree sessions ls|show|tree|results|spawn|send|cancel|terminate|suspend|resume|wait``.
 
-Read commands (``ls``, ``show``, ``tree``) work against a running node
-(``--node URL``) or read-only straight from a store directory (``--store
-DIR``, also while a node runs). Commands that change something need
-``--node``. ``--json`` prints only JSON on stdout; logs and progress go to
-stderr.
+Read commands (``ls``, ``show``, ``tree``, ``results``) work against a
+running node or read-only straight from a store directory (also while a
+node runs); commands that change something need a node. Where they read is
+decided by ``_client.resolve_source``: ``--node``/``--store`` flags, then
+``SESSIONTREE_NODE``/``SESSIONTREE_STORE``, then the node at
+``http://127.0.0.1:8470``. A session is named by its id or a unique prefix
+of it (``_ids``). ``--json`` prints only JSON on stdout (instants as ISO
+8601 in UTC); logs and progress go to stderr.
 
 Exit codes: 0 done; 1 the node or store refused (one line on stderr names
-the code and field), or ``wait`` timed out; 2 a usage error; 69 no node
-answered at ``--node``.
+the code and field), or ``wait`` timed out; 2 a usage error (an id prefix
+that matches no session or several); 69 no node answered.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import time
 import uuid
@@ -25,42 +27,28 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from sessiontree.cli._client import NODE_OPTION, NodeClient, one_source
+from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
+from sessiontree.cli._ids import node_candidates, resolve_id, store_candidates
+from sessiontree.cli._paging import page_of
+from sessiontree.cli._times import ago, iso_times, local, until
 from sessiontree.cli._wire import SessionView, TreeView, session_view
 from sessiontree.protocol import SessionKind, SessionState, SessionTreeError
 from sessiontree.store import SessionRecord, Store
 from sessiontree.supervision import stored_spending
 
-__all__ = ["sessions"]
+__all__ = ["draw_tree", "sessions"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_STORE = click.option(
-    "--store",
-    "store_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Read a store directory instead of a node (read-only).",
+_JSON = click.option(
+    "--json", "as_json", is_flag=True, help="Only JSON on stdout (times as ISO 8601, UTC)."
 )
-_JSON = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
+_SESSION = click.argument("session")
 
 
 def _read_source(func: F) -> F:
-    return NODE_OPTION(_STORE(func))
-
-
-def _client(node_url: str | None) -> NodeClient:
-    if node_url is None:
-        raise click.UsageError("this command changes a node: give --node URL")
-    return NodeClient(node_url)
-
-
-def _sid(value: str) -> str:
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a session id", param_hint="SESSION") from None
+    return NODE_OPTION(STORE_OPTION(func))
 
 
 def _echo_json(value: Any) -> None:
@@ -109,51 +97,62 @@ def _record_view(store: Store, record: SessionRecord) -> SessionView:
     return session_view(record.info, record.result, stored_spending(record, spent))
 
 
-def _stored_view(store_dir: Path, session_id: str) -> dict[str, Any]:
-    with _reading(store_dir) as store:
-        found = _record_view(store, _stored(store, uuid.UUID(session_id)))
-    view: dict[str, Any] = msgspec.to_builtins(found)
+def _stored_view(store: Store, session_id: str) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(
+        _record_view(store, _stored(store, uuid.UUID(session_id)))
+    )
     return view
 
 
-def _stored_tree(store_dir: Path, session_id: str) -> dict[str, Any]:
+def _stored_tree(store: Store, session_id: str) -> dict[str, Any]:
     """The subtree under ``session_id`` as the API's ``tree`` gives it, children
     oldest first, read through the store's parent index."""
 
-    def build(store: Store, record: SessionRecord) -> TreeView:
+    def build(record: SessionRecord) -> TreeView:
         kids = [store.session(c) for c in store.children(record.info.session_id)]
         ordered = sorted((k for k in kids if k is not None), key=lambda k: k.info.created_at)
         view = msgspec.structs.asdict(_record_view(store, record))
-        return TreeView(**view, children=[build(store, k) for k in ordered])
+        return TreeView(**view, children=[build(k) for k in ordered])
 
-    with _reading(store_dir) as store:
-        root = build(store, _stored(store, uuid.UUID(session_id)))
-    tree: dict[str, Any] = msgspec.to_builtins(root)
+    tree: dict[str, Any] = msgspec.to_builtins(build(_stored(store, uuid.UUID(session_id))))
     return tree
 
 
+def _stored_results(store: Store, session_id: str) -> list[dict[str, Any]]:
+    """The results a stored session received from its children."""
+    _stored(store, uuid.UUID(session_id))
+    found: list[dict[str, Any]] = msgspec.to_builtins(store.received(uuid.UUID(session_id)))
+    return found
+
+
 def _fetch(
-    node_url: str | None, store_dir: Path | None, path: str, stored: Callable[[Path], Any]
+    node_url: str | None,
+    store_dir: Path | None,
+    session: str,
+    tail: str,
+    stored: Callable[[Store, str], Any],
 ) -> Any:
-    """What a read command shows: ``GET path`` on the node, or ``stored(store_dir)``."""
-    one_source(node_url, store_dir)
-    if node_url is not None:
-        with NodeClient(node_url) as client:
-            return client.get(path)
-    assert store_dir is not None
-    return stored(store_dir)
+    """What a read command shows of ``session`` (an id or a unique prefix):
+    ``GET /v1/sessions/{id}{tail}`` on the node, or ``stored(store, id)``."""
+    source = resolve_source(node_url, store_dir)
+    if source.node_url is not None:
+        with source.client() as client:
+            sid = resolve_id(session, node_candidates(client))
+            return client.get(f"/v1/sessions/{sid}{tail}")
+    assert source.store_dir is not None
+    with _reading(source.store_dir) as store:
+        return stored(store, resolve_id(session, store_candidates(store)))
+
+
+def _act(node_url: str | None, session: str, action: str, body: Any = None) -> Any:
+    """``POST /v1/sessions/{id}/{action}`` on the node, ``session`` an id or a
+    unique prefix."""
+    with resolve_source(node_url).client() as client:
+        sid = resolve_id(session, node_candidates(client))
+        return client.post(f"/v1/sessions/{sid}/{action}", body)
 
 
 # -- drawing -----------------------------------------------------------------------------
-
-
-def _age(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def _figure(value: float) -> str:
@@ -210,11 +209,11 @@ def _short_usage(view: dict[str, Any]) -> str:
 def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> str:
     text = (
         f"{info['kind']:<6} {info['state']:<9} {info['session_id'][:8]}  "
-        f"age {_age(now - info['created_at'])}"
+        f"created {ago(info['created_at'], now)}"
     )
     deadline = info.get("deadline")
     if deadline is not None and info["state"] in ("pending", "active", "suspended"):
-        text += f", ttl left {_age(deadline - now)}"
+        text += f", ttl {until(deadline, now)}"
     if info.get("task"):
         task = info["task"] if len(info["task"]) <= 40 else info["task"][:39] + "~"
         text += f'  "{task}"'
@@ -225,7 +224,8 @@ def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> st
 
 
 def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
-    """A session tree as ASCII lines: kind, state, id, age, time left to TTL,
+    """A session tree as ASCII lines: kind, state, short id, when it was
+    created, time left to its TTL,
     and the subtree's usage and what its budget has left."""
     lines: list[str] = []
 
@@ -247,20 +247,48 @@ def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
 
 @click.group("sessions")
 def sessions() -> None:
-    """List, inspect, draw, spawn, message, cancel, suspend, resume and wait on sessions."""
+    """List, inspect, draw, spawn, message, cancel, terminate, suspend, resume and wait
+    on sessions.
+
+    SESSION is a session's id or a unique prefix of it (the short ids 'ls' and
+    'tree' print). Reads go to --node URL or --store DIR, else SESSIONTREE_NODE,
+    else SESSIONTREE_STORE, else the node at http://127.0.0.1:8470.
+    """
 
 
 @sessions.command("ls")
 @_read_source
-@click.option("--state", type=click.Choice([s.value for s in SessionState]), default=None)
-@click.option("--kind", type=click.Choice([k.value for k in SessionKind]), default=None)
+@click.option(
+    "--state",
+    type=click.Choice([s.value for s in SessionState]),
+    default=None,
+    help="Only sessions in this state.",
+)
+@click.option(
+    "--kind",
+    type=click.Choice([k.value for k in SessionKind]),
+    default=None,
+    help="Only sessions of this kind.",
+)
 @click.option("--agent", default=None, help="Only this agent's sessions.")
 @click.option("--key", default=None, help="Only sessions with this session key.")
-@click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    help="At most this many sessions (one page).",
+)
+@click.option(
+    "--cursor",
+    default=None,
+    metavar="CURSOR",
+    help="Start after this cursor (the one the previous page printed).",
+)
 @click.option(
     "--stuck",
     is_flag=True,
-    help="Only sessions the node flagged as stuck (no checkpoint for stuck_after); needs --node.",
+    help="Only sessions the node flagged as stuck (no checkpoint for stuck_after); needs a node.",
 )
 @click.option(
     "--wedged",
@@ -276,55 +304,53 @@ def ls_cmd(
     agent: str | None,
     key: str | None,
     limit: int,
+    cursor: str | None,
     stuck: bool,
     wedged: bool,
     as_json: bool,
 ) -> None:
-    """Sessions, oldest first (at most --limit)."""
-    one_source(node_url, store_dir)
+    """One page of sessions, oldest first (by creation, then id).
+
+    When more follow, the cursor of the next page is printed on stderr (with
+    --json: "next_cursor" in the object, null on the last page).
+    """
+    source = resolve_source(node_url, store_dir)
     marks = {"stuck": stuck, "wedged": wedged}
-    if store_dir is not None:
-        _store_marks(marks)
-    infos: list[dict[str, Any]] = []
-    if node_url is not None:
-        with NodeClient(node_url) as client:
-            cursor = None
-            while len(infos) < limit:
-                page = client.get(
-                    "/v1/sessions",
-                    state=state,
-                    kind=kind,
-                    agent=agent,
-                    key=key,
-                    limit=min(1000, limit - len(infos)),
-                    cursor=cursor,
-                    **{name: "true" for name, on in marks.items() if on},
-                )
-                infos += page["items"]
-                cursor = page["next_cursor"]
-                if cursor is None:
-                    break
+    if source.node_url is not None:
+        with source.client() as client:
+            page = client.get(
+                "/v1/sessions",
+                state=state,
+                kind=kind,
+                agent=agent,
+                key=key,
+                limit=limit,
+                cursor=cursor,
+                **{name: "true" for name, on in marks.items() if on},
+            )
+        infos, next_cursor = page["items"], page["next_cursor"]
     else:
-        assert store_dir is not None
-        held = _stored_wedged(store_dir) if wedged else None
-        infos = [
+        assert source.store_dir is not None
+        _store_marks(marks)
+        held = _stored_wedged(source.store_dir) if wedged else None
+        matching = (
             row["info"]
-            for row in _stored_rows(store_dir)
+            for row in _stored_rows(source.store_dir)
             if (held is None or row["info"]["session_id"] in held)
             and (state is None or row["info"]["state"] == state)
             and (kind is None or row["info"]["kind"] == kind)
             and (agent is None or row["info"]["agent_id"] == agent)
             and (key is None or row["info"]["key"] == key)
-        ]
-        infos.sort(key=lambda i: (i["created_at"], i["session_id"]))
-        infos = infos[:limit]
+        )
+        infos, next_cursor = page_of(matching, limit, cursor)
     if as_json:
-        _echo_json(infos)
+        _echo_json({"items": iso_times(infos), "next_cursor": next_cursor})
         return
     now = time.time()
     for info in infos:
         click.echo(_line(info, None, now))
-    click.echo(f"{len(infos)} sessions", err=True)
+    more = f"; more after: --cursor {next_cursor}" if next_cursor else ""
+    click.echo(f"{len(infos)} sessions{more}", err=True)
 
 
 #: Marks ``ls`` filters on (``--stuck``: the API's ``stuck=true``) that only a
@@ -345,21 +371,23 @@ def _store_marks(marks: dict[str, bool]) -> None:
 
 @sessions.command("show")
 @_read_source
-@click.argument("session")
+@_SESSION
 @_JSON
 def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """One session: identity, state, result, usage and what its budget has left."""
-    sid = _sid(session)
-    view = _fetch(
-        node_url, store_dir, f"/v1/sessions/{sid}", functools.partial(_stored_view, session_id=sid)
-    )
+    view = _fetch(node_url, store_dir, session, "", _stored_view)
     if as_json:
-        _echo_json(view)
+        _echo_json(iso_times(view))
         return
+    now = time.time()
     for name, value in view["info"].items():
-        click.echo(f"{name:>16}: {value}")
+        shown = value
+        if name in ("created_at", "deadline") and isinstance(value, int | float):
+            when = ago(value, now) if name == "created_at" else until(value, now)
+            shown = f"{local(value)} ({when})"
+        click.echo(f"{name:>16}: {shown}")
     if view.get("result") is not None:
-        click.echo(f"{'result':>16}: {json.dumps(view['result'], sort_keys=True)}")
+        click.echo(f"{'result':>16}: {json.dumps(iso_times(view['result']), sort_keys=True)}")
     for line in _accounts_lines(view):
         click.echo(line)
 
@@ -387,30 +415,61 @@ def _accounts_lines(view: dict[str, Any]) -> list[str]:
 
 @sessions.command("tree")
 @_read_source
-@click.argument("session")
+@_SESSION
 @_JSON
 def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
-    """Draw the subtree under SESSION: kind, state, age and time left to TTL."""
-    sid = _sid(session)
-    tree = _fetch(
-        node_url,
-        store_dir,
-        f"/v1/sessions/{sid}/tree",
-        functools.partial(_stored_tree, session_id=sid),
-    )
+    """Draw the subtree under SESSION: kind, state, short id, when each was
+    created and the time left to its TTL."""
+    tree = _fetch(node_url, store_dir, session, "/tree", _stored_tree)
     if as_json:
-        _echo_json(tree)
+        _echo_json(iso_times(tree))
         return
     for line in draw_tree(tree, time.time()):
         click.echo(line)
 
 
+@sessions.command("results")
+@_read_source
+@_SESSION
+@_JSON
+def results_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
+    """The results SESSION received from its children, oldest first."""
+    found = _fetch(node_url, store_dir, session, "/results", _stored_results)
+    if as_json:
+        _echo_json(iso_times(found))
+        return
+    if not found:
+        click.echo("no results received")
+    for result in found:
+        error = result.get("error")
+        tail = f"  [{error['code']}]" if error else ""
+        summary = f"  {result['summary']}" if result.get("summary") else ""
+        head = f"{result['kind']:<6} {result['status']:<9} {result['session_id'][:8]}"
+        click.echo(f"{head}{tail}{summary}")
+
+
 @sessions.command("spawn")
 @NODE_OPTION
 @click.option("--agent", default=None, help="Open (get or create) this agent's Main.")
-@click.option("--key", default="internal:main:main", show_default=True, help="With --agent.")
-@click.option("--parent", default=None, help="Spawn a child under this session instead.")
-@click.option("--kind", type=click.Choice(["branch", "worker"]), default="worker")
+@click.option(
+    "--key",
+    default="internal:main:main",
+    show_default=True,
+    help="With --agent: the Main's session key.",
+)
+@click.option(
+    "--parent",
+    default=None,
+    metavar="SESSION",
+    help="Spawn a child under this session (an id or a unique prefix) instead.",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["branch", "worker"]),
+    default="worker",
+    show_default=True,
+    help="With --parent: the child's kind.",
+)
 @click.option("--task", default="", help="The child's task.")
 @click.option("--context", "context_summary", default="", help="The child's context_summary.")
 @click.option("--skill", default=None, help="Which of the agent's skills runs it.")
@@ -444,16 +503,17 @@ def spawn_cmd(
     if input_json is not None and parent is None:
         raise click.UsageError("--input goes with --parent (a child's input)")
     child_input = None if input_json is None else _json_option("--input", input_json)
-    with _client(node_url) as client:
+    with resolve_source(node_url).client() as client:
         if agent is not None:
             made = client.post("/v1/sessions", {"agent_id": agent, "key": key})
         else:
             spec: dict[str, Any] = {"kind": kind, "task": task, "context_summary": context_summary}
             optional = {"skill": skill, "ttl": ttl, "request_id": request_id, "input": child_input}
             spec.update({k: v for k, v in optional.items() if v is not None})
-            made = client.post(f"/v1/sessions/{_sid(str(parent))}/children", spec)
+            sid = resolve_id(str(parent), node_candidates(client), hint="--parent")
+            made = client.post(f"/v1/sessions/{sid}/children", spec)
     if as_json:
-        _echo_json(made)
+        _echo_json(iso_times(made))
         return
     info = made["info"]
     click.echo(f"{info['kind']} {info['session_id']} {info['state']}")
@@ -470,7 +530,7 @@ def _json_option(name: str, text: str) -> Any:
 
 @sessions.command("send")
 @NODE_OPTION
-@click.argument("session")
+@_SESSION
 @click.argument("message")
 @_JSON
 def send_cmd(node_url: str | None, session: str, message: str, as_json: bool) -> None:
@@ -479,43 +539,78 @@ def send_cmd(node_url: str | None, session: str, message: str, as_json: bool) ->
         payload: Any = json.loads(message)
     except ValueError:
         payload = message
-    with _client(node_url) as client:
-        view = client.post(f"/v1/sessions/{_sid(session)}/messages", {"message": payload})
+    view = _act(node_url, session, "messages", {"message": payload})
     if as_json:
-        _echo_json(view)
+        _echo_json(iso_times(view))
     else:
         click.echo(f"sent to {view['info']['session_id']} ({view['info']['state']})")
 
 
-def _control(name: str) -> None:
-    @sessions.command(name)
-    @NODE_OPTION
-    @click.argument("session")
-    @_JSON
-    def command(node_url: str | None, session: str, as_json: bool) -> None:
-        with _client(node_url) as client:
-            view = client.post(f"/v1/sessions/{_sid(session)}/{name}")
-        if as_json:
-            _echo_json(view)
-        else:
-            click.echo(f"{name} requested: {view['info']['session_id']} ({view['info']['state']})")
-
-    command.__doc__ = {
-        "cancel": "Cancel SESSION and its subtree (one grace deadline for all).",
-        "suspend": "Suspend a Branch at its next checkpoint.",
-        "resume": "Resume a suspended Branch.",
-    }[name]
+def _done(name: str, view: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _echo_json(iso_times(view))
+        return
+    info = view["info"]
+    error = (view.get("result") or {}).get("error")
+    ended = f", {error['code']}" if error else ""
+    click.echo(f"{name}: {info['session_id']} ({info['state']}{ended})")
 
 
-for _name in ("cancel", "suspend", "resume"):
-    _control(_name)
+@sessions.command("cancel")
+@NODE_OPTION
+@_SESSION
+@click.option(
+    "--grace",
+    type=click.FloatRange(0.0),
+    default=None,
+    metavar="S",
+    help="Seconds the subtree has to wrap up before what still runs is ended by force "
+    "(default: the node's grace; 0 is 'terminate'). A second cancel may shorten it.",
+)
+@_JSON
+def cancel_cmd(node_url: str | None, session: str, grace: float | None, as_json: bool) -> None:
+    """Cancel SESSION and its subtree (one grace deadline for all)."""
+    body = {} if grace is None else {"grace": grace}
+    _done("cancel requested", _act(node_url, session, "cancel", body), as_json)
+
+
+@sessions.command("terminate")
+@NODE_OPTION
+@_SESSION
+@_JSON
+def terminate_cmd(node_url: str | None, session: str, as_json: bool) -> None:
+    """End SESSION and its subtree at once, with no grace: what still runs ends
+    cancelled with terminated_by_force."""
+    _done("terminated", _act(node_url, session, "terminate"), as_json)
+
+
+@sessions.command("suspend")
+@NODE_OPTION
+@_SESSION
+@_JSON
+def suspend_cmd(node_url: str | None, session: str, as_json: bool) -> None:
+    """Suspend a Branch at its next checkpoint."""
+    _done("suspend requested", _act(node_url, session, "suspend"), as_json)
+
+
+@sessions.command("resume")
+@NODE_OPTION
+@_SESSION
+@_JSON
+def resume_cmd(node_url: str | None, session: str, as_json: bool) -> None:
+    """Resume a suspended Branch."""
+    _done("resume requested", _act(node_url, session, "resume"), as_json)
 
 
 @sessions.command("wait")
 @NODE_OPTION
-@click.argument("session")
+@_SESSION
 @click.option(
-    "--timeout", type=click.FloatRange(0.0), default=300.0, show_default=True, help="Seconds."
+    "--timeout",
+    type=click.FloatRange(0.0),
+    default=300.0,
+    show_default=True,
+    help="Give up (exit 1) after this many seconds.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 @_JSON
@@ -526,9 +621,9 @@ def wait_cmd(
 
     Progress (elapsed time and state) is shown on stderr while waiting.
     """
-    sid = _sid(session)
     started = time.monotonic()
-    with _client(node_url) as client:
+    with resolve_source(node_url).client() as client:
+        sid = resolve_id(session, node_candidates(client))
         while True:
             left = timeout - (time.monotonic() - started)
             answer = client.wait(sid, max(0.0, min(left, 10.0)))
@@ -546,7 +641,7 @@ def wait_cmd(
         click.echo("", err=True)
     result = answer["result"]
     if as_json:
-        _echo_json(result)
+        _echo_json(iso_times(result))
         return
     error = result.get("error")
     tail = f" [{error['code']}] {error['message']}" if error else ""

@@ -28,6 +28,7 @@ from sessiontree.supervision import Provider
 __all__ = [
     "ApiError",
     "BranchRequest",
+    "CancelRequest",
     "ConfirmDeleteRequest",
     "ErrorBody",
     "ForkRequest",
@@ -66,6 +67,13 @@ class SendRequest(_Request, frozen=True):
     """An inbound message for a Main (it starts one message cycle)."""
 
     message: Any
+
+
+class CancelRequest(_Request, frozen=True):
+    """A cancel's grace in seconds (finite, >= 0; absent or null: the node's
+    grace; 0: what still runs ends ``terminated_by_force`` at once)."""
+
+    grace: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 class ForkRequest(_Request, frozen=True):

@@ -36,9 +36,12 @@ class Cancelling:
         self.commits = commits
         self.endings = endings
 
-    def cancel(self, session_id: uuid.UUID) -> ErrorInfo | None:
-        """Cancel a session and its whole subtree, with one deadline; an
-        ``ErrorInfo`` if it already ended (``UnknownSessionError`` if unknown)."""
+    def cancel(self, session_id: uuid.UUID, grace: float | None = None) -> ErrorInfo | None:
+        """Cancel a session and its whole subtree, with one deadline: now +
+        ``grace`` (None: the node's; 0: what runs ends ``terminated_by_force``
+        at once). A second cancel of a session still stopping may bring the
+        deadline of its subtree closer, never push it back. An ``ErrorInfo``
+        if it already ended (``UnknownSessionError`` if unknown)."""
         entry = self.tree.entry(session_id)
         if entry is None:
             return self.tree.ended_answer(session_id)
@@ -47,11 +50,31 @@ class Cancelling:
                 code=ErrorCode.INVALID_TRANSITION,
                 message=f"session {session_id} already ended ({entry.state.value})",
             )
+        grace = self.tree.rt.config.grace if grace is None else grace
         if entry.cancel_code is not None:
-            return None  # one request, one deadline: a second cancel changes nothing
+            self._shorten(entry, grace)
+            return None
         group = [entry, *self.tree.uncancelled_descendants(entry)]
-        self.cancel_group(group, ErrorCode.CANCELLED, first=entry)
+        self.cancel_group(group, ErrorCode.CANCELLED, first=entry, grace=grace)
         return None
+
+    def _shorten(self, entry: TreeEntry, grace: float) -> None:
+        """``entry`` is stopping already: the live sessions of its subtree whose
+        deadline lies past now + ``grace`` get that deadline instead."""
+        deadline = self.tree.now() + grace
+        closer: list[TreeEntry] = []
+        stack = [entry]
+        entries = self.tree.entries
+        while stack:
+            current = stack.pop()
+            if current.state.is_terminal:
+                continue
+            if current.cancel_deadline is not None and current.cancel_deadline > deadline:
+                current.cancel_deadline = deadline
+                closer.append(current)
+            stack.extend(c for c in map(entries.get, current.children) if c is not None)
+        if closer:
+            self._at_deadline(tuple([e.core.session_id for e in closer]), grace)
 
     def orphans(self, entry: TreeEntry) -> None:
         """``entry`` ended: its live descendants are cancelled (``parent_terminated``)."""
@@ -70,11 +93,22 @@ class Cancelling:
         rt = self.tree.rt
         grace = rt.config.grace if grace is None else grace
         with self.commits.one_commit():
-            ids = tuple([e.core.session_id for e in self._request_cancel(group, code, first)])
+            running = self._request_cancel(group, code, first)
+            deadline = self.tree.now() + grace
+            for entry in running:
+                entry.cancel_deadline = deadline
+            ids = tuple([e.core.session_id for e in running])
             if ids and grace <= 0:
                 self.deadline(ids)
-        if not ids or grace <= 0:
+        if ids and grace > 0:
+            self._at_deadline(ids, grace)
+
+    def _at_deadline(self, ids: tuple[uuid.UUID, ...], grace: float) -> None:
+        """End ``ids`` by force in ``grace`` seconds (at once when it is 0)."""
+        if grace <= 0:
+            self.deadline(ids)
             return
+        rt = self.tree.rt
         ref, activity = self.tree.ref, rt.activity
         assert ref is not None
 

@@ -270,8 +270,8 @@ class Cortex:
                 return self.messages.redeliver(sid, result, unwedge, reply)
             case ReleaseReplay():
                 return self.starting.release_replay()
-            case Cancel(session_id=sid):
-                return self.cancelling.cancel(sid)
+            case Cancel(session_id=sid, grace=grace):
+                return self.cancelling.cancel(sid, grace)
             case Suspend(session_id=sid):
                 return self.suspension.suspend(sid)
             case Resume(session_id=sid):

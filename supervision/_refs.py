@@ -11,6 +11,7 @@ Cortex keys its tree by, and refuses anything else with a
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ __all__ = [
     "SessionIdLike",
     "SessionRef",
     "Spawned",
+    "as_grace",
     "as_session_id",
     "refused_result",
 ]
@@ -63,6 +65,19 @@ SessionIdLike: TypeAlias = "uuid.UUID | str | SessionRef"
 
 _NIL = uuid.UUID(int=0)
 _CANONICAL_LENGTH = 36  # 8-4-4-4-12 hex digits
+
+
+def as_grace(value: object) -> float | None:
+    """A cancel's grace: None (the node's) or a finite number of seconds >= 0;
+    ``RejectedInputError`` naming ``grace`` for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    msg = f"grace must be a finite number of seconds >= 0, not {value!r:.40}"
+    raise RejectedInputError(msg, field="grace")
 
 
 def as_session_id(value: object, argument: str = "session_id") -> uuid.UUID:
@@ -179,9 +194,13 @@ class SessionRef:
         see ``Node.spending``."""
         return self._node.spending(self.session_id)
 
-    def cancel(self) -> ErrorInfo | None:
+    def cancel(self, grace: float | None = None) -> ErrorInfo | None:
         """Cancel this session and its subtree; see ``Node.cancel``."""
-        return self._node.cancel(self.session_id)
+        return self._node.cancel(self.session_id, grace)
+
+    def terminate(self) -> ErrorInfo | None:
+        """End this session and its subtree at once; see ``Node.terminate``."""
+        return self._node.terminate(self.session_id)
 
     def suspend(self) -> ErrorInfo | None:
         """Suspend (branches only); see ``Node.suspend``."""
@@ -229,9 +248,13 @@ class SessionRef:
         """Awaitable ``spending``."""
         return await self._node.aspending(self.session_id)
 
-    async def acancel(self) -> ErrorInfo | None:
+    async def acancel(self, grace: float | None = None) -> ErrorInfo | None:
         """Awaitable ``cancel``."""
-        return await self._node.acancel(self.session_id)
+        return await self._node.acancel(self.session_id, grace)
+
+    async def aterminate(self) -> ErrorInfo | None:
+        """Awaitable ``terminate``."""
+        return await self._node.aterminate(self.session_id)
 
     async def asuspend(self) -> ErrorInfo | None:
         """Awaitable ``suspend``."""
@@ -324,11 +347,21 @@ class NodeSessions(NodeBase):
         """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
         return self._call(GetInfo(as_session_id(session_id)), check=False)
 
-    def cancel(self, session_id: SessionIdLike) -> ErrorInfo | None:
-        """Cancel a session and its subtree (one deadline: now + grace); None when
+    def cancel(self, session_id: SessionIdLike, grace: float | None = None) -> ErrorInfo | None:
+        """Cancel a session and its subtree (one deadline: now + ``grace``, by
+        default ``NodeConfig.grace``; 0 ends what still runs at once with
+        ``terminated_by_force``). A second cancel of a session still stopping
+        may bring its subtree's deadline closer, never push it back. None when
         accepted, ``invalid_transition`` for a session that already ended;
-        ``UnknownSessionError`` for an id the node does not hold."""
-        return self._call(Cancel(as_session_id(session_id)))
+        ``UnknownSessionError`` for an id the node does not hold;
+        ``RejectedInputError`` naming ``grace`` unless it is a finite number
+        of seconds >= 0."""
+        return self._call(Cancel(as_session_id(session_id), as_grace(grace)))
+
+    def terminate(self, session_id: SessionIdLike) -> ErrorInfo | None:
+        """``cancel`` with no grace: the subtree ends ``cancelled`` at once,
+        ``terminated_by_force`` for every session that still ran."""
+        return self.cancel(session_id, 0.0)
 
     def suspend(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Park a Branch at its next checkpoint; ``invalid_transition`` for other
@@ -413,9 +446,15 @@ class NodeSessions(NodeBase):
         """Awaitable ``get``."""
         return await self._acall(GetInfo(as_session_id(session_id)), check=False)
 
-    async def acancel(self, session_id: SessionIdLike) -> ErrorInfo | None:
+    async def acancel(
+        self, session_id: SessionIdLike, grace: float | None = None
+    ) -> ErrorInfo | None:
         """Awaitable ``cancel``."""
-        return await self._acall(Cancel(as_session_id(session_id)))
+        return await self._acall(Cancel(as_session_id(session_id), as_grace(grace)))
+
+    async def aterminate(self, session_id: SessionIdLike) -> ErrorInfo | None:
+        """Awaitable ``terminate``."""
+        return await self.acancel(session_id, 0.0)
 
     async def asuspend(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Awaitable ``suspend``."""

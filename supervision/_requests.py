@@ -123,9 +123,11 @@ class Send(Request[ErrorInfo | None], frozen=True):
 
 
 class Cancel(Request[ErrorInfo | None], frozen=True):
-    """Cancel a session and its whole subtree, with one deadline."""
+    """Cancel a session and its whole subtree, with one deadline: now +
+    ``grace`` (None: the node's; 0: at once, what runs ends by force)."""
 
     session_id: uuid.UUID
+    grace: float | None = None
 
 
 class Suspend(Request[ErrorInfo | None], frozen=True):

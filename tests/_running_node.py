@@ -32,12 +32,15 @@ class RunningNode:
         *args: str,
         env: dict[str, str] | None = None,
         agents: str = "tests.node_agents:agents",
+        port: int | None = 0,
+        cwd: Path = ROOT,
     ) -> None:
         command = [sys.executable, "-m", "sessiontree.cli", "-v", "node", "start"]
-        command += ["--store", str(store), "--port", "0", "--agents", agents, *args]
+        command += ["--store", str(store), "--agents", agents, *args]
+        command += [] if port is None else ["--port", str(port)]  # None: the default port
         self.proc = subprocess.Popen(
             command,
-            cwd=ROOT,
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

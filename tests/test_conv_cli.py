@@ -142,7 +142,7 @@ NIL = str(uuid.UUID(int=7))
     ("args", "code", "says"),
     [
         (["conv", "branches", "--store", "{dir}"], 2, "give --session ID"),
-        (["conv", "branches", "--store", "{dir}", "--session", "x-1"], 1, "not a session id"),
+        (["conv", "branches", "--store", "{dir}", "--session", "x-1"], 2, "not a session id"),
         (["conv", "branches", "--store", "{dir}", "--session", NIL], 1, "no session"),
         (["conv", "branches", "--store", "{dir}", "--agent", "nobody"], 1, "has no Main"),
         (

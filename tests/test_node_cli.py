@@ -214,19 +214,20 @@ def test_sessions_commands_against_a_running_node(node: RunningNode, store: Path
     assert waited.exit_code == 0, waited.output
     assert json.loads(waited.output)["status"] == "completed"
     listed = json.loads(cli("sessions", "ls", *at, "--json").output)
-    assert {i["session_id"] for i in listed} == {main, worker}
+    assert {i["session_id"] for i in listed["items"]} == {main, worker}
+    assert listed["next_cursor"] is None
     shown = json.loads(cli("sessions", "show", *at, worker, "--json").output)
     assert shown["result"]["summary"] == "done: 0"
     tree = cli("sessions", "tree", *at, main)
     assert tree.exit_code == 0
     lines = tree.output.splitlines()
     assert lines[0].startswith("main   active")
-    assert "age" in lines[0]
+    assert "created just now" in lines[0] or " ago" in lines[0]
     assert lines[1].startswith("`-- worker completed")
 
     # read-only, straight from the store, while the node runs
     stored = json.loads(cli("sessions", "ls", "--store", str(store), "--json").output)
-    assert {i["session_id"] for i in stored} == {main, worker}
+    assert {i["session_id"] for i in stored["items"]} == {main, worker}
     stored_tree = json.loads(cli("sessions", "tree", "--store", str(store), main, "--json").output)
     assert stored_tree["children"][0]["info"]["session_id"] == worker
     status = json.loads(cli("node", "status", *at, "--json").output)
@@ -286,7 +287,7 @@ def test_an_unreachable_node_exits_69() -> None:
 
 
 def test_usage_mistakes_exit_2() -> None:
-    assert cli("sessions", "ls").exit_code == 2  # neither --node nor --store
+    assert cli("sessions", "ls", "--node", "http://x", "--store", ".").exit_code == 2  # both
     assert cli("sessions", "show", "--node", "http://x", "not-an-id").exit_code == 2
     assert cli("node", "start").exit_code == 2  # no store
     assert cli("sessions", "cancel", "--store", ".", "x").exit_code == 2  # writes need --node

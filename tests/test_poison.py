@@ -119,7 +119,7 @@ def test_a_poison_message_is_held_back_within_the_attempt_limit_and_requeued_onc
         for source in (("--node", node.url), ("--store", str(store))):
             held = cli("sessions", "ls", *source, "--wedged", "--json", env=env)
             assert held.returncode == 0, held.stderr
-            assert [info["session_id"] for info in json.loads(held.stdout)] == [one]
+            assert [info["session_id"] for info in json.loads(held.stdout)["items"]] == [one]
         status = cli("node", "status", "--node", node.url, env=env)
         assert "held back: 1 (sessiontree wedged ls)" in status.stdout, status.stdout
 

@@ -188,7 +188,8 @@ def test_store_backup_beside_a_running_node_restores_in_place(tmp_path: Path) ->
     shutil.copytree(tmp_path / "backup", store)
     listed = sessiontree("sessions", "ls", "--store", str(store), "--json")
     assert listed.returncode == 0, listed.stderr
-    assert mains <= {uuid.UUID(row["session_id"]) for row in json.loads(listed.stdout)}
+    rows = json.loads(listed.stdout)["items"]
+    assert mains <= {uuid.UUID(row["session_id"]) for row in rows}
     assert sessiontree("store", "verify", "--store", str(store)).returncode == 0
 
 

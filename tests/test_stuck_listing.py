@@ -120,7 +120,7 @@ def test_sessions_ls_stuck_lists_what_the_node_flagged(
     runner = CliRunner()
     result = runner.invoke(cli_main, ["sessions", "ls", "--node", server.url, "--stuck", "--json"])
     assert result.exit_code == 0, result.output
-    assert {info["session_id"] for info in json.loads(result.stdout)} == {
+    assert {info["session_id"] for info in json.loads(result.stdout)["items"]} == {
         ids["blocked"],
         ids["hung"],
     }

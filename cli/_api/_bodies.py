@@ -19,6 +19,7 @@ from litestar.openapi.spec import OpenAPIType, Schema
 from sessiontree.cli._api._shared import count_rejected
 from sessiontree.cli._wire import (
     BranchRequest,
+    CancelRequest,
     ConfirmDeleteRequest,
     ForkRequest,
     MainRequest,
@@ -46,6 +47,7 @@ _STRICT_BODIES: tuple[type[msgspec.Struct], ...] = (
     ForkRequest,
     BranchRequest,
     ConfirmDeleteRequest,
+    CancelRequest,
 )
 
 _DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
@@ -65,6 +67,8 @@ async def strict_body(request: Request[Any, Any, State]) -> None:
     if decoder is None:
         decoder = _DECODERS[target] = msgspec.json.Decoder(target)
     raw = await request.body()
+    if not raw and not data.is_required:  # an optional body left out
+        return
     try:
         decode_strict(raw, decoder, max_bytes=request.app.state.max_body)
     except RejectedInputError as exc:

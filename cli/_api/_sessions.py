@@ -15,11 +15,12 @@ from typing import Annotated, Any
 
 from litestar import Request, get, post
 from litestar.datastructures import State
-from litestar.params import JSONBody, QueryParameter
+from litestar.params import Body, JSONBody, QueryParameter
 
 from sessiontree.cli._api._errors import ERRORS, refuse
 from sessiontree.cli._api._shared import MAX_WAIT, Sid, node_of
 from sessiontree.cli._wire import (
+    CancelRequest,
     MainRequest,
     SendRequest,
     SessionPage,
@@ -43,6 +44,7 @@ from sessiontree.supervision import Node
 __all__ = ["SESSION_ROUTES"]
 
 MAX_PAGE = 1000
+_CANCEL_BODY = "Optional: this cancel's grace in seconds (absent: the node's grace)."
 # a created_at as Python's repr writes it (maybe with an exponent), "_", a session id
 _CURSOR = (
     r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?"
@@ -116,6 +118,14 @@ async def list_sessions(
     key: Annotated[str | None, QueryParameter(max_length=1024)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 100,
     cursor: Annotated[str | None, QueryParameter(pattern=_CURSOR)] = None,
+    prefix: Annotated[
+        str | None,
+        QueryParameter(
+            pattern=r"^[0-9a-f-]{1,36}$",
+            description="Only sessions whose id starts with this (lowercase hex and "
+            "hyphens, as the id is written): how a short id is resolved to one session.",
+        ),
+    ] = None,
     stuck: Annotated[
         bool,
         QueryParameter(
@@ -131,8 +141,10 @@ async def list_sessions(
         ),
     ] = False,
 ) -> SessionPage:
-    """Sessions oldest first, filtered by state, kind, agent, key and marks
-    (``stuck=true``, ``wedged=true``); paginated.
+    """Sessions oldest first, filtered by state, kind, agent, key, id prefix
+    and marks (``stuck=true``, ``wedged=true``); paginated: ``limit`` items,
+    and ``next_cursor`` (null on the last page) to pass as ``cursor`` for
+    the next, in a stable order (created_at, then id).
 
     A bad filter, limit or cursor is a 400 naming the parameter."""
     node = node_of(request.app.state)
@@ -142,6 +154,7 @@ async def list_sessions(
         for info in await _candidates(node, session_state, kind, {"stuck": stuck, "wedged": wedged})
         if (agent is None or info.agent_id == agent)
         and (key is None or info.key == key)
+        and (prefix is None or str(info.session_id).startswith(prefix))
         and (after is None or _sort_key(info) > after)
     ]
     infos.sort(key=_sort_key)
@@ -194,13 +207,33 @@ async def session_tree(state: State, session_id: Sid) -> TreeView:
 
 
 @post("/sessions/{session_id:uuid}/cancel", tags=["sessions"], status_code=202, responses=ERRORS)
-async def cancel_session(state: State, session_id: Sid) -> SessionView:
-    """Cancel a session and its subtree (one deadline).
+async def cancel_session(
+    state: State,
+    session_id: Sid,
+    data: Annotated[CancelRequest | None, Body(description=_CANCEL_BODY)] = None,
+) -> SessionView:
+    """Cancel a session and its subtree (one deadline: now + grace).
 
-    A session that already ended is a 409 ``invalid_transition``; a second
-    cancel of one still stopping is accepted and changes nothing."""
+    The optional body ``{"grace": S}`` sets this cancel's grace in seconds
+    (finite, >= 0; a bad one is a 400 naming ``grace``); without it the
+    node's grace applies, and 0 ends what still runs at once
+    (``terminated_by_force``). A session that already ended is a 409
+    ``invalid_transition``; a second cancel of one still stopping may bring
+    its deadline closer, never push it back."""
     node = node_of(state)
-    refuse(await node.acancel(session_id), session_id)
+    grace = data.grace if data is not None else None
+    refuse(await node.acancel(session_id, grace), session_id)
+    return await _view(node, session_id)
+
+
+@post("/sessions/{session_id:uuid}/terminate", tags=["sessions"], status_code=202, responses=ERRORS)
+async def terminate_session(state: State, session_id: Sid) -> SessionView:
+    """Terminate a session and its subtree at once: a cancel with no grace;
+    what still runs ends ``cancelled`` with ``terminated_by_force``.
+
+    A session that already ended is a 409 ``invalid_transition``."""
+    node = node_of(state)
+    refuse(await node.aterminate(session_id), session_id)
     return await _view(node, session_id)
 
 
@@ -265,6 +298,7 @@ SESSION_ROUTES = (
     get_session,
     session_tree,
     cancel_session,
+    terminate_session,
     suspend_session,
     resume_session,
     send_message,
