@@ -24,7 +24,7 @@ import msgspec
 from litestar import get
 from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
-from litestar.params import Parameter, QueryParameter
+from litestar.params import HeaderParameter, QueryParameter
 from litestar.response import Stream
 
 from sessiontree.cli._api._errors import ERRORS
@@ -181,7 +181,7 @@ async def events(
     ] = True,
     last_event_id: Annotated[
         int | None,
-        Parameter(header="Last-Event-ID", ge=0, description="Resume after this event number."),
+        HeaderParameter(name="Last-Event-ID", ge=0, description="Resume after this event number."),
     ] = None,
 ) -> Stream:
     """Follow the node's events as server-sent events, filtered by subtree
