@@ -38,6 +38,10 @@ __all__ = ["EVENT_ROUTES", "HEARTBEAT"]
 HEARTBEAT = 15.0  # seconds of quiet before a keep-alive comment
 _CHUNK = 256  # events a write carries at most when the ring is replayed
 _TYPES = frozenset(k.value for k in EventKind)
+_ONE_TYPE = "|".join(sorted(_TYPES))
+# Litestar leaves the bounds of an optional parameter out of its schema: said here
+_TYPE_ITEMS = {"items": {"type": "string", "pattern": f"^({_ONE_TYPE})(,({_ONE_TYPE}))*$"}}
+_NUMBER = {"minimum": 0}
 
 
 def _types(raw: list[str] | None) -> frozenset[str] | None:
@@ -137,8 +141,18 @@ def _final(sub: Subscriber, delivered: int) -> bytes:
     )
 
 
+class StreamedEvent(msgspec.Struct, kw_only=True):
+    """One message of the stream, as its fields: ``id`` (absent on ``missed``,
+    ``overflow`` and ``closed``), ``event`` (the type) and ``data`` (the JSON
+    object, as text)."""
+
+    event: str
+    data: str
+    id: str | None = None
+
+
 _STREAM_DOC = ResponseSpec(
-    data_container=str,
+    data_container=StreamedEvent,
     media_type="text/event-stream",
     description="Server-sent events: `id:` the event's number, `event:` its type, `data:` "
     "one JSON object (seq, type, session_id, parent_id, agent, kind, at, state, previous, "
@@ -159,7 +173,8 @@ async def events(
         QueryParameter(description="Only this session and its descendants."),
     ] = None,
     agent: Annotated[
-        str | None, QueryParameter(max_length=128, description="Only this agent's sessions.")
+        str | None,
+        QueryParameter(max_length=128, description="Only this agent's sessions."),
     ] = None,
     kind: Annotated[SessionKind | None, QueryParameter(description="Only this kind.")] = None,
     types: Annotated[
@@ -167,11 +182,16 @@ async def events(
         QueryParameter(
             name="type",
             description="Only these event types (repeat, or separate with commas).",
+            schema_extra=_TYPE_ITEMS,
         ),
     ] = None,
     since: Annotated[
         int | None,
-        QueryParameter(ge=0, description="Resume after this event number (as Last-Event-ID)."),
+        QueryParameter(
+            ge=0,
+            description="Resume after this event number (as Last-Event-ID).",
+            schema_extra=_NUMBER,
+        ),
     ] = None,
     follow: Annotated[
         bool,
@@ -181,7 +201,12 @@ async def events(
     ] = True,
     last_event_id: Annotated[
         int | None,
-        HeaderParameter(name="Last-Event-ID", ge=0, description="Resume after this event number."),
+        HeaderParameter(
+            name="Last-Event-ID",
+            ge=0,
+            description="Resume after this event number.",
+            schema_extra=_NUMBER,
+        ),
     ] = None,
 ) -> Stream:
     """Follow the node's events as server-sent events, filtered by subtree
