@@ -31,8 +31,9 @@ import msgspec
 
 from sessiontree.supervision import Event, EventKind, Node
 
-__all__ = ["EventFilter", "EventHub", "Subscriber", "wire_of"]
+__all__ = ["FLUSH_DELAY", "EventFilter", "EventHub", "Subscriber", "wire_of"]
 
+FLUSH_DELAY = 0.01  # seconds a batch gathers before it goes to the followers
 _ENCODER = msgspec.json.Encoder(enc_hook=repr)  # a skill's progress data may hold anything
 
 
@@ -211,12 +212,17 @@ class EventHub:
             self._scheduled = True
             loop = self._loop
         try:
-            loop.call_soon_threadsafe(self._flush)
+            loop.call_soon_threadsafe(self._arm, loop)
         except RuntimeError:  # the server's loop is closed: nobody left to tell
             with self._lock:
                 self._pending.clear()
 
     # -- the server's loop ----------------------------------------------------------
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        # the batch gathers for FLUSH_DELAY: one wake-up of the server's loop (a
+        # syscall on the emitting thread) and one write per follower per burst
+        loop.call_later(FLUSH_DELAY, self._flush)
 
     def _flush(self) -> None:
         with self._lock:

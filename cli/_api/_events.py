@@ -36,7 +36,6 @@ from sessiontree.supervision import EventKind
 __all__ = ["EVENT_ROUTES", "HEARTBEAT"]
 
 HEARTBEAT = 15.0  # seconds of quiet before a keep-alive comment
-COALESCE = 0.01  # seconds a woken stream waits for more events before it writes
 _CHUNK = 256  # events a write carries at most when the ring is replayed
 _TYPES = frozenset(k.value for k in EventKind)
 _ONE_TYPE = "|".join(sorted(_TYPES))
@@ -119,8 +118,6 @@ async def _live(sub: Subscriber, delivered: int, heartbeat: float) -> AsyncItera
             except TimeoutError:
                 yield b": keep-alive\n\n"
                 continue
-            # let a burst gather: one write for many events, on a busy node far fewer
-            await asyncio.sleep(COALESCE)
         if sub.queue:
             items: list[_Item] = list(sub.queue)
             sub.queue.clear()
