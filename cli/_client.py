@@ -15,6 +15,8 @@ default, the node at ``DEFAULT_NODE`` (``node start``'s default port on
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,6 +179,30 @@ class NodeClient:
                 error = {"code": str(response.status_code), "message": response.text[:200]}
             raise NodeRefused(response.status_code, error)
         return response
+
+    @contextmanager
+    def stream(
+        self, path: str, params: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> Iterator[httpx.Response]:
+        """``GET path`` as a stream (no read timeout: a stream may stay quiet);
+        raises ``NodeUnreachable`` or ``NodeRefused`` like ``request``."""
+        clean = {k: v for k, v in params.items() if v is not None}
+        timeout = httpx.Timeout(self._timeout, read=None)
+        try:
+            with self._http.stream(
+                "GET", path, params=clean, headers=headers, timeout=timeout
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    try:
+                        error = response.json()["error"]
+                    except (ValueError, KeyError, TypeError):
+                        error = {"code": str(response.status_code), "message": response.text[:200]}
+                    raise NodeRefused(response.status_code, error)
+                yield response
+        except httpx.TransportError as exc:
+            msg = f"node {self.url} is unreachable: {exc}"
+            raise NodeUnreachable(msg) from exc
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params).json()

@@ -33,6 +33,7 @@ from sessiontree.cli._demo import (
     run_demo,
 )
 from sessiontree.cli._demo_models import render_models
+from sessiontree.cli._events_cmds import events_cmd
 from sessiontree.cli._node_cmds import node
 from sessiontree.cli._recovery_cmds import recovery, wedged
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
@@ -183,3 +184,4 @@ main.add_command(sessions)
 main.add_command(store)
 main.add_command(wedged)
 main.add_command(recovery)
+main.add_command(events_cmd)

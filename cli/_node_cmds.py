@@ -3,7 +3,7 @@
 ``node start`` runs the runtime on an LMDB store with its HTTP API and
 ``/metrics`` on one port. Settings come from, weakest first: the defaults,
 the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
-``max_body``, ``max_wait`` and the model provider's ``model_url``,
+``max_body``, ``max_wait``, ``event_ring`` and the model provider's ``model_url``,
 ``model``, ``api_key_file``, ``model_price`` at the top, ``NodeConfig``
 fields in a ``[node]`` table), environment variables
 (``SESSIONTREE_NODE_START_<OPTION>``, click's automatic names) and flags.
@@ -56,7 +56,7 @@ import uvicorn
 from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
-from sessiontree.cli._api import MAX_BODY_BYTES, MAX_WAIT, create_app
+from sessiontree.cli._api import EVENT_RING, MAX_BODY_BYTES, MAX_WAIT, create_app
 from sessiontree.cli._client import DEFAULT_PORT, NODE_OPTION, STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
 from sessiontree.cli._wire import plain_figures, settings_of
@@ -77,7 +77,7 @@ __all__ = ["node"]
 log = logging.getLogger("sessiontree.cli.node")
 
 _MODEL = ("model_url", "model", "api_key_file", "model_price")
-_TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait", *_MODEL}
+_TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait", "event_ring", *_MODEL}
 _NODE_FLAGS = (
     "grace",
     "max_sessions",
@@ -335,6 +335,13 @@ async def _serve(server: _Server, sock: socket.socket, running: Node, early: lis
     help="The longest a result long-poll waits, in seconds.",
 )
 @click.option(
+    "--event-ring",
+    type=click.IntRange(1),
+    default=EVENT_RING,
+    show_default=True,
+    help="Recent events GET /v1/events keeps for a client resuming with Last-Event-ID.",
+)
+@click.option(
     "--model-url",
     default=None,
     metavar="URL",
@@ -491,6 +498,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         name=str(settings["name"]),
         max_body=int(settings["max_body"]),
         max_wait=float(settings["max_wait"]),
+        event_ring=int(settings["event_ring"]),
     )
     server = _Server(
         uvicorn.Config(

@@ -44,9 +44,10 @@ class EventKind(enum.StrEnum):
 class Event(msgspec.Struct, frozen=True, kw_only=True):
     """One thing that happened to one session (or to the node, ``session_id`` None).
 
-    ``session_kind``: the session's kind (``main``, ``branch``, ``worker``), so an
-    observer that joined late can still place it. ``DISCARDED``: a new session
-    whose record could not be written was taken out again, as if never created.
+    ``session_kind``: the session's kind (``main``, ``branch``, ``worker``) and
+    ``agent_id`` its agent, so an observer that joined late can still place it.
+    ``DISCARDED``: a new session whose record could not be written was taken
+    out again, as if never created.
     ``PASSIVATED``: an idle Main was written out and its actor stopped; its next
     message brings it back (``RESTORED`` with ``data["reactivated"]``).
     ``MEMORY_PRESSURE``: memory use reached the high mark and this branch was
@@ -61,6 +62,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     session_id: uuid.UUID | None = None
     parent_id: uuid.UUID | None = None
     session_kind: str | None = None
+    agent_id: str | None = None
     state: str | None = None
     previous: str | None = None
     code: str | None = None

@@ -406,11 +406,13 @@ class Spawning:
     def _rejected_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, error: ErrorInfo) -> None:
         rt = self.tree.rt
         rt.counters[f"rejected_{error.code.value}"] += 1
+        parent = self.tree.entries.get(parent_id)
         rt.events.emit(
             Event(
                 kind=EventKind.REJECTED,
                 at=self.tree.now(),
                 parent_id=parent_id,
+                agent_id=None if parent is None else parent.info.agent_id,
                 code=error.code.value,
                 data={"kind": spec.kind.value, "message": error.message},
             )

@@ -198,6 +198,7 @@ class Tree:
                 session_id=core.session_id,
                 parent_id=info.parent_id,
                 session_kind=info.kind._value_,
+                agent_id=info.agent_id,
                 state=core.state._value_,
                 previous=None if previous is None else previous._value_,
                 code=None if code is None else code._value_,

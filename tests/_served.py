@@ -24,17 +24,19 @@ class ServedNode:
     port of 127.0.0.1, on a thread of its own; ``url`` is its base URL and
     ``http`` a client on it. The socket listens before the server thread starts,
     so a request made at once waits in the backlog, never fails or races. The
-    node stays the caller's to shut down; ``close()`` stops the server."""
+    node stays the caller's to shut down; ``close()`` stops the server (close
+    any open event stream first: the server waits for it). ``options`` go to
+    ``create_app``."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, **options: Any) -> None:
         self.node = node
         self.metrics = NodeMetrics(node)
         self._sock = _bind("127.0.0.1", 0)
         port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        app = create_app(node, self.metrics, max_wait=5.0)
+        self.app = create_app(node, self.metrics, **{"max_wait": 5.0, **options})
         self._server = _Server(
-            uvicorn.Config(app, log_config=None, access_log=False, lifespan="on")
+            uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="on")
         )
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True

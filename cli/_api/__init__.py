@@ -16,6 +16,7 @@ path:
 - ``_sessions``: ``/v1/sessions`` and ``/v1/sessions/{id}/…`` (spawn,
   control, messages, results)
 - ``_chat``: ``/v1/route``
+- ``_events``: ``/v1/events`` (server-sent events), fed by ``_event_hub``
 - ``_conversations``: ``/v1/sessions/{id}/conversation/…``
 - ``_errors``: ``ErrorCode`` → HTTP status, the documented error responses,
   the exception handlers
@@ -24,8 +25,8 @@ path:
 - ``_app``: ``create_app``, which assembles them
 """
 
-from sessiontree.cli._api._app import create_app
+from sessiontree.cli._api._app import EVENT_QUEUE, EVENT_RING, create_app
 from sessiontree.cli._api._errors import status_for
 from sessiontree.cli._api._shared import MAX_BODY_BYTES, MAX_WAIT
 
-__all__ = ["MAX_BODY_BYTES", "MAX_WAIT", "create_app", "status_for"]
+__all__ = ["EVENT_QUEUE", "EVENT_RING", "MAX_BODY_BYTES", "MAX_WAIT", "create_app", "status_for"]

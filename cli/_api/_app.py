@@ -11,16 +11,28 @@ from sessiontree.cli._api._bodies import close_request_schemas, strict_body
 from sessiontree.cli._api._chat import CHAT_ROUTES
 from sessiontree.cli._api._conversations import CONVERSATION_ROUTES
 from sessiontree.cli._api._errors import EXCEPTION_HANDLERS
+from sessiontree.cli._api._event_hub import EventHub
+from sessiontree.cli._api._events import EVENT_ROUTES, HEARTBEAT
 from sessiontree.cli._api._node import NODE_ROUTES, ROOT_ROUTES
 from sessiontree.cli._api._recovery import RECOVERY_ROUTES
 from sessiontree.cli._api._sessions import SESSION_ROUTES
 from sessiontree.cli._api._shared import MAX_BODY_BYTES, MAX_WAIT, Metrics
 from sessiontree.supervision import Node
 
-__all__ = ["create_app"]
+__all__ = ["EVENT_QUEUE", "EVENT_RING", "create_app"]
+
+EVENT_RING = 4096  # recent events /v1/events keeps for a resume
+EVENT_QUEUE = 1024  # events one subscriber may fall behind before it is cut off
 
 # the order of registration is the order of the paths in the OpenAPI document
-_V1 = [*NODE_ROUTES, *SESSION_ROUTES, *CHAT_ROUTES, *CONVERSATION_ROUTES, *RECOVERY_ROUTES]
+_V1 = [
+    *NODE_ROUTES,
+    *SESSION_ROUTES,
+    *CHAT_ROUTES,
+    *CONVERSATION_ROUTES,
+    *RECOVERY_ROUTES,
+    *EVENT_ROUTES,
+]
 
 
 def create_app(
@@ -30,13 +42,22 @@ def create_app(
     name: str = "sessiontree",
     max_body: int = MAX_BODY_BYTES,
     max_wait: float = MAX_WAIT,
+    event_ring: int = EVENT_RING,
+    event_queue: int = EVENT_QUEUE,
+    event_heartbeat: float = HEARTBEAT,
 ) -> Litestar:
     """The node's ASGI app. ``max_body`` caps request bodies (413 past it);
-    ``max_wait`` caps a long-poll's wait in seconds (at most ``MAX_WAIT``). The
-    app never shuts the node down itself: its owner does.
+    ``max_wait`` caps a long-poll's wait in seconds (at most ``MAX_WAIT``).
+    ``event_ring`` is how many recent events ``/v1/events`` keeps for
+    resuming, ``event_queue`` how far one subscriber may fall behind before it
+    is cut off, ``event_heartbeat`` the seconds of quiet before a keep-alive.
+    The app listens to the node's events from now until it shuts down; it
+    never shuts the node down itself: its owner does.
 
     Nothing is checked here that could fail at request time; a route whose
-    signature Litestar cannot read fails here, at start-up."""
+    signature Litestar cannot read fails here, at start-up (a ring or queue
+    size below 1 is a ``ValueError``)."""
+    hub = EventHub(node, ring_size=event_ring, queue_size=event_queue)
     app = Litestar(
         route_handlers=[*ROOT_ROUTES, Router("/v1", route_handlers=_V1)],
         state=State(
@@ -47,8 +68,11 @@ def create_app(
                 "max_body": max_body,
                 "max_wait": max_wait,
                 "started_at": node.clock.time(),
+                "events": hub,
+                "event_heartbeat": event_heartbeat,
             }
         ),
+        on_shutdown=[hub.close],
         before_request=strict_body,
         request_max_body_size=max_body,
         exception_handlers=EXCEPTION_HANDLERS,

@@ -59,8 +59,8 @@ _CONFLICTS = frozenset(
 )
 # the field an error names when its detail names none
 _FIELDS = {ErrorCode.INVALID_TTL: "ttl", ErrorCode.UNKNOWN_SKILL: "skill"}
-# Python names of query parameters whose public name differs ("state" is reserved).
-_QUERY_NAMES = {"session_state": "state"}
+# Python names of parameters whose public name differs ("state" is reserved; a header).
+_QUERY_NAMES = {"session_state": "state", "last_event_id": "Last-Event-ID"}
 
 ERRORS = {
     status: ResponseSpec(ErrorBody, description=text)
