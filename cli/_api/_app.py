@@ -9,6 +9,7 @@ from litestar.openapi import OpenAPIConfig
 
 from sessiontree.cli._api._bodies import close_request_schemas, strict_body
 from sessiontree.cli._api._chat import CHAT_ROUTES
+from sessiontree.cli._api._contract import document_contract, fix_allow
 from sessiontree.cli._api._conversations import CONVERSATION_ROUTES
 from sessiontree.cli._api._errors import EXCEPTION_HANDLERS
 from sessiontree.cli._api._node import NODE_ROUTES, ROOT_ROUTES
@@ -62,4 +63,6 @@ def create_app(
         logging_config=None,  # the cli configures logging; Litestar's own starts a thread
     )
     close_request_schemas(app)
+    document_contract(app, node.config.max_ttl)
+    fix_allow(app)
     return app

@@ -103,8 +103,8 @@ async def _candidates(
     ]
 
 
-# GET and POST /v1/sessions are registered in this order (as the controller
-# that held them did), so the path's OPTIONS answer stays as it was.
+# GET and POST /v1/sessions share a path: its OPTIONS answer lists both once
+# ``_contract.fix_allow`` has run (whatever the order they are registered in).
 
 
 @get("/sessions", tags=["sessions"], responses=ERRORS)
