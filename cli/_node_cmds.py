@@ -544,6 +544,12 @@ def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
         click.echo(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
     click.echo(f"  sessions: {counts or 'none'}")
+    recovered = found.get("recovery")
+    if recovered:
+        click.echo(
+            f"  recovery: brought back {recovered['brought_back']}, failed {recovered['failed']}, "
+            f"held back {recovered['held_back']}, quarantined {recovered['quarantined']}"
+        )
     if found.get("replay_held"):
         click.echo(f"  REPLAY HELD: {found['replay_held']} (sessiontree recovery release)")
     if found.get("wedged"):

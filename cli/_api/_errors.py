@@ -70,8 +70,11 @@ ERRORS = {
     for status, text in (
         (400, "A client mistake: the field is named"),
         (401, "No bearer token, or not the node's (a node started with --token-file)"),
-        (403, "Not allowed on this session (a message to anything but a Main, a write "
-         "to a Worker's conversation)"),
+        (
+            403,
+            "Not allowed on this session (a message to anything but a Main, a write "
+            "to a Worker's conversation)",
+        ),
         (404, "Unknown session, agent, skill, backend, message or branch"),
         (409, "The tree's rules or the session's state refuse it"),
         (413, "The body is over the size cap"),

@@ -18,6 +18,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody, QueryParameter
 
 from sessiontree.cli._api._errors import ERRORS, refuse
+from sessiontree.cli._api._listing import every_session
 from sessiontree.cli._api._shared import MAX_WAIT, Sid, node_of
 from sessiontree.cli._wire import (
     MainRequest,
@@ -90,7 +91,7 @@ async def _candidates(
     """The sessions of ``state`` and ``kind`` carrying every mark set true in ``marks``."""
     wanted = [name for name, on in marks.items() if on]
     if not wanted:
-        return await node.asessions(state, kind)
+        return await every_session(node, state, kind)
     chosen: dict[uuid.UUID, SessionInfo] | None = None
     for name in wanted:
         marked = {info.session_id: info for info in await MARKS[name](node)}
