@@ -13,6 +13,8 @@ from typing import Any
 import click
 import httpx
 
+from sessiontree.cli._token import auth_headers
+
 __all__ = [
     "EXIT_UNREACHABLE",
     "NODE_OPTION",
@@ -66,7 +68,7 @@ class NodeClient:
             raise click.BadParameter(msg, param_hint="--node")
         self.url = url.rstrip("/")
         self._timeout = timeout
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=auth_headers())
 
     def close(self) -> None:
         self._http.close()
