@@ -6,7 +6,9 @@ included), positive and negative data, and every phase — the schema's
 examples, coverage, fuzzing and the stateful phase that follows the
 schema's links from a created session to the operations on it. The node is
 ``sessiontree node start`` in a subprocess on a real store; whatever the
-fuzzer sends, it answers as documented, never a 5xx, and stops cleanly.
+fuzzer sends, it answers as documented, never a 5xx, and stops cleanly. A
+second run is against a node that requires a bearer token (the
+``ignored_auth`` check then wants the documented 401 without it).
 """
 
 from __future__ import annotations
@@ -106,14 +108,14 @@ def test_messages_to_a_branch_answer_a_documented_403(node: RunningNode) -> None
     assert answer.json()["error"]["code"] == "not_allowed"
 
 
-def test_schemathesis_with_every_check_and_the_stateful_phase(
-    node: RunningNode, tmp_path: Path
-) -> None:
+def _schemathesis(url: str, reports: Path, *extra: str) -> str:
+    """``schemathesis run --checks all`` with every phase against ``url``;
+    fails the test on any failure and returns what it printed."""
     assert SCHEMATHESIS.exists(), f"schemathesis is not installed beside {sys.executable}"
     command = [
         str(SCHEMATHESIS),
         "run",
-        f"{node.url}/schema/openapi.json",
+        f"{url}/schema/openapi.json",
         "--checks",
         "all",
         "--mode",
@@ -127,7 +129,8 @@ def test_schemathesis_with_every_check_and_the_stateful_phase(
         "30",
         "--no-color",
         "--report-dir",
-        str(tmp_path),
+        str(reports),
+        *extra,
     ]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "", "NO_COLOR": "1"}
     done = subprocess.run(
@@ -137,6 +140,30 @@ def test_schemathesis_with_every_check_and_the_stateful_phase(
     assert done.returncode == 0, out[-6000:]
     assert "Stateful" in out, out[-3000:]
     assert "Server error" not in out, out[-3000:]
+    return out
+
+
+def test_schemathesis_with_every_check_and_the_stateful_phase(
+    node: RunningNode, tmp_path: Path
+) -> None:
+    _schemathesis(node.url, tmp_path)
     # the node kept serving and logged no unexpected error
     assert node.http.get("/readyz").status_code == 200
     assert "unexpected error in the HTTP API" not in node.log()
+
+
+def test_schemathesis_against_a_node_that_requires_a_token(tmp_path: Path) -> None:
+    token = "contract-token-42"
+    (tmp_path / "token").write_text(token)
+    running = RunningNode(
+        tmp_path / "store",
+        *("--grace", "1", "--max-wait", "1", "--token-file", str(tmp_path / "token")),
+        agents=BUILTIN,
+    )
+    try:
+        # with the token every check runs as above; ignored_auth also sends
+        # requests without it and wants the documented 401
+        _schemathesis(running.url, tmp_path / "reports", "-H", f"Authorization: Bearer {token}")
+        assert "unexpected error in the HTTP API" not in running.log()
+    finally:
+        assert running.stop() == 0

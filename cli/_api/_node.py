@@ -40,7 +40,13 @@ def readyz(state: State) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@get("/metrics", tags=["node"], media_type="text/plain", sync_to_thread=True)
+@get(
+    "/metrics",
+    tags=["node"],
+    media_type="text/plain",
+    responses={401: ERRORS[401]},  # with a token, Prometheus must send it too
+    sync_to_thread=True,
+)
 def metrics_page(state: State) -> Response[bytes]:
     """The node's metrics in the Prometheus text format."""
     metrics: Metrics = state.metrics
