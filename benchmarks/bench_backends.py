@@ -2,8 +2,7 @@
 
     python benchmarks/bench_backends.py [--quick]
 
-What it measures (keys as ``../shared/BENCHMARKS.md`` lists them; the last
-stdout line is one JSON object):
+What it measures (the keys of the last stdout line, one JSON object):
 
 * ``inline_s``, ``process_s``, ``ray_s`` — one Main spawns ``steps`` (16)
   workers in one ``spawn_many``, each running ``burn``: pure-Python integer

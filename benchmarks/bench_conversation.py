@@ -2,8 +2,7 @@
 
     python benchmarks/bench_conversation.py [--quick] [--dir DIR]
 
-What it measures (keys as ``../shared/BENCHMARKS.md`` lists them; the last
-stdout line is one JSON object):
+What it measures (the keys of the last stdout line, one JSON object):
 
 * ``context_load_ms``: the median latency of ``Conversation.context(100)``
   on one conversation of ``messages`` (100,000) messages with branches, in a

@@ -2,12 +2,12 @@
 
     python benchmarks/bench_models.py [--quick] [--dir DIR] [--standin process|thread]
 
-What it measures (keys as ``../shared/BENCHMARKS.md`` lists them; the last
-stdout line is one JSON object). Both sides talk to the same local
-chat-completions stand-in (``sessiontree.cli._standin.StandinServer``) over
-real sockets; by default it runs in a process of its own, so it does not
-share the benchmark's GIL (its CPU share during each throughput round is
-reported: well under one core means it is not what limits either side).
+What it measures (the keys of the last stdout line, one JSON object). Both
+sides talk to the same local chat-completions stand-in
+(``sessiontree.cli._standin.StandinServer``) over real sockets; by default it
+runs in a process of its own, so it does not share the benchmark's GIL (its
+CPU share during each throughput round is reported: well under one core
+means it is not what limits either side).
 
 * ``added_latency_p50_ms`` / ``_p99_ms`` — one async worker session calls
   ``await session.complete(PROMPT, record=False)`` and, on the same event

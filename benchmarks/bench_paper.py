@@ -30,8 +30,8 @@ as much — would be charged to the runtime (``--rounds 1`` gives the single
 block: a wait of 0.9 ``L``, then the hashing). How late the sub-agents were
 against their latency is reported (``overrun_ms_*``).
 
-What it measures, per task type (keys as ``../shared/BENCHMARKS.md`` lists
-them; the last stdout line is one JSON object):
+What it measures, per task type (the keys of the last stdout line, one JSON
+object):
 
 * ``sequential_s`` — a plain loop calling the same sub-agent function for
   every sub-task and then the synthesis (no runtime, no thread): wall time.

@@ -2,8 +2,7 @@
 
     python benchmarks/bench_scale.py [--quick] [--dir DIR]
 
-What it measures (keys as ``../shared/BENCHMARKS.md`` lists them; the last
-stdout line is one JSON object):
+What it measures (the keys of the last stdout line, one JSON object):
 
 * Side by side, pooled session actors vs pykka's ``ThreadingActor``, each on
   a fresh node with an LMDB store, ``compare_sessions`` (10,000) resident

@@ -2,8 +2,7 @@
 
     python benchmarks/bench_store.py [--quick] [--dir DIR]
 
-What it measures (keys as ``../shared/BENCHMARKS.md`` lists them; the last
-stdout line is one JSON object):
+What it measures (the keys of the last stdout line, one JSON object):
 
 * Durable snapshot writes per second: ``producers`` (64) producers each
   write a ~1 KiB ``SessionRecord`` (a Main's snapshot: identity, state and a

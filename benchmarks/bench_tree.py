@@ -2,8 +2,7 @@
 
     python benchmarks/bench_tree.py [--quick]
 
-What it measures (keys as ``../shared/BENCHMARKS.md`` lists them; the last
-stdout line is one JSON object):
+What it measures (the keys of the last stdout line, one JSON object):
 
 * ``spawn_per_s`` — a full tree, 1 Main + 8 + 64 + 512 Branches (depth 1-3)
   + 4096 Workers (depth 4) = 4681 sessions, every skill in flight and waiting

@@ -25,6 +25,8 @@ import click
 import httpx
 from click.core import ParameterSource
 
+from sessiontree.cli._token import auth_headers
+
 __all__ = [
     "DEFAULT_NODE",
     "DEFAULT_PORT",
@@ -141,7 +143,7 @@ class NodeClient:
         self.url = url.rstrip("/")
         self.origin = origin
         self._timeout = timeout
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=auth_headers())
 
     def close(self) -> None:
         self._http.close()

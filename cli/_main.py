@@ -39,6 +39,7 @@ from sessiontree.cli._recovery_cmds import recovery, wedged
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
 from sessiontree.cli._session_cmds import sessions
 from sessiontree.cli._store_cmds import export_cmd, import_cmd, store
+from sessiontree.cli._token import TOKEN_META
 
 __all__ = ["configure_logging", "main"]
 
@@ -64,9 +65,18 @@ def configure_logging(verbosity: int) -> None:
 )
 @click.version_option(package_name="sessiontree", prog_name="sessiontree")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A file holding the bearer token of the node a command talks to "
+    "(env SESSIONTREE_TOKEN_FILE).",
+)
+@click.pass_context
+def main(ctx: click.Context, verbose: int, token_file: Path | None) -> None:
     """sessiontree: a supervision runtime for AI-agent session trees."""
     configure_logging(verbose)
+    ctx.meta[TOKEN_META] = token_file
 
 
 @main.command()

@@ -44,6 +44,7 @@ import math
 import signal
 import socket
 import sys
+import time
 import tomllib
 from collections import Counter
 from collections.abc import Iterator
@@ -59,6 +60,7 @@ from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_m
 from sessiontree.cli._api import EVENT_RING, MAX_BODY_BYTES, MAX_WAIT, create_app
 from sessiontree.cli._client import DEFAULT_PORT, NODE_OPTION, STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
+from sessiontree.cli._token import is_loopback, read_token
 from sessiontree.cli._wire import plain_figures, settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.store import Store
@@ -223,11 +225,22 @@ def _agents(settings: dict[str, Any]) -> list[Agent]:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the node owns SIGTERM/SIGINT."""
+    """uvicorn without its signal handlers: the node owns SIGTERM/SIGINT.
+
+    Once the node is down the server stops with ``force_exit`` (open
+    long-polls are not waited for), which makes uvicorn skip the app's
+    lifespan shutdown and cancel it instead, logging an ERROR with a
+    ``CancelledError`` traceback; the lifespan is shut down here as well."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        lifespan = getattr(self, "lifespan", None)
+        if self.force_exit and lifespan is not None:
+            await lifespan.shutdown()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -247,14 +260,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _serve(server: _Server, sock: socket.socket, running: Node, early: list[int]) -> int:
+async def _serve(
+    server: _Server, sock: socket.socket, running: Node, early: list[int], signals: list[int]
+) -> int:
     """Serve until a signal; then stop accepting, shut the node down, flush.
 
     Returns the exit code: 0 after a graceful stop, 1 when a second signal
-    forced it or the server stopped by itself (it failed to start).
+    forced it or the server stopped by itself (it failed to start). The
+    signals that arrived are appended to ``signals``.
     """
     loop = asyncio.get_running_loop()
-    signals: list[int] = []
     shutdown: asyncio.Future[None] | None = None
 
     def stopped(_: object) -> None:
@@ -320,6 +335,19 @@ async def _serve(server: _Server, sock: socket.socket, running: Node, early: lis
     help="The agents to run: an Agent, a list of them, or a callable returning either.",
 )
 @click.option("--name", default="sessiontree", show_default=True, help="The node's name.")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A file holding the bearer token every request but /healthz and /readyz must carry "
+    "(required to listen on an address other than loopback).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the summary at the stop as one JSON object on stdout.",
+)
 @click.option(
     "--max-body",
     type=click.IntRange(1024),
@@ -473,6 +501,13 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     settings, sources = _effective(ctx, _read_config(config_file))
     if settings["store"] is None:
         raise click.UsageError("give --store DIR (or `store` in --config)")
+    token = read_token(ctx.params["token_file"])
+    if token is None and not is_loopback(str(settings["host"])):
+        msg = (
+            f"--host {settings['host']} is not a loopback address: give --token-file PATH "
+            "so the API is not open to anyone who can reach it"
+        )
+        raise click.UsageError(msg)
     provider = _provider(settings)
     table = dict(settings["node"])
     if provider is not None:
@@ -499,6 +534,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         max_body=int(settings["max_body"]),
         max_wait=float(settings["max_wait"]),
         event_ring=int(settings["event_ring"]),
+        token=token,
     )
     server = _Server(
         uvicorn.Config(
@@ -515,14 +551,39 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     click.echo(json.dumps({"effective_config": shown, "sources": sources}, sort_keys=True))
     click.echo(f"listening on http://{url_host}:{port} (agents: {', '.join(running.agents)})")
     sys.stdout.flush()
+    signals: list[int] = []
+    started = time.monotonic()
     try:
-        code = asyncio.run(_serve(server, sock, running, early))
+        code = asyncio.run(_serve(server, sock, running, early, signals))
     finally:
         metrics.close()
         sock.close()
     final = Counter(info.state.value for info in running.final_sessions)
-    click.echo(f"node stopped: {dict(sorted(final.items()))}", err=True)
+    summary = {
+        "event": "node_stopped",
+        "exit_code": code,
+        "signal": signal.Signals(signals[0]).name if signals else None,
+        "forced": len(signals) > 1,
+        "uptime_s": round(time.monotonic() - started, 3),
+        "sessions": dict(sorted(final.items())),
+    }
+    if ctx.params["as_json"]:
+        click.echo(json.dumps(summary, sort_keys=True))
+    else:
+        click.echo(stopped_line(summary), err=True)
     return code
+
+
+def stopped_line(summary: dict[str, Any]) -> str:
+    """``node stopped (SIGTERM, exit 0) after 12 s: 3 active, 1 cancelled``."""
+    why = summary["signal"] or "server stopped"
+    if summary["forced"]:
+        why += ", forced"
+    counts = ", ".join(f"{n} {state}" for state, n in summary["sessions"].items() if n)
+    return (
+        f"node stopped ({why}, exit {summary['exit_code']}) after "
+        f"{summary['uptime_s']:.0f} s: {counts or 'no sessions'}"
+    )
 
 
 @node.command("status")
@@ -546,6 +607,12 @@ def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
         click.echo(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
     click.echo(f"  sessions: {counts or 'none'}")
+    recovered = found.get("recovery")
+    if recovered:
+        click.echo(
+            f"  recovery: brought back {recovered['brought_back']}, failed {recovered['failed']}, "
+            f"held back {recovered['held_back']}, quarantined {recovered['quarantined']}"
+        )
     if found.get("replay_held"):
         click.echo(f"  REPLAY HELD: {found['replay_held']} (sessiontree recovery release)")
     if found.get("wedged"):

@@ -193,7 +193,8 @@ class WaitResult(msgspec.Struct, frozen=True, kw_only=True):
 class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """The node at a glance: what it runs, how long, its counters and its store;
     ``replay_held``: why its start held replay back (the node kept crashing),
-    ``wedged``: work recovery held back and nobody requeued or dropped yet."""
+    ``wedged``: work recovery held back and nobody requeued or dropped yet;
+    ``recovery``: what recovery did at the start (``recovery_summary``)."""
 
     node: str
     version: str
@@ -206,6 +207,7 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     store: dict[str, Any] | None = None
     replay_held: str | None = None
     wedged: int = 0
+    recovery: dict[str, int] | None = None
 
 
 def settings_of(config: Any) -> dict[str, Any]:

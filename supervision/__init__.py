@@ -20,6 +20,7 @@ from sessiontree.supervision._node_recovery import Requeued
 from sessiontree.supervision._providers import Price, Provider
 from sessiontree.supervision._recovery import RecoveryDecision
 from sessiontree.supervision._recovery_rules import Decision, classify
+from sessiontree.supervision._recovery_summary import recovery_summary
 from sessiontree.supervision._refs import SessionRef, Spawned
 from sessiontree.supervision._retry import Retry
 from sessiontree.supervision._rules import MAX_BRANCH_DEPTH, MAX_WORKER_DEPTH, check_spawn
@@ -63,5 +64,6 @@ __all__ = [
     "is_command",
     "normalise_answer",
     "parse_continuation",
+    "recovery_summary",
     "stored_spending",
 ]

@@ -16,6 +16,7 @@ from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
     RejectedInputError,
+    SessionInfo,
     SessionKind,
     SessionResult,
 )
@@ -25,6 +26,22 @@ from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._tree import Tree
 
 __all__ = ["Messages"]
+
+
+def _refusal(session_id: uuid.UUID, info: SessionInfo) -> ErrorInfo:
+    """Why a session the index no longer holds, or one that is not a Main,
+    cannot take a message: ``not_allowed`` for a branch or worker (whatever
+    its state), ``session_not_active`` for a Main that ended."""
+    if info.kind is not SessionKind.MAIN:
+        return ErrorInfo(
+            code=ErrorCode.NOT_ALLOWED,
+            message=f"session {session_id} is a {info.kind.value}; only mains take "
+            "messages (context reaches children only at spawn)",
+        )
+    return ErrorInfo(
+        code=ErrorCode.SESSION_NOT_ACTIVE,
+        message=f"session {session_id} ended ({info.state.value}); the message was not delivered",
+    )
 
 
 class Messages:
@@ -46,13 +63,11 @@ class Messages:
         is written to the Main's inbox first and accepted once durable (with
         ``unwedge``, the held-back item it requeues is dropped in that commit)."""
         tree = self.tree
-        entry = tree.lookup(session_id)
+        entry = tree.entry(session_id)
+        if entry is None:  # ended before a restart or evicted: answered as if indexed
+            return _refusal(session_id, tree.known(session_id).info)
         if entry.kind is not SessionKind.MAIN:
-            return ErrorInfo(
-                code=ErrorCode.NOT_ALLOWED,
-                message=f"session {session_id} is a {entry.kind.value}; only mains take "
-                "messages (context reaches children only at spawn)",
-            )
+            return _refusal(session_id, entry.info)
         if entry.state.is_terminal or entry.cancel_code is not None:
             return ErrorInfo(
                 code=ErrorCode.SESSION_NOT_ACTIVE,

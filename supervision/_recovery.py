@@ -66,6 +66,7 @@ from sessiontree.supervision._recovery_rules import (
     crashes_after_start,
     hold_replay,
 )
+from sessiontree.supervision._recovery_summary import recovery_summary, recovery_summary_line
 
 __all__ = ["Recovered", "RecoveryDecision", "recover"]
 
@@ -455,7 +456,5 @@ def recover(
     started = time.perf_counter()
     plan = _Recovery(store, agents, now, config or NodeConfig()).run()
     plan.figures["recovery_ms"] = int((time.perf_counter() - started) * 1000)
-    figures = plan.figures
-    if figures["failed"] or figures["suspended"] or figures["quarantined"] or plan.decisions:
-        log.info("recovered %s", dict(figures))
+    log.info("%s", recovery_summary_line(recovery_summary(plan.figures, plan.held)))
     return plan

@@ -95,9 +95,9 @@ class Spawning:
         durable; a failed write answers the store's error and leaves no child."""
         tree = self.tree
         if tree.closing:
-            return SpawnAnswer(
-                None, ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
-            )
+            closed = ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
+            self._rejected_spawn(parent_id, spec.kind, closed)
+            return SpawnAnswer(None, closed)
         parent = tree.entry(parent_id)
         if parent is not None and spec.request_id is not None:
             first = parent.requests.get(spec.request_id)
@@ -123,8 +123,11 @@ class Spawning:
         def written(error: BaseException | None) -> None:
             if error is None and entry.state is SessionState.PENDING:
                 self.starting.want_slot(entry)
+            answer = _written_answer(entry, error)
+            if answer.error is not None:  # the store refused it (store_full…): counted too
+                self._rejected_spawn(parent_id, spec.kind, answer.error)
             if reply is not None:
-                reply.set(_written_answer(entry, error))
+                reply.set(answer)
 
         entry.on_persisted.insert(0, written)
         return DEFERRED
@@ -228,7 +231,7 @@ class Spawning:
                     tier = model_tier(spec, agent, parent.info.model_tier, root=False)
                     error = self.ledgers.enforceable(agent, tier, budget)
         if error is not None:
-            self._rejected_spawn(parent_id, spec, error)
+            self._rejected_spawn(parent_id, spec.kind, error)
             return error
         assert agent is not None
         ttl = resolve_ttl(spec, agent)
@@ -285,7 +288,7 @@ class Spawning:
                 message=f"no actor could be started for a child of {parent.session_id}: {exc}",
                 detail={"limit": "threads"},
             )
-            self._rejected_spawn(parent.session_id, spec, error)
+            self._rejected_spawn(parent.session_id, spec.kind, error)
             return SpawnAnswer(None, error)
         parent.children[entry.session_id] = None
         parent.live_children += 1
@@ -361,7 +364,10 @@ class Spawning:
                     tree.discard(entry)
                 elif entry.state is SessionState.PENDING:
                     self.starting.want_slot(entry)
-                waiting.answer(i, _written_answer(entry, error))
+                answer = _written_answer(entry, error)
+                if answer.error is not None:
+                    self._rejected_spawn(entry.info.parent_id, entry.kind, answer.error)
+                waiting.answer(i, answer)
                 if entry.on_persisted:
                     others, entry.on_persisted = entry.on_persisted, []
                     for then in others:
@@ -403,10 +409,14 @@ class Spawning:
             )
         return (backend, data), None
 
-    def _rejected_spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, error: ErrorInfo) -> None:
+    def _rejected_spawn(
+        self, parent_id: uuid.UUID | None, kind: SessionKind, error: ErrorInfo
+    ) -> None:
+        """Count and emit a refused spawn (a rule, capacity, a closing node, or
+        the store refusing the new record: ``store_full``, ``store_failed``)."""
         rt = self.tree.rt
         rt.counters[f"rejected_{error.code.value}"] += 1
-        parent = self.tree.entries.get(parent_id)
+        parent = None if parent_id is None else self.tree.entries.get(parent_id)
         rt.events.emit(
             Event(
                 kind=EventKind.REJECTED,
@@ -414,7 +424,7 @@ class Spawning:
                 parent_id=parent_id,
                 agent_id=None if parent is None else parent.info.agent_id,
                 code=error.code.value,
-                data={"kind": spec.kind.value, "message": error.message},
+                data={"kind": kind.value, "message": error.message},
             )
         )
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from sessiontree.actors import AsyncSession, VirtualClock
+from sessiontree.cli._api._http_metrics import HttpMetrics
 from sessiontree.cli._standin import StandinServer
 from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics, Price, Provider
 from tests._promtool import promtool
@@ -72,6 +73,7 @@ def exposed(tmp_path: pathlib.Path) -> Iterator[dict[str, str]]:
             [agent], NodeConfig(providers=(provider,)), clock=VirtualClock(), store=tmp_path / "db"
         )
         metrics = NodeMetrics(node)
+        HttpMetrics(metrics.registry)  # what a node's /metrics adds: the HTTP API's families
         try:
             for skill in ("quick", "asks"):
                 ref = node.main("agent").spawn(kind="worker", skill=skill).ref

@@ -267,7 +267,7 @@ def test_malformed_and_nested_bodies_are_400s(
         ("unknown", {}, 404, "unknown_session", None),
         ("worker", {}, 409, "worker_cannot_spawn", None),
         ("main", {"ttl": -1.0}, 400, "invalid_ttl", "ttl"),
-        ("main", {"skill": "nope"}, 400, "unknown_skill", "skill"),
+        ("main", {"skill": "nope"}, 404, "unknown_skill", "skill"),
     ],
 )
 def test_a_refused_spawn_names_the_code(

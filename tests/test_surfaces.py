@@ -260,6 +260,7 @@ SUPERVISION = [
     "is_command",
     "normalise_answer",
     "parse_continuation",
+    "recovery_summary",
     "stored_spending",
 ]
 

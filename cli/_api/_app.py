@@ -6,13 +6,17 @@ from __future__ import annotations
 from litestar import Litestar, Router
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
+from prometheus_client import CollectorRegistry
 
+from sessiontree.cli._api._auth import document_auth, require_token
 from sessiontree.cli._api._bodies import close_request_schemas, strict_body
 from sessiontree.cli._api._chat import CHAT_ROUTES
+from sessiontree.cli._api._contract import document_contract, fix_allow
 from sessiontree.cli._api._conversations import CONVERSATION_ROUTES
 from sessiontree.cli._api._errors import EXCEPTION_HANDLERS
 from sessiontree.cli._api._event_hub import EventHub
 from sessiontree.cli._api._events import EVENT_ROUTES, HEARTBEAT
+from sessiontree.cli._api._http_metrics import HttpMetrics
 from sessiontree.cli._api._node import NODE_ROUTES, ROOT_ROUTES
 from sessiontree.cli._api._recovery import RECOVERY_ROUTES
 from sessiontree.cli._api._sessions import SESSION_ROUTES
@@ -45,14 +49,19 @@ def create_app(
     event_ring: int = EVENT_RING,
     event_queue: int = EVENT_QUEUE,
     event_heartbeat: float = HEARTBEAT,
+    token: str | None = None,
 ) -> Litestar:
     """The node's ASGI app. ``max_body`` caps request bodies (413 past it);
     ``max_wait`` caps a long-poll's wait in seconds (at most ``MAX_WAIT``).
     ``event_ring`` is how many recent events ``/v1/events`` keeps for
     resuming, ``event_queue`` how far one subscriber may fall behind before it
     is cut off, ``event_heartbeat`` the seconds of quiet before a keep-alive.
-    The app listens to the node's events from now until it shuts down; it
-    never shuts the node down itself: its owner does.
+    ``token``: the bearer token every request but the health probes must
+    carry (``_auth``; None: none). With a ``metrics`` that has a ``registry``
+    (``NodeMetrics``), every request is counted and timed there and the
+    process metrics join it (``_http_metrics``). The app listens to the
+    node's events from now until it shuts down; it never shuts the node down
+    itself: its owner does.
 
     Nothing is checked here that could fail at request time; a route whose
     signature Litestar cannot read fails here, at start-up (a ring or queue
@@ -86,4 +95,15 @@ def create_app(
         logging_config=None,  # the cli configures logging; Litestar's own starts a thread
     )
     close_request_schemas(app)
+    document_contract(app, node.config.max_ttl)
+    fix_allow(app)
+    # outermost first: every request timed, the token checked before routing
+    handler = app.asgi_handler
+    if token is not None:
+        document_auth(app)
+        handler = require_token(handler, token)
+    registry = getattr(metrics, "registry", None)
+    if isinstance(registry, CollectorRegistry):
+        handler = HttpMetrics(registry).wrap(handler)
+    app.asgi_handler = handler
     return app

@@ -34,6 +34,8 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNKNOWN_AGENT: 404,
     ErrorCode.UNKNOWN_MESSAGE: 404,
     ErrorCode.UNKNOWN_BRANCH: 404,
+    ErrorCode.UNKNOWN_SKILL: 404,
+    ErrorCode.UNKNOWN_BACKEND: 404,
     ErrorCode.NOT_ALLOWED: 403,
     ErrorCode.CAPACITY_EXCEEDED: 429,
     ErrorCode.NODE_CLOSED: 503,
@@ -55,6 +57,7 @@ _CONFLICTS = frozenset(
         ErrorCode.BRANCH_EXISTS,
         ErrorCode.CURRENT_BRANCH,
         ErrorCode.CONFIRMATION_MISMATCH,
+        ErrorCode.BACKEND_UNAVAILABLE,  # the node's setup, not the request, refuses it
     }
 )
 # the field an error names when its detail names none
@@ -66,7 +69,13 @@ ERRORS = {
     status: ResponseSpec(ErrorBody, description=text)
     for status, text in (
         (400, "A client mistake: the field is named"),
-        (404, "Unknown session, agent, message or branch"),
+        (401, "No bearer token, or not the node's (a node started with --token-file)"),
+        (
+            403,
+            "Not allowed on this session (a message to anything but a Main, a write "
+            "to a Worker's conversation)",
+        ),
+        (404, "Unknown session, agent, skill, backend, message or branch"),
         (409, "The tree's rules or the session's state refuse it"),
         (413, "The body is over the size cap"),
         (429, "The node is at capacity"),
@@ -77,8 +86,9 @@ ERRORS = {
 
 
 def status_for(code: ErrorCode) -> int:
-    """The HTTP status of an error code: 404 unknown things, 409 conflicts with
-    the tree's rules or state, 429 capacity, 503 a closed node or failing
+    """The HTTP status of an error code: 404 unknown things (a session, an
+    agent, a skill of the parent's agent, a backend…), 409 conflicts with the
+    tree's rules, a session's state or the node's setup, 429 capacity, 503 a closed node or failing
     store, 400 any other client mistake."""
     if code in _CONFLICTS:
         return 409

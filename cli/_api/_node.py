@@ -16,9 +16,11 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 from sessiontree.cli._api._errors import ERRORS
+from sessiontree.cli._api._listing import every_session
 from sessiontree.cli._api._shared import Metrics, node_of
 from sessiontree.cli._wire import NodeStatus, plain_figures, settings_of
 from sessiontree.protocol import SessionState
+from sessiontree.supervision import recovery_summary
 
 __all__ = ["NODE_ROUTES", "ROOT_ROUTES"]
 
@@ -38,7 +40,13 @@ def readyz(state: State) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@get("/metrics", tags=["node"], media_type="text/plain", sync_to_thread=True)
+@get(
+    "/metrics",
+    tags=["node"],
+    media_type="text/plain",
+    responses={401: ERRORS[401]},  # with a token, Prometheus must send it too
+    sync_to_thread=True,
+)
 def metrics_page(state: State) -> Response[bytes]:
     """The node's metrics in the Prometheus text format."""
     metrics: Metrics = state.metrics
@@ -47,17 +55,19 @@ def metrics_page(state: State) -> Response[bytes]:
 
 @get("/node", tags=["node"], responses=ERRORS)
 async def node_status(state: State) -> NodeStatus:
-    """What this node runs: agents, counters, configuration, store.
+    """What this node runs: agents, counters, configuration, store, and what
+    recovery did at its start (``recovery``; null without a store). Sessions
+    are counted by state over the index and the store (those that ended
+    before a restart too).
 
     A failing store is a 503 ``store_failed``."""
     node = node_of(state)
     if node.closed:  # the awaitable twins refuse a closing node; read it off the loop
         stats = await asyncio.to_thread(node.stats)
-        sessions = await asyncio.to_thread(node.sessions)
     else:
-        stats, sessions = await node.astats(), await node.asessions()
+        stats = await node.astats()
     by_state: dict[str, int] = {s.value: 0 for s in SessionState}
-    for info in sessions:
+    for info in await every_session(node):
         by_state[info.state.value] += 1
     store = plain_figures(node.store.stats()) if node.store is not None else None
     return NodeStatus(
@@ -72,6 +82,9 @@ async def node_status(state: State) -> NodeStatus:
         store=store,
         replay_held=node.replay_held,
         wedged=node.store.count("wedged") if node.store is not None else 0,
+        recovery=(
+            recovery_summary(node.recovery, node.replay_held) if node.store is not None else None
+        ),
     )
 
 

@@ -18,6 +18,7 @@ from litestar.datastructures import State
 from litestar.params import Body, JSONBody, QueryParameter
 
 from sessiontree.cli._api._errors import ERRORS, refuse
+from sessiontree.cli._api._listing import every_session
 from sessiontree.cli._api._shared import MAX_WAIT, Sid, node_of
 from sessiontree.cli._wire import (
     CancelRequest,
@@ -92,7 +93,7 @@ async def _candidates(
     """The sessions of ``state`` and ``kind`` carrying every mark set true in ``marks``."""
     wanted = [name for name, on in marks.items() if on]
     if not wanted:
-        return await node.asessions(state, kind)
+        return await every_session(node, state, kind)
     chosen: dict[uuid.UUID, SessionInfo] | None = None
     for name in wanted:
         marked = {info.session_id: info for info in await MARKS[name](node)}
@@ -105,8 +106,8 @@ async def _candidates(
     ]
 
 
-# GET and POST /v1/sessions are registered in this order (as the controller
-# that held them did), so the path's OPTIONS answer stays as it was.
+# GET and POST /v1/sessions share a path: its OPTIONS answer lists both once
+# ``_contract.fix_allow`` has run (whatever the order they are registered in).
 
 
 @get("/sessions", tags=["sessions"], responses=ERRORS)

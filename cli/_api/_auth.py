@@ -1,0 +1,106 @@
+"""Bearer-token authentication of a node's HTTP API (``node start
+--token-file``).
+
+With a token, every request but the health probes (``/healthz``,
+``/readyz``: a load balancer or kubelet asks them without credentials) must
+carry ``Authorization: Bearer <token>``; ``/metrics`` is no exception
+(Prometheus sends one with ``authorization: {credentials_file: …}``), nor
+is the OpenAPI document. Anything else is a 401 ``not_allowed`` with
+``WWW-Authenticate: Bearer``, answered before routing, so it says nothing
+of which paths exist. The comparison takes the same time whatever the
+token sent (``hmac.compare_digest``).
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import msgspec
+from litestar import Litestar
+from litestar.enums import ScopeType
+from litestar.openapi.spec import Components, Operation, SecurityScheme
+from litestar.types import (
+    ASGIApp,
+    HTTPResponseBodyEvent,
+    HTTPResponseStartEvent,
+    Receive,
+    Scope,
+    Send,
+)
+
+from sessiontree.cli._wire import ApiError, ErrorBody
+from sessiontree.protocol import ErrorCode
+
+__all__ = ["OPEN_PATHS", "document_auth", "require_token"]
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+"""The paths answered without a token: the liveness and readiness probes."""
+
+_SCHEME = "bearer"
+
+
+def _refusal(reason: str) -> bytes:
+    error = ApiError(code=ErrorCode.NOT_ALLOWED, message=reason)
+    return msgspec.json.encode(ErrorBody(status=401, error=error))
+
+
+def require_token(app: ASGIApp, token: str) -> ASGIApp:
+    """``app`` answering only requests that carry ``token`` as a bearer token
+    (the health probes excepted). ``ValueError`` for an empty token."""
+    if not token:
+        msg = "the bearer token is empty"
+        raise ValueError(msg)
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP or scope["path"] in OPEN_PATHS:
+            await app(scope, receive, send)
+            return
+        sent = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if sent is not None and hmac.compare_digest(sent, expected):
+            await app(scope, receive, send)
+            return
+        reason = (
+            "this node requires a bearer token (Authorization: Bearer …)"
+            if sent is None
+            else "the bearer token is not this node's"
+        )
+        body = _refusal(reason)
+        start: HTTPResponseStartEvent = {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"www-authenticate", b'Bearer realm="sessiontree"'),
+            ],
+        }
+        await send(start)
+        end: HTTPResponseBodyEvent = {
+            "type": "http.response.body",
+            "body": body,
+            "more_body": False,
+        }
+        await send(end)
+
+    return guarded
+
+
+def document_auth(app: Litestar) -> None:
+    """Say in the OpenAPI document that every operation but the probes wants
+    a bearer token."""
+    schema = app.openapi_schema
+    components = schema.components or Components()
+    schema.components = components
+    components.security_schemes = {
+        **(components.security_schemes or {}),
+        _SCHEME: SecurityScheme(
+            type="http", scheme="bearer", description="The token of node start --token-file."
+        ),
+    }
+    schema.security = [{_SCHEME: []}]
+    for path in OPEN_PATHS:
+        item = (schema.paths or {}).get(path)
+        op = item.get if item is not None else None
+        if isinstance(op, Operation):
+            op.security = []
