@@ -35,6 +35,7 @@ from sessiontree.cli._recovery_cmds import recovery, wedged
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
 from sessiontree.cli._session_cmds import sessions
 from sessiontree.cli._store_cmds import export_cmd, import_cmd, store
+from sessiontree.cli._top import top
 
 __all__ = ["configure_logging", "main"]
 
@@ -178,5 +179,6 @@ main.add_command(conv)
 main.add_command(node)
 main.add_command(sessions)
 main.add_command(store)
+main.add_command(top)
 main.add_command(wedged)
 main.add_command(recovery)

@@ -24,12 +24,13 @@ class ServedNode:
     port of 127.0.0.1, on a thread of its own; ``url`` is its base URL and
     ``http`` a client on it. The socket listens before the server thread starts,
     so a request made at once waits in the backlog, never fails or races. The
-    node stays the caller's to shut down; ``close()`` stops the server."""
+    node stays the caller's to shut down; ``close()`` stops the server.
+    ``port``: listen there instead (to serve a node again where it was)."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, port: int = 0) -> None:
         self.node = node
         self.metrics = NodeMetrics(node)
-        self._sock = _bind("127.0.0.1", 0)
+        self._sock = _bind("127.0.0.1", port)
         port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         app = create_app(node, self.metrics, max_wait=5.0)

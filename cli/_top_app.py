@@ -1,0 +1,297 @@
+"""``sessiontree top``'s Textual app: the node's header, its session tree as a
+table, a filter, a status line and the footer of keys.
+
+It polls a ``TopSource`` every ``interval`` seconds on a worker thread (the
+event loop never waits on the network) and draws what ``_top_data`` makes of
+the answer. A node that does not answer or refuses is shown on the status
+line, in red, and the app keeps polling: the view comes back with the node.
+Every action on a session asks first (``ConfirmScreen``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+import click
+import httpx
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Grid
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Footer, Input, Label, Static
+
+from sessiontree.cli._top_data import SORTS, RateMeter, Rates, Row, build_rows, header_text
+from sessiontree.cli._top_data import human_duration as dur
+from sessiontree.cli._top_source import Snapshot, TopSource
+
+__all__ = ["ConfirmScreen", "TopApp"]
+
+# What a poll can meet besides an answer: the node unreachable or refusing
+# (click exceptions from the client), or an answer this view cannot read.
+_POLL_ERRORS = (click.ClickException, httpx.HTTPError, ValueError, KeyError, TypeError)
+_STATE_STYLE = {
+    "active": "green",
+    "pending": "cyan",
+    "suspended": "yellow",
+    "completed": "dim",
+    "failed": "bold red",
+    "expired": "red",
+    "cancelled": "magenta",
+}
+_COLUMNS = ("session", "kind", "state", "agent/skill", "age", "ttl", "tok", "cost", "Σtok", "Σcost")
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question over the view: ``y`` or Yes confirms, ``n``, Escape or
+    No declines (dismissed with True or False)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n,escape", "answer(False)", "No"),
+    ]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Grid {
+        grid-size: 2; grid-gutter: 1 2; grid-rows: auto 3; padding: 1 2;
+        width: 64; height: auto; border: thick $warning; background: $surface;
+    }
+    ConfirmScreen Label { column-span: 2; width: 100%; }
+    ConfirmScreen Button { width: 100%; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Grid():
+            yield Label(self.question, id="question")
+            yield Button("Yes (y)", variant="error", id="yes")
+            yield Button("No (n)", variant="primary", id="no")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class TopApp(App[None]):
+    """The live view of the node behind ``source``, polled every ``interval``
+    seconds, showing the subtree under ``root`` (every Main's when None)."""
+
+    TITLE = "sessiontree top"
+    CSS = """
+    #header { height: 2; background: $boost; padding: 0 1; }
+    #filter { display: none; height: 3; }
+    #filter.shown { display: block; }
+    #sessions { height: 1fr; }
+    #where { height: 1; padding: 0 1; background: $boost; }
+    #message { height: 1; padding: 0 1; }
+    #message.error { color: $error; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("slash", "filter", "Filter"),
+        Binding("s", "sort", "Sort"),
+        Binding("f", "follow", "Follow"),
+        Binding("b,backspace", "up", "Up"),
+        Binding("c", "control('cancel')", "Cancel"),
+        Binding("t", "control('terminate')", "Terminate"),
+        Binding("p", "control('suspend')", "Suspend"),
+        Binding("r", "control('resume')", "Resume"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
+
+    def __init__(self, source: TopSource, *, interval: float = 1.0, root: str | None = None):
+        super().__init__()
+        self.source = source
+        self.interval = interval
+        self.root = root
+        self.sort = SORTS[0]
+        self.filter_text = ""
+        self.rows: list[Row] = []
+        self.polls = 0  # successful polls drawn, for whoever waits on the view
+        self._snapshot: Snapshot | None = None
+        self._meter = RateMeter()
+        self._rates: Rates | None = None
+        self._polling = False
+        self._select_next: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"node {self.source.url}: connecting…", id="header")
+        yield Input(placeholder="filter: agent, skill, id or state", id="filter")
+        table: DataTable[Any] = DataTable(id="sessions", cursor_type="row", zebra_stripes=True)
+        table.add_columns(*_COLUMNS)
+        yield table
+        yield Static(id="where")
+        yield Static(id="message")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._show_where()
+        self.query_one(DataTable).focus()
+        self.set_interval(self.interval, self.poll)
+        self.run_worker(self.poll(), group="poll")
+
+    @property
+    def selected(self) -> str | None:
+        """The id of the session under the cursor (None for an empty table)."""
+        table = self.query_one(DataTable)
+        if table.row_count == 0:
+            return None
+        return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+
+    # -- polling and drawing -------------------------------------------------------------
+
+    async def poll(self) -> None:
+        """Take one snapshot and draw it; a failure is shown, never raised."""
+        if self._polling:
+            return
+        self._polling = True
+        try:
+            snapshot = await asyncio.to_thread(self.source.fetch, self.root)
+        except _POLL_ERRORS as exc:
+            text = exc.format_message() if isinstance(exc, click.ClickException) else repr(exc)
+            self.say(f"poll failed: {text} (retrying every {self.interval:g} s)", error=True)
+            return
+        finally:
+            self._polling = False
+        if self.query_one("#message", Static).has_class("error"):
+            self.say("")  # the node answers again
+        if snapshot.counters is not None:
+            self._rates = self._meter.update(snapshot.counters, snapshot.taken_at)
+        self._snapshot = snapshot
+        self.query_one("#header", Static).update(header_text(snapshot.node, self._rates))
+        self._draw()
+        self.polls += 1
+
+    def _draw(self) -> None:
+        if self._snapshot is None:
+            return
+        table = self.query_one(DataTable)
+        keep = self._select_next or self.selected
+        self._select_next = None
+        self.rows = build_rows(
+            self._snapshot.trees, self._snapshot.taken_at, text=self.filter_text, sort=self.sort
+        )
+        table.clear()
+        for row in self.rows:
+            table.add_row(*_cells(row), key=row.session_id)
+        ids = [row.session_id for row in self.rows]
+        if keep in ids:
+            table.move_cursor(row=ids.index(keep), animate=False)
+        self._show_where()
+
+    def _show_where(self) -> None:
+        where = "all mains" if self.root is None else f"subtree of {self.root[:8]} (b: up)"
+        shown = f"{len(self.rows)} sessions" if self._snapshot is not None else "no answer yet"
+        filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
+        self.query_one("#where", Static).update(f"{where} · sort {self.sort}{filt} · {shown}")
+
+    def say(self, message: str, *, error: bool = False) -> None:
+        """Put ``message`` on the status line (in red when ``error``)."""
+        line = self.query_one("#message", Static)
+        line.update(Text(message))
+        line.set_class(error, "error")
+
+    # -- filter, sort, follow ------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.add_class("shown")
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value
+        self._draw()
+
+    @on(Input.Submitted, "#filter")
+    def _filter_done(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.set_class(bool(box.value), "shown")
+        self.query_one(DataTable).focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.value = ""
+        box.remove_class("shown")
+        self.query_one(DataTable).focus()
+
+    def action_sort(self) -> None:
+        self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
+        self._draw()
+
+    @on(DataTable.RowSelected)
+    def _row_chosen(self) -> None:
+        self.action_follow()
+
+    def action_follow(self) -> None:
+        chosen = self.selected
+        if chosen is None or chosen == self.root:
+            return
+        self.root = chosen
+        self._select_next = chosen
+        self._show_where()
+        self.run_worker(self.poll(), group="poll")
+
+    def action_up(self) -> None:
+        if self.root is None:
+            self.say("showing every main already")
+            return
+        trees = self._snapshot.trees if self._snapshot is not None else []
+        parent = trees[0]["info"].get("parent_id") if trees else None
+        self._select_next = self.root
+        self.root = None if parent is None else str(parent)
+        self._show_where()
+        self.run_worker(self.poll(), group="poll")
+
+    # -- actions on the selected session -------------------------------------------------
+
+    def action_control(self, action: str) -> None:
+        chosen = self.selected
+        row = next((r for r in self.rows if r.session_id == chosen), None)
+        if row is None:
+            self.say(f"no session selected to {action}", error=True)
+            return
+        what = {
+            "cancel": "Cancel it and its subtree (with the node's grace)?",
+            "terminate": "Terminate it and its subtree now, without grace?",
+            "suspend": "Suspend it at its next checkpoint?",
+            "resume": "Resume it?",
+        }[action]
+        question = f"{row.kind} {row.short_id} ({row.skill or row.agent}, {row.state}). {what}"
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._act(action, row.session_id), group="act")
+            else:
+                self.say(f"{action} {row.short_id}: not confirmed")
+
+        self.push_screen(ConfirmScreen(question), answered)
+
+    async def _act(self, action: str, session_id: str) -> None:
+        outcome = await asyncio.to_thread(self.source.act, action, session_id)
+        self.say(outcome.message, error=not outcome.ok)
+        await self.poll()
+
+
+def _cells(row: Row) -> tuple[Text | str, ...]:
+    who = f"{row.agent}/{row.skill}" if row.skill else row.agent
+    return (
+        f"{row.prefix}{row.short_id}",
+        row.kind,
+        Text(row.state, style=_STATE_STYLE.get(row.state, "")),
+        who,
+        dur(row.age_s),
+        dur(row.ttl_left_s),
+        str(row.tokens) if row.tokens else "-",
+        f"{row.cost:.4f}" if row.cost else "-",
+        str(row.subtree_tokens) if row.subtree_tokens else "-",
+        f"{row.subtree_cost:.4f}" if row.subtree_cost else "-",
+    )
