@@ -16,12 +16,12 @@ from typing import Any, ClassVar
 import click
 import httpx
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Footer, Input, Label, Static
+from textual.widgets import Button, DataTable, Footer, Label, Static
 
 from sessiontree.cli._top_data import SORTS, RateMeter, Rates, Row, build_rows, header_text
 from sessiontree.cli._top_data import human_duration as dur
@@ -66,6 +66,9 @@ class ConfirmScreen(ModalScreen[bool]):
         super().__init__()
         self.question = question
 
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()  # Enter alone never confirms
+
     def compose(self) -> ComposeResult:
         with Grid():
             yield Label(self.question, id="question")
@@ -87,8 +90,7 @@ class TopApp(App[None]):
     TITLE = "sessiontree top"
     CSS = """
     #header { height: 2; background: $boost; padding: 0 1; }
-    #filter { display: none; height: 3; }
-    #filter.shown { display: block; }
+    #filter { display: none; height: 1; padding: 0 1; background: $primary-background; }
     #sessions { height: 1fr; }
     #where { height: 1; padding: 0 1; background: $boost; }
     #message { height: 1; padding: 0 1; }
@@ -104,7 +106,7 @@ class TopApp(App[None]):
         Binding("t", "control('terminate')", "Terminate"),
         Binding("p", "control('suspend')", "Suspend"),
         Binding("r", "control('resume')", "Resume"),
-        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("escape", "clear_filter", "Clear filter"),
     ]
 
     def __init__(self, source: TopSource, *, interval: float = 1.0, root: str | None = None):
@@ -114,17 +116,19 @@ class TopApp(App[None]):
         self.root = root
         self.sort = SORTS[0]
         self.filter_text = ""
+        self.filtering = False  # the keys type the filter
         self.rows: list[Row] = []
         self.polls = 0  # successful polls drawn, for whoever waits on the view
         self._snapshot: Snapshot | None = None
         self._meter = RateMeter()
         self._rates: Rates | None = None
         self._polling = False
+        self._poll_failed = False  # the status line shows a failed poll
         self._select_next: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(f"node {self.source.url}: connecting…", id="header")
-        yield Input(placeholder="filter: agent, skill, id or state", id="filter")
+        yield Static(id="filter")
         table: DataTable[Any] = DataTable(id="sessions", cursor_type="row", zebra_stripes=True)
         table.add_columns(*_COLUMNS)
         yield table
@@ -158,10 +162,12 @@ class TopApp(App[None]):
         except _POLL_ERRORS as exc:
             text = exc.format_message() if isinstance(exc, click.ClickException) else repr(exc)
             self.say(f"poll failed: {text} (retrying every {self.interval:g} s)", error=True)
+            self._poll_failed = True
             return
         finally:
             self._polling = False
-        if self.query_one("#message", Static).has_class("error"):
+        if self._poll_failed:
+            self._poll_failed = False
             self.say("")  # the node answers again
         if snapshot.counters is not None:
             self._rates = self._meter.update(snapshot.counters, snapshot.taken_at)
@@ -195,33 +201,53 @@ class TopApp(App[None]):
 
     def say(self, message: str, *, error: bool = False) -> None:
         """Put ``message`` on the status line (in red when ``error``)."""
+        self._poll_failed = False
         line = self.query_one("#message", Static)
         line.update(Text(message))
         line.set_class(error, "error")
 
     # -- filter, sort, follow ------------------------------------------------------------
+    # The filter is typed while the table keeps the focus: a key already queued
+    # behind "/" still reaches the table, so moving the focus to an input would
+    # lose a fast typist's (or a paste's) first letters, or run them as keys.
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.add_class("shown")
-        box.focus()
+        self.filtering = True
+        self._show_filter()
+        self.refresh_bindings()
 
-    @on(Input.Changed, "#filter")
-    def _filter_changed(self, event: Input.Changed) -> None:
-        self.filter_text = event.value
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While a filter is typed only Escape (clear) acts: letters are its text."""
+        return not self.filtering or action == "clear_filter"
+
+    def on_key(self, event: events.Key) -> None:
+        if not self.filtering:
+            return
+        if event.key == "backspace":
+            self.filter_text = self.filter_text[:-1]
+        elif event.is_printable and event.character:
+            self.filter_text += event.character
+        else:
+            return
+        event.stop()
+        self._show_filter()
         self._draw()
 
-    @on(Input.Submitted, "#filter")
-    def _filter_done(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.set_class(bool(box.value), "shown")
-        self.query_one(DataTable).focus()
+    def _end_filter(self) -> None:
+        self.filtering = False
+        self._show_filter()
+        self.refresh_bindings()
+
+    def _show_filter(self) -> None:
+        line = self.query_one("#filter", Static)
+        line.display = self.filtering or bool(self.filter_text)
+        hint = " (Enter: done, Esc: clear)" if self.filtering else ""
+        line.update(Text(f"filter: {self.filter_text}{'▏' if self.filtering else ''}{hint}"))
 
     def action_clear_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.value = ""
-        box.remove_class("shown")
-        self.query_one(DataTable).focus()
+        self.filter_text = ""
+        self._end_filter()
+        self._draw()
 
     def action_sort(self) -> None:
         self.sort = SORTS[(SORTS.index(self.sort) + 1) % len(SORTS)]
@@ -229,7 +255,10 @@ class TopApp(App[None]):
 
     @on(DataTable.RowSelected)
     def _row_chosen(self) -> None:
-        self.action_follow()
+        if self.filtering:  # Enter ends the filter's typing
+            self._end_filter()
+        else:
+            self.action_follow()
 
     def action_follow(self) -> None:
         chosen = self.selected

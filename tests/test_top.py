@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from textual import events
 
 from sessiontree.actors import AsyncSession, VirtualClock
 from sessiontree.cli import main as cli_main
@@ -494,6 +495,32 @@ def test_declining_the_confirmation_leaves_the_session_running(
     assert served.get(f"/v1/sessions/{tree['branch']}")["info"]["state"] == "active"
 
 
+def test_terminate_on_a_node_without_the_route_is_a_message_that_stays(
+    served: ServedNode, node: Node, tree: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(ACTIONS, "terminate", ("no-such-route", "terminated"))
+    app = TopApp(source_of(served, node), interval=0.1)
+
+    async def scenario(pilot: Any) -> None:
+        await until(pilot, lambda: tree["sleeping"] in shown(app), "the worker")
+        await select(pilot, app, tree["sleeping"])
+        await pilot.press("t")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+        assert "without grace" in str(app.screen.query_one("#question").render())
+        await pilot.press("y")
+        await until(pilot, lambda: "has no terminate route" in message(app), "the message")
+        polls = app.polls
+        await until(pilot, lambda: app.polls >= polls + 2, "two more polls")
+        assert "has no terminate route" in message(app)  # a poll does not wipe it
+        assert app.query_one("#message").has_class("error")
+
+    try:
+        drive(app, scenario)
+    finally:
+        app.source.close()
+    assert served.get(f"/v1/sessions/{tree['sleeping']}")["info"]["state"] == "active"
+
+
 def test_filter_sort_and_follow_with_the_keys(
     served: ServedNode, node: Node, tree: dict[str, str]
 ) -> None:
@@ -502,11 +529,24 @@ def test_filter_sort_and_follow_with_the_keys(
 
     async def scenario(pilot: Any) -> None:
         await until(pilot, lambda: shown(app) == everyone, "the tree")
-        await pilot.press("slash", "a", "s", "k", "enter")
+        await pilot.press("slash", "a", "s", "k", "x", "backspace", "enter")
         assert app.filter_text == "ask"
+        assert not app.filtering
         assert shown(app) == [tree["main"], tree["branch"], tree["asking"]]
+        assert "filter: ask" in str(app.query_one("#filter").render())
         await pilot.press("escape")
         assert shown(app) == everyone
+
+        # typed faster than the app takes keys (or pasted): every letter lands in
+        # the filter, none runs as a key (c would ask to cancel, s would sort)
+        for key in ("slash", "c", "r", "a", "s", "h"):
+            app.post_message(events.Key(key, "/" if key == "slash" else key))
+        await until(pilot, lambda: app.filter_text == "crash", "the typed filter")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert app.sort == "age"
+        assert shown(app) == []
+        await pilot.press("escape")
+        assert (app.filter_text, app.filtering, shown(app)) == ("", False, everyone)
         await pilot.press("s", "s", "s")  # age → state → kind → usage
         assert app.sort == "usage"
         assert shown(app) == everyone  # the one with tokens was first among its siblings
