@@ -23,7 +23,15 @@ from textual.containers import Grid
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Label, Static
 
-from sessiontree.cli._top_data import SORTS, RateMeter, Rates, Row, build_rows, header_text
+from sessiontree.cli._top_data import (
+    SORTS,
+    RateMeter,
+    Rates,
+    Row,
+    build_rows,
+    header_text,
+    parent_of,
+)
 from sessiontree.cli._top_data import human_duration as dur
 from sessiontree.cli._top_source import Snapshot, TopSource
 
@@ -153,38 +161,50 @@ class TopApp(App[None]):
     # -- polling and drawing -------------------------------------------------------------
 
     async def poll(self) -> None:
-        """Take one snapshot and draw it; a failure is shown, never raised."""
+        """Take one snapshot and draw it; a failure is shown, never raised. A
+        snapshot of a root left while it was taken is taken again."""
         if self._polling:
             return
         self._polling = True
         try:
-            snapshot = await asyncio.to_thread(self.source.fetch, self.root)
-        except _POLL_ERRORS as exc:
-            text = exc.format_message() if isinstance(exc, click.ClickException) else repr(exc)
-            self.say(f"poll failed: {text} (retrying every {self.interval:g} s)", error=True)
-            self._poll_failed = True
-            return
+            while True:
+                root = self.root
+                try:
+                    snapshot = await asyncio.to_thread(self.source.fetch, root)
+                    rows = self._rows_of(snapshot)  # an answer it cannot read fails here
+                except _POLL_ERRORS as exc:
+                    self._poll_failed_with(exc)
+                    return
+                if root == self.root:
+                    break
         finally:
             self._polling = False
         if self._poll_failed:
-            self._poll_failed = False
             self.say("")  # the node answers again
         if snapshot.counters is not None:
             self._rates = self._meter.update(snapshot.counters, snapshot.taken_at)
         self._snapshot = snapshot
         self.query_one("#header", Static).update(header_text(snapshot.node, self._rates))
-        self._draw()
+        self._draw(rows)
         self.polls += 1
 
-    def _draw(self) -> None:
+    def _poll_failed_with(self, exc: Exception) -> None:
+        text = exc.format_message() if isinstance(exc, click.ClickException) else repr(exc)
+        self.say(f"poll failed: {text} (retrying every {self.interval:g} s)", error=True)
+        self._poll_failed = True
+
+    def _rows_of(self, snapshot: Snapshot) -> list[Row]:
+        return build_rows(snapshot.trees, snapshot.taken_at, text=self.filter_text, sort=self.sort)
+
+    def _draw(self, rows: list[Row] | None = None) -> None:
+        """Fill the table with ``rows`` (the last snapshot's, filtered and sorted
+        anew, when None), the cursor kept on its session."""
         if self._snapshot is None:
             return
         table = self.query_one(DataTable)
         keep = self._select_next or self.selected
         self._select_next = None
-        self.rows = build_rows(
-            self._snapshot.trees, self._snapshot.taken_at, text=self.filter_text, sort=self.sort
-        )
+        self.rows = self._rows_of(self._snapshot) if rows is None else rows
         table.clear()
         for row in self.rows:
             table.add_row(*_cells(row), key=row.session_id)
@@ -274,7 +294,7 @@ class TopApp(App[None]):
             self.say("showing every main already")
             return
         trees = self._snapshot.trees if self._snapshot is not None else []
-        parent = trees[0]["info"].get("parent_id") if trees else None
+        parent = parent_of(trees, self.root)  # None: a Main, or not in view
         self._select_next = self.root
         self.root = None if parent is None else str(parent)
         self._show_where()

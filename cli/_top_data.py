@@ -27,6 +27,7 @@ __all__ = [
     "counters_of",
     "header_text",
     "human_duration",
+    "parent_of",
 ]
 
 #: How rows can be ordered (among siblings: the tree stays a tree), in the
@@ -166,6 +167,20 @@ def build_rows(
     for tree in _order(kept, sort):
         walk(tree, "", "")
     return rows
+
+
+def parent_of(trees: Iterable[Mapping[str, Any]], session_id: str) -> str | None:
+    """The parent id of ``session_id`` in ``trees`` (None for a root, or for an
+    id none of them holds)."""
+    stack = list(trees)
+    while stack:
+        tree = stack.pop()
+        info = tree["info"]
+        if str(info["session_id"]) == session_id:
+            parent = info.get("parent_id")
+            return None if parent is None else str(parent)
+        stack.extend(tree["children"])
+    return None
 
 
 @dataclass(frozen=True, slots=True)

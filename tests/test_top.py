@@ -5,6 +5,7 @@ Textual app driven with keys through its pilot, as a person would."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import itertools
 import socket
 import threading
@@ -29,6 +30,7 @@ from sessiontree.cli._top_data import (
     counters_of,
     header_text,
     human_duration,
+    parent_of,
 )
 from sessiontree.cli._top_source import ACTIONS, TopSource
 from sessiontree.supervision import Agent, Node, Price, Provider
@@ -325,6 +327,18 @@ def test_sorting_orders_siblings_and_keeps_the_tree() -> None:
         build_rows(trees, 10.0, sort="size")
 
 
+def test_the_parent_of_a_session_is_found_at_any_depth() -> None:
+    worker = session("w", "worker", "active", 3.0)
+    worker["info"]["parent_id"] = "b"
+    branch = session("b", "branch", "active", 2.0, 0, worker)
+    branch["info"]["parent_id"] = "m"
+    trees = [
+        session("other", "main", "active", 0.0),
+        session("m", "main", "active", 1.0, 0, branch),
+    ]
+    assert [parent_of(trees, sid) for sid in ("w", "b", "m", "nobody")] == ["b", "m", None, None]
+
+
 def test_an_ended_sessions_age_stops_at_its_end_and_it_has_no_ttl_left() -> None:
     ended = session("w", "worker", "completed", 100.0)
     ended["info"]["deadline"] = 400.0
@@ -481,12 +495,13 @@ def test_declining_the_confirmation_leaves_the_session_running(
     async def scenario(pilot: Any) -> None:
         await until(pilot, lambda: tree["branch"] in shown(app), "the branch")
         await select(pilot, app, tree["branch"])
-        for key in ("p", "t", "c"):
+        declined = f"{tree['branch'][:8]}: not confirmed"
+        for key, action in (("p", "suspend"), ("t", "terminate"), ("c", "cancel")):
             await pilot.press(key)
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "a confirmation")
             await pilot.press("n")
-            await until(pilot, lambda: "not confirmed" in message(app), "the refusal")
-        assert not isinstance(app.screen, ConfirmScreen)
+            await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "no dialog")
+            assert message(app) == f"{action} {declined}"
 
     try:
         drive(app, scenario)
@@ -553,6 +568,16 @@ def test_filter_sort_and_follow_with_the_keys(
         await pilot.press("s")
         assert app.sort == "age"
 
+        # up from a session followed a moment ago, before its own tree came:
+        # the root goes to its parent, not to the top
+        await select(pilot, app, tree["asking"])
+        await pilot.press("f", "b")
+        assert app.root == tree["branch"]
+        await until(pilot, lambda: shown(app) == everyone[1:], "the branch's subtree")
+        await pilot.press("b", "b")
+        assert app.root is None
+
+        await until(pilot, lambda: shown(app) == everyone, "the tree")
         await select(pilot, app, tree["branch"])
         await pilot.press("f")
         await until(pilot, lambda: shown(app) == everyone[1:], "the branch's subtree")
@@ -598,6 +623,48 @@ def test_the_view_shows_an_unreachable_node_and_recovers_when_it_is_back(
         drive(app, scenario)
     finally:
         app.source.close()
+
+
+class NotANode(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with a JSON object that is no answer of a node."""
+
+    def do_GET(self) -> None:
+        body = b'{"hello": "world"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_server_that_is_not_a_node_is_shown_as_an_error_not_a_traceback() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotANode)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    # one poll, at the start: no later one overwrites the status line under the test
+    app = TopApp(TopSource(f"http://127.0.0.1:{server.server_address[1]}"), interval=60)
+
+    async def scenario(pilot: Any) -> None:
+        await until(
+            pilot,
+            lambda: message(app) == "poll failed: KeyError('items') (retrying every 60 s)",
+            "the error",
+        )
+        assert app.rows == []
+        await pilot.press("c")  # nothing is selected: said so, nothing asked
+        assert message(app) == "no session selected to cancel"
+        assert not isinstance(app.screen, ConfirmScreen)
+
+    try:
+        drive(app, scenario)
+    finally:
+        app.source.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(WAIT)
 
 
 def test_top_refuses_a_root_that_is_not_a_session_id() -> None:
