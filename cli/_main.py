@@ -40,6 +40,7 @@ from sessiontree.cli._render import EventPrinter, render_rejections, render_summ
 from sessiontree.cli._session_cmds import sessions
 from sessiontree.cli._store_cmds import export_cmd, import_cmd, store
 from sessiontree.cli._token import TOKEN_META
+from sessiontree.cli._top import top
 
 __all__ = ["configure_logging", "main"]
 
@@ -192,6 +193,7 @@ main.add_command(conv)
 main.add_command(node)
 main.add_command(sessions)
 main.add_command(store)
+main.add_command(top)
 main.add_command(wedged)
 main.add_command(recovery)
 main.add_command(events_cmd)

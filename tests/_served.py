@@ -25,13 +25,14 @@ class ServedNode:
     ``http`` a client on it. The socket listens before the server thread starts,
     so a request made at once waits in the backlog, never fails or races. The
     node stays the caller's to shut down; ``close()`` stops the server (close
-    any open event stream first: the server waits for it). ``options`` go to
+    any open event stream first: the server waits for it). ``port``: listen
+    there instead (to serve a node again where it was); ``options`` go to
     ``create_app``."""
 
-    def __init__(self, node: Node, **options: Any) -> None:
+    def __init__(self, node: Node, port: int = 0, **options: Any) -> None:
         self.node = node
         self.metrics = NodeMetrics(node)
-        self._sock = _bind("127.0.0.1", 0)
+        self._sock = _bind("127.0.0.1", port)
         port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.app = create_app(node, self.metrics, **{"max_wait": 5.0, **options})
