@@ -91,9 +91,7 @@ def test_a_restarted_node_counts_lists_and_answers_what_ended_before(tmp_path: P
         listed = _listed(again)
         assert len(listed) == len(set(listed)) == 7
         assert set(listed) == {main_id, *ended}
-        by_state = Counter(
-            item["state"] for item in again.http.get("/v1/sessions").json()["items"]
-        )
+        by_state = Counter(item["state"] for item in again.http.get("/v1/sessions").json()["items"])
         assert by_state == Counter({"completed": 6, "active": 1})
         only_completed = again.http.get("/v1/sessions", params={"state": "completed"}).json()
         assert {item["session_id"] for item in only_completed["items"]} == set(ended)

@@ -416,9 +416,7 @@ def test_events_follow_prints_as_they_come_and_ends_on_ctrl_c(served: ServedNode
         worker = spawn(served, main, skill="crash")
         assert proc.stdout is not None
         lines: list[dict[str, Any]] = []
-        while not any(
-            line["session_id"] == worker and line["state"] == "failed" for line in lines
-        ):
+        while not any(line["session_id"] == worker and line["state"] == "failed" for line in lines):
             line = proc.stdout.readline()
             assert line, proc.stderr.read() if proc.stderr else ""
             lines.append(json.loads(line))
