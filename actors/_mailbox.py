@@ -38,6 +38,7 @@ __all__ = [
     "mailbox_depth",
     "mark_serving_thread",
     "post",
+    "refuse_blocking",
     "start_actor",
     "stop_actor",
 ]
@@ -158,6 +159,17 @@ def in_actor_handler() -> bool:
     return getattr(_local, "handler", False) or getattr(_local, "serves", False)
 
 
+def refuse_blocking() -> None:
+    """Raise ``DeadlockError`` where ``in_actor_handler`` says blocking on an
+    actor's answer is refused (before anything is asked)."""
+    if in_actor_handler():
+        msg = (
+            "no blocking ask inside an actor handler or on the node's event loop"
+            " (deadlock): tell instead, or await the async twin"
+        )
+        raise DeadlockError(msg)
+
+
 def mark_serving_thread() -> None:
     """Mark the calling thread as one where blocking asks are refused (an event loop's)."""
     _local.serves = True
@@ -222,12 +234,7 @@ class Reply:
         must never block on another, or on itself), ``AskTimeoutError`` when no
         answer came in time, or the exception the actor answered with.
         """
-        if in_actor_handler():
-            msg = (
-                "no blocking ask inside an actor handler or on the node's event loop"
-                " (deadlock): tell instead, or await the async twin"
-            )
-            raise DeadlockError(msg)
+        refuse_blocking()
         if not self._done.wait(timeout):
             msg = f"no answer within {timeout} s"
             raise AskTimeoutError(msg)

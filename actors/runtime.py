@@ -31,6 +31,7 @@ from sessiontree.actors._mailbox import (
     in_actor_handler,
     mailbox_depth,
     post,
+    refuse_blocking,
     start_actor,
     stop_actor,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "is_async_skill",
     "mailbox_depth",
     "post",
+    "refuse_blocking",
     "start_actor",
     "start_run",
     "stop_actor",

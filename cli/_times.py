@@ -8,9 +8,10 @@ The node and the store keep every instant as float seconds since the epoch
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
-__all__ = ["TIME_FIELDS", "ago", "iso", "iso_times", "local", "span", "until"]
+__all__ = ["TIME_FIELDS", "ago", "human_duration", "iso", "iso_times", "local", "span", "until"]
 
 #: The fields of a session's view (its info, result timings) that hold instants.
 TIME_FIELDS = frozenset({"created_at", "deadline", "started_at", "ended_at", "at"})
@@ -39,6 +40,21 @@ def span(seconds: float) -> str:
     if seconds < 2 * 86400:
         return f"{seconds / 3600:.0f}h"
     return f"{seconds / 86400:.0f}d"
+
+
+def human_duration(seconds: float | None) -> str:
+    """``42s``, ``3m05s``, ``2h07m``, ``3d04h``; ``-`` for None, ``0s`` below
+    zero (a deadline just passed)."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def ago(stamp: float, now: float) -> str:

@@ -10,12 +10,13 @@ missing one of those keys raises ``KeyError`` naming it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from sessiontree.cli._times import human_duration
 
 __all__ = [
     "SORTS",
@@ -242,21 +243,6 @@ class RateMeter:
             return None
         spawns, endings, failures = (d / elapsed for d in deltas)
         return Rates(spawns=spawns, endings=endings, failures=failures)
-
-
-def human_duration(seconds: float | None) -> str:
-    """``42s``, ``3m05s``, ``2h07m``, ``3d04h``; ``-`` for None, ``0s`` below
-    zero (a deadline just passed)."""
-    if seconds is None or math.isnan(seconds):
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def header_text(node: Mapping[str, Any], rates: Rates | None) -> str:

@@ -27,11 +27,10 @@ from typing import Any
 import pykka
 
 from sessiontree.actors import Clock
-from sessiontree.actors.runtime import Activity, Inspect, SessionCore, in_actor_handler
+from sessiontree.actors.runtime import Activity, Inspect, SessionCore, refuse_blocking
 from sessiontree.conversations import Conversation
 from sessiontree.protocol import (
     ControlMessage,
-    DeadlockError,
     NodeClosedError,
     RejectedInputError,
     Routed,
@@ -280,12 +279,7 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         inside an actor handler, ``pykka.Timeout`` past ``timeout``.
         """
         sid = as_session_id(session_id)
-        if in_actor_handler():
-            msg = (
-                "no blocking ask inside an actor handler or on the node's event loop"
-                " (deadlock): tell instead, or await the async twin"
-            )
-            raise DeadlockError(msg)
+        refuse_blocking()
         ref = self._call(GetActorRef(sid), check=False)
         if ref is None:
             parked, value, error = self._call(ProbeParked(sid, probe), check=False)

@@ -77,6 +77,7 @@ RUNTIME = [
     "is_async_skill",
     "mailbox_depth",
     "post",
+    "refuse_blocking",
     "start_actor",
     "start_run",
     "stop_actor",

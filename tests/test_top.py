@@ -460,8 +460,11 @@ def test_top_shows_the_running_tree(served: ServedNode, node: Node, tree: dict[s
         app.source.close()
 
 
-def test_cancelling_a_session_from_top_ends_it(
-    served: ServedNode, node: Node, tree: dict[str, str]
+@pytest.mark.parametrize(
+    ("key", "answer"), [("c", "cancel requested"), ("t", "termination requested")]
+)
+def test_cancelling_or_terminating_a_session_from_top_ends_it(
+    served: ServedNode, node: Node, tree: dict[str, str], key: str, answer: str
 ) -> None:
     app = TopApp(source_of(served, node), interval=0.2)
     target = tree["sleeping"]
@@ -469,11 +472,11 @@ def test_cancelling_a_session_from_top_ends_it(
     async def scenario(pilot: Any) -> None:
         await until(pilot, lambda: target in shown(app), "the worker")
         await select(pilot, app, target)
-        await pilot.press("c")
+        await pilot.press(key)
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
         assert "worker" in str(app.screen.query_one("#question").render())
         await pilot.press("y")
-        await until(pilot, lambda: "cancel requested" in message(app), "the cancel's answer")
+        await until(pilot, lambda: answer in message(app), "the node's answer")
         ended = await asyncio.to_thread(served.get, f"/v1/sessions/{target}/result", timeout=WAIT)
         assert ended["done"] is True
         assert ended["result"]["status"] == "cancelled"
@@ -485,30 +488,6 @@ def test_cancelling_a_session_from_top_ends_it(
     finally:
         app.source.close()
     assert served.get(f"/v1/sessions/{tree['asking']}")["info"]["state"] == "active"
-
-
-def test_terminating_a_session_from_top_ends_it_at_once_by_force(
-    served: ServedNode, node: Node, tree: dict[str, str]
-) -> None:
-    app = TopApp(source_of(served, node), interval=0.2)
-    target = tree["sleeping"]
-
-    async def scenario(pilot: Any) -> None:
-        await until(pilot, lambda: target in shown(app), "the worker")
-        await select(pilot, app, target)
-        await pilot.press("t")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
-        await pilot.press("y")
-        await until(pilot, lambda: "termination requested" in message(app), "the answer")
-        ended = await asyncio.to_thread(served.get, f"/v1/sessions/{target}/result", timeout=WAIT)
-        assert ended["done"] is True
-        assert ended["result"]["status"] == "cancelled"
-        await until(pilot, lambda: cell(app, target, 2) == "cancelled", "the cancelled state")
-
-    try:
-        drive(app, scenario)
-    finally:
-        app.source.close()
 
 
 def test_declining_the_confirmation_leaves_the_session_running(
