@@ -1,12 +1,11 @@
-"""The session actor: one mailbox per session, never running skill code.
+"""The session actor: a Main's mailbox, never running skill code.
 
 It takes what the Cortex tells it — a Main's inbound messages and child
-results, a Main's cancel, forced termination, its stop — and hands a Main's
-message cycles to the step executor or the event loop (``start_run``; the
-Cortex starts a Branch's or Worker's one run itself). Cancel and suspend
-requests of branches and workers are set by the Cortex straight on the
-session's shared state, so a skill blocked for minutes in a model call never
-delays them.
+results, its cancel, forced termination, its stop — and hands its message
+cycles to the step executor or the event loop (``start_run``). A Branch or
+Worker has no actor: the Cortex starts its one run itself and sets its
+cancel, suspend and fence straight on the session's shared state, so a
+skill blocked for minutes in a model call never delays them.
 """
 
 from __future__ import annotations

@@ -10,17 +10,20 @@ What it measures (the keys of the last stdout line, one JSON object):
   - ``spawn_per_s_*`` — one ``Node.spawn_many`` of that many async workers
     under one Main (the agent allows that many children), from the call
     until every one is answered (records durable) and the node has settled
-    (every skill started and waiting at a checkpoint);
-  - ``msgs_per_s_*`` — messages told round robin to the sessions' actors
-    (``Inspect`` probes that count, through the node's own ``post``), from
-    the first tell until the last has been handled;
+    (every skill started and waiting at a checkpoint). Branches and Workers
+    hold no actor of either type (the Cortex steers them), so the two differ
+    only by noise here;
+  - ``msgs_per_s_*`` — messages told round robin to the actors of that many
+    Mains (one per session key; a Main is the session that holds a mailbox
+    actor), ``Inspect`` probes that count, through the node's own ``post``,
+    from the first tell until the last has been handled;
   - ``spawn_ratio`` and ``msgs_ratio``: pooled ÷ threading.
 * Pooled alone, on one node with a store:
   - ``dormant`` idle Mains created, then passivated (``passivate_after``
     1 s); then 20 full trees (1 Main + 8 + 64 + 512 Branches + 4,096
     Workers = 4,681 each, 93,620 in all), every skill in flight and waiting;
     ``live_sessions`` = resident + passivated, ``resident_sessions`` those
-    holding an actor, ``rss_bytes`` the process's resident memory then;
+    held in memory, ``rss_bytes`` the process's resident memory then;
   - ``reactivate_p99_ms`` — a message sent to a passivated Main until its
     message cycle has begun (its skill's first line), over many Mains;
   - ``cascade_cancel_s`` — ``cancel`` of the 20 tree Mains until every one
@@ -134,7 +137,14 @@ def compare(actor_type: str, n: int, messages: int, workdir: str) -> dict[str, f
         spawn_s = time.perf_counter() - t0
         log(f"  {actor_type}: {n} spawned in {spawn_s:.2f} s ({n / spawn_s:,.0f}/s)")
 
-        refs = [node._call(GetActorRef(s.session_id)) for s in spawned]
+        async def open_mains() -> list[Any]:
+            keys = [f"internal:channel:m{i}" for i in range(n)]
+            return await asyncio.gather(*(node.amain("bench", k) for k in keys))
+
+        mains = asyncio.run(open_mains())
+        assert node.wait_idle(600), "the Mains did not settle"
+        refs = [node._call(GetActorRef(m.session_id)) for m in mains]
+        assert all(ref is not None for ref in refs), "a Main holds no actor"
         counted = itertools.count(1)
         done = threading.Event()
 

@@ -53,8 +53,6 @@ class Starting:
 
     def activate(self, entry: TreeEntry) -> None:
         tree = self.tree
-        if entry.ref is None:  # a branch restored from the store gets its actor to run
-            tree.start_actor(entry)
         entry.rerun = False
         entry.started_at = now = tree.now()
         tree.set_state(entry, SessionState.ACTIVE, at=now, taking_slot=True)

@@ -280,7 +280,7 @@ class Tree:
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = rt.clock.monotonic()
             self.resident_mains[info.session_id] = entry
-        if not (restored and kind is SessionKind.BRANCH):  # a suspended branch waits for one
+        if kind is SessionKind.MAIN:  # see start_actor: only a Main has a mailbox
             self.start_actor(entry)
         self.entries[info.session_id] = entry
         self.live += 1
@@ -402,6 +402,10 @@ class Tree:
     # -- actors and timers -----------------------------------------------------------
 
     def start_actor(self, entry: TreeEntry) -> None:
+        """Give a Main its mailbox actor. Branches and Workers hold none: the
+        Cortex starts their one run itself and sets their cancel, suspend and
+        fence straight on their shared state (``SessionCore``), so an actor
+        made and stopped per child was pure cost on the fan-out's hot path."""
         rt = self.rt
         entry.ref = start_actor(
             self.session_class,
