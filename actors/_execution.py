@@ -235,13 +235,14 @@ class EventLoopThread:
         is never called: a task created then would never run a step, and its
         coroutine would be left unawaited."""
 
+        if self.is_current():  # on the loop: the task's first step is its own callback
+            if not self._closing:
+                self.loop.create_task(make())
+            return
         self._starts.append(make)
         if not self._wake_pending:
             self._wake_pending = True
-            if self.is_current():
-                self.loop.call_soon(self._start_queued)
-            else:
-                self.loop.call_soon_threadsafe(self._start_queued)
+            self.loop.call_soon_threadsafe(self._start_queued)
 
     def _start_queued(self) -> None:
         # On the loop. The flag is cleared before the queue is read, so a run

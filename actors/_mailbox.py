@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -179,7 +180,7 @@ class handler_scope:  # noqa: N801 - used as a context manager, reads as a state
     """Marks the current thread as inside an actor handler (for the deadlock guard)."""
 
     def __enter__(self) -> None:
-        self._was = in_actor_handler()
+        self._was = getattr(_local, "handler", False)
         _local.handler = True
 
     def __exit__(self, *exc: object) -> None:
@@ -190,11 +191,19 @@ T = TypeVar("T")
 
 
 class Reply:
-    """One answer from an actor to a caller that waits for it, on a thread or a loop."""
+    """One answer from an actor to a caller that waits for it, on a thread or a loop.
+
+    Cheap to make, as every ask makes one: the ``threading.Event`` a blocking
+    ``get`` needs is made only by such a ``get``, and an awaiting caller's
+    timeout is one timer on its loop.
+    """
+
+    __slots__ = ("_callbacks", "_done", "_error", "_event", "_lock", "_value")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._done = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None  # made by a blocking get
         self._value: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[], None]] = []
@@ -202,7 +211,7 @@ class Reply:
     @property
     def done(self) -> bool:
         """True once answered."""
-        return self._done.is_set()
+        return self._done
 
     def set(self, value: Any) -> None:
         """Answer with ``value`` (first answer wins)."""
@@ -214,11 +223,14 @@ class Reply:
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
         with self._lock:
-            if self._done.is_set():
+            if self._done:
                 return
             self._value, self._error = value, error
-            self._done.set()
+            self._done = True
+            event = self._event
             callbacks, self._callbacks = self._callbacks, []
+        if event is not None:
+            event.set()
         for callback in callbacks:
             callback()
 
@@ -235,31 +247,36 @@ class Reply:
         answer came in time, or the exception the actor answered with.
         """
         refuse_blocking()
-        if not self._done.wait(timeout):
+        with self._lock:
+            event = None
+            if not self._done:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+        if event is not None and not event.wait(timeout):
             msg = f"no answer within {timeout} s"
             raise AskTimeoutError(msg)
         return self._result()
 
     async def get_async(self, timeout: float) -> Any:
         """Await the answer without blocking the event loop; errors as ``get``."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            call_soon(loop, _set_done, fut)
-
         with self._lock:
-            if not self._done.is_set():
-                self._callbacks.append(wake)
-            else:
-                fut.set_result(None)
+            if self._done:
+                return self._result()
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            wake = functools.partial(call_soon, loop, _set_done, fut)
+            self._callbacks.append(wake)
+        timer = loop.call_later(timeout, _set_done, fut)
         try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            msg = f"no answer within {timeout} s"
-            raise AskTimeoutError(msg) from None
+            await fut
         finally:
-            with self._lock:  # a caller that gave up (timeout, cancelled) leaves nothing
-                if wake in self._callbacks:
-                    self._callbacks.remove(wake)
+            timer.cancel()
+            if not self._done:  # timed out, or the caller was cancelled: nothing left behind
+                with self._lock:
+                    if wake in self._callbacks:
+                        self._callbacks.remove(wake)
+        if not self._done:
+            msg = f"no answer within {timeout} s"
+            raise AskTimeoutError(msg)
         return self._result()
