@@ -84,6 +84,7 @@ from sessiontree.supervision._requests import (
     Request,
     Reserve,
     Resume,
+    Run,
     Send,
     Settle,
     ShutdownDeadline,
@@ -165,7 +166,9 @@ class Cortex:
             with handler_scope():
                 return self._dispatch(body)
         except (KeyboardInterrupt, SystemExit) as exc:
-            self.rt.on_fatal(exc)
+            self.rt.on_fatal(exc)  # the node shuts down in order; its caller hears why
+            if isinstance(body, Call) and body.reply is not None:
+                body.reply.fail(NodeClosedError(f"{exc!r} inside the runtime; shutting down"))
             return None
         except BaseException as exc:
             log.critical("cortex handler for %r raised; the node fails", body, exc_info=True)
@@ -262,6 +265,9 @@ class Cortex:
         match request:
             case Spawn(parent_id=parent_id, spec=spec):
                 return self.spawning.spawn(parent_id, spec, reply)
+            case Run(parent_id=parent_id, spec=spec):
+                assert reply is not None  # a run is its caller's waiter
+                return self.spawning.run(parent_id, spec, reply)
             case SpawnMany(parent_id=parent_id, specs=specs):
                 return self.spawning.spawn_many(parent_id, specs, reply)
             case Send(session_id=sid, message=message, unwedge=unwedge):
@@ -314,9 +320,9 @@ class Cortex:
             case ListStuck():
                 return queries.stuck(tree)
             case GetStats():
-                figures = queries.stats(tree)
-                figures["pressure_suspended"] = self.suspension.pressure_suspended()
-                return figures
+                return queries.stats(tree) | {
+                    "pressure_suspended": self.suspension.pressure_suspended()
+                }
             case GetActorRef(session_id=sid):
                 return queries.actor_ref(tree, sid)
             case ProbeParked(session_id=sid, probe=probe):

@@ -44,6 +44,7 @@ from sessiontree.supervision._requests import (
     GetSpending,
     OpenMain,
     Resume,
+    Run,
     Send,
     Spawn,
     SpawnMany,
@@ -338,10 +339,15 @@ class NodeSessions(NodeBase):
         error (its ``session_id`` is the nil UUID); None only if ``timeout``
         (real seconds) passes first. Raises as ``spawn`` does.
         """
-        spawned = self.spawn(parent, make_spec(spec, **fields))
-        if spawned.ref is None:
-            return refused_result(spawned.error)
-        return spawned.ref.wait(timeout)
+        request = Run(as_session_id(parent, "parent"), make_spec(spec, **fields))
+        self._check_open()
+        reply = Reply()
+        self._send(request, reply)
+        try:
+            answer = reply.get(1e9 if timeout is None else timeout)
+        except AskTimeoutError:
+            return None
+        return refused_result(answer) if isinstance(answer, ErrorInfo) else answer
 
     def get(self, session_id: SessionIdLike) -> SessionInfo:
         """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
@@ -437,10 +443,15 @@ class NodeSessions(NodeBase):
         **fields: Any,
     ) -> SessionResult | None:
         """Awaitable ``run``."""
-        spawned = await self.aspawn(parent, make_spec(spec, **fields))
-        if spawned.ref is None:
-            return refused_result(spawned.error)
-        return await self.await_result(spawned.ref, timeout)
+        request = Run(as_session_id(parent, "parent"), make_spec(spec, **fields))
+        self._check_open()
+        reply = Reply()
+        self._send(request, reply)
+        try:
+            answer = await reply.get_async(1e9 if timeout is None else timeout)
+        except AskTimeoutError:
+            return None
+        return refused_result(answer) if isinstance(answer, ErrorInfo) else answer
 
     async def aget(self, session_id: SessionIdLike) -> SessionInfo:
         """Awaitable ``get``."""

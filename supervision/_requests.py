@@ -66,6 +66,7 @@ __all__ = [
     "Request",
     "Reserve",
     "Resume",
+    "Run",
     "Send",
     "Settle",
     "ShutdownDeadline",
@@ -101,6 +102,16 @@ class OpenMain(Request[uuid.UUID], frozen=True):
 
 class Spawn(Request[SpawnAnswer], frozen=True):
     """Validate and create a child of ``parent_id``."""
+
+    parent_id: uuid.UUID
+    spec: SpawnSpec
+
+
+class Run(Request[SessionResult | ErrorInfo], frozen=True):
+    """``Spawn`` and ``AwaitResult`` in one turn: answered with the new
+    session's result once it ends (its terminal write durable), or with the
+    ``ErrorInfo`` that refused the spawn. A caller that gives up needs no
+    ``ForgetWaiter``: the waiter goes when the fresh session it waits on ends."""
 
     parent_id: uuid.UUID
     spec: SpawnSpec

@@ -29,6 +29,7 @@ from sessiontree.protocol import (
     SessionState,
     SpawnSpec,
     UnknownAgentError,
+    UnknownSessionError,
     new_session_id,
 )
 from sessiontree.supervision._commits import Commits, store_error
@@ -36,6 +37,7 @@ from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, SharedTtl, SpawnAnswer, TreeEntry
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._ledger import Ledgers
+from sessiontree.supervision._queries import await_result
 from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._rules import (
     Capacity,
@@ -114,8 +116,6 @@ class Spawning:
             return SpawnAnswer(None, admitted)
         assert parent is not None  # admitted: it exists
         entry = self._create_child(parent, admitted)
-        if isinstance(entry, SpawnAnswer):
-            return entry
         if not tree.persist_new(entry):
             self.starting.want_slot(entry)
             return _created(entry)
@@ -130,6 +130,16 @@ class Spawning:
                 reply.set(answer)
 
         entry.on_persisted.insert(0, written)
+        return DEFERRED
+
+    def run(self, parent_id: uuid.UUID, spec: SpawnSpec, reply: Reply) -> object:
+        """``spawn``, then answer ``reply`` with the new session's result once it
+        has one (``Run``): one turn of the Cortex and one wake-up of the caller
+        where a spawn and a wait took two of each."""
+        waiter = _RunWaiter(self.tree, reply)
+        value = self.spawn(parent_id, spec, reply=waiter)  # type: ignore[arg-type]
+        if isinstance(value, SpawnAnswer):
+            waiter.set(value)
         return DEFERRED
 
     def spawn_many(
@@ -170,11 +180,7 @@ class Spawning:
                     if isinstance(admitted, ErrorInfo):
                         waiting.answer(i, SpawnAnswer(None, admitted))
                         continue
-                child = self._create_child(parent, admitted)
-                if isinstance(child, SpawnAnswer):
-                    waiting.answer(i, child)
-                else:
-                    created.append((i, child))
+                created.append((i, self._create_child(parent, admitted)))
             if created:
                 self._persist_children(created, waiting)
         return DEFERRED if reply is not None else answers
@@ -253,43 +259,34 @@ class Spawning:
             )
         )
 
-    def _create_child(self, parent: TreeEntry, admitted: _Admitted) -> TreeEntry | SpawnAnswer:
-        """Index an admitted child under ``parent`` and start its actor; a refusal
-        if no actor could be started (then nothing was registered)."""
+    def _create_child(self, parent: TreeEntry, admitted: _Admitted) -> TreeEntry:
+        """Index an admitted child under ``parent`` (a child holds no actor:
+        nothing here can fail for want of a thread)."""
         spec, ttl = admitted.spec, admitted.ttl
         share = admitted.ttl_share
         if share is None and ttl is not None:
             share = admitted.ttl_share = self.tree.ttl_share()
-        try:
-            last = admitted.last
-            if last is None:
-                entry = self._new_entry(
-                    admitted.agent,
-                    parent,
-                    spec,
-                    ttl,
-                    None,
-                    admitted.backend,
-                    admitted.remote,
-                    share,
-                    admitted.budget,
-                )
-            else:  # its sibling's identity but for the id: made at the same instant
-                info = msgspec.structs.replace(
-                    last, session_id=new_session_id(), metadata=dict(spec.metadata)
-                )
-                entry = self.tree.register(
-                    admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
-                )
-            admitted.last = entry.info
-        except RuntimeError as exc:  # "can't start new thread"
-            error = ErrorInfo(
-                code=ErrorCode.CAPACITY_EXCEEDED,
-                message=f"no actor could be started for a child of {parent.session_id}: {exc}",
-                detail={"limit": "threads"},
+        last = admitted.last
+        if last is None:
+            entry = self._new_entry(
+                admitted.agent,
+                parent,
+                spec,
+                ttl,
+                None,
+                admitted.backend,
+                admitted.remote,
+                share,
+                admitted.budget,
             )
-            self._rejected_spawn(parent.session_id, spec.kind, error)
-            return SpawnAnswer(None, error)
+        else:  # its sibling's identity but for the id: made at the same instant
+            info = msgspec.structs.replace(
+                last, session_id=new_session_id(), metadata=dict(spec.metadata)
+            )
+            entry = self.tree.register(
+                admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
+            )
+        admitted.last = entry.info
         parent.children[entry.session_id] = None
         parent.live_children += 1
         if spec.request_id is not None:
@@ -503,6 +500,32 @@ class _Gather:
         self.left -= 1
         if self.left == 0 and self.reply is not None:
             self.reply.set(self.answers)
+
+
+class _RunWaiter:
+    """The ``set``/``fail`` of a ``Reply`` for a ``Run``'s spawn: a refusal is
+    answered at once, a new session gets the run's reply as its waiter."""
+
+    __slots__ = ("reply", "tree")
+
+    def __init__(self, tree: Tree, reply: Reply) -> None:
+        self.tree, self.reply = tree, reply
+
+    def set(self, answer: SpawnAnswer) -> None:
+        reply = self.reply
+        if answer.session_id is None:
+            reply.set(answer.error)
+            return
+        try:
+            value = await_result(self.tree, answer.session_id, reply)
+        except UnknownSessionError as exc:  # gone already: never fails the Cortex
+            reply.fail(exc)
+            return
+        if value is not DEFERRED:
+            reply.set(value)
+
+    def fail(self, error: BaseException) -> None:
+        self.reply.fail(error)
 
 
 class _Slot:

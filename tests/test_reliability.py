@@ -152,7 +152,8 @@ def test_interrupt_inside_an_actor_shuts_the_node_down_in_order(
     def interrupt(core: Any) -> None:
         raise exc
 
-    node.inspect(branch, interrupt)
+    with pytest.raises(NodeClosedError, match="inside the runtime"):
+        node.inspect(branch, interrupt)  # a branch holds no actor: run on the Cortex's
     assert node.wait_closed(WAIT)
     assert isinstance(node.fatal_error, exc)
     final = {s.session_id: s.state for s in node.final_sessions}
@@ -374,9 +375,10 @@ def test_a_broken_cortex_fails_the_node_loudly(node: Node, monkeypatch: pytest.M
 
 # 29. Unknown message type → rejected, counted, the actor survives
 def test_unknown_messages_are_counted_and_actors_survive(node: Node) -> None:
-    ref = node.main("agent").spawn(kind="branch", skill="waits").ref
+    main = node.main("agent")
+    ref = main.spawn(kind="branch", skill="waits").ref
     settle(node)
-    actor = node._call(GetActorRef(ref.session_id))
+    actor = node._call(GetActorRef(main.session_id))  # a branch holds no actor
     post(actor, {"type": "mystery"}, node.activity)
     post(node._cortex, object(), node.activity)
     settle(node)
@@ -396,13 +398,15 @@ def test_a_control_command_posted_raw_to_the_cortex_is_refused_not_fatal(node: N
 
 
 def test_a_result_for_a_stranger_is_just_filed(node: Node) -> None:
-    """A Deliver never crashes an actor, even for a child it never had."""
-    ref = node.main("agent").spawn(kind="branch", skill="waits").ref
+    """A Deliver never crashes a Main's actor, even for a child it never had."""
+    main = node.main("agent")
+    ref = main.spawn(kind="branch", skill="waits").ref
     settle(node)
-    actor = node._call(GetActorRef(ref.session_id))
+    actor = node._call(GetActorRef(main.session_id))
     stray = SessionResult(session_id=uuid.uuid4(), status=SessionState.COMPLETED)
     post(actor, Deliver(stray), node.activity)
     settle(node)
+    assert main.state is SessionState.ACTIVE
     assert ref.state is SessionState.ACTIVE
 
 
