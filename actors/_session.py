@@ -229,6 +229,14 @@ class _Base:
         wanted_set = set(wanted)
         return next((c for c in self._core.unclaimed if c in wanted_set), None)
 
+    def _take_arrived(self, wanted: Sequence[uuid.UUID]) -> list[Collected]:
+        with self._core.cond:
+            wanted_set = set(wanted)
+            arrived = [c for c in self._core.unclaimed if c in wanted_set]
+            return [
+                Collected(session_id=c, result=self._claim(c), timed_out=False) for c in arrived
+            ]
+
     def _take_first(self, wanted: Sequence[uuid.UUID]) -> Collected | None:
         with self._core.cond:
             child = self._first_arrived(wanted)
@@ -343,6 +351,18 @@ class Session(_Base):
             return None
         self._wait_for(lambda: self._first_arrived(wanted) is not None, timeout)
         return self._take_first(wanted)
+
+    def next_results(
+        self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None
+    ) -> list[Collected]:
+        """``next_result``, taking every one of ``children`` whose result has
+        arrived by then (in arrival order): children that end together cost one
+        wait. Empty if ``timeout`` passes first or there is nothing to wait for."""
+        wanted = self._wanted(children)
+        if not wanted:
+            return []
+        self._wait_for(lambda: self._first_arrived(wanted) is not None, timeout)
+        return self._take_arrived(wanted)
 
     def collect_from_children(
         self, timeout: float | None = None, children: Iterable[uuid.UUID] | None = None
@@ -584,6 +604,16 @@ class AsyncSession(_Base):
             return None
         await self._wait_for(lambda: self._first_arrived(wanted) is not None, timeout)
         return self._take_first(wanted)
+
+    async def next_results(
+        self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None
+    ) -> list[Collected]:
+        """Every arrived result of ``children`` once one has; see ``Session.next_results``."""
+        wanted = self._wanted(children)
+        if not wanted:
+            return []
+        await self._wait_for(lambda: self._first_arrived(wanted) is not None, timeout)
+        return self._take_arrived(wanted)
 
     async def collect_from_children(
         self, timeout: float | None = None, children: Iterable[uuid.UUID] | None = None

@@ -28,7 +28,7 @@ from sessiontree.supervision._engine import (
     _Now,
     _Sleep,
     _SpawnMany,
-    _WaitAny,
+    _WaitSome,
 )
 from sessiontree.supervision._patterns import PATTERNS
 from sessiontree.supervision._retry import Restarts
@@ -67,9 +67,9 @@ def drive_sync(
             match command:
                 case _SpawnMany(specs=specs):
                     answer = session.spawn_many(specs)
-                case _WaitAny(children=children, timeout=timeout):
-                    got = session.next_result(children, timeout)
-                    answer = None if got is None else (got.session_id, got.result)
+                case _WaitSome(children=children, timeout=timeout):
+                    got = session.next_results(children, timeout)
+                    answer = [(c.session_id, c.result) for c in got]
                 case _Sleep(seconds=seconds):
                     session.sleep(seconds)
                     answer = None
@@ -99,9 +99,9 @@ async def drive_async(
             match command:
                 case _SpawnMany(specs=specs):
                     answer = await session.spawn_many(specs)
-                case _WaitAny(children=children, timeout=timeout):
-                    got = await session.next_result(children, timeout)
-                    answer = None if got is None else (got.session_id, got.result)
+                case _WaitSome(children=children, timeout=timeout):
+                    got = await session.next_results(children, timeout)
+                    answer = [(c.session_id, c.result) for c in got]
                 case _Sleep(seconds=seconds):
                     await session.sleep(seconds)
                     answer = None
@@ -165,8 +165,8 @@ class NodeDriver:
                         if node.result(spawned.session_id) is not None:  # ended already
                             self._ended.put(spawned.session_id)
                 return answers
-            case _WaitAny(children=children, timeout=timeout):
-                return self._wait_any(children, timeout)
+            case _WaitSome(children=children, timeout=timeout):
+                return self._wait_some(children, timeout)
             case _Sleep(seconds=seconds):
                 self._sleep(seconds)
                 return None
@@ -176,27 +176,37 @@ class NodeDriver:
                 return node.clock.monotonic()
         return None
 
-    def _wait_any(
+    def _wait_some(
         self, children: tuple[uuid.UUID, ...], timeout: float | None
-    ) -> tuple[uuid.UUID, SessionResult] | None:
+    ) -> list[tuple[uuid.UUID, SessionResult]]:
+        """``_WaitSome``: the wanted children that ended, once at least one has."""
         wanted = set(children)
-        for child in children:
-            if child in self._results:
-                return child, self._results.pop(child)
+        ended = [(c, self._results.pop(c)) for c in children if c in self._results]
+        if ended:
+            return ended
         timer = None
         if timeout is not None:
             timer = self.node.clock.call_later(timeout, lambda: self._ended.put(None))
         try:
+            block = True
             while True:
-                ended = self._ended.get()
-                if ended is None:
-                    return None  # the timeout
-                result = self.node.result(ended)
+                try:
+                    child = self._ended.get(block=block)
+                except queue.Empty:
+                    return ended  # every one that had ended by then
+                if child is None:
+                    if ended:
+                        continue
+                    return ended  # the timeout
+                result = self.node.result(child)
                 if result is None:
                     continue
-                if ended in wanted:
-                    return ended, result
-                self._results[ended] = result
+                if child in wanted:  # told twice (spawned ended, then its event): once
+                    wanted.discard(child)
+                    ended.append((child, result))
+                    block = False
+                else:
+                    self._results[child] = result
         finally:
             if timer is not None:
                 timer.cancel()

@@ -1,7 +1,7 @@
 """The pattern engine: the commands a pattern yields and the loop that runs tasks.
 
 A pattern (``_patterns``) is a generator that never does I/O itself: it
-yields commands (``_SpawnMany`` children in one batch, ``_WaitAny`` of some children,
+yields commands (``_SpawnMany`` children in one batch, ``_WaitSome`` of some children,
 ``_Sleep``, ``_Cancel`` a child, read the clock with ``_Now``) and receives
 their answers from a driver (``_drivers``). ``gather`` is the loop every
 pattern shares: it spawns the tasks ready to run as fresh sessions in one
@@ -62,9 +62,11 @@ class _SpawnMany:
 
 
 @dataclass(frozen=True, slots=True)
-class _WaitAny:
-    """Wait for the first of ``children`` to end; answered with ``(child, result)``,
-    or None once ``timeout`` clock seconds pass."""
+class _WaitSome:
+    """Wait for the first of ``children`` to end; answered with ``(child, result)``
+    of each of them that has ended by then, in the order they ended (children
+    that end together are taken in one wait), or ``[]`` once ``timeout`` clock
+    seconds pass."""
 
     children: tuple[uuid.UUID, ...]
     timeout: float | None
@@ -89,7 +91,7 @@ class _Now:
     """Read the monotonic clock; answered with its seconds."""
 
 
-Command = _SpawnMany | _WaitAny | _Sleep | _Cancel | _Now
+Command = _SpawnMany | _WaitSome | _Sleep | _Cancel | _Now
 Engine = Generator[Command, Any, Gathered]
 # -- the engine ----------------------------------------------------------------------------
 
@@ -165,11 +167,11 @@ class _Gather:
                 continue
             soonest = self.delayed[0][0] if self.delayed else None
             limits = [t for t in (deadline, soonest) if t is not None]
-            got = yield _WaitAny(
+            ended = yield _WaitSome(
                 tuple(self.running), max(0.0, min(limits) - now) if limits else None
             )
-            if got is not None:
-                yield from self._ended(*got)
+            for child, result in ended:
+                yield from self._ended(child, result)
         yield from self._out_of_time()
         self.restarts.forget(self.parent, now, self.retry.period)
 

@@ -30,7 +30,7 @@ from sessiontree.protocol import (
     SessionState,
 )
 from sessiontree.supervision import Retry
-from sessiontree.supervision._engine import _Cancel, _Now, _Sleep, _SpawnMany, _WaitAny
+from sessiontree.supervision._engine import _Cancel, _Now, _Sleep, _SpawnMany, _WaitSome
 from sessiontree.supervision._patterns import fan_out
 from sessiontree.supervision._retry import Restarts
 
@@ -90,24 +90,25 @@ class Sim:
         error = ErrorInfo(code=code, message=outcome, detail=detail)
         return SessionResult(session_id=sid, status=status, kind=SessionKind.WORKER, error=error)
 
-    def wait_any(
+    def wait_some(
         self, children: tuple[uuid.UUID, ...], timeout: float | None
-    ) -> tuple[uuid.UUID, SessionResult] | None:
-        for sid in children:
-            if sid in self.ended:
-                return sid, self.ended.pop(sid)
+    ) -> list[tuple[uuid.UUID, SessionResult]]:
+        ended = [(sid, self.ended.pop(sid)) for sid in children if sid in self.ended]
+        if ended:
+            return ended
         ends = [(self.running[c][0], c) for c in children if c in self.running]
         first = min(ends) if ends else None
         if first is None or (timeout is not None and self.now + timeout < first[0]):
             assert timeout is not None, "waiting forever on nothing"
             self.now += timeout
-            return None
+            return []
         self.now = max(self.now, first[0])
-        # every child due by now ends; the first is answered, the rest wait their turn
+        # every child due by now ends; the wanted ones are answered in the order they ended
         due = sorted((end, c) for c, (end, _, _) in self.running.items() if end <= self.now)
         for _, sid in due:
             self.ended[sid] = self._end(sid, self.running[sid][1])
-        return first[1], self.ended.pop(first[1])
+        wanted = set(children)
+        return [(sid, self.ended.pop(sid)) for _, sid in due if sid in wanted]
 
     def cancel(self, sid: uuid.UUID) -> None:
         if sid in self.running:
@@ -124,8 +125,8 @@ def drive(sim: Sim, engine: Any) -> Any:
         match command:
             case _SpawnMany(specs=specs):
                 answer = [sim.spawn(spec.task) for spec in specs]
-            case _WaitAny(children=children, timeout=timeout):
-                answer = sim.wait_any(children, timeout)
+            case _WaitSome(children=children, timeout=timeout):
+                answer = sim.wait_some(children, timeout)
             case _Sleep(seconds=seconds):
                 sim.now += seconds
                 answer = None
@@ -235,9 +236,19 @@ def test_the_simulator_itself_answers_in_time_order() -> None:
     order = []
     pending = tuple(i for i in ids if i is not None)
     while pending:
-        got = sim.wait_any(pending, None)
-        assert got is not None
-        order.append(got[0])
-        pending = tuple(i for i in pending if i != got[0])
+        got = sim.wait_some(pending, None)
+        assert len(got) == 1  # no two end at the same instant here
+        order.append(got[0][0])
+        pending = tuple(i for i in pending if i != got[0][0])
     assert order == [ids[1], ids[2], ids[0]]
     assert sim.now == 5.0
+
+
+def test_the_simulator_answers_children_that_end_together_in_one_wait() -> None:
+    sim = Sim(limit=3, script={"a": [("ok", 2.0)], "b": [("ok", 1.0)], "c": [("ok", 2.0)]})
+    ids = [sim.spawn(t).session_id for t in ("a", "b", "c")]
+    assert [sid for sid, _ in sim.wait_some(tuple(ids), None)] == [ids[1]]
+    assert sorted(sid for sid, _ in sim.wait_some((ids[0], ids[2]), None)) == sorted(
+        (ids[0], ids[2])
+    )
+    assert sim.now == 2.0
