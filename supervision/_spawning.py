@@ -115,7 +115,7 @@ class Spawning:
         if isinstance(admitted, ErrorInfo):
             return SpawnAnswer(None, admitted)
         assert parent is not None  # admitted: it exists
-        entry = self._create_child(parent, admitted)
+        entry = self._create_child(parent, admitted, spec)
         if not tree.persist_new(entry):
             self.starting.want_slot(entry)
             return _created(entry)
@@ -149,8 +149,9 @@ class Spawning:
         records share one commit); answered with the list of answers once every
         one is (a refused spawn does not stop the ones after it).
 
-        A spec repeated in the batch (the same object) is validated in full once;
-        for the children after, only what a spawn changes is checked again (the
+        A spec repeated in the batch (or one alike but for its task, context
+        summary, input and metadata: ``_admitted_alike``) is validated in full
+        once; for the children after, only what a spawn changes is checked again (the
         parent's live children and the node's counters), and the first that no
         longer fits is validated in full, so it gets the answer ``spawn`` would
         give. What waits for the records runs once for the batch.
@@ -173,14 +174,14 @@ class Spawning:
                     continue
                 if not (
                     isinstance(admitted, _Admitted)
-                    and spec is admitted.spec
+                    and _admitted_alike(admitted.spec, spec)
                     and self._still_admits(parent, admitted)
                 ):
                     admitted = self._admit(parent, parent_id, spec)
                     if isinstance(admitted, ErrorInfo):
                         waiting.answer(i, SpawnAnswer(None, admitted))
                         continue
-                created.append((i, self._create_child(parent, admitted)))
+                created.append((i, self._create_child(parent, admitted, spec)))
             if created:
                 self._persist_children(created, waiting)
         return DEFERRED if reply is not None else answers
@@ -259,10 +260,10 @@ class Spawning:
             )
         )
 
-    def _create_child(self, parent: TreeEntry, admitted: _Admitted) -> TreeEntry:
-        """Index an admitted child under ``parent`` (a child holds no actor:
-        nothing here can fail for want of a thread)."""
-        spec, ttl = admitted.spec, admitted.ttl
+    def _create_child(self, parent: TreeEntry, admitted: _Admitted, spec: SpawnSpec) -> TreeEntry:
+        """Index a child of ``spec``, admitted as ``admitted``, under ``parent`` (a
+        child holds no actor: nothing here can fail for want of a thread)."""
+        ttl = admitted.ttl
         share = admitted.ttl_share
         if share is None and ttl is not None:
             share = admitted.ttl_share = self.tree.ttl_share()
@@ -279,9 +280,14 @@ class Spawning:
                 share,
                 admitted.budget,
             )
-        else:  # its sibling's identity but for the id: made at the same instant
+        else:  # its sibling's identity but for the id and its work: made at the same instant
             info = msgspec.structs.replace(
-                last, session_id=new_session_id(), metadata=dict(spec.metadata)
+                last,
+                session_id=new_session_id(),
+                task=spec.task,
+                context_summary=spec.context_summary,
+                metadata=dict(spec.metadata),
+                input=spec.input,
             )
             entry = self.tree.register(
                 admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
@@ -500,6 +506,21 @@ class _Gather:
         self.left -= 1
         if self.left == 0 and self.reply is not None:
             self.reply.set(self.answers)
+
+
+def _admitted_alike(first: SpawnSpec, spec: SpawnSpec) -> bool:
+    """Whether ``spec`` is admitted as ``first`` was: it differs at most in what
+    its child works on (task, context summary, input, metadata), which no
+    rule reads. A pattern's batch makes one spec per task, all alike."""
+    return first is spec or (
+        spec.kind is first.kind
+        and spec.skill == first.skill
+        and spec.ttl == first.ttl
+        and spec.model_tier == first.model_tier
+        and spec.backend == first.backend
+        and spec.budget == first.budget
+        and spec.request_id is None
+    )
 
 
 class _RunWaiter:

@@ -111,6 +111,40 @@ def test_a_batch_ttl_timer_is_cancelled_when_every_child_ended(
     assert sum(not t.cancelled for _, _, t in heap) <= pending  # the batch's timer is gone
 
 
+def test_specs_alike_but_for_their_work_share_one_admission_and_timer(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    node = make_node(AGENT, grace=0.0)
+    main = node.main("agent")
+    settle(node)
+    pending = clock.pending_timers
+    specs = [
+        SpawnSpec(
+            kind=SessionKind.WORKER,
+            skill="waits",
+            ttl=600.0,
+            task=f"task {i}",
+            context_summary=f"summary {i}",
+            metadata={"i": i},
+            input={"n": i},
+        )
+        for i in range(20)
+    ]
+    specs.append(SpawnSpec(kind=SessionKind.WORKER, skill="waits", ttl=60.0, task="other"))
+    answers = node.spawn_many(main, specs)
+    settle(node)
+    assert clock.pending_timers == pending + len(specs) + 2  # their sleeps; two TTLs
+    infos = [node.get(a.ref) for a in answers]
+    for i, info in enumerate(infos[:-1]):
+        assert (info.task, info.context_summary, info.metadata) == (
+            f"task {i}",
+            f"summary {i}",
+            {"i": i},
+        )
+        assert node.inspect(answers[i].ref, lambda core: core.info.input) == {"n": i}
+    assert (infos[-1].task, infos[-1].ttl) == ("other", 60.0)
+
+
 def test_children_of_a_batch_share_their_creation_instant(make_node: Any) -> None:
     node = make_node(AGENT, grace=0.0)
     answers = spawn_all(node)
