@@ -15,6 +15,7 @@ import inspect
 import logging
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
@@ -199,10 +200,20 @@ class StepExecutor:
 
 
 class EventLoopThread:
-    """One asyncio loop on its own daemon thread, for async skills."""
+    """The asyncio loop a node runs async skills on: one of its own, on a
+    daemon thread; or, given ``loop``, an application's loop already running
+    on the application's thread (``Node.astart``), adopted as it is.
 
-    def __init__(self, name: str = "sessiontree-loop") -> None:
-        self.loop = asyncio.new_event_loop()
+    Adopting a loop must happen off that loop's thread (its thread is asked
+    for its identity; ``ValueError`` on the loop's own thread, where the
+    answer could never come). On the adopted thread blocking asks are refused
+    until ``close``, which cancels only the tasks started here and leaves the
+    loop running for its owner.
+    """
+
+    def __init__(
+        self, name: str = "sessiontree-loop", *, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         self._closing = False
         # Runs submitted from other threads wait here; one wake-up of the loop
         # (a write to its self-pipe, a system call) starts all that queued.
@@ -212,9 +223,30 @@ class EventLoopThread:
         self._wake_pending = False
         self._ready = threading.Event()
         self._ident: int | None = None  # the thread's, read on every run's end
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-        self._ready.wait(timeout=10.0)
+        self._thread: threading.Thread | None = None
+        # On an adopted loop, the tasks started here (the rest is its owner's).
+        self._tasks: weakref.WeakSet[asyncio.Task[None]] | None = None
+        if loop is None:
+            self.loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+            self._ready.wait(timeout=10.0)
+            return
+        if asyncio._get_running_loop() is loop:
+            msg = "a node adopts a running loop from another thread: await Node.astart()"
+            raise ValueError(msg)
+        self.loop = loop
+        self._tasks = weakref.WeakSet()
+        asyncio.run_coroutine_threadsafe(self._adopt(), loop).result(timeout=10.0)
+
+    async def _adopt(self) -> None:
+        self._ident = threading.get_ident()
+        mark_serving_thread()  # a blocking ask here would hold up every async skill
+
+    @property
+    def adopted(self) -> bool:
+        """True on an application's loop (``Node.astart``), False on the node's own."""
+        return self._thread is None
 
     def _run(self) -> None:
         self._ident = threading.get_ident()
@@ -234,10 +266,9 @@ class EventLoopThread:
         """Start ``make()`` as a task on the loop. Once ``close`` began, ``make``
         is never called: a task created then would never run a step, and its
         coroutine would be left unawaited."""
-
         if self.is_current():  # on the loop: the task's first step is its own callback
             if not self._closing:
-                self.loop.create_task(make())
+                self._track(self.loop.create_task(make()))
             return
         self._starts.append(make)
         if not self._wake_pending:
@@ -252,10 +283,19 @@ class EventLoopThread:
         while starts:
             make = starts.popleft()
             if not self._closing:  # read on the loop's thread, like close's stop()
-                self.loop.create_task(make())
+                self._track(self.loop.create_task(make()))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        if self._tasks is not None:
+            self._tasks.add(task)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Cancel every task still on the loop, stop it and join its thread."""
+        """Cancel every task still on the node's own loop, stop it and join its
+        thread; on an adopted loop, cancel the tasks started here and give the
+        thread back (blocking asks allowed again), the loop left running."""
+        if self._thread is None:
+            self._release(timeout)
+            return
         if not self._thread.is_alive():
             return
 
@@ -267,6 +307,27 @@ class EventLoopThread:
 
         self.loop.call_soon_threadsafe(stop)
         self._thread.join(timeout=timeout)
+
+    def _release(self, timeout: float) -> None:
+        if self._closing or self.loop.is_closed():
+            return
+        released = threading.Event()
+
+        def release() -> None:
+            self._closing = True
+            for task in list(self._tasks or ()):
+                task.cancel()
+            mark_serving_thread(serves=False)
+            released.set()
+
+        if self.is_current():
+            release()
+            return
+        try:
+            self.loop.call_soon_threadsafe(release)
+        except RuntimeError:  # its owner closed it first: nothing runs there any more
+            return
+        released.wait(timeout)
 
 
 def finish_run(host: SessionHost, core: SessionCore, end: RunEnd) -> None:

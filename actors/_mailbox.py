@@ -171,9 +171,10 @@ def refuse_blocking() -> None:
         raise DeadlockError(msg)
 
 
-def mark_serving_thread() -> None:
-    """Mark the calling thread as one where blocking asks are refused (an event loop's)."""
-    _local.serves = True
+def mark_serving_thread(serves: bool = True) -> None:
+    """Mark the calling thread as one where blocking asks are refused (an event
+    loop's), or, with ``serves=False``, no longer (a loop a node gave back)."""
+    _local.serves = serves
 
 
 class handler_scope:  # noqa: N801 - used as a context manager, reads as a statement

@@ -95,6 +95,8 @@ class NodeParts:
     ``store``: a ``Store`` (the caller closes it), a directory (opened here,
     closed by ``abort``/``close``; ``StoreLockedError`` if another node holds
     it) or None. ``memory``: the caller's, else in the store or in memory.
+    ``loop``: an application's running loop to adopt (``Node.astart``), else
+    the node makes its own.
     """
 
     def __init__(
@@ -104,8 +106,10 @@ class NodeParts:
         clock: Clock | None,
         memory: MemorySpace | None,
         store: Store | str | os.PathLike[str] | None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.config = config
+        self.adopt = loop
         self.own_clock = clock is None
         self.clock: Clock = clock or RealClock()
         self.own_store = store is not None and not isinstance(store, Store)
@@ -123,6 +127,8 @@ class NodeParts:
         """The event loop for async skills (and, with ``dispatch="loop"``, for
         every actor), made with the dispatcher that needs it or on first use."""
         self._loop_lock = threading.Lock()
+        if loop is not None:  # adopted now, off its thread (see EventLoopThread)
+            self.event_loop()
         self.dispatcher = self._dispatcher_for(config)
         self.executor = StepExecutor(config.max_step_threads)
         self.main_executor = StepExecutor(config.max_step_threads, "sessiontree-step-main")
@@ -138,7 +144,7 @@ class NodeParts:
             return loop
         with self._loop_lock:
             if self.loop is None:
-                self.loop = EventLoopThread()
+                self.loop = EventLoopThread(loop=self.adopt)
             return self.loop
 
     def _dispatcher_for(self, config: NodeConfig) -> Dispatcher | None:

@@ -22,7 +22,7 @@ import asyncio
 import functools
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Self
 
 import pykka
 
@@ -93,6 +93,10 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
     one, everything lives in memory. ``ValueError`` for an agent registered
     twice; a start that fails (recovery's writes, the configured backend)
     releases what it had taken and raises.
+
+    ``loop``: an asyncio loop running on another thread that the node adopts
+    instead of starting a loop thread of its own (``Node.astart`` passes the
+    caller's; ``ValueError`` when called on that loop's own thread).
     """
 
     def __init__(
@@ -103,11 +107,14 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         clock: Clock | None = None,
         memory: MemorySpace | None = None,
         store: Store | str | os.PathLike[str] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.config = config or NodeConfig()
         agents_of = agents_by_id(agents)
         models = Models(self.config.providers, agents_of.values())  # reads key files: first
-        parts = self._parts = NodeParts(self.config, clock=clock, memory=memory, store=store)
+        parts = self._parts = NodeParts(
+            self.config, clock=clock, memory=memory, store=store, loop=loop
+        )
         self.clock: Clock = parts.clock
         self.store: Store | None = parts.store
         self.memory: MemorySpace = parts.memory
@@ -159,6 +166,34 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         if self.config.gc_tuning:  # last: nothing after it can fail Node()
             tune_gc()
 
+    @classmethod
+    async def astart(
+        cls,
+        agents: Iterable[Agent] = (),
+        config: NodeConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        memory: MemorySpace | None = None,
+        store: Store | str | os.PathLike[str] | None = None,
+    ) -> Self:
+        """Start a node on the caller's own event loop: its Cortex, its Mains'
+        actors and its async skills run on this loop, between the
+        application's own tasks, so an async application's call to the node
+        never crosses a thread (a node of its own runs them on a
+        ``sessiontree-loop`` thread). The start itself (recovery, the store's
+        open) runs on a worker thread while the loop goes on.
+
+        On this loop's thread blocking ``Node`` calls then raise
+        ``DeadlockError`` (use the awaitable twins), until ``ashutdown``;
+        shut the node down before the loop ends. Raises as ``Node()`` does.
+        ``async with await Node.astart(...) as node:`` shuts it down on exit.
+        """
+        loop = asyncio.get_running_loop()
+        start = functools.partial(
+            cls, agents, config, clock=clock, memory=memory, store=store, loop=loop
+        )
+        return await asyncio.to_thread(start)
+
     @property
     def agents(self) -> list[str]:
         """The ids of the agents registered on this node, sorted."""
@@ -168,7 +203,8 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The asyncio loop every async skill of this node runs on (inline ones:
         a ``process`` or ``ray`` step runs in its worker), on the node's one
-        thread ``sessiontree-loop`` (with ``dispatch="loop"`` the Cortex and
+        thread ``sessiontree-loop``, or the application's own loop for a node
+        started with ``astart`` (with ``dispatch="loop"`` the Cortex and
         the session actors take their messages there too; it starts with the
         node then, else on first use); sync skills run on the step
         executor's threads instead. A client that async skills share

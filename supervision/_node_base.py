@@ -18,7 +18,7 @@ from typing import Any, Self, TypeVar
 import pykka
 
 from sessiontree.actors import AskTimeoutError, Clock, RealClock
-from sessiontree.actors.runtime import Activity, Reply, post
+from sessiontree.actors.runtime import Activity, Reply, post, refuse_blocking
 from sessiontree.conversations import Conversations
 from sessiontree.protocol import NodeClosedError, SessionInfo
 from sessiontree.supervision._assembly import NodeParts
@@ -157,8 +157,11 @@ class NodeBase:
         bounds the real time spent waiting (default: grace + 5 s with the real
         clock, 5 s with another) — past it, what has not settled is forced.
         Never raises for a Cortex that is gone or failed: what can be released
-        is released, and a store that cannot be flushed is logged.
+        is released, and a store that cannot be flushed is logged. Raises
+        ``DeadlockError`` on the node's event loop, where it could never end
+        (``await node.ashutdown()`` there).
         """
+        refuse_blocking()  # on the node's loop (or in a handler) it could never end
         with self._state_lock:
             if self._state != "open":
                 return
@@ -225,3 +228,9 @@ class NodeBase:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.ashutdown()

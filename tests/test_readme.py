@@ -25,13 +25,21 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
 
 @pytest.mark.parametrize(
     "number",
-    [0, 1, 2, 3, 4, 5],
-    ids=["embedding", "shared-client", "scaling-out", "conversations", "patterns", "model-calls"],
+    [0, 1, 2, 3, 4, 5, 6],
+    ids=[
+        "embedding",
+        "shared-client",
+        "application-loop",
+        "scaling-out",
+        "conversations",
+        "patterns",
+        "model-calls",
+    ],
 )
 @pytest.mark.timeout(120)  # the example's own bound (90 s, for process pools under load) first
 def test_readme_example_prints_what_it_promises(tmp_path: Path, number: int) -> None:
     blocks = python_blocks()
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     example = blocks[number]
     promised = [line.split("# -> ", 1)[1] for line in example.splitlines() if "# -> " in line]
     script = tmp_path / "example.py"
