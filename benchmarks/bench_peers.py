@@ -13,18 +13,21 @@ differs), the parent collects. Systems, each measured on a fresh instance
   ``plan`` node fans out 8 ``Send``s to a ``work`` node that sleeps and
   returns, the results reduced into an ``operator.add`` annotated list that
   a ``collect`` node reads;
-* sessiontree in memory (``Node(..., store=None)``) and with its LMDB store
-  (``Node(..., store=DIR)``, a fresh directory on a real disk, synced
+* sessiontree in memory (``await Node.astart(..., store=None)``) and with
+  its LMDB store (``store=DIR``, a fresh directory on a real disk, synced
   commits), each two ways: ``fan_out`` (the parent awaits
   ``session.fan_out(tasks)``) and ``spawn_many`` (the parent awaits
-  ``session.spawn_many(specs)`` then ``session.collect()``). Parent and
-  workers are async skills, so they run on the node's event loop; a worker
-  awaits ``asyncio.sleep(wait)`` there. The embedding application (this
-  script's own event loop, as an async web app's would be) starts one tree
-  with ``await main.arun(kind="branch", skill=PARENT, task=WAIT)`` on the
-  agent's Main, as the README's quick start does; each child result then
-  also runs the Main's (empty) message cycle, which is part of what a tree
-  costs.
+  ``session.spawn_many(specs)`` then ``session.collect()``). The embedding
+  application (this script's own event loop, as an async web app's would
+  be) starts the node on its loop with ``Node.astart``, so the Cortex, the
+  Main's actor, the parent and the workers (async skills) all run there; a
+  worker awaits ``asyncio.sleep(wait)``. It starts one tree with ``await
+  main.arun(kind="branch", skill=PARENT, task=WAIT)`` on the agent's Main;
+  the Branch's result then also runs the Main's (empty) message cycle,
+  which is part of what a tree costs;
+* ``thread/spawn_many``: the same in memory on a node made with ``Node()``,
+  whose loop runs on a thread of its own (the application's calls then
+  cross threads); reported beside the others, not in the summary keys.
 
 Measurements (each with a fresh instance per system per round):
 
@@ -94,7 +97,13 @@ WAIT = 0.05
 TREES_AT_ONCE = 1000
 DAY = 24 * 3600.0
 ASYNCIO, LANGGRAPH = "asyncio", "langgraph"
-ST_SYSTEMS = ("memory/fan_out", "memory/spawn_many", "store/fan_out", "store/spawn_many")
+ST_SYSTEMS = (
+    "memory/fan_out",
+    "memory/spawn_many",
+    "store/fan_out",
+    "store/spawn_many",
+    "thread/spawn_many",
+)
 SYSTEMS = (ASYNCIO, LANGGRAPH, *ST_SYSTEMS)
 
 
@@ -260,7 +269,11 @@ class Sessiontree(System):
         if self.name.startswith("store/"):
             assert self.base is not None
             self.directory = tempfile.mkdtemp(prefix="node-", dir=self.base)
-        self.node = Node([make_agent(self.url)], config, store=self.directory)
+        agents = [make_agent(self.url)]
+        if self.name.startswith("thread/"):  # a loop thread of the node's own
+            self.node = Node(agents, config, store=self.directory)
+        else:  # on the application's loop, as an async application embeds it
+            self.node = await Node.astart(agents, config, store=self.directory)
         self.main = await self.node.amain("peers")
 
     async def tree(self, wait: float) -> None:
