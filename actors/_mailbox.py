@@ -157,7 +157,7 @@ def in_actor_handler() -> bool:
     """True on a thread where blocking on an actor's answer is refused: inside
     an actor's message handler, or on the node's event loop (it may serve the
     actors themselves, see ``LoopDispatcher``, and it runs every async skill)."""
-    return getattr(_local, "handler", False) or getattr(_local, "serves", False)
+    return getattr(_local, "handler", False) or getattr(_local, "serves", 0) > 0
 
 
 def refuse_blocking() -> None:
@@ -173,8 +173,9 @@ def refuse_blocking() -> None:
 
 def mark_serving_thread(serves: bool = True) -> None:
     """Mark the calling thread as one where blocking asks are refused (an event
-    loop's), or, with ``serves=False``, no longer (a loop a node gave back)."""
-    _local.serves = serves
+    loop's), or, with ``serves=False``, take one such mark back (a node gave an
+    adopted loop back; another node may still serve on it)."""
+    _local.serves = max(0, getattr(_local, "serves", 0) + (1 if serves else -1))
 
 
 class handler_scope:  # noqa: N801 - used as a context manager, reads as a statement

@@ -124,6 +124,22 @@ def test_a_shutdown_cancels_the_nodes_tasks_and_leaves_the_applications_running(
     run(scenario())
 
 
+def test_two_nodes_on_one_loop_each_keep_it_refusing_blocking_calls() -> None:
+    async def scenario() -> None:
+        first = await Node.astart([AGENT], NodeConfig(grace=0.0))
+        second = await Node.astart([AGENT], NodeConfig(grace=0.0))
+        await first.ashutdown()
+        with pytest.raises(DeadlockError):
+            second.main("agent")  # the second still serves on this loop
+        main = await second.amain("agent")
+        result = await main.arun(kind="worker", skill="async", timeout=WAIT)
+        assert result is not None
+        assert result.ok
+        await second.ashutdown()
+
+    run(scenario())
+
+
 def test_a_loop_cannot_be_adopted_from_its_own_thread() -> None:
     async def scenario() -> None:
         with pytest.raises(ValueError, match="astart"):
