@@ -269,6 +269,37 @@ def test_a_child_runs_without_an_actor_of_its_own(
     assert node.failure is None
 
 
+def test_a_run_that_times_out_leaves_its_session_running_and_the_node_serving(
+    make_node: Any,
+) -> None:
+    node = make_node(Agent("agent", {"main": idle_main, "waits": waits, "quick": quick}))
+    main = node.main("agent")
+    assert node.run(main, kind="worker", skill="waits", timeout=0.05) is None
+    (running,) = node.sessions(kind=SessionKind.WORKER)
+    assert running.state is SessionState.ACTIVE
+    assert node.cancel(running.session_id) is None  # it ends with its waiter gone
+    assert node.wait(running.session_id, timeout=WAIT).status is SessionState.CANCELLED
+    result = node.run(main, kind="worker", skill="quick", timeout=WAIT)
+    assert result is not None
+    assert result.summary == "ok"
+    assert node.failure is None
+
+
+def test_a_refused_run_is_a_failed_result_with_the_nil_id(make_node: Any) -> None:
+    node = make_node(Agent("agent", {"main": idle_main, "waits": waits}))
+    worker = node.main("agent").spawn(kind="worker", skill="waits").ref
+    result = node.run(worker, kind="worker", skill="waits", timeout=WAIT)
+    assert result is not None
+    assert result.status is SessionState.FAILED
+    assert result.error.code is ErrorCode.WORKER_CANNOT_SPAWN
+    assert result.session_id.int == 0
+
+    async def awaited() -> Any:
+        return await node.arun(worker, kind="worker", skill="waits", timeout=WAIT)
+
+    assert asyncio.run(awaited()).error.code is ErrorCode.WORKER_CANNOT_SPAWN
+
+
 def test_a_bad_memory_key_is_refused_by_name(make_node: Any) -> None:
     def writes(session: Any) -> str:
         session.memory_put("", 1)
