@@ -70,7 +70,8 @@ class NodeConfig:
     there is one, else the machine's memory) unless ``memory_probe`` is False,
     or from ``memory_pressure`` when given: a callable returning the fraction
     in use, None for no reading, or a bool (True reads as past the high mark,
-    False as below the low mark). ``check_interval`` also paces passivation
+    False as below the low mark); either probe is called on the clock's timer
+    thread, never on the Cortex's turn. ``check_interval`` also paces passivation
     and the stuck check (a
     check looks at up to 10,000 sessions; a node holding more is swept over
     several checks, so a stuck skill may be flagged a few intervals later

@@ -227,10 +227,11 @@ class Cortex:
             case Refused(session_id=sid, what=what):
                 self.rt.counters["refused_after_fence"] += 1
                 self.tree.emit(EventKind.REFUSED, self.tree.entries.get(sid), data={"what": what})
-            case Tick() | Reap():
+            case Tick(memory=used):
                 self.tree.stop_ended()
-                if isinstance(body, Tick):
-                    self.periodic.tick()
+                self.periodic.tick(used)
+            case Reap():
+                self.tree.stop_ended()
             case _:  # a control command too: those come as a Control request
                 self._reject(body)
                 return ErrorInfo(

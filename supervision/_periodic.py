@@ -54,14 +54,17 @@ class Periodic:
         self.memory = MemoryWatch(tree.rt.config)
 
     def arm(self) -> None:
-        """Ask for the next check in ``check_interval`` seconds."""
+        """Ask for the next check in ``check_interval`` seconds. The memory probe
+        is read when the timer fires, on the clock's thread: reading a cgroup's
+        files took about a millisecond, and on the Cortex's turn (the node's
+        event loop) that was a millisecond of every async skill's latency."""
         ref = self.tree.ref
         if ref is None:
             return
-        activity = self.tree.rt.activity
+        activity, memory = self.tree.rt.activity, self.memory
 
         def fire() -> None:
-            post(ref, Tick(), activity)
+            post(ref, Tick(memory.read()), activity)
 
         self.timer = self.tree.rt.clock.call_later(self.tree.rt.config.check_interval, fire)
 
@@ -71,8 +74,9 @@ class Periodic:
             self.timer.cancel()
             self.timer = None
 
-    def tick(self) -> None:
-        """One check (see the module docstring); the next is armed unless closing."""
+    def tick(self, used: float | None) -> None:
+        """One check (see the module docstring) with the memory probe's reading
+        ``used``; the next is armed unless closing."""
         tree = self.tree
         config = tree.rt.config
         now = tree.rt.clock.monotonic()
@@ -81,7 +85,7 @@ class Periodic:
             self._ask_idle_mains(now, idle_after)
         self._sweep_stuck(now, config.stuck_after)
         if not tree.closing:
-            self._watch_memory()
+            self._watch_memory(used)
         if not tree.closing:
             self.arm()
 
@@ -115,13 +119,13 @@ class Periodic:
                     EventKind.STUCK, entry, data={"since_checkpoint_s": now - core.last_checkpoint}
                 )
 
-    def _watch_memory(self) -> None:
-        """Read the memory probe; suspend a branch past the high mark, resume
-        pressure-suspended ones below the low mark (see the module docstring)."""
+    def _watch_memory(self, used: float | None) -> None:
+        """Suspend a branch when the reading ``used`` is past the high mark,
+        resume pressure-suspended ones below the low mark (see the module
+        docstring)."""
         memory = self.memory
         if memory.probe is None:
             return
-        used = memory.read()
         self.tree.rt.memory_used = math.nan if used is None else used
         match step(used, memory.high, memory.low):
             case Step.SUSPEND:

@@ -46,7 +46,8 @@ def step(fraction: float | None, high: float, low: float) -> Step:
 
 
 class MemoryWatch:
-    """Calls the node's memory probe and checks what it returns (Cortex thread).
+    """Calls the node's memory probe and checks what it returns (on the clock's
+    timer thread, when the periodic check's timer fires; one call at a time).
 
     A probe that raises, or returns anything but a bool, None or a finite
     number >= 0, is logged once (until it reads well again) and read as no

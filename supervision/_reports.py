@@ -116,7 +116,11 @@ class AfterWrite:
 
 @dataclass(frozen=True, slots=True)
 class Tick:
-    """The periodic check: stuck sessions and memory pressure."""
+    """The periodic check: stuck sessions and memory pressure. ``memory``: the
+    memory probe's reading (None: no probe, or no reading), taken on the
+    clock's timer thread so its file reads never hold up the Cortex's turn."""
+
+    memory: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
