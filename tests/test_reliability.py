@@ -153,7 +153,7 @@ def test_interrupt_inside_an_actor_shuts_the_node_down_in_order(
         raise exc
 
     with pytest.raises(NodeClosedError, match="inside the runtime"):
-        node.inspect(branch, interrupt)  # a branch holds no actor: run on the Cortex's
+        node.inspect(branch, interrupt)  # a branch holds no actor: on the Cortex's turn
     assert node.wait_closed(WAIT)
     assert isinstance(node.fatal_error, exc)
     final = {s.session_id: s.state for s in node.final_sessions}
