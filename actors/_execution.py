@@ -23,7 +23,7 @@ import msgspec
 
 from sessiontree.actors._core import Cancelled, SessionCore
 from sessiontree.actors._host import RunEnd, SessionHost
-from sessiontree.actors._mailbox import mark_serving_thread
+from sessiontree.actors._mailbox import mark_serving_thread, unmark_serving_thread
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
@@ -243,11 +243,6 @@ class EventLoopThread:
         self._ident = threading.get_ident()
         mark_serving_thread()  # a blocking ask here would hold up every async skill
 
-    @property
-    def adopted(self) -> bool:
-        """True on an application's loop (``Node.astart``), False on the node's own."""
-        return self._thread is None
-
     def _run(self) -> None:
         self._ident = threading.get_ident()
         mark_serving_thread()  # a blocking ask here would hold up every async skill
@@ -317,7 +312,7 @@ class EventLoopThread:
             self._closing = True
             for task in list(self._tasks or ()):
                 task.cancel()
-            mark_serving_thread(serves=False)
+            unmark_serving_thread()
             released.set()
 
         if self.is_current():

@@ -42,6 +42,7 @@ __all__ = [
     "refuse_blocking",
     "start_actor",
     "stop_actor",
+    "unmark_serving_thread",
 ]
 
 A = TypeVar("A", bound=pykka.Actor)
@@ -171,11 +172,16 @@ def refuse_blocking() -> None:
         raise DeadlockError(msg)
 
 
-def mark_serving_thread(serves: bool = True) -> None:
+def mark_serving_thread() -> None:
     """Mark the calling thread as one where blocking asks are refused (an event
-    loop's), or, with ``serves=False``, take one such mark back (a node gave an
-    adopted loop back; another node may still serve on it)."""
-    _local.serves = max(0, getattr(_local, "serves", 0) + (1 if serves else -1))
+    loop's); marks count, one per node serving there."""
+    _local.serves = getattr(_local, "serves", 0) + 1
+
+
+def unmark_serving_thread() -> None:
+    """Take back one mark of ``mark_serving_thread`` (a node gave an adopted
+    loop back; another node may still serve on it)."""
+    _local.serves = max(0, getattr(_local, "serves", 0) - 1)
 
 
 class handler_scope:  # noqa: N801 - used as a context manager, reads as a statement

@@ -115,6 +115,11 @@ def refused_result(error: ErrorInfo | None) -> SessionResult:
     )
 
 
+def _ran(answer: SessionResult | ErrorInfo) -> SessionResult:
+    """A ``Run``'s answer as ``run`` returns it: a refusal as a failed result."""
+    return refused_result(answer) if isinstance(answer, ErrorInfo) else answer
+
+
 @dataclass(frozen=True)
 class Spawned:
     """The answer to a spawn: the new session's ``ref``, or the ``error`` that refused it.
@@ -297,6 +302,16 @@ class NodeSessions(NodeBase):
     def _all_spawned(self, answers: list[SpawnAnswer]) -> list[Spawned]:
         return [self._spawned(answer) for answer in answers]
 
+    def _send_run(
+        self, parent: SessionIdLike, spec: SpawnSpec | None, fields: dict[str, Any]
+    ) -> Reply:
+        """Ask the Cortex to ``Run`` a fresh child; the reply its answer comes on."""
+        request = Run(as_session_id(parent, "parent"), make_spec(spec, **fields))
+        self._check_open()
+        reply = Reply()
+        self._send(request, reply)
+        return reply
+
     def main(self, agent_id: str, key: str = "internal:main:main") -> SessionRef:
         """The one Main of ``agent_id`` for session ``key`` (created on first use).
 
@@ -339,15 +354,11 @@ class NodeSessions(NodeBase):
         error (its ``session_id`` is the nil UUID); None only if ``timeout``
         (real seconds) passes first. Raises as ``spawn`` does.
         """
-        request = Run(as_session_id(parent, "parent"), make_spec(spec, **fields))
-        self._check_open()
-        reply = Reply()
-        self._send(request, reply)
+        reply = self._send_run(parent, spec, fields)
         try:
-            answer = reply.get(1e9 if timeout is None else timeout)
+            return _ran(reply.get(1e9 if timeout is None else timeout))
         except AskTimeoutError:
             return None
-        return refused_result(answer) if isinstance(answer, ErrorInfo) else answer
 
     def get(self, session_id: SessionIdLike) -> SessionInfo:
         """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
@@ -443,15 +454,11 @@ class NodeSessions(NodeBase):
         **fields: Any,
     ) -> SessionResult | None:
         """Awaitable ``run``."""
-        request = Run(as_session_id(parent, "parent"), make_spec(spec, **fields))
-        self._check_open()
-        reply = Reply()
-        self._send(request, reply)
+        reply = self._send_run(parent, spec, fields)
         try:
-            answer = await reply.get_async(1e9 if timeout is None else timeout)
+            return _ran(await reply.get_async(1e9 if timeout is None else timeout))
         except AskTimeoutError:
             return None
-        return refused_result(answer) if isinstance(answer, ErrorInfo) else answer
 
     async def aget(self, session_id: SessionIdLike) -> SessionInfo:
         """Awaitable ``get``."""

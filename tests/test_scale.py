@@ -42,6 +42,14 @@ def spawn_all(node: Node) -> list[Any]:
     return answers
 
 
+def settled_main(make_node: Any, clock: VirtualClock) -> tuple[Node, Any, int]:
+    """A node with its Main settled, and the timers then pending on ``clock``."""
+    node = make_node(AGENT, grace=0.0)
+    main = node.main("agent")
+    settle(node)
+    return node, main, clock.pending_timers
+
+
 def test_pooled_sessions_share_a_few_threads(make_node: Any) -> None:
     before = threading.active_count()
     node = make_node(AGENT, actor_type="pooled", dispatcher_threads=2)
@@ -99,10 +107,7 @@ def test_a_batch_shares_one_ttl_timer_until_its_last_child_ends(
 def test_a_batch_ttl_timer_is_cancelled_when_every_child_ended(
     make_node: Any, clock: VirtualClock
 ) -> None:
-    node = make_node(AGENT, grace=0.0)
-    main = node.main("agent")
-    settle(node)
-    pending = clock.pending_timers
+    node, main, pending = settled_main(make_node, clock)
     answers = node.spawn_many(main, [SpawnSpec(kind=SessionKind.WORKER, skill="waits")] * 50)
     settle(node)
     assert all(node.cancel(a.ref) is None for a in answers)
@@ -114,10 +119,7 @@ def test_a_batch_ttl_timer_is_cancelled_when_every_child_ended(
 def test_specs_alike_but_for_their_work_share_one_admission_and_timer(
     make_node: Any, clock: VirtualClock
 ) -> None:
-    node = make_node(AGENT, grace=0.0)
-    main = node.main("agent")
-    settle(node)
-    pending = clock.pending_timers
+    node, main, pending = settled_main(make_node, clock)
     specs = [
         SpawnSpec(
             kind=SessionKind.WORKER,
