@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP_INSTALL := $(PY) -m pip install -q -e '.[test,ray]' --config-settings editable_mode=strict
+PIP_INSTALL := $(PY) -m pip install -q -e '.[test,ray,otlp,test-traces]' --config-settings editable_mode=strict
 MYPY_PACKAGES := -p sessiontree.protocol -p sessiontree.actors -p sessiontree.supervision -p sessiontree.store -p sessiontree.conversations -p sessiontree.cli
 
 .PHONY: demo test lint install clean

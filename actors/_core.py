@@ -192,6 +192,7 @@ class SessionCore:
         self.resumed = False
         self.input_seq: int | None = None
         self.attempt = 1
+        self.cycle_trace: str | None = None  # a traced Main's running cycle's span
         self.last_checkpoint = clock.monotonic()
         self.stuck = False
         self.holds_slot = False

@@ -24,6 +24,7 @@ import msgspec
 from sessiontree.actors._core import Cancelled, SessionCore
 from sessiontree.actors._host import RunEnd, SessionHost
 from sessiontree.actors._mailbox import mark_serving_thread, unmark_serving_thread
+from sessiontree.actors._trace_scope import enter_span, leave_span
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
@@ -349,6 +350,7 @@ def run_sync(
     if core.fenced:  # ended before its run began: nothing runs
         finish_run(host, core, RunEnd(cancelled=True, cycle=cycle))
         return
+    span = enter_span(core.cycle_trace or core.info.trace)
     try:
         if not core.holds_slot:
             core.acquire_slot_blocking()
@@ -356,6 +358,8 @@ def run_sync(
         end = _end_of(skill(handle), cycle)
     except BaseException as exc:  # noqa: BLE001 - every raise ends the run somehow
         end = _end_by(exc, cycle)
+    finally:
+        leave_span(span)  # the thread serves other sessions next
     finish_run(host, core, end)
 
 
@@ -377,6 +381,7 @@ async def run_async(
     if core.fenced:
         finish_run(host, core, RunEnd(cancelled=True, cycle=cycle))
         return
+    enter_span(core.cycle_trace or core.info.trace)  # this task's own context
     try:
         if not core.holds_slot:
             await core.acquire_slot_async()

@@ -147,6 +147,14 @@ class SessionHost(Protocol):
         """Tell the supervisor a skill run (or a Main's message cycle) ended."""
         ...
 
+    def cycle_traced(
+        self, core: SessionCore, cycle: int, parent: str | None, cut_off: str | None
+    ) -> str | None:
+        """A Main's cycle ``cycle`` starts: on a traced node, its span's
+        ``traceparent`` (a child of ``parent``, linked to ``cut_off``), told to
+        the supervisor; None on a node that is not traced."""
+        ...
+
     def cycle_starting(
         self, core: SessionCore, seq: int | None, child_id: uuid.UUID | None, attempt: int
     ) -> concurrent.futures.Future[None] | None:

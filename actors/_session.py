@@ -115,6 +115,14 @@ class _Base:
         return self._core.attempt
 
     @property
+    def traceparent(self) -> str | None:
+        """On a traced node, the W3C ``traceparent`` of this run's span (a Main's:
+        its running cycle's), to hand to a service the skill calls; None on a
+        node that is not traced. The span is also the current OpenTelemetry
+        span while the skill runs."""
+        return self._core.cycle_trace or self._core.info.trace
+
+    @property
     def context(self) -> SessionContext:
         """The session's working context (messages, tool results, system prompt)."""
         return self._core.context

@@ -15,7 +15,6 @@ import collections
 import concurrent.futures
 import functools
 import logging
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,20 +56,27 @@ log = logging.getLogger("sessiontree.session")
 class Inbound:
     """An inbound message for a Main: queued, then one message cycle. ``seq``
     numbers it in the Main's stored inbox (None without a store); ``attempt``:
-    which run of it this is (more than 1 after crashes cut runs off)."""
+    which run of it this is (more than 1 after crashes cut runs off). On a
+    traced node ``trace`` is the caller's span (the cycle's span continues it)
+    and ``cut_off`` the span of the run a crash cut off (the cycle's links to it)."""
 
     message: Any
     seq: int | None = None
     attempt: int = 1
+    trace: str | None = None
+    cut_off: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
     """A child's result, already filed on the session: a Main runs a cycle for it
-    (``attempt``: as for ``Inbound``)."""
+    (``attempt``, ``cut_off``: as for ``Inbound``; ``trace``: the child's span,
+    which the cycle's span continues)."""
 
     result: SessionResult
     attempt: int = 1
+    trace: str | None = None
+    cut_off: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +203,9 @@ class SessionActorLogic:
             case Inbound():
                 self.inputs.append(body)
                 self._next_cycle()
-            case Deliver(result=result, attempt=attempt):  # already filed by the Cortex
+            case Deliver():  # already filed by the Cortex
                 if core.info.kind is SessionKind.MAIN:
-                    self.inputs.append(_ResultInput(result.session_id, attempt))
+                    self.inputs.append(body)
                     self._next_cycle()
             case CycleDone():
                 self.cycle_running = False
@@ -247,17 +253,18 @@ class SessionActorLogic:
             self.inputs and not self.cycle_running and core.cancel_code is None and not core.fenced
         ):
             item = self.inputs.popleft()
-            if isinstance(item, _ResultInput):
+            if isinstance(item, Deliver):
                 with core.cond:
-                    result = core.claim(item.child)
+                    result = core.claim(item.result.session_id)
                 if result is None:  # a collect in an earlier cycle already took it
                     continue
-                core.input_seq, child, message = None, item.child, result
+                core.input_seq, child, message = None, result.session_id, result
             else:
                 core.input_seq, child, message = item.seq, None, item.message
             core.attempt = item.attempt
             self.cycles += 1
             self.cycle_running = True
+            core.cycle_trace = self.host.cycle_traced(core, self.cycles, item.trace, item.cut_off)
             # With a store the cycle is marked as started, durably, before the
             # skill runs: a crash in it is then counted against its input.
             marked = self.host.cycle_starting(core, core.input_seq, child, item.attempt)
@@ -346,9 +353,3 @@ def start_run(
     except Exception as exc:
         log.exception("session %s: its run could not start", core.session_id)
         finish_run(host, core, RunEnd(error=crash_info(exc), cycle=cycle))
-
-
-@dataclass(frozen=True, slots=True)
-class _ResultInput:
-    child: uuid.UUID
-    attempt: int = 1

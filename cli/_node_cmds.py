@@ -72,6 +72,7 @@ from sessiontree.supervision import (
     NodeMetrics,
     Price,
     Provider,
+    Tracing,
 )
 
 __all__ = ["node"]
@@ -192,6 +193,40 @@ def _price(text: str) -> Price:
         msg = f"{text!r}: prices must be finite numbers >= 0"
         raise click.BadParameter(msg, param_hint="--model-price")
     return Price(prompt=prompt / 1e6, completion=completion / 1e6)
+
+
+def _tracing(params: dict[str, Any], table: Any, name: str) -> Tracing | None:
+    """``NodeConfig.tracing`` from the flags over the config file's ``[node.tracing]``
+    table (None: no endpoint, not traced); a bad value is a usage error."""
+    settings = dict(table) if isinstance(table, dict) else {}
+    if table is not None and not isinstance(table, dict):
+        raise click.BadParameter("[node] tracing must be a table", param_hint="--config")
+    if params["otlp_endpoint"] is not None:
+        settings["endpoint"] = params["otlp_endpoint"]
+    headers = dict(settings.get("headers", {}))
+    for header in params["otlp_header"]:
+        key, sep, value = header.partition("=")
+        if not sep or not key.strip():
+            msg = f"{header!r} is not NAME=VALUE"
+            raise click.BadParameter(msg, param_hint="--otlp-header")
+        headers[key.strip()] = value.strip()
+    if headers:
+        settings["headers"] = headers
+    if params["trace_sampling"] is not None:
+        settings["sampling_ratio"] = params["trace_sampling"]
+    if params["service_name"] is not None:
+        settings["service_name"] = params["service_name"]
+    if params["trace_content"]:
+        settings["capture_content"] = True
+    if settings.get("endpoint") is None:
+        if len(settings) > 0:
+            raise click.UsageError("tracing settings need an endpoint (--otlp-endpoint URL)")
+        return None
+    settings.setdefault("service_name", name)
+    try:
+        return Tracing(**settings)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--otlp-endpoint") from None
 
 
 def _provider(settings: dict[str, Any]) -> Provider | None:
@@ -481,6 +516,36 @@ async def _serve(
     help="NodeConfig.memory_probe: watch memory with the built-in probe (the cgroup's limit, "
     "else the machine's memory).",
 )
+@click.option(
+    "--otlp-endpoint",
+    default=None,
+    metavar="URL",
+    help="Export every session run, Main cycle and model call as OpenTelemetry spans to this "
+    "OTLP/HTTP traces URL (e.g. http://127.0.0.1:4318/v1/traces; needs the otlp extra).",
+)
+@click.option(
+    "--otlp-header",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A header every span export carries (an API key); repeat for more.",
+)
+@click.option(
+    "--trace-sampling",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="The share of traces exported, each kept or dropped whole [default: 1.0].",
+)
+@click.option(
+    "--service-name",
+    default=None,
+    help="The service.name the spans carry [default: the node's --name].",
+)
+@click.option(
+    "--trace-content",
+    is_flag=True,
+    help="Model-call spans also carry the prompt and the reply (off: they may hold what "
+    "users said).",
+)
 @click.pass_context
 def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
     """Run a node: the runtime on an LMDB store, its HTTP API and /metrics."""
@@ -512,7 +577,8 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     table = dict(settings["node"])
     if provider is not None:
         table["providers"] = (provider,)
-    config = _node_config(table)
+    tracing = _tracing(ctx.params, table.pop("tracing", None), str(settings["name"]))
+    config = dataclasses.replace(_node_config(table), tracing=tracing)
     agents = _agents(settings)
     try:
         running = Node(agents, config, store=Path(settings["store"]))

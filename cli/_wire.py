@@ -220,6 +220,15 @@ def settings_of(config: Any) -> dict[str, Any]:
     }
     if "providers" in settings:
         settings["providers"] = [provider_settings(p) for p in settings["providers"]]
+    tracing = settings.get("tracing")
+    if tracing is not None:  # header values may be keys: only their names are shown
+        settings["tracing"] = {
+            "endpoint": tracing.endpoint,
+            "headers": sorted(tracing.headers),
+            "sampling_ratio": tracing.sampling_ratio,
+            "service_name": tracing.service_name,
+            "capture_content": tracing.capture_content,
+        }
     return settings
 
 

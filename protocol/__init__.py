@@ -87,6 +87,13 @@ from sessiontree.protocol._states import (
     SessionState,
     is_legal_transition,
 )
+from sessiontree.protocol._trace import (
+    child_traceparent,
+    parse_traceparent,
+    sampled_by_ratio,
+    span_id_of,
+    trace_id_of,
+)
 from sessiontree.protocol._usage import (
     MAX_BUDGET_COST,
     MAX_BUDGET_COUNT,
@@ -174,6 +181,7 @@ __all__ = [
     "Usage",
     "as_json",
     "check_text",
+    "child_traceparent",
     "decode_control",
     "decode_inbound",
     "decode_strict",
@@ -182,6 +190,10 @@ __all__ = [
     "iso_timestamp",
     "make_spec",
     "new_session_id",
+    "parse_traceparent",
+    "sampled_by_ratio",
     "session_key_for",
+    "span_id_of",
     "spawn_batch",
+    "trace_id_of",
 ]

@@ -39,7 +39,10 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ``MAX_INPUT_NESTING`` deep; the child reads it as JSON data (a Struct
     becomes a dict, a tuple a list) and it is stored with the session
     (workers' records keep none). ``make_spec`` refuses anything else with
-    ``RejectedInputError`` naming ``input``.
+    ``RejectedInputError`` naming ``input``. ``trace`` is a W3C
+    ``traceparent``: on a traced node the child's span continues that span
+    (a malformed one is ignored, as the W3C specification says); ``None``
+    continues the spawning session's span, or starts a new trace.
     """
 
     kind: SessionKind
@@ -53,6 +56,7 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     backend: Name | None = None
     budget: Budget | None = None
     input: Any = None
+    trace: str | None = msgspec.field(default=None)
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -63,6 +67,9 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     its skill runs (``inline``, ``process``, ``ray``); ``budget`` what its
     subtree may spend (a Main's: per message cycle), after narrowing.
     ``input`` is the structured input its spawn carried (JSON data, or None).
+    ``trace``: on a traced node, the W3C ``traceparent`` of a Branch's or
+    Worker's span (a Main's cycles each have their own: ``session.traceparent``);
+    ``trace_parent`` the span it continues (None: it began its trace).
     """
 
     session_id: uuid.UUID
@@ -84,3 +91,5 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     backend: str = "inline"
     budget: Budget | None = None
     input: Any = None
+    trace: str | None = None
+    trace_parent: str | None = None

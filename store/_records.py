@@ -132,6 +132,7 @@ class CycleRecord(msgspec.Struct, kw_only=True):
     child_id: uuid.UUID | None = None
     attempt: int = 1
     started_at: float = 0.0
+    trace: str | None = None  # the cycle's span on a traced node (a rerun links to it)
 
 
 class WedgedRecord(msgspec.Struct, kw_only=True):

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pykka
@@ -51,6 +51,9 @@ from sessiontree.supervision._models import Models
 from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._recovery import Recovered, recover
 from sessiontree.supervision._runtime import Runtime
+
+if TYPE_CHECKING:  # imported at run time only on a traced node
+    from sessiontree.supervision._tracing import SpanRecorder
 
 __all__ = ["NodeParts", "agents_by_id", "start_cortex"]
 
@@ -136,6 +139,7 @@ class NodeParts:
         self.models: Models | None = None  # set with the runtime
         self.housekeeper: Housekeeper | None = None
         self.replay_held: str | None = None  # why recovery held replay back, until released
+        self.spans = _span_recorder(config)  # a traced node's (None: not traced)
 
     def event_loop(self) -> EventLoopThread:
         """The node's event loop, made on first use."""
@@ -237,6 +241,8 @@ class NodeParts:
         if self.loop is not None:
             self.loop.close()
         self.backends.close()
+        if self.spans is not None:
+            self.spans.close(self.clock.time())
         self._close_owned_store()
 
     def close(self) -> None:
@@ -256,6 +262,8 @@ class NodeParts:
             self.clock.close()
         if self.housekeeper is not None:
             self.housekeeper.stop()
+        if self.spans is not None:  # the spans still open end here, then the queue goes out
+            self.spans.close(self.clock.time())
         self._flush_store()
         self._close_owned_store()
 
@@ -291,6 +299,22 @@ class NodeParts:
     def _close_owned_store(self) -> None:
         if self.own_store and self.store is not None:
             self.store.close()
+
+
+def _span_recorder(config: NodeConfig) -> SpanRecorder | None:
+    """A traced node's ``SpanRecorder``: the SDK is imported only then.
+    ``ImportError`` naming the extra when it is not installed."""
+    if config.tracing is None:
+        return None
+    try:
+        from sessiontree.supervision._tracing import SpanRecorder  # noqa: PLC0415 - only traced
+    except ImportError as exc:
+        msg = (
+            "NodeConfig.tracing needs the OpenTelemetry SDK and its OTLP exporter: "
+            f"pip install 'sessiontree[otlp]' ({exc})"
+        )
+        raise ImportError(msg) from exc
+    return SpanRecorder(config.tracing)
 
 
 def _backends_for(config: NodeConfig) -> Backends:

@@ -14,6 +14,7 @@ from sessiontree.actors.backends import BACKENDS
 from sessiontree.actors.runtime import is_async_skill
 from sessiontree.protocol import Budget, DmScope, SessionKind
 from sessiontree.supervision._providers import Price, Provider
+from sessiontree.supervision._tracing_config import Tracing
 
 __all__ = ["Agent", "NodeConfig", "Price", "Provider"]
 
@@ -96,6 +97,10 @@ class NodeConfig:
     it is *stale*). A node whose runs crashed ``restart_intensity`` times
     within ``restart_period`` seconds starts with all replay held back until
     ``Node.release_replay()`` (0: never held).
+
+    ``tracing``: export every Branch and Worker run, Main message cycle and
+    model call as an OpenTelemetry span (``Tracing``; needs the ``otlp``
+    extra). None (the default): no span is made and nothing is imported.
     """
 
     grace: float = 30.0
@@ -132,6 +137,7 @@ class NodeConfig:
     recovery_max_age: float | None = None
     restart_intensity: int = 5
     restart_period: float = 300.0
+    tracing: Tracing | None = None
 
     def _check_recovery(self) -> None:
         for name in ("recovery_attempts", "restart_intensity"):

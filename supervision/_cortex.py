@@ -44,6 +44,7 @@ from sessiontree.supervision._periodic import Periodic
 from sessiontree.supervision._reports import (
     AfterWrite,
     ChildUpdate,
+    CycleStarted,
     Deadline,
     Expire,
     Granted,
@@ -224,6 +225,8 @@ class Cortex:
                     self.messages.progress(sid, "", {"delta": text})
             case ChildUpdate(session_id=sid, message=message):
                 self.messages.child_update(sid, message)
+            case CycleStarted():
+                self.messages.cycle_started(body)
             case Refused(session_id=sid, what=what):
                 self.rt.counters["refused_after_fence"] += 1
                 self.tree.emit(EventKind.REFUSED, self.tree.entries.get(sid), data={"what": what})
@@ -271,8 +274,8 @@ class Cortex:
                 return self.spawning.run(parent_id, spec, reply)
             case SpawnMany(parent_id=parent_id, specs=specs):
                 return self.spawning.spawn_many(parent_id, specs, reply)
-            case Send(session_id=sid, message=message, unwedge=unwedge):
-                return self.messages.send(sid, message, reply, unwedge=unwedge)
+            case Send(session_id=sid, message=message, unwedge=unwedge, trace=trace):
+                return self.messages.send(sid, message, reply, unwedge=unwedge, trace=trace)
             case Redeliver(session_id=sid, result=result, unwedge=unwedge):
                 return self.messages.redeliver(sid, result, unwedge, reply)
             case ReleaseReplay():
@@ -287,12 +290,8 @@ class Cortex:
                 return self._control(command, reply)
             case Reserve(session_id=sid, prompt_tokens=prompt, max_tokens=most, price=price):
                 return self.ledgers.reserve(tree.lookup(sid), prompt, most, price)
-            case Settle(reserved=reserved, used=used):
-                written = self.rt.persist.usage(self.ledgers.settle(reserved, used))
-                if reply is None:
-                    return None
-                answer_written(written, reply, reserved.chain[0])
-                return DEFERRED
+            case Settle():
+                return self._settle(request, reply)
             case OpenMain(agent_id=agent_id, key=key):
                 return self.spawning.open_main(agent_id, key, reply)
             case BringBack():
@@ -344,6 +343,19 @@ class Cortex:
                 return self.shutdown.stop_all()
         msg = f"the cortex has no operation {type(request).__name__}"
         raise RejectedInputError(msg)
+
+    def _settle(self, settle: Settle, reply: Reply | None) -> object:
+        """A model call ended: counted (answered once that is durable) and, on a
+        traced node, emitted for its span."""
+        reserved, traced = settle.reserved, settle.traced
+        written = self.rt.persist.usage(self.ledgers.settle(reserved, settle.used))
+        if traced is not None:
+            entry = self.tree.entries.get(reserved.chain[0])
+            self.tree.emit(EventKind.MODEL_CALL, entry, data=traced, at=traced["ended_at"])
+        if reply is None:
+            return None
+        answer_written(written, reply, reserved.chain[0])
+        return DEFERRED
 
     def _control(self, command: object, reply: Reply | None) -> object:
         """Apply one decoded control command (see ``protocol.ControlMessage``) as

@@ -94,7 +94,11 @@ class Endings:
                 EventKind.CYCLE_ENDED,
                 entry,
                 code=end.error.code if end.error else None,
-                data={"cycle": end.cycle, **({"error": end.error.message} if end.error else {})},
+                data={
+                    "cycle": end.cycle,
+                    **({"error": end.error.message} if end.error else {}),
+                    **({"trace": core.cycle_trace} if core.cycle_trace else {}),
+                },
             )
             if end.error is not None:
                 tree.rt.counters["main_cycles_failed"] += 1
@@ -256,7 +260,19 @@ class Endings:
         if held:
             core.slots.release()
         tree = self.tree
-        tree.emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now)
+        data = None
+        if core.info.trace is not None and entry.ledger is not None:  # for its span
+            used = entry.ledger.subtree
+            data = {
+                "usage": {
+                    "prompt_tokens": used.prompt_tokens,
+                    "completion_tokens": used.completion_tokens,
+                    "calls": used.calls,
+                    "cost": used.cost,
+                    "descendants": used.descendants,
+                }
+            }
+        tree.emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now, data=data)
         if old is SessionState.SUSPENDED:
             # as set_state writes a Branch leaving suspension (the ending's own write follows)
             tree.persist.snapshot(entry, now, resume=entry.shutdown_park)
@@ -278,7 +294,7 @@ class Endings:
         live_main = parent_live and parent_core.info.kind is SessionKind.MAIN
         if live_main and not (tree.closing and tree.store is not None):
             tree.note_input(parent)
-            tree.post(parent, Deliver(result))
+            tree.post(parent, Deliver(result, trace=entry.info.trace))
         if tree.rt.events.observed:
             tree.emit(EventKind.RESULT_DELIVERED, entry, data={"to": id_text(parent)}, at=now)
 

@@ -25,6 +25,7 @@ class EventKind(enum.StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
     SUSPEND_REQUESTED = "suspend_requested"
     RESULT_DELIVERED = "result_delivered"
+    CYCLE_STARTED = "cycle_started"
     CYCLE_ENDED = "cycle_ended"
     PROGRESS = "progress"
     CHILD_UPDATE = "child_update"
@@ -39,6 +40,7 @@ class EventKind(enum.StrEnum):
     PASSIVATED = "passivated"
     BUDGET_WARNING = "budget_warning"
     BUDGET_EXHAUSTED = "budget_exhausted"
+    MODEL_CALL = "model_call"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +57,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     ``MEMORY_RELIEVED``: use fell below the low mark and this branch, which
     pressure had suspended, was resumed (``data["suspended_s"]``: for how
     long). Both carry the reading and the mark (``used``, ``high``/``low``).
+    On a traced node only: ``CYCLE_STARTED`` (a Main's cycle began; ``data``:
+    ``cycle``, its span's ``trace``, ``parent_trace``, ``cut_off``) and
+    ``MODEL_CALL`` (a model call ended; ``data``: model, tokens, timings and
+    its span's ``trace``), and the ``trace`` of a Main's cycle in
+    ``CYCLE_ENDED``'s data.
     """
 
     kind: EventKind

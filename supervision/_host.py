@@ -15,14 +15,24 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore
 from sessiontree.conversations import Conversation
-from sessiontree.protocol import Completion, ErrorInfo, NodeClosedError, SessionKind, SpawnSpec
+from sessiontree.protocol import (
+    Completion,
+    ErrorInfo,
+    NodeClosedError,
+    SessionKind,
+    SpawnSpec,
+    child_traceparent,
+)
 from sessiontree.store import CycleRecord, WriteBatch
 from sessiontree.supervision._drivers import drive_async, drive_sync
 from sessiontree.supervision._refs import NodeSessions, Spawned
 from sessiontree.supervision._reports import (
     ChildUpdate,
+    CycleStarted,
     Parked,
     Progress,
     Refused,
@@ -46,6 +56,7 @@ class NodeHost:
     # value, like any refused spawn (once the shutdown let the skills go, the
     # spawn's checkpoint raises Cancelled(node_closed) before this is reached).
     def spawn(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
+        spec = _in_cycle(parent, spec)
         try:
             answer = self.node._call(Spawn(parent.session_id, spec), check=False)
         except NodeClosedError as exc:
@@ -53,6 +64,7 @@ class NodeHost:
         return self.node._spawned(answer)
 
     async def spawn_async(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
+        spec = _in_cycle(parent, spec)
         try:
             answer = await self.node._acall(Spawn(parent.session_id, spec), check=False)
         except NodeClosedError as exc:
@@ -60,6 +72,8 @@ class NodeHost:
         return self.node._spawned(answer)
 
     def spawn_many(self, parent: SessionCore, specs: tuple[SpawnSpec, ...]) -> list[Spawned]:
+        if parent.cycle_trace is not None:
+            specs = tuple(_in_cycle(parent, spec) for spec in specs)
         try:
             answers = self.node._call(SpawnMany(parent.session_id, specs), check=False)
         except NodeClosedError as exc:
@@ -69,6 +83,8 @@ class NodeHost:
     async def spawn_many_async(
         self, parent: SessionCore, specs: tuple[SpawnSpec, ...]
     ) -> list[Spawned]:
+        if parent.cycle_trace is not None:
+            specs = tuple(_in_cycle(parent, spec) for spec in specs)
         try:
             answers = await self.node._acall(SpawnMany(parent.session_id, specs), check=False)
         except NodeClosedError as exc:
@@ -136,6 +152,17 @@ class NodeHost:
         self.node._tell(RunsEnded(tuple(batch)))
         self.node.activity.end()
 
+    def cycle_traced(
+        self, core: SessionCore, cycle: int, parent: str | None, cut_off: str | None
+    ) -> str | None:
+        tracing = self.parts.config.tracing
+        if tracing is None:
+            return None
+        trace = child_traceparent(parent, tracing.sampling_ratio)
+        at = self.parts.clock.time()
+        self.node._tell(CycleStarted(core.session_id, cycle, trace, parent, cut_off, at))
+        return trace
+
     def cycle_starting(
         self, core: SessionCore, seq: int | None, child_id: uuid.UUID | None, attempt: int
     ) -> concurrent.futures.Future[None] | None:
@@ -148,6 +175,7 @@ class NodeHost:
             child_id=child_id,
             attempt=attempt,
             started_at=self.parts.clock.time(),
+            trace=core.cycle_trace,
         )
         try:
             return store.submit(WriteBatch().cycle(mark))
@@ -158,3 +186,11 @@ class NodeHost:
 
     def refused(self, core: SessionCore, what: str) -> None:
         self.node._tell(Refused(core.session_id, what))
+
+
+def _in_cycle(parent: SessionCore, spec: SpawnSpec) -> SpawnSpec:
+    """``spec`` from a traced Main's cycle: its child's span continues the
+    cycle's (a Branch's children continue the Branch's span without help)."""
+    if parent.cycle_trace is None or spec.trace is not None:
+        return spec
+    return msgspec.structs.replace(spec, trace=parent.cycle_trace)

@@ -22,6 +22,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._reports import CycleStarted
 from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._tree import Tree
 
@@ -58,6 +59,7 @@ class Messages:
         reply: Reply | None = None,
         *,
         unwedge: uuid.UUID | None = None,
+        trace: str | None = None,
     ) -> object:
         """Queue an inbound message for a Main (one message cycle). With a store it
         is written to the Main's inbox first and accepted once durable (with
@@ -83,7 +85,7 @@ class Messages:
             raise RejectedInputError(str(exc), field="message") from exc
         tree.note_input(entry)
         if future is None:
-            tree.post(entry, Inbound(message))
+            tree.post(entry, Inbound(message, trace=trace))
             return None
         entry.next_seq += 1
         entry.inflight += 1
@@ -101,9 +103,9 @@ class Messages:
                 )
             elif tree.held_reason is not None and session_id in tree.held:
                 # behind the Main's held replay: runs after it, once released
-                tree.held[session_id].append(Inbound(message, seq))
+                tree.held[session_id].append(Inbound(message, seq, trace=trace))
             else:
-                tree.post(entry, Inbound(message, seq))
+                tree.post(entry, Inbound(message, seq, trace=trace))
             if reply is not None:
                 reply.set(answer)
 
@@ -149,6 +151,18 @@ class Messages:
             return
         entry.last_progress = (note, data)
         self.tree.emit(EventKind.PROGRESS, entry, data={"note": note, **data})
+
+    def cycle_started(self, started: CycleStarted) -> None:
+        """A traced Main's cycle started: emitted (its span begins)."""
+        entry = self.tree.entries.get(started.session_id)
+        if entry is None:
+            return
+        data: dict[str, Any] = {"cycle": started.cycle, "trace": started.trace}
+        if started.parent is not None:
+            data["parent_trace"] = started.parent
+        if started.cut_off is not None:
+            data["cut_off"] = started.cut_off
+        self.tree.emit(EventKind.CYCLE_STARTED, entry, data=data, at=started.at)
 
     def child_update(self, session_id: uuid.UUID, message: Any) -> None:
         """A child's ``send_to_parent``: onto the parent's updates, if both still run."""

@@ -251,6 +251,16 @@ SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Work recovery held back (wedged or stale) and not yet requeued or dropped.",
         (),
     ),
+    "sessiontree_spans_exported": (
+        "counter",
+        "Spans a traced node exported (NodeConfig.tracing).",
+        (),
+    ),
+    "sessiontree_spans_dropped": (
+        "counter",
+        "Spans a traced node dropped: its export queue was full, or an export failed.",
+        (),
+    ),
     "sessiontree_store_map_used_bytes": ("gauge", "Bytes of the LMDB map in use.", ()),
     "sessiontree_store_map_size_bytes": ("gauge", "Size of the LMDB map.", ()),
     "sessiontree_store_readers": ("gauge", "LMDB reader slots in use.", ()),

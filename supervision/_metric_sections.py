@@ -56,6 +56,7 @@ class ScrapeCollector:
             self._models_section,
             self._store_section,
             self._recovery_section,
+            self._tracing_section,
         )
 
     def describe(self) -> list[Metric]:
@@ -178,6 +179,13 @@ class ScrapeCollector:
         yield decisions
         yield single("sessiontree_replay_held", 1 if node.replay_held is not None else 0)
         yield single("sessiontree_wedged_items", node.store.count("wedged"))
+
+    def _tracing_section(self) -> Iterator[Metric]:
+        node = self._node
+        if node.config.tracing is None:
+            return
+        yield single("sessiontree_spans_exported", node.spans_exported)
+        yield single("sessiontree_spans_dropped", node.spans_dropped)
 
 
 class Only:

@@ -75,13 +75,18 @@ class ModelCalls:
         loop: Callable[[], asyncio.AbstractEventLoop],
         *,
         durable: bool,
+        clock: Callable[[], float] | None = None,
+        capture_content: bool = False,
     ) -> None:
         """``ask`` a request of the Cortex and await its answer (``NodeClosedError``
         once the node closes), ``tell`` it a message; ``activity`` counts
         progress not yet told; ``loop`` is the node's event loop (made on
         first use); ``durable``: the node has a store, so a call waits until
-        its usage is written."""
+        its usage is written; ``clock``: on a traced node, the wall clock each
+        call's span is timed by (its content recorded with ``capture_content``)."""
         self.models = models
+        self.clock = clock
+        self.capture_content = capture_content
         self.agents = agents
         self.ask = ask
         self.tell = tell
@@ -124,27 +129,70 @@ class ModelCalls:
         if held.max_tokens is not None:
             request["max_tokens"] = held.max_tokens
         on_delta = functools.partial(self._delta, core) if call.stream else None
+        clock = self.clock
+        started = 0.0 if clock is None else clock()
         try:
             reply = await self.models.call(route, request, on_delta)
         except BaseException:  # cancelled (the request is closed): settled all the same
             cut = priced(Usage(prompt_tokens=estimate, calls=1), route.price)
             self._tally(core, route, cut, None)  # the metrics count what the budgets do
             self._flush_deltas()
-            self.tell(Call(Settle(held, cut)))
+            traced = None
+            if clock is not None:
+                traced = self._span(core, call, route, started, None, cut)
+                traced["error"] = ErrorCode.CANCELLED.value
+            self.tell(Call(Settle(held, cut, traced)))
             raise
         self._flush_deltas()
         completion, used = _outcome(route, held, reply)
         self._tally(core, route, used, completion.error)
+        traced = None if clock is None else self._span(core, call, route, started, completion, used)
         if not self.durable:
-            self.tell(Call(Settle(held, used)))  # nothing to wait for (see the docstring)
+            self.tell(Call(Settle(held, used, traced)))  # nothing to wait for (see the docstring)
             return completion
         try:
-            refused = await self.ask(Settle(held, used))
+            refused = await self.ask(Settle(held, used, traced))
         except NodeClosedError as exc:
             refused = exc.to_info()
         if refused is not None and completion.error is None:
             return msgspec.structs.replace(completion, error=refused)
         return completion
+
+    def _span(
+        self,
+        core: SessionCore,
+        call: ModelCall,
+        route: Route,
+        started: float,
+        completion: Completion | None,
+        used: Usage,
+    ) -> dict[str, Any]:
+        """What the call's span records (``MODEL_CALL``'s data): it is a child
+        of the session's span (a Main's: its running cycle's)."""
+        assert self.clock is not None
+        span: dict[str, Any] = {
+            "trace": core.cycle_trace or core.info.trace,
+            "model": route.model,
+            "provider": route.provider.name,
+            "started_at": started,
+            "ended_at": self.clock(),
+            "stream": call.stream,
+            "input_tokens": used.prompt_tokens,
+            "output_tokens": used.completion_tokens,
+            "cost": used.cost,
+        }
+        if completion is not None:
+            span.update(
+                response_model=completion.model,
+                max_tokens=completion.max_tokens,
+                finish_reason=completion.finish_reason,
+            )
+            if completion.error is not None:
+                span["error"] = completion.error.code.value
+            if self.capture_content:
+                span["prompt"] = _ENCODE(call.messages).decode()
+                span["reply"] = completion.text
+        return span
 
     def _release(self, asked: asyncio.Future[Reserved | ErrorInfo]) -> None:
         """A reservation granted after its call was cancelled: settled unused."""

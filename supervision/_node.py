@@ -125,6 +125,8 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         self.activity = Activity()
         self._restarts = Restarts()  # restarts per parent, for the patterns' intensity limit
         self.events = EventBus()
+        if parts.spans is not None:
+            self.events.subscribe(parts.spans)
         self._init_lifecycle()  # open; final_sessions, failure, fatal_error, rejected_input
         recovered = parts.recover(agents_of)
         self.recovery: dict[str, int] = {} if recovered is None else dict(recovered.figures)
@@ -154,6 +156,9 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
             self.activity,
             lambda: parts.event_loop().loop,
             durable=self.store is not None,
+            clock=None if self.config.tracing is None else parts.clock.time,
+            capture_content=self.config.tracing is not None
+            and self.config.tracing.capture_content,
         )
         try:
             self._cortex = start_cortex(self._runtime)
@@ -226,6 +231,27 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
     def subscribe(self, observer: Callable[[Event], None]) -> Callable[[], None]:
         """Call ``observer`` for every event (on the Cortex thread); returns an unsubscribe."""
         return self.events.subscribe(observer)
+
+    def flush_traces(self, timeout: float | None = None) -> bool:
+        """Export the spans that ended so far, now (a traced node; bounded by
+        ``timeout`` s, default the export timeout). False if the export could
+        not finish or the node is not traced (spans also go out on their
+        own, every ``Tracing.schedule_delay``, and at shutdown)."""
+        spans = self._parts.spans
+        return spans is not None and spans.flush(timeout)
+
+    @property
+    def spans_exported(self) -> int:
+        """Spans a traced node has exported (0 on a node that is not traced)."""
+        spans = self._parts.spans
+        return 0 if spans is None else spans.exported()
+
+    @property
+    def spans_dropped(self) -> int:
+        """Spans a traced node dropped: its export queue was full, or an export
+        failed (0 on a node that is not traced)."""
+        spans = self._parts.spans
+        return 0 if spans is None else spans.dropped()
 
     # -- sessions -----------------------------------------------------------------
 

@@ -101,6 +101,7 @@ class Recovered:
     deliveries: dict[uuid.UUID, list[SessionResult]] = field(default_factory=dict)
     inbox: dict[uuid.UUID, list[InboxRecord]] = field(default_factory=dict)
     attempts: dict[object, int] = field(default_factory=dict)
+    cut_off: dict[object, str] = field(default_factory=dict)  # keyed as attempts: the span
     decisions: list[RecoveryDecision] = field(default_factory=list)
     held: str | None = None
     figures: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -341,6 +342,8 @@ class _Recovery:
         if verdict.decision is Decision.FRESH:
             if verdict.attempt > 1:
                 self.plan.attempts[result.session_id] = verdict.attempt
+                if mark is not None and mark.trace is not None:
+                    self.plan.cut_off[result.session_id] = mark.trace
                 self.keep_mark(main_id)
             self.note("result", main_id, verdict, child_id=result.session_id)
             return True
@@ -360,6 +363,8 @@ class _Recovery:
         if verdict.decision is Decision.FRESH:
             if verdict.attempt > 1:
                 self.plan.attempts[(main_id, message.seq)] = verdict.attempt
+                if mark is not None and mark.trace is not None:
+                    self.plan.cut_off[(main_id, message.seq)] = mark.trace
                 self.keep_mark(main_id)
             self.note("message", main_id, verdict, seq=message.seq)
             self.plan.inbox.setdefault(main_id, []).append(message)

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+import msgspec
+
 from sessiontree.actors import AskTimeoutError
 from sessiontree.actors.runtime import Reply
 from sessiontree.protocol import (
@@ -29,6 +31,7 @@ from sessiontree.protocol import (
     SpawnSpec,
     Spending,
     make_spec,
+    parse_traceparent,
     spawn_batch,
 )
 from sessiontree.supervision._entry import SpawnAnswer
@@ -50,6 +53,7 @@ from sessiontree.supervision._requests import (
     SpawnMany,
     Suspend,
 )
+from sessiontree.supervision._trace_context import caller_traceparent
 
 __all__ = [
     "NodeSessions",
@@ -302,11 +306,31 @@ class NodeSessions(NodeBase):
     def _all_spawned(self, answers: list[SpawnAnswer]) -> list[Spawned]:
         return [self._spawned(answer) for answer in answers]
 
+    def _traced(self, spec: SpawnSpec) -> SpawnSpec:
+        """``spec`` continuing the caller's span, on a traced node (see ``SpawnSpec.trace``)."""
+        if self.config.tracing is None or spec.trace is not None:
+            return spec
+        trace = caller_traceparent()
+        return spec if trace is None else msgspec.structs.replace(spec, trace=trace)
+
+    def _traced_batch(self, specs: Iterable[SpawnSpec]) -> tuple[SpawnSpec, ...]:
+        batch = spawn_batch(specs)
+        if self.config.tracing is None:
+            return batch
+        return tuple(self._traced(spec) for spec in batch)
+
+    def _send_request(self, session_id: SessionIdLike, message: Any, trace: str | None) -> Send:
+        if self.config.tracing is not None:
+            trace = caller_traceparent() if trace is None else parse_traceparent(trace)
+        else:
+            trace = None
+        return Send(as_session_id(session_id), message, trace=trace)
+
     def _send_run(
         self, parent: SessionIdLike, spec: SpawnSpec | None, fields: dict[str, Any]
     ) -> Reply:
         """Ask the Cortex to ``Run`` a fresh child; the reply its answer comes on."""
-        request = Run(as_session_id(parent, "parent"), make_spec(spec, **fields))
+        request = Run(as_session_id(parent, "parent"), self._traced(make_spec(spec, **fields)))
         self._check_open()
         reply = Reply()
         self._send(request, reply)
@@ -327,7 +351,9 @@ class NodeSessions(NodeBase):
         ``RejectedInputError`` for a ``parent`` that is not a session id or a
         spec that does not build."""
         return self._spawned(
-            self._call(Spawn(as_session_id(parent, "parent"), make_spec(spec, **fields)))
+            self._call(
+                Spawn(as_session_id(parent, "parent"), self._traced(make_spec(spec, **fields)))
+            )
         )
 
     def spawn_many(self, parent: SessionIdLike, specs: Iterable[SpawnSpec]) -> list[Spawned]:
@@ -338,7 +364,7 @@ class NodeSessions(NodeBase):
         ``SpawnSpec`` or a ``parent`` that is not a session id. The batched
         path for spawning thousands at once."""
         sid = as_session_id(parent, "parent")
-        return self._all_spawned(self._call(SpawnMany(sid, spawn_batch(specs))))
+        return self._all_spawned(self._call(SpawnMany(sid, self._traced_batch(specs))))
 
     def run(
         self,
@@ -390,11 +416,15 @@ class NodeSessions(NodeBase):
         ``UnknownSessionError`` for an unknown id."""
         return self._call(Resume(as_session_id(session_id)))
 
-    def send(self, session_id: SessionIdLike, message: Any) -> ErrorInfo | None:
+    def send(
+        self, session_id: SessionIdLike, message: Any, *, trace: str | None = None
+    ) -> ErrorInfo | None:
         """Send a Main an inbound message (one message cycle); an error if it
         cannot take it (``not_allowed`` for other kinds, ``session_not_active``
-        once it stops); ``UnknownSessionError`` for an unknown id."""
-        return self._call(Send(as_session_id(session_id), message))
+        once it stops); ``UnknownSessionError`` for an unknown id. On a traced
+        node the cycle's span continues ``trace`` (a W3C ``traceparent``; a
+        malformed one is ignored), by default the caller's current span."""
+        return self._call(self._send_request(session_id, message, trace))
 
     def wait(self, session_id: SessionIdLike, timeout: float | None = None) -> SessionResult | None:
         """The session's result once it ends; None if ``timeout`` real seconds
@@ -437,13 +467,13 @@ class NodeSessions(NodeBase):
         self, parent: SessionIdLike, spec: SpawnSpec | None = None, /, **fields: Any
     ) -> Spawned:
         """Awaitable ``spawn``."""
-        request = Spawn(as_session_id(parent, "parent"), make_spec(spec, **fields))
+        request = Spawn(as_session_id(parent, "parent"), self._traced(make_spec(spec, **fields)))
         return self._spawned(await self._acall(request))
 
     async def aspawn_many(self, parent: SessionIdLike, specs: Iterable[SpawnSpec]) -> list[Spawned]:
         """Awaitable ``spawn_many``."""
         sid = as_session_id(parent, "parent")
-        return self._all_spawned(await self._acall(SpawnMany(sid, spawn_batch(specs))))
+        return self._all_spawned(await self._acall(SpawnMany(sid, self._traced_batch(specs))))
 
     async def arun(
         self,
@@ -482,9 +512,11 @@ class NodeSessions(NodeBase):
         """Awaitable ``resume``."""
         return await self._acall(Resume(as_session_id(session_id)))
 
-    async def asend(self, session_id: SessionIdLike, message: Any) -> ErrorInfo | None:
+    async def asend(
+        self, session_id: SessionIdLike, message: Any, *, trace: str | None = None
+    ) -> ErrorInfo | None:
         """Awaitable ``send``."""
-        return await self._acall(Send(as_session_id(session_id), message))
+        return await self._acall(self._send_request(session_id, message, trace))
 
     async def await_result(
         self, session_id: SessionIdLike, timeout: float | None = None

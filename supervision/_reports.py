@@ -86,6 +86,19 @@ class Progress:
 
 
 @dataclass(frozen=True, slots=True)
+class CycleStarted:
+    """A traced Main's cycle ``cycle`` started under span ``trace`` (a child of
+    ``parent``, linked to ``cut_off``: the run a crash cut off), at ``at``."""
+
+    session_id: uuid.UUID
+    cycle: int
+    trace: str
+    parent: str | None
+    cut_off: str | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Streamed:
     """Pieces of streamed model replies that arrived in one pass of the event
     loop, as (session id, text) in arrival order: each is a progress report

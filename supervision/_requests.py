@@ -126,11 +126,13 @@ class SpawnMany(Request[list[SpawnAnswer]], frozen=True):
 
 class Send(Request[ErrorInfo | None], frozen=True):
     """Queue an inbound message for a Main (one message cycle); ``unwedge``: the
-    held-back item it requeues, dropped in the same commit."""
+    held-back item it requeues, dropped in the same commit; ``trace``: the
+    caller's span (a traced node's cycle span continues it)."""
 
     session_id: uuid.UUID
     message: object
     unwedge: uuid.UUID | None = None
+    trace: str | None = None
 
 
 class Cancel(Request[ErrorInfo | None], frozen=True):
@@ -176,6 +178,7 @@ class Settle(Request[ErrorInfo | None], frozen=True):
 
     reserved: Reserved
     used: Usage
+    traced: dict[str, Any] | None = None  # a traced node: the call's span (MODEL_CALL's data)
 
 
 class BringBack(Request[None], frozen=True):

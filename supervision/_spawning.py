@@ -289,6 +289,9 @@ class Spawning:
                 metadata=dict(spec.metadata),
                 input=spec.input,
             )
+            if self.tree.rt.config.tracing is not None:
+                trace, trace_parent = self.tree.trace_for(parent, spec)
+                info = msgspec.structs.replace(info, trace=trace, trace_parent=trace_parent)
             entry = self.tree.register(
                 admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
             )
@@ -317,6 +320,7 @@ class Spawning:
         now = self.tree.now()
         kind = spec.kind
         main = kind is SessionKind.MAIN
+        trace, trace_parent = (None, None) if main else self.tree.trace_for(parent, spec)
         info = SessionInfo(
             session_id=new_session_id(),
             agent_id=agent.agent_id,
@@ -339,6 +343,8 @@ class Spawning:
             backend=backend,
             budget=budget,
             input=spec.input,
+            trace=trace,
+            trace_parent=trace_parent,
         )
         return self.tree.register(agent, info, parent, ttl, remote=remote, ttl_share=ttl_share)
 

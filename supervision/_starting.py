@@ -105,14 +105,17 @@ class Starting:
                 parent.receipts.append(result)
                 if parent.kind is SessionKind.MAIN:
                     attempt = plan.attempts.get(result.session_id, 1)
-                    (cut_off if attempt > 1 else rest).append((parent_id, Deliver(result, attempt)))
+                    span = plan.cut_off.get(result.session_id)
+                    deliver = Deliver(result, attempt, cut_off=span)
+                    (cut_off if attempt > 1 else rest).append((parent_id, deliver))
         for session_id, messages in plan.inbox.items():
             main = tree.entry(session_id)
             if main is None:
                 continue
             for message in messages:
                 attempt = plan.attempts.get((session_id, message.seq), 1)
-                inbound = Inbound(message.message, message.seq, attempt)
+                span = plan.cut_off.get((session_id, message.seq))
+                inbound = Inbound(message.message, message.seq, attempt, cut_off=span)
                 (cut_off if attempt > 1 else rest).append((session_id, inbound))
                 main.next_seq = max(main.next_seq, message.seq + 1)
         for main_id, item in cut_off + rest:

@@ -36,8 +36,11 @@ from sessiontree.protocol import (
     SessionInfo,
     SessionKind,
     SessionState,
+    SpawnSpec,
     UnknownSessionError,
+    child_traceparent,
     is_legal_transition,
+    parse_traceparent,
 )
 from sessiontree.store import SessionRecord
 from sessiontree.supervision._commits import Commits
@@ -217,6 +220,21 @@ class Tree:
         entry.mark += 1
         entry.idle_since = self.rt.clock.monotonic()
 
+    def trace_for(
+        self, parent: TreeEntry | None, spec: SpawnSpec
+    ) -> tuple[str | None, str | None]:
+        """A new Branch's or Worker's span and the span it continues, on a traced
+        node (else None, None): a child of the span ``spec.trace`` names (the
+        spawning skill's, or a caller's), else of its parent Branch's span,
+        else the root of a new trace."""
+        tracing = self.rt.config.tracing
+        if tracing is None:
+            return None, None
+        parent_trace = parse_traceparent(spec.trace) if spec.trace is not None else None
+        if parent_trace is None and parent is not None and parent.kind is not SessionKind.MAIN:
+            parent_trace = parent.info.trace
+        return child_traceparent(parent_trace, tracing.sampling_ratio), parent_trace
+
     # -- changing ---------------------------------------------------------------------
 
     def set_state(
@@ -258,10 +276,12 @@ class Tree:
         restored: bool = False,
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
+        cut_off: str | None = None,
     ) -> TreeEntry:
         """Index a session and start its actor (its first TTL timer: ``ttl`` s,
         on ``ttl_share`` if given); ``restored``: it comes back from the store
-        (its event says so); ``remote``: its skill runs on that backend."""
+        (its event says so); ``remote``: its skill runs on that backend;
+        ``cut_off``: the span of its run before a restart (its new span links to it)."""
         skill = agent.skills[info.skill]
         kind = info.kind
         rt = self.rt
@@ -292,6 +312,10 @@ class Tree:
             data: dict[str, Any] = {"kind": kind._value_, "skill": info.skill}
             if restored:
                 data.update(restored=True, created_at=info.created_at)
+            if info.trace is not None:  # a traced node: what its span needs
+                data.update(trace=info.trace, trace_parent=info.trace_parent, ttl=info.ttl)
+                if cut_off is not None:
+                    data["cut_off"] = cut_off
             self.emit(EventKind.SPAWNED, entry, data=data)
         return entry
 
@@ -305,7 +329,14 @@ class Tree:
             info = msgspec.structs.replace(info, skill=agent.main)
         parent = self.entry(info.parent_id)
         ttl = None if info.deadline is None else info.deadline - self.now()
-        entry = self.register(agent, info, parent, ttl, restored=True)
+        cut_off = None
+        tracing = self.rt.config.tracing
+        if tracing is not None and info.kind is not SessionKind.MAIN:
+            # its run after the restart is a new span under the same parent
+            cut_off = info.trace
+            trace = child_traceparent(info.trace_parent, tracing.sampling_ratio)
+            info = msgspec.structs.replace(info, trace=trace)
+        entry = self.register(agent, info, parent, ttl, restored=True, cut_off=cut_off)
         entry.ledger = self._restored_ledger(info, agent)
         core = entry.core
         core.context = context_from_record(record.context)

@@ -162,6 +162,7 @@ PROTOCOL = [
     "Usage",
     "as_json",
     "check_text",
+    "child_traceparent",
     "decode_control",
     "decode_inbound",
     "decode_strict",
@@ -170,8 +171,12 @@ PROTOCOL = [
     "iso_timestamp",
     "make_spec",
     "new_session_id",
+    "parse_traceparent",
+    "sampled_by_ratio",
     "session_key_for",
+    "span_id_of",
     "spawn_batch",
+    "trace_id_of",
 ]
 
 STORE = [
@@ -252,6 +257,7 @@ SUPERVISION = [
     "Spawned",
     "StoreConversations",
     "Summarizer",
+    "Tracing",
     "aggregate",
     "chat_command",
     "check_spawn",

@@ -13,9 +13,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import msgspec
 from litestar import Request, get, post
 from litestar.datastructures import State
-from litestar.params import Body, JSONBody, QueryParameter
+from litestar.params import Body, JSONBody, Parameter, QueryParameter
 
 from sessiontree.cli._api._errors import ERRORS, refuse
 from sessiontree.cli._api._listing import every_session
@@ -39,6 +40,7 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
     SpawnSpec,
+    parse_traceparent,
 )
 from sessiontree.supervision import Node
 
@@ -176,13 +178,30 @@ async def open_main(state: State, data: JSONBody[MainRequest]) -> SessionView:
     return await _view(node, ref.session_id)
 
 
+#: A W3C ``traceparent`` header: on a traced node, the spans a request starts continue it.
+TraceParent = Annotated[
+    str | None,
+    Parameter(
+        header="traceparent",
+        required=False,
+        description="W3C trace context: on a traced node the spawned session's span "
+        "(or the message cycle's) continues this span; a malformed value is ignored",
+    ),
+]
+
+
 @post("/sessions/{session_id:uuid}/children", tags=["sessions"], status_code=201, responses=ERRORS)
-async def spawn_child(state: State, session_id: Sid, data: JSONBody[SpawnSpec]) -> Spawn:
+async def spawn_child(
+    state: State, session_id: Sid, data: JSONBody[SpawnSpec], traceparent: TraceParent = None
+) -> Spawn:
     """Spawn a child under a session (a repeated request_id returns the first).
 
     A refused spawn is answered with its code's status and names the parent
     (404 unknown, 409 the tree's rules, 400 a bad ``ttl`` or ``skill``)."""
     node = node_of(state)
+    trace = parse_traceparent(traceparent)
+    if trace is not None and data.trace is None:
+        data = msgspec.structs.replace(data, trace=trace)
     spawned = await node.aspawn(session_id, data)
     if spawned.ref is None:
         refuse(spawned.error, session_id)  # the refusal is about the parent
@@ -260,13 +279,16 @@ async def resume_session(state: State, session_id: Sid) -> SessionView:
 
 
 @post("/sessions/{session_id:uuid}/messages", tags=["sessions"], status_code=202, responses=ERRORS)
-async def send_message(state: State, session_id: Sid, data: JSONBody[SendRequest]) -> SessionView:
+async def send_message(
+    state: State, session_id: Sid, data: JSONBody[SendRequest], traceparent: TraceParent = None
+) -> SessionView:
     """Send a Main an inbound message (one message cycle).
 
     Anything but a Main is a 403 ``not_allowed``; a Main stopping or ended a
     409 ``session_not_active``; a closing node a 503 ``node_closed``."""
     node = node_of(state)
-    refuse(await node.asend(session_id, data.message), session_id)
+    trace = parse_traceparent(traceparent)
+    refuse(await node.asend(session_id, data.message, trace=trace), session_id)
     return await _view(node, session_id)
 
 

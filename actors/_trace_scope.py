@@ -1,0 +1,43 @@
+"""A session's span as the current OpenTelemetry context while its skill runs.
+
+On a traced node a skill runs with its span (a Main: its cycle's) current,
+so what the skill traces itself (its own spans, an instrumented HTTP client)
+and the log records it makes carry the session's trace. The OpenTelemetry
+API alone is used; the spans are the node's ``SpanRecorder``'s.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import context, trace
+
+__all__ = ["context_of", "enter_span", "leave_span"]
+
+
+def context_of(traceparent: str | None) -> context.Context:
+    """A context whose current span is ``traceparent``'s (a normalised W3C
+    traceparent), or an empty context for None."""
+    if traceparent is None:
+        return context.Context()
+    span = trace.NonRecordingSpan(
+        trace.SpanContext(
+            int(traceparent[3:35], 16),
+            int(traceparent[36:52], 16),
+            is_remote=True,
+            trace_flags=trace.TraceFlags(int(traceparent[53:55], 16)),
+        )
+    )
+    return trace.set_span_in_context(span)
+
+
+def enter_span(traceparent: str | None) -> object | None:
+    """Make ``traceparent`` the current span of this thread or task; a token
+    for ``leave_span`` (None: nothing to enter)."""
+    if traceparent is None:
+        return None
+    return context.attach(context_of(traceparent))
+
+
+def leave_span(token: object | None) -> None:
+    """Undo ``enter_span``."""
+    if token is not None:
+        context.detach(token)  # type: ignore[arg-type]
