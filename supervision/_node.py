@@ -157,8 +157,7 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
             lambda: parts.event_loop().loop,
             durable=self.store is not None,
             clock=None if self.config.tracing is None else parts.clock.time,
-            capture_content=self.config.tracing is not None
-            and self.config.tracing.capture_content,
+            capture_content=self.config.tracing is not None and self.config.tracing.capture_content,
         )
         try:
             self._cortex = start_cortex(self._runtime)

@@ -220,9 +220,9 @@ class SessionRef:
         """Resume (branches only); see ``Node.resume``."""
         return self._node.resume(self.session_id)
 
-    def send(self, message: Any) -> ErrorInfo | None:
+    def send(self, message: Any, *, trace: str | None = None) -> ErrorInfo | None:
         """Send an inbound message (mains only); see ``Node.send``."""
-        return self._node.send(self.session_id, message)
+        return self._node.send(self.session_id, message, trace=trace)
 
     def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> Spawned:
         """Spawn a child under this session; see ``Node.spawn``."""
@@ -274,9 +274,9 @@ class SessionRef:
         """Awaitable ``resume``."""
         return await self._node.aresume(self.session_id)
 
-    async def asend(self, message: Any) -> ErrorInfo | None:
+    async def asend(self, message: Any, *, trace: str | None = None) -> ErrorInfo | None:
         """Awaitable ``send``."""
-        return await self._node.asend(self.session_id, message)
+        return await self._node.asend(self.session_id, message, trace=trace)
 
     async def aspawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> Spawned:
         """Awaitable ``spawn``."""

@@ -220,9 +220,7 @@ class Tree:
         entry.mark += 1
         entry.idle_since = self.rt.clock.monotonic()
 
-    def trace_for(
-        self, parent: TreeEntry | None, spec: SpawnSpec
-    ) -> tuple[str | None, str | None]:
+    def trace_for(self, parent: TreeEntry | None, spec: SpawnSpec) -> tuple[str | None, str | None]:
         """A new Branch's or Worker's span and the span it continues, on a traced
         node (else None, None): a child of the span ``spec.trace`` names (the
         spawning skill's, or a caller's), else of its parent Branch's span,

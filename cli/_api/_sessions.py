@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Request, get, post
 from litestar.datastructures import State
-from litestar.params import Body, JSONBody, Parameter, QueryParameter
+from litestar.params import Body, HeaderParameter, JSONBody, QueryParameter
 
 from sessiontree.cli._api._errors import ERRORS, refuse
 from sessiontree.cli._api._listing import every_session
@@ -181,8 +181,8 @@ async def open_main(state: State, data: JSONBody[MainRequest]) -> SessionView:
 #: A W3C ``traceparent`` header: on a traced node, the spans a request starts continue it.
 TraceParent = Annotated[
     str | None,
-    Parameter(
-        header="traceparent",
+    HeaderParameter(
+        name="traceparent",
         required=False,
         description="W3C trace context: on a traced node the spawned session's span "
         "(or the message cycle's) continues this span; a malformed value is ignored",

@@ -1,0 +1,554 @@
+"""Traces (issue 24): every session run, Main cycle and model call as a span.
+
+The main check exports to a real Arize Phoenix (``phoenix serve`` from the
+``test-traces`` extra) on 127.0.0.1 over OTLP/HTTP and reads the spans back
+through its REST API. The others read the spans an in-memory exporter got
+(the node's own ``Tracing(exporter=...)``), or count what an endpoint that
+does not answer cost.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sessiontree.actors import AsyncSession
+from sessiontree.cli._standin import StandinServer
+from sessiontree.protocol import (
+    ErrorCode,
+    SessionKind,
+    SpawnSpec,
+    child_traceparent,
+    parse_traceparent,
+    sampled_by_ratio,
+)
+from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics, Provider, Tracing
+from tests._served import ServedNode
+from tests.conftest import WAIT
+
+pytestmark = pytest.mark.timeout(180)
+
+FANOUT = 8
+MODEL = "trace-model"
+PHOENIX_START = 120.0  # real seconds Phoenix may take to answer (its first start migrates)
+
+
+# -- the agent -------------------------------------------------------------------------
+
+
+async def inbox(session: AsyncSession) -> None:
+    if session.message == "go":
+        await session.spawn(kind="branch", skill="parent")
+
+
+async def parent(session: AsyncSession) -> str:
+    specs = [SpawnSpec(kind=SessionKind.WORKER, task=f"task {i}", skill="asks") for i in range(6)]
+    specs.append(SpawnSpec(kind=SessionKind.WORKER, skill="crashes"))
+    specs.append(SpawnSpec(kind=SessionKind.WORKER, skill="waits"))
+    spawned = await session.spawn_many(specs)
+    refs = [s.ref for s in spawned]
+    assert all(ref is not None for ref in refs)
+    for ref in refs[:7]:
+        assert ref is not None
+        await session.wait(ref.session_id)
+    waiting = refs[7]
+    assert waiting is not None
+    await session.cancel_child(waiting.session_id)
+    await session.collect()
+    return "done"
+
+
+async def asks(session: AsyncSession) -> str:
+    completion = await session.complete(f"say something about {session.task}")
+    assert completion.error is None, completion.error
+    return completion.text or ""
+
+
+async def crashes(session: AsyncSession) -> None:
+    raise RuntimeError("a worker crashes")
+
+
+async def waits(session: AsyncSession) -> None:
+    await session.sleep(3600)
+
+
+def agent() -> Agent:
+    return Agent(
+        "tracer",
+        {
+            "inbox": inbox,
+            "parent": parent,
+            "asks": asks,
+            "crashes": crashes,
+            "waits": waits,
+        },
+        main_skill="inbox",
+        models={"small": MODEL, "large": MODEL},
+    )
+
+
+# -- Phoenix ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def phoenix_binary() -> str | None:
+    beside = Path(sys.executable).with_name("phoenix")
+    return str(beside) if beside.exists() else shutil.which("phoenix")
+
+
+@pytest.fixture(scope="module")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``phoenix serve`` on 127.0.0.1 (its own ports and working directory);
+    yields its base URL. Under CI a missing Phoenix fails, never skips."""
+    binary = phoenix_binary()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("phoenix (the test-traces extra) is not installed")
+        pytest.skip("phoenix is not installed (pip install -e '.[test-traces]')")
+    port, grpc = free_port(), free_port()
+    workdir = tmp_path_factory.mktemp("phoenix")
+    env = {
+        **os.environ,
+        "PHOENIX_HOST": "127.0.0.1",
+        "PHOENIX_PORT": str(port),
+        "PHOENIX_GRPC_PORT": str(grpc),
+        "PHOENIX_WORKING_DIR": str(workdir),
+        "PHOENIX_TELEMETRY_ENABLED": "false",
+    }
+    log = (workdir / "phoenix.log").open("wb")
+    process = subprocess.Popen([binary, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + PHOENIX_START
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/v1/projects", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = (workdir / "phoenix.log").read_bytes()[-2000:].decode(errors="replace")
+                pytest.fail(f"phoenix did not start ({process.returncode}): {tail}")
+            time.sleep(0.25)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        log.close()
+
+
+def phoenix_spans(url: str, project: str, at_least: int) -> list[dict[str, Any]]:
+    """Every span of ``project`` once there are ``at_least`` (bounded wait)."""
+    deadline = time.monotonic() + 30.0
+    found: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        found, cursor = [], None
+        while True:
+            params = {"limit": 1000, **({"cursor": cursor} if cursor else {})}
+            answer = httpx.get(f"{url}/v1/projects/{project}/spans", params=params, timeout=10)
+            if answer.status_code == 404:  # the project appears with its first span
+                break
+            answer.raise_for_status()
+            body = answer.json()
+            found.extend(body["data"])
+            cursor = body.get("next_cursor")
+            if not cursor:
+                break
+        if len(found) >= at_least:
+            return found
+        time.sleep(0.2)
+    names = sorted(s["name"] for s in found)
+    pytest.fail(f"phoenix holds {len(found)} spans of {project}, expected {at_least}: {names}")
+
+
+def test_a_fan_out_is_the_same_tree_of_spans_in_phoenix(phoenix: str) -> None:
+    project = f"fanout-{uuid.uuid4().hex[:8]}"
+    tracing = Tracing(
+        endpoint=f"{phoenix}/v1/traces",
+        service_name="sessiontree-test",
+        resource={"openinference.project.name": project},
+        schedule_delay=0.1,
+    )
+    with StandinServer(models=(MODEL,)) as standin:
+        config = NodeConfig(tracing=tracing, providers=(Provider(base_url=standin.url),))
+        node = Node([agent()], config)
+        try:
+            main = node.main("tracer")
+            assert main.send("go") is None
+            deadline = time.monotonic() + WAIT
+            while not node.sessions(kind=SessionKind.BRANCH):  # the cycle spawns it
+                assert time.monotonic() < deadline, "the message cycle spawned no branch"
+                node.wait_idle(0.05)
+            branch = node.sessions(kind=SessionKind.BRANCH)[0]
+            result = node.ref(branch.session_id).wait(WAIT)
+            assert result is not None, "the branch did not end"
+            assert result.ok, result
+            assert node.wait_idle(WAIT)  # the Main's cycle for that result ran
+            branch = node.ref(branch.session_id).info()
+            workers = list(node.sessions(kind=SessionKind.WORKER))
+            assert len(workers) == FANOUT
+            served = standin.tokens_served
+        finally:
+            node.shutdown()  # ends the cycles' spans and exports what is queued
+    # 2 cycles (the message's, the branch result's), 1 branch, 8 workers, 6 model calls
+    spans = phoenix_spans(phoenix, project, 2 + 1 + FANOUT + 6)
+    assert len(spans) == 17
+    by_session = {
+        s["attributes"].get("sessiontree.session.id"): s
+        for s in spans
+        if s["name"].startswith(("branch", "worker"))
+    }
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    cycles = [s for s in spans if s["name"] == "main cycle"]
+    first = next(c for c in cycles if c["parent_id"] is None)
+
+    # the tree of spans is the tree of sessions: one span per run, same parents
+    branch_span = by_session[str(branch.session_id)]
+    assert branch_span["parent_id"] == first["context"]["span_id"]
+    assert branch.trace is not None
+    assert branch.trace[36:52] == branch_span["context"]["span_id"]
+    for info in workers:
+        span = by_session[str(info.session_id)]
+        assert span["parent_id"] == branch_span["context"]["span_id"]
+        assert span["context"]["trace_id"] == first["context"]["trace_id"]
+        assert span["attributes"]["sessiontree.session.kind"] == "worker"
+        assert span["attributes"]["sessiontree.session.state"] == info.state.value
+    # the branch's result runs a cycle of the Main under the branch's span
+    second = next(c for c in cycles if c is not first)
+    assert second["parent_id"] == branch_span["context"]["span_id"]
+
+    # the crash and the cancellation carry their codes
+    crashed = next(s for s in by_session.values() if s["name"] == "worker crashes")
+    assert crashed["attributes"]["sessiontree.error.code"] == ErrorCode.CRASHED.value
+    assert crashed["status_code"] == "ERROR"
+    cancelled = next(s for s in by_session.values() if s["name"] == "worker waits")
+    assert cancelled["attributes"]["sessiontree.error.code"] == ErrorCode.CANCELLED.value
+    assert "cancel_requested" in [e["name"] for e in cancelled["events"]]
+
+    # model calls: children of their workers' spans, tokens adding up to what was served
+    calls = [s for s in spans if s["name"] == f"chat {MODEL}"]
+    assert len(calls) == 6
+    askers = {s["context"]["span_id"] for s in by_session.values() if s["name"] == "worker asks"}
+    assert {c["parent_id"] for c in calls} == askers
+    for call in calls:
+        assert call["attributes"]["gen_ai.operation.name"] == "chat"
+        assert call["attributes"]["gen_ai.request.model"] == MODEL
+        assert call["attributes"]["gen_ai.response.finish_reasons"] == ["stop"]
+        assert "gen_ai.input.messages" not in call["attributes"]  # content is off by default
+    tokens = sum(
+        c["attributes"]["gen_ai.usage.input_tokens"] + c["attributes"]["gen_ai.usage.output_tokens"]
+        for c in calls
+    )
+    assert tokens == served
+    # usage rolls up onto the branch's span
+    assert branch_span["attributes"]["sessiontree.usage.calls"] == 6
+    assert all(by_id.get(s["parent_id"]) is not None for s in spans if s["parent_id"])
+
+
+# -- context that travels --------------------------------------------------------------
+
+
+def spans_of(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    return list(exporter.get_finished_spans())
+
+
+def traced_config(exporter: InMemorySpanExporter, **fields: Any) -> NodeConfig:
+    return NodeConfig(tracing=Tracing(exporter=exporter, schedule_delay=0.05), **fields)
+
+
+async def done(session: AsyncSession) -> str:
+    return "done"
+
+
+SIMPLE = Agent("simple", {"main": inbox, "done": done}, main_skill="main")
+CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_traceparent_sent_over_http_is_the_parent_of_the_spawned_root() -> None:
+    exporter = InMemorySpanExporter()
+    node = Node([SIMPLE], traced_config(exporter))
+    served = ServedNode(node)
+    try:
+        main = node.main("simple")
+        answer = served.http.post(
+            f"/v1/sessions/{main.session_id}/children",
+            json={"kind": "branch", "skill": "done"},
+            headers={"traceparent": CALLER},
+        )
+        assert answer.status_code == 201, answer.text
+        traced = answer.json()["info"]
+        malformed = served.http.post(
+            f"/v1/sessions/{main.session_id}/children",
+            json={"kind": "branch", "skill": "done"},
+            headers={"traceparent": "00-not-a-trace-01"},
+        )
+        assert malformed.status_code == 201, malformed.text  # ignored, the request served
+        untraced = malformed.json()["info"]
+        assert node.wait_idle(WAIT)
+    finally:
+        served.close()
+        node.shutdown()
+    spans = {format(s.context.span_id, "016x"): s for s in spans_of(exporter)}
+    root = spans[traced["trace"][36:52]]
+    assert format(root.context.trace_id, "032x") == CALLER[3:35]
+    assert root.parent is not None
+    assert format(root.parent.span_id, "016x") == CALLER[36:52]
+    assert traced["trace_parent"] == CALLER
+    fresh = spans[untraced["trace"][36:52]]
+    assert fresh.parent is None  # a new trace of its own
+    assert format(fresh.context.trace_id, "032x") != CALLER[3:35]
+
+
+def test_a_message_continues_the_callers_span_into_the_cycle() -> None:
+    exporter = InMemorySpanExporter()
+    node = Node([SIMPLE], traced_config(exporter))
+    try:
+        main = node.main("simple")
+        assert main.send("hello", trace=CALLER) is None
+        assert main.send("again", trace="garbage") is None  # malformed: a trace of its own
+        assert node.wait_idle(WAIT)
+    finally:
+        node.shutdown()
+    cycles = [s for s in spans_of(exporter) if s.name == "main cycle"]
+    assert len(cycles) == 2
+    continued = [c for c in cycles if c.parent is not None]
+    assert len(continued) == 1
+    assert format(continued[0].parent.span_id, "016x") == CALLER[36:52]  # type: ignore[union-attr]
+
+
+async def parks(session: AsyncSession) -> str:
+    """A branch that waits at a checkpoint: a shutdown parks it; after the
+    restart it runs again and ends."""
+    if session.resumed:
+        return "resumed"
+    await session.sleep(3600)
+    return "never"
+
+
+PARKING = Agent("parking", {"main": inbox, "parks": parks}, main_skill="main")
+
+
+def test_a_recovered_branch_starts_a_new_span_linked_to_the_one_cut_off(tmp_path: Path) -> None:
+    exporter, later = InMemorySpanExporter(), InMemorySpanExporter()  # a node closes its own
+    store = tmp_path / "store"
+    first = Node([PARKING], traced_config(exporter, grace=1.0), store=store)
+    try:
+        main = first.main("parking")
+        spawned = main.spawn(kind="branch", skill="parks")
+        assert spawned.ref is not None
+        branch_id = spawned.ref.session_id
+        before = spawned.ref.info().trace
+        assert first.wait_idle(WAIT)
+    finally:
+        first.shutdown(grace=1.0)  # the running branch is parked, to resume after a restart
+    assert before is not None
+    second = Node([PARKING], traced_config(later), store=store)
+    try:
+        result = second.ref(branch_id).wait(WAIT)
+        assert result is not None
+        assert result.summary == "resumed"
+        after = second.ref(branch_id).info().trace
+    finally:
+        second.shutdown()
+    assert after is not None
+    assert after != before
+    spans = {format(s.context.span_id, "016x"): s for s in spans_of(exporter) + spans_of(later)}
+    cut = spans[before[36:52]]
+    assert "node_closed" in [e.name for e in cut.events]  # ended by the first node's close
+    rerun = spans[after[36:52]]
+    assert rerun.parent is None
+    assert cut.parent is None
+    assert [format(link.context.span_id, "016x") for link in rerun.links] == [before[36:52]]
+
+
+def test_a_skill_runs_with_its_span_as_the_current_one() -> None:
+    from opentelemetry import trace  # noqa: PLC0415 - the API a skill's own code uses
+
+    seen: list[str] = []
+
+    async def looks(session: AsyncSession) -> str:
+        context = trace.get_current_span().get_span_context()
+        seen.append(f"{context.trace_id:032x}-{context.span_id:016x}")
+        return session.traceparent or ""
+
+    exporter = InMemorySpanExporter()
+    node = Node(
+        [Agent("looks", {"main": inbox, "looks": looks}, main_skill="main")],
+        traced_config(exporter),
+    )
+    try:
+        main = node.main("looks")
+        result = main.run(kind="worker", skill="looks", timeout=WAIT)
+    finally:
+        node.shutdown()
+    assert result is not None
+    assert result.summary
+    assert seen == [result.summary[3:52]]
+
+
+# -- off costs nothing, a dead endpoint costs little ------------------------------------
+
+
+def test_a_node_that_is_not_traced_names_no_spans() -> None:
+    node = Node([SIMPLE])
+    try:
+        main = node.main("simple")
+        spawned = main.spawn(kind="branch", skill="done")
+        assert spawned.ref is not None
+        assert spawned.ref.info().trace is None
+        assert node.spans_dropped == 0
+        assert not node.flush_traces()
+    finally:
+        node.shutdown()
+
+
+def test_a_node_that_is_not_traced_never_imports_the_sdk() -> None:
+    script = (
+        "import sys\n"
+        "from sessiontree.supervision import Agent, Node\n"
+        "async def done(s): return 'ok'\n"
+        "node = Node([Agent('a', {'main': done, 'done': done}, main_skill='main')])\n"
+        "result = node.main('a').run(kind='worker', skill='done', timeout=30)\n"
+        "node.shutdown()\n"
+        "assert result is not None and result.ok, result\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk')))\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "[]"
+
+
+def test_an_unreachable_endpoint_never_holds_a_session_and_drops_are_counted() -> None:
+    closed = free_port()  # nothing listens there
+    tracing = Tracing(
+        endpoint=f"http://127.0.0.1:{closed}/v1/traces",
+        max_queue_size=4,
+        max_export_batch_size=4,
+        schedule_delay=0.05,
+        export_timeout=0.5,
+    )
+    node = Node([SIMPLE], NodeConfig(tracing=tracing))
+    metrics = NodeMetrics(node)
+    started = time.monotonic()
+    try:
+        main = node.main("simple")
+        results = [main.run(kind="worker", skill="done", timeout=WAIT) for _ in range(40)]
+        assert all(r is not None and r.ok for r in results)
+        ran = time.monotonic() - started
+    finally:
+        node.shutdown()
+    closing = time.monotonic() - started - ran
+    assert closing < 2 * tracing.export_timeout + 5.0  # the export thread is bounded
+    assert node.spans_dropped >= 40 - tracing.max_queue_size
+    assert node.spans_exported == 0
+    assert f"sessiontree_spans_dropped_total {float(node.spans_dropped)}" in (
+        metrics.exposition().decode()
+    )
+    assert not [t for t in threading.enumerate() if "OtelBatch" in t.name]
+
+
+# -- the W3C header and sampling -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "",
+        "garbage",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",  # no flags
+        "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",  # upper case
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",  # zero trace id
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # zero span id
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",  # version ff
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",  # 00 has no more
+        "x" * 600,
+    ],
+)
+def test_a_malformed_traceparent_is_ignored(header: str) -> None:
+    assert parse_traceparent(header) is None
+
+
+def test_a_traceparent_of_a_later_version_is_read_by_its_first_fields() -> None:
+    later = "cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-comes-next"
+    assert parse_traceparent(later) == CALLER
+    assert parse_traceparent(f" {CALLER} ") == CALLER
+    assert parse_traceparent(42) is None
+
+
+def test_a_child_span_keeps_its_trace_and_sampling_and_a_root_follows_the_ratio() -> None:
+    child = child_traceparent(CALLER)
+    assert child[:36] == CALLER[:36]
+    assert child[-2:] == "01"
+    assert child[36:52] != CALLER[36:52]
+    roots = [child_traceparent(None, 0.25) for _ in range(2000)]
+    sampled = [r for r in roots if r.endswith("-01")]
+    assert 300 < len(sampled) < 700  # about a quarter
+    assert all(sampled_by_ratio(int(r[3:35], 16), 0.25) == r.endswith("-01") for r in roots)
+    assert not any(child_traceparent(None, 0.0).endswith("-01") for _ in range(100))
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({}, "endpoint"),
+        ({"endpoint": "http://127.0.0.1:1/v1/traces", "sampling_ratio": 1.5}, "sampling_ratio"),
+        ({"endpoint": "http://127.0.0.1:1/v1/traces", "max_queue_size": 0}, "max_queue_size"),
+        ({"endpoint": "http://127.0.0.1:1/v1/traces", "export_timeout": 0}, "export_timeout"),
+        (
+            {
+                "endpoint": "http://127.0.0.1:1/v1/traces",
+                "max_queue_size": 4,
+                "max_export_batch_size": 8,
+            },
+            "max_export_batch_size",
+        ),
+    ],
+)
+def test_a_bad_tracing_setting_is_refused_naming_it(fields: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        Tracing(**fields)
+
+
+def test_the_node_command_takes_its_tracing_from_flags(tmp_path: Path) -> None:
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from sessiontree.cli import main as cli  # noqa: PLC0415
+
+    runner = CliRunner()
+    bad = runner.invoke(
+        cli, ["node", "start", "--store", str(tmp_path / "s"), "--otlp-header", "nokey"]
+    )
+    assert bad.exit_code == 2
+    assert "NAME=VALUE" in bad.output
+    lonely = runner.invoke(
+        cli, ["node", "start", "--store", str(tmp_path / "s"), "--trace-sampling", "0.5"]
+    )
+    assert lonely.exit_code == 2
+    assert "--otlp-endpoint" in lonely.output
