@@ -23,6 +23,12 @@ What it measures (the keys of the last stdout line, one JSON object):
   fresh node after a 200-cycle warm-up (so the 10,000 run crosses
   ``retain_terminal`` and exercises eviction); medians over the repetitions.
   Full garbage collections during the 10,000 run are reported on stderr.
+* ``traced_spawn_ratio`` — spawns per second building the tree on a traced
+  node (``NodeConfig.tracing``: every session a span, exported through the
+  batch processor over OTLP/HTTP to a receiver on 127.0.0.1 that takes
+  every export) ÷ the same on a node that is not traced; the two alternate
+  on fresh nodes (two builds of each with ``--quick``, three in full),
+  medians.
 
 All skills are ``async def`` (one event-loop thread for all of them; each
 session is still one actor). Nothing here busy-waits: workers block in
@@ -39,7 +45,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
+import http.server
 import json
 import os
 import statistics
@@ -54,7 +62,7 @@ from typing import Any
 from _common import log
 
 from sessiontree.protocol import SessionState
-from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
+from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig, Tracing
 
 FANOUT = 8
 WORKER_DEPTH = 4
@@ -485,6 +493,56 @@ def run_tree_reps(reps: int) -> dict[str, Any]:
     }
 
 
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    """A loopback OTLP/HTTP traces endpoint that takes every export (and keeps nothing)."""
+
+    received = 0  # bytes, for the log
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        type(self).received += len(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+def traced_builds(reps: int) -> dict[str, Any]:
+    """Tree builds on a node traced to a loopback OTLP receiver and on one that
+    is not, alternated (untraced, traced, ...): spawns per second of each."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        for rep in range(reps):
+            for mode in ("off", "on"):
+                config = node_config()
+                if mode == "on":
+                    config = dataclasses.replace(config, tracing=Tracing(endpoint=endpoint))
+                state, watcher = TreeState(), Watcher()
+                node = Node([make_agent(state)], config)
+                node.subscribe(watcher)
+                try:
+                    main, built = build_tree(node, watcher)
+                    rates[mode].append(TREE_SESSIONS / built)
+                    cascade_cancel(node, watcher, main)
+                finally:
+                    node.shutdown(grace=0)
+                log(f"  traced rep {rep + 1}/{reps} tracing {mode}: {rates[mode][-1]:,.0f}/s")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    log(f"  the receiver took {_Receiver.received / 2**20:.1f} MiB of spans")
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    return {"ratio": on / off, "off": off, "on": on}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute)")
@@ -500,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     tree = run_tree_reps(tree_reps)
     log("linear scaling (sequential node.run of a no-op worker)")
     scaling = linear_scaling(small_reps, big_reps)
+    log("tracing: tree builds exported to a loopback OTLP receiver, and without")
+    traced = traced_builds(2 if args.quick else 3)
 
     spawn_rates = [TREE_SESSIONS / s for s in tree["spawn_s"]]
     crash = tree["crash_ms"]
@@ -511,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         "crash_to_parent_p50_ms": round(percentile(crash, 50), 3),
         "crash_to_parent_p99_ms": round(percentile(crash, 99), 3),
         "linear_scaling_ratio": round(scaling["ratio"], 3),
+        "traced_spawn_ratio": round(traced["ratio"], 3),
         "quick": args.quick,
         "tree_builds": len(tree["spawn_s"]),
         "spawn_per_s_all": [round(r, 1) for r in spawn_rates],
@@ -527,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         "t_1000_cycles_all_s": [round(t, 4) for t in scaling["t_1000_all"]],
         "t_10000_cycles_all_s": [round(t, 4) for t in scaling["t_10000_all"]],
         "cycles_per_s": round(scaling["cycles_per_s"], 1),
+        "spawn_per_s_traced": round(traced["on"], 1),
+        "spawn_per_s_untraced": round(traced["off"], 1),
         "peak_rss_bytes": tree["peak_rss"],
         "peak_threads": tree["peak_threads"],
         "cpus": os.cpu_count(),
