@@ -41,6 +41,7 @@ from sessiontree.cli._session_cmds import sessions
 from sessiontree.cli._store_cmds import export_cmd, import_cmd, store
 from sessiontree.cli._token import TOKEN_META
 from sessiontree.cli._top import top
+from sessiontree.supervision import TraceIds
 
 __all__ = ["configure_logging", "main"]
 
@@ -48,14 +49,17 @@ _LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)
 
 
 def configure_logging(verbosity: int) -> None:
-    """Send log records to stderr: warnings by default, ``-v`` info, ``-vv`` debug."""
+    """Send log records to stderr: warnings by default, ``-v`` info, ``-vv`` debug;
+    a record made inside a span (a skill's, on a traced node) ends with its ids."""
     level = _LEVELS[min(max(verbosity, 0), len(_LEVELS) - 1)]
     logging.basicConfig(
         stream=sys.stderr,
         level=level,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s%(trace)s",
         force=True,
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(TraceIds())
 
 
 @click.group(

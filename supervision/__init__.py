@@ -25,6 +25,7 @@ from sessiontree.supervision._refs import SessionRef, Spawned
 from sessiontree.supervision._retry import Retry
 from sessiontree.supervision._rules import MAX_BRANCH_DEPTH, MAX_WORKER_DEPTH, check_spawn
 from sessiontree.supervision._spending import stored_spending
+from sessiontree.supervision._trace_context import TraceIds
 from sessiontree.supervision._tracing_config import Tracing
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "Spawned",
     "StoreConversations",
     "Summarizer",
+    "TraceIds",
     "Tracing",
     "aggregate",
     "chat_command",

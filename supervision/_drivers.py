@@ -25,6 +25,7 @@ from sessiontree.supervision._engine import (
     Command,
     Engine,
     _Cancel,
+    _Note,
     _Now,
     _Sleep,
     _SpawnMany,
@@ -77,6 +78,9 @@ def drive_sync(
                     answer = session.cancel_child(child)
                 case _Now():
                     answer = session.clock.monotonic()
+                case _Note(note=note, data=data):
+                    session.progress(note, **data)
+                    answer = None
     except StopIteration as stop:
         gathered: Gathered = stop.value
         return gathered
@@ -109,6 +113,9 @@ async def drive_async(
                     answer = await session.cancel_child(child)
                 case _Now():
                     answer = session.clock.monotonic()
+                case _Note(note=note, data=data):
+                    await session.progress(note, **data)
+                    answer = None
     except StopIteration as stop:
         gathered: Gathered = stop.value
         return gathered
@@ -174,6 +181,8 @@ class NodeDriver:
                 return node.cancel(child)
             case _Now():
                 return node.clock.monotonic()
+            case _Note():  # outside the tree: no session of ours to report on
+                return None
         return None
 
     def _wait_some(

@@ -91,7 +91,16 @@ class _Now:
     """Read the monotonic clock; answered with its seconds."""
 
 
-Command = _SpawnMany | _WaitSome | _Sleep | _Cancel | _Now
+@dataclass(frozen=True, slots=True)
+class _Note:
+    """Report progress ``note`` with ``data`` (a retry: the parent's event
+    stream and its span say so); answered with None."""
+
+    note: str
+    data: dict[str, Any]
+
+
+Command = _SpawnMany | _WaitSome | _Sleep | _Cancel | _Now | _Note
 Engine = Generator[Command, Any, Gathered]
 # -- the engine ----------------------------------------------------------------------------
 
@@ -242,6 +251,16 @@ class _Gather:
             )
             raise EscalationError(msg, errors=errors)
         wait = self.retry.backoff(len(task.attempts) + 1)
+        yield _Note(
+            "retry",
+            {
+                "task": task.index,
+                "attempt": len(task.attempts) + 1,
+                "after_s": wait,
+                "failed": str(child),
+                "code": result.error.code.value if result.error else None,
+            },
+        )
         heapq.heappush(self.delayed, (now + wait, task.index, task, wait))
 
     def _out_of_time(self) -> Generator[Command, Any, None]:

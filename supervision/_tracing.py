@@ -6,8 +6,11 @@ the span that spawned it; a Main's message cycle is a span, the root of a
 trace unless its message or its child's result continues one; every model
 call is a span under its session's (GenAI semantic conventions). The
 runtime names each span (``SessionInfo.trace``, ``session.traceparent``)
-before anything is exported, so a span here gets exactly that id: a
-one-shot ``IdGenerator`` hands the SDK the chosen ids.
+and decides its sampling (the flags of its traceparent) before anything is
+exported, so a span here is written, once it ends, as the SDK's finished
+``ReadableSpan`` under exactly those ids: while it is open it is a few
+fields (nothing is exported before a span ends), and no tracer, sampler or
+id generator of the SDK is needed.
 
 Everything runs on the Cortex thread (an ``EventBus`` observer) but the
 export: a ``BatchSpanProcessor`` sends batches from its own thread, with a
@@ -18,24 +21,25 @@ a session never waits for a span.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event as SpanEvent
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from sessiontree.protocol import ErrorCode, span_id_of, trace_id_of
+from sessiontree.protocol import ErrorCode
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._tracing_config import Tracing
 
@@ -64,34 +68,31 @@ _SPAN_EVENTS = {
 }
 
 
-def _parent_context(parent: str | None) -> otel_context.Context:
-    """A context whose current span is ``parent`` (a traceparent), or an empty one."""
-    if parent is None:
-        return otel_context.Context()
-    flags = TraceFlags(int(parent[53:55], 16))
-    span_context = SpanContext(trace_id_of(parent), span_id_of(parent), True, flags)
-    return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
+def _context(traceparent: str, remote: bool = False) -> SpanContext:
+    """The ``SpanContext`` a (normalised) W3C traceparent names."""
+    return SpanContext(
+        int(traceparent[3:35], 16),
+        int(traceparent[36:52], 16),
+        remote,
+        TraceFlags(int(traceparent[53:55], 16)),
+    )
 
 
 def _link(traceparent: str, why: str) -> Link:
-    flags = TraceFlags(int(traceparent[53:55], 16))
-    span_context = SpanContext(trace_id_of(traceparent), span_id_of(traceparent), True, flags)
-    return Link(span_context, {"sessiontree.link": why})
+    return Link(_context(traceparent, remote=True), {"sessiontree.link": why})
 
 
-class _ChosenIds(IdGenerator):
-    """The SDK's ids, but the ones chosen for the next span when there are."""
+@dataclass(slots=True)
+class _Open:
+    """A span that has begun: what it will be written with once it ends."""
 
-    def __init__(self) -> None:
-        self.next: tuple[int, int] | None = None
-        self._random = RandomIdGenerator()
-
-    def generate_trace_id(self) -> int:
-        return self._random.generate_trace_id() if self.next is None else self.next[0]
-
-    def generate_span_id(self) -> int:
-        chosen, self.next = self.next, None
-        return self._random.generate_span_id() if chosen is None else chosen[1]
+    name: str
+    context: SpanContext
+    parent: SpanContext | None
+    start: int  # ns since the epoch
+    attributes: dict[str, Any]
+    links: Sequence[Link] = ()
+    events: list[SpanEvent] = field(default_factory=list)
 
 
 class _Counted(SpanExporter):
@@ -166,15 +167,10 @@ class SpanRecorder:
             version = metadata.version("sessiontree")
         except metadata.PackageNotFoundError:  # pragma: no cover - run from a checkout
             version = "0"
-        resource = Resource.create(
+        self.resource = Resource.create(
             {"service.name": tracing.service_name, "service.version": version, **tracing.resource}
         )
-        self._ids = _ChosenIds()
-        self.provider = TracerProvider(
-            resource=resource,
-            sampler=ParentBased(TraceIdRatioBased(tracing.sampling_ratio)),
-            id_generator=self._ids,
-        )
+        self.scope = InstrumentationScope("sessiontree", version)
         exporter = tracing.exporter or OTLPSpanExporter(
             endpoint=tracing.endpoint,
             headers=dict(tracing.headers),
@@ -188,20 +184,18 @@ class SpanRecorder:
             max_export_batch_size=tracing.max_export_batch_size,
             export_timeout_millis=tracing.export_timeout * 1000.0,
         )
-        self.provider.add_span_processor(
-            _Queued(batch, tracing.max_queue_size, self.counts, self.lock)
-        )
-        self.tracer = self.provider.get_tracer("sessiontree", version)
+        self.processor = _Queued(batch, tracing.max_queue_size, self.counts, self.lock)
         # open spans: a Branch's or Worker's run, a Main's running cycle (one at a time)
-        self.runs: dict[uuid.UUID, trace.Span] = {}
-        self.cycles: dict[uuid.UUID, trace.Span] = {}
+        self.runs: dict[uuid.UUID, _Open] = {}
+        self.cycles: dict[uuid.UUID, _Open] = {}
+        self.closed = False
 
     # -- the observer ----------------------------------------------------------------
 
     def __call__(self, event: Event) -> None:
         kind = event.kind
         sid = event.session_id
-        if sid is None:
+        if sid is None or self.closed:
             return
         if kind is EventKind.SPAWNED:
             self._spawned(event, sid)
@@ -213,115 +207,139 @@ class SpanRecorder:
             self._cycle_ended(event, sid)
         elif kind is EventKind.MODEL_CALL:
             self._model_call(event)
-        elif kind in _SPAN_EVENTS:
+        elif kind in _SPAN_EVENTS or (
+            kind is EventKind.PROGRESS and event.data.get("note") == "retry"
+        ):
             span = self.runs.get(sid) or self.cycles.get(sid)
             if span is not None:
                 attributes = {"sessiontree.code": event.code} if event.code else {}
                 attributes.update(_flat(event.data))
-                span.add_event(_SPAN_EVENTS[kind], attributes, int(event.at * _NS))
+                name = _SPAN_EVENTS.get(kind, "retry")
+                span.events.append(SpanEvent(name, attributes, _ns(event.at)))
 
-    def _start(
+    def _write(
         self,
-        name: str,
-        traceparent: str,
-        parent: str | None,
-        at: float,
-        attributes: dict[str, Any],
-        links: list[Link] | None = None,
-    ) -> trace.Span:
-        self._ids.next = (trace_id_of(traceparent), span_id_of(traceparent))
-        try:
-            return self.tracer.start_span(
-                name,
-                context=_parent_context(parent),
-                attributes=attributes,
-                links=links,
-                start_time=int(at * _NS),
+        span: _Open,
+        end: float,
+        status: Status | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+    ) -> None:
+        """Hand the ended ``span`` to the batch processor."""
+        self.processor.on_end(
+            ReadableSpan(
+                name=span.name,
+                context=span.context,
+                parent=span.parent,
+                resource=self.resource,
+                attributes=span.attributes,
+                events=tuple(span.events),
+                links=tuple(span.links),
+                kind=kind,
+                status=status or Status(StatusCode.UNSET),
+                start_time=span.start,
+                end_time=max(_ns(end), span.start),
+                instrumentation_scope=self.scope,
             )
-        finally:
-            self._ids.next = None
+        )
 
     def _spawned(self, event: Event, sid: uuid.UUID) -> None:
         data = event.data
         traceparent = data.get("trace")
-        if traceparent is None:  # a Main: its cycles are its spans
+        if traceparent is None or traceparent[53:55] != "01":  # a Main, or not sampled
             return
+        skill = data.get("skill", "")
         attributes: dict[str, Any] = {
             "sessiontree.session.id": str(sid),
             "sessiontree.session.kind": event.session_kind or "",
-            "sessiontree.skill": data.get("skill", ""),
+            "sessiontree.skill": skill,
             "gen_ai.agent.name": event.agent_id or "",
         }
         if event.parent_id is not None:
             attributes["sessiontree.parent.id"] = str(event.parent_id)
         if data.get("ttl") is not None:
             attributes["sessiontree.session.ttl"] = float(data["ttl"])
-        links = None
+        links: tuple[Link, ...] = ()
+        at = data.get("created_at", event.at)
         if data.get("cut_off"):
-            links = [_link(data["cut_off"], "cut_off_by_restart")]
+            links = (_link(data["cut_off"], "cut_off_by_restart"),)
             attributes["sessiontree.restored"] = True
-        name = f"{event.session_kind} {data.get('skill', '')}".strip()
-        at = data.get("created_at", event.at) if links is None else event.at
-        self.runs[sid] = self._start(
-            name, traceparent, data.get("trace_parent"), at, attributes, links
+            at = event.at
+        parent = data.get("trace_parent")
+        self.runs[sid] = _Open(
+            f"{event.session_kind} {skill}".strip(),
+            _context(traceparent),
+            None if parent is None else _context(parent, remote=True),
+            _ns(at),
+            attributes,
+            links,
         )
 
     def _transition(self, event: Event, sid: uuid.UUID) -> None:
         span = self.runs.get(sid)
         if span is None:
             return
-        state, at = event.state or "", int(event.at * _NS)
+        state, at = event.state or "", _ns(event.at)
         if state == "suspended":
-            span.add_event("suspended", timestamp=at)
+            span.events.append(SpanEvent("suspended", None, at))
         elif event.previous == "suspended" and state == "active":
-            span.add_event("resumed", timestamp=at)
+            span.events.append(SpanEvent("resumed", None, at))
         if state not in _TERMINAL:
             return
         del self.runs[sid]
         code = event.code
-        if code == ErrorCode.TERMINATED_BY_FORCE.value:
-            span.add_event("terminated_by_force", timestamp=at)
-        span.set_attribute("sessiontree.session.state", state)
+        attributes = span.attributes
+        attributes["sessiontree.session.state"] = state
+        status = None
         if code is not None:
-            span.set_attribute("sessiontree.error.code", code)
+            if code == ErrorCode.TERMINATED_BY_FORCE.value:
+                span.events.append(SpanEvent("terminated_by_force", None, at))
+            attributes["sessiontree.error.code"] = code
             if code in _ERRORS or state == "failed":
-                span.set_attribute("error.type", code)
-                span.set_status(Status(StatusCode.ERROR, code))
+                attributes["error.type"] = code
+                status = Status(StatusCode.ERROR, code)
         for name, value in event.data.get("usage", {}).items():
-            span.set_attribute(f"sessiontree.usage.{name}", value)
-        span.end(at)
+            attributes[f"sessiontree.usage.{name}"] = value
+        self._write(span, event.at, status)
 
     def _cycle_started(self, event: Event, sid: uuid.UUID) -> None:
         data = event.data
         old = self.cycles.pop(sid, None)
         if old is not None:  # its end was never told (the node closed): ended here
-            old.end(int(event.at * _NS))
-        links = [_link(data["cut_off"], "cut_off_by_restart")] if data.get("cut_off") else None
-        attributes = {
-            "sessiontree.session.id": str(sid),
-            "sessiontree.session.kind": "main",
-            "sessiontree.cycle": data["cycle"],
-            "gen_ai.agent.name": event.agent_id or "",
-        }
-        name = "main cycle"
-        self.cycles[sid] = self._start(
-            name, data["trace"], data.get("parent_trace"), event.at, attributes, links
+            self._write(old, event.at)
+        traceparent = data["trace"]
+        if traceparent[53:55] != "01":
+            return
+        links = (_link(data["cut_off"], "cut_off_by_restart"),) if data.get("cut_off") else ()
+        parent = data.get("parent_trace")
+        self.cycles[sid] = _Open(
+            "main cycle",
+            _context(traceparent),
+            None if parent is None else _context(parent, remote=True),
+            _ns(event.at),
+            {
+                "sessiontree.session.id": str(sid),
+                "sessiontree.session.kind": "main",
+                "sessiontree.cycle": data["cycle"],
+                "gen_ai.agent.name": event.agent_id or "",
+            },
+            links,
         )
 
     def _cycle_ended(self, event: Event, sid: uuid.UUID) -> None:
         span = self.cycles.pop(sid, None)
         if span is None:
             return
+        status = None
         if event.code is not None:
-            span.set_attribute("sessiontree.error.code", event.code)
-            span.set_attribute("error.type", event.code)
-            span.set_status(Status(StatusCode.ERROR, event.data.get("error", event.code)))
-        span.end(int(event.at * _NS))
+            span.attributes["sessiontree.error.code"] = event.code
+            span.attributes["error.type"] = event.code
+            status = Status(StatusCode.ERROR, event.data.get("error", event.code))
+        self._write(span, event.at, status)
 
     def _model_call(self, event: Event) -> None:
         data = event.data
         parent = data.get("trace")
-        if parent is None:
+        if parent is None or parent[53:55] != "01":
             return
         model = data.get("model", "")
         attributes: dict[str, Any] = {
@@ -336,27 +354,26 @@ class SpanRecorder:
             "gen_ai.usage.input_tokens": data.get("input_tokens"),
             "gen_ai.usage.output_tokens": data.get("output_tokens"),
             "gen_ai.response.finish_reasons": (
-                [data["finish_reason"]] if data.get("finish_reason") else None
+                (data["finish_reason"],) if data.get("finish_reason") else None
             ),
             "sessiontree.usage.cost": data.get("cost"),
             "sessiontree.stream": data.get("stream"),
+            "error.type": data.get("error"),
         }
         if self.tracing.capture_content:
             optional["gen_ai.input.messages"] = data.get("prompt")
             optional["gen_ai.output.messages"] = data.get("reply")
         attributes.update({k: v for k, v in optional.items() if v is not None})
-        self._ids.next = None
-        span = self.tracer.start_span(
+        own = f"{parent[:35]}-{random.getrandbits(64) or 1:016x}-{parent[53:55]}"
+        span = _Open(
             f"chat {model}".strip(),
-            context=_parent_context(parent),
-            kind=trace.SpanKind.CLIENT,
-            attributes=attributes,
-            start_time=int(data["started_at"] * _NS),
+            _context(own),
+            _context(parent, remote=True),
+            _ns(data["started_at"]),
+            attributes,
         )
-        if data.get("error"):
-            span.set_attribute("error.type", data["error"])
-            span.set_status(Status(StatusCode.ERROR, data["error"]))
-        span.end(int(data["ended_at"] * _NS))
+        status = Status(StatusCode.ERROR, data["error"]) if data.get("error") else None
+        self._write(span, data["ended_at"], status, SpanKind.CLIENT)
 
     # -- closing ---------------------------------------------------------------------
 
@@ -374,20 +391,27 @@ class SpanRecorder:
         """Export what is queued now (bounded by ``timeout`` s, default the
         export timeout); False if it could not finish."""
         millis = (self.tracing.export_timeout if timeout is None else timeout) * 1000.0
-        return self.provider.force_flush(int(millis))
+        return self.processor.force_flush(int(millis))
 
     def close(self, at: float) -> None:
         """End the spans still open at ``at`` (marked ``node_closed``), export
         what is queued and stop the export thread: batches not sent within
         the export timeout are dropped (so a closing node waits at most about
-        twice that for an endpoint that does not answer)."""
+        twice that for an endpoint that does not answer). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
         for spans in (self.runs, self.cycles):
-            for span in spans.values():
-                span.add_event("node_closed", timestamp=int(at * _NS))
-                span.end(int(at * _NS))
+            for span in list(spans.values()):
+                span.events.append(SpanEvent("node_closed", None, _ns(at)))
+                self._write(span, at)
             spans.clear()
         self._exporter.deadline = time.monotonic() + self.tracing.export_timeout
-        self.provider.shutdown()
+        self.processor.shutdown()
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * _NS)
 
 
 def _flat(data: dict[str, Any]) -> dict[str, Any]:

@@ -200,3 +200,15 @@ async def async_waits_on_model(session: Any) -> str:
 def echo_input(session: Any) -> dict[str, Any]:
     """Return the step's structured input and where it ran."""
     return {"input": session.input, "backend": session.info.backend}
+
+
+def reports_span(session: Any) -> dict[str, Any]:
+    """The span current in the worker while the step runs, and the handle's traceparent."""
+    from opentelemetry import trace  # noqa: PLC0415 - the API a step's own code uses
+
+    context = trace.get_current_span().get_span_context()
+    return {
+        "current": f"{context.trace_id:032x}-{context.span_id:016x}" if context.is_valid else None,
+        "traceparent": session.traceparent,
+        "pid": os.getpid(),
+    }

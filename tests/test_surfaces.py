@@ -257,6 +257,7 @@ SUPERVISION = [
     "Spawned",
     "StoreConversations",
     "Summarizer",
+    "TraceIds",
     "Tracing",
     "aggregate",
     "chat_command",

@@ -9,6 +9,7 @@ does not answer cost.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -37,7 +38,16 @@ from sessiontree.protocol import (
     parse_traceparent,
     sampled_by_ratio,
 )
-from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics, Provider, Tracing
+from sessiontree.supervision import (
+    Agent,
+    Node,
+    NodeConfig,
+    NodeMetrics,
+    Provider,
+    Retry,
+    TraceIds,
+    Tracing,
+)
 from tests._served import ServedNode
 from tests.conftest import WAIT
 
@@ -552,3 +562,95 @@ def test_the_node_command_takes_its_tracing_from_flags(tmp_path: Path) -> None:
     )
     assert lonely.exit_code == 2
     assert "--otlp-endpoint" in lonely.output
+
+
+def test_a_skills_log_records_carry_its_span() -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    handler.addFilter(TraceIds())
+    skill_log = logging.getLogger("tests.traces.skill")
+    skill_log.addHandler(handler)
+    skill_log.setLevel(logging.INFO)
+
+    async def logs(session: AsyncSession) -> str:
+        skill_log.info("working on %s", session.task)
+        return session.traceparent or ""
+
+    node = Node(
+        [Agent("logs", {"main": inbox, "logs": logs}, main_skill="main")],
+        traced_config(InMemorySpanExporter()),
+    )
+    try:
+        result = node.main("logs").run(kind="worker", skill="logs", task="t", timeout=WAIT)
+        skill_log.info("outside any span")
+    finally:
+        node.shutdown()
+        skill_log.removeHandler(handler)
+    assert result is not None
+    inside, outside = records
+    assert (inside.otelTraceID, inside.otelSpanID) == (result.summary[3:35], result.summary[36:52])
+    assert inside.trace == f" [trace={result.summary[3:35]} span={result.summary[36:52]}]"
+    assert (outside.otelTraceID, outside.trace) == ("0", "")
+
+
+def test_a_step_on_the_process_backend_runs_under_its_sessions_span() -> None:
+    from tests import _remote_skills  # noqa: PLC0415 - importable by the worker processes
+
+    exporter = InMemorySpanExporter()
+    remote = Agent(
+        "remote", {"main": inbox, "reports": _remote_skills.reports_span}, main_skill="main"
+    )
+    node = Node([remote], traced_config(exporter, backend="process", process_workers=1))
+    try:
+        result = node.main("remote").run(kind="worker", skill="reports", timeout=60)
+    finally:
+        node.shutdown()
+    assert result is not None, "the step did not end"
+    assert result.ok, result
+    seen = result.artifacts
+    assert seen["pid"] != os.getpid()  # it ran in a worker process
+    assert seen["traceparent"] is not None
+    assert seen["current"] == seen["traceparent"][3:52]
+    spans = [s for s in spans_of(exporter) if s.name == "worker reports"]
+    assert [format(s.context.span_id, "016x") for s in spans] == [seen["traceparent"][36:52]]
+
+
+def test_a_retry_is_an_event_on_the_parents_span() -> None:
+    async def flaky(session: AsyncSession) -> str:
+        if session.task == "first":
+            raise RuntimeError("the first attempt fails")
+        return "ok"
+
+    async def retries(session: AsyncSession) -> str:
+        gathered = await session.fan_out(
+            ["first"],
+            skill="flaky",
+            retry=Retry(max_attempts=2, initial=0.01, fallback_skill="steady"),
+        )
+        return gathered.status.value
+
+    async def steady(session: AsyncSession) -> str:
+        return "steady"
+
+    skills = {"main": inbox, "retries": retries, "flaky": flaky, "steady": steady}
+    exporter = InMemorySpanExporter()
+    node = Node([Agent("retry", skills, main_skill="main")], traced_config(exporter))
+    try:
+        result = node.main("retry").run(kind="branch", skill="retries", timeout=WAIT)
+    finally:
+        node.shutdown()
+    assert result is not None, "the parent did not end"
+    assert result.ok, result
+    parent = next(s for s in spans_of(exporter) if s.name == "branch retries")
+    retried = [e for e in parent.events if e.name == "retry"]
+    assert len(retried) == 1
+    assert retried[0].attributes is not None
+    assert retried[0].attributes["sessiontree.attempt"] == 2
+    assert retried[0].attributes["sessiontree.code"] == ErrorCode.CRASHED.value
+    workers = [s.name for s in spans_of(exporter) if s.name.startswith("worker")]
+    assert sorted(workers) == ["worker flaky", "worker steady"]

@@ -29,6 +29,7 @@ from typing import Any
 from sessiontree.actors._completing import model_call, record_exchange, tool_result
 from sessiontree.actors._core import Cancelled, SessionContext
 from sessiontree.actors._execution import crash_info, to_outcome
+from sessiontree.actors._trace_scope import enter_span, leave_span
 from sessiontree.actors.backends._calls import decode_completion, encode_call
 from sessiontree.actors.backends._protocol import StepEnd, StepEvent, StepJob
 from sessiontree.protocol import (
@@ -191,6 +192,11 @@ class RemoteSession:
     @property
     def attempt(self) -> int:
         return self._job.attempt
+
+    @property
+    def traceparent(self) -> str | None:
+        """The session's span on a traced node (the current span while the step runs)."""
+        return self._job.info.trace
 
     @property
     def cancel_pending(self) -> bool:
@@ -400,6 +406,8 @@ def execute_step(
         return StepEnd(error=_remote_crash(exc, job, worker), worker=worker)
     handle_class = AsyncRemoteSession if job.is_async else RemoteSession
     handle = handle_class(job, control, emit)
+    # the session's span is current here too: what the step traces joins its trace
+    span = enter_span(job.info.trace)
     try:
         value = skill(handle)
         if inspect.isawaitable(value):
@@ -409,6 +417,8 @@ def execute_step(
         return StepEnd(cancelled=True, worker=worker)
     except BaseException as exc:  # noqa: BLE001 - every raise ends the step somehow
         return StepEnd(error=_remote_crash(exc, job, worker), worker=worker)
+    finally:
+        leave_span(span)
 
 
 async def _awaited(value: Any) -> Any:
