@@ -66,7 +66,7 @@ from sessiontree.protocol import (
     Usage,
 )
 from sessiontree.store import Store
-from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig
+from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig, Tracing
 
 __all__ = ["DEMO_GRACE", "REAL_MODEL_GRACE", "DemoError", "DemoReport", "run_demo"]
 
@@ -428,6 +428,7 @@ def run_demo(
     model_url: str | None = None,
     model: str | None = None,
     api_key_file: Path | None = None,
+    otlp_endpoint: str | None = None,
 ) -> DemoReport:
     """Run the scenario once on a fresh node and return what it produced.
 
@@ -439,13 +440,14 @@ def run_demo(
     through a read-only open). Model calls go to a stand-in started here,
     or with ``model_url`` to that OpenAI-compatible endpoint, every tier
     calling ``model`` (its key in ``api_key_file``), with a grace of
-    ``REAL_MODEL_GRACE``. Raises ``DemoError`` if the scenario does not
+    ``REAL_MODEL_GRACE``. With ``otlp_endpoint`` the node is traced to it
+    (``Tracing``; the otlp extra). Raises ``DemoError`` if the scenario does not
     settle in time (15 s on the stand-in), ``StoreLockedError`` if another
     node holds ``store``, ``ValueError`` for a bad endpoint or key file.
     """
     timing = _STANDIN_TIMING if model_url is None else _REAL_TIMING
     with model_endpoint(model_url, model, api_key_file) as endpoint:
-        return _run(endpoint, timing, store, on_event)
+        return _run(endpoint, timing, store, on_event, otlp_endpoint)
 
 
 def _run(
@@ -453,13 +455,17 @@ def _run(
     timing: _Timing,
     store: Path | None,
     on_event: Callable[[Node, Event, float], None] | None,
+    otlp_endpoint: str | None,
 ) -> DemoReport:
     clock = RealClock()  # the node's, and the demo's stopwatch
     started = clock.monotonic()
     gates = _Gates()
     scenario = _Scenario(gates, timing, endpoint.models)
     watch = _Watch(_MAIN_CYCLES, gates)
-    config = NodeConfig(grace=timing.grace, providers=(endpoint.provider,))
+    tracing = None
+    if otlp_endpoint is not None:
+        tracing = Tracing(endpoint=otlp_endpoint, service_name="sessiontree-demo")
+    config = NodeConfig(grace=timing.grace, providers=(endpoint.provider,), tracing=tracing)
     with _store_dir(store) as where:
         log.info("demo store directory: %s", where)
         node = Node([scenario.agent()], config, clock=clock, store=where)

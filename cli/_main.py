@@ -121,12 +121,20 @@ def main(ctx: click.Context, verbose: int, token_file: Path | None) -> None:
     default=None,
     help="A file holding the API key of --model-url (none: the endpoint needs no key).",
 )
+@click.option(
+    "--otlp-endpoint",
+    default=None,
+    metavar="URL",
+    help="Export the demo's spans to this OTLP/HTTP traces URL (e.g. Phoenix's "
+    "http://127.0.0.1:6006/v1/traces; needs the otlp extra).",
+)
 def demo(
     as_json: bool,
     store: Path | None,
     model_url: str | None,
     model: str | None,
     api_key_file: Path | None,
+    otlp_endpoint: str | None,
 ) -> None:
     """Run a fixed, deterministic scenario on simulated skills and a model (a few seconds).
 
@@ -145,7 +153,12 @@ def demo(
         raise click.UsageError("--model and --api-key-file go with --model-url")
     if model_url is not None and not model:
         raise click.UsageError("--model-url needs --model NAME (the model to call there)")
-    options = {"model_url": model_url, "model": model, "api_key_file": api_key_file}
+    options = {
+        "model_url": model_url,
+        "model": model,
+        "api_key_file": api_key_file,
+        "otlp_endpoint": otlp_endpoint,
+    }
     if as_json:
         report = _run(store, None, options)
         click.echo(json.dumps(report.to_json(), indent=2))

@@ -253,6 +253,7 @@ class SpanRecorder:
             "sessiontree.session.kind": event.session_kind or "",
             "sessiontree.skill": skill,
             "gen_ai.agent.name": event.agent_id or "",
+            "openinference.span.kind": "AGENT",  # how Phoenix draws it
         }
         if event.parent_id is not None:
             attributes["sessiontree.parent.id"] = str(event.parent_id)
@@ -321,6 +322,7 @@ class SpanRecorder:
                 "sessiontree.session.kind": "main",
                 "sessiontree.cycle": data["cycle"],
                 "gen_ai.agent.name": event.agent_id or "",
+                "openinference.span.kind": "CHAIN",
             },
             links,
         )
@@ -347,6 +349,7 @@ class SpanRecorder:
             "gen_ai.request.model": model,
             "gen_ai.provider.name": data.get("provider", ""),
             "sessiontree.session.id": str(event.session_id),
+            "openinference.span.kind": "LLM",
         }
         optional = {
             "gen_ai.response.model": data.get("response_model"),

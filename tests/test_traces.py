@@ -654,3 +654,40 @@ def test_a_retry_is_an_event_on_the_parents_span() -> None:
     assert retried[0].attributes["sessiontree.code"] == ErrorCode.CRASHED.value
     workers = [s.name for s in spans_of(exporter) if s.name.startswith("worker")]
     assert sorted(workers) == ["worker flaky", "worker steady"]
+
+
+def test_the_demo_is_one_trace_in_phoenix(phoenix: str) -> None:
+    from sessiontree.cli._demo import run_demo  # noqa: PLC0415
+
+    report = run_demo(otlp_endpoint=f"{phoenix}/v1/traces")  # the default project
+    runs = {s["session_id"]: s for s in report.sessions if s["kind"] != "main"}
+    main_id = next(s["session_id"] for s in report.sessions if s["kind"] == "main")
+    deadline = time.monotonic() + 30.0
+    while True:  # other runs export to the default project too: this Main's trace
+        spans = phoenix_spans(phoenix, "default", len(runs) + 1)
+        roots = [
+            s
+            for s in spans
+            if s["parent_id"] is None and s["attributes"].get("sessiontree.session.id") == main_id
+        ]
+        trace = roots[0]["context"]["trace_id"] if roots else None
+        spans = [s for s in spans if s["context"]["trace_id"] == trace]
+        by_session = {
+            s["attributes"]["sessiontree.session.id"]: s
+            for s in spans
+            if s["name"].startswith(("branch", "worker"))
+        }
+        if set(by_session) >= set(runs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    # the research task is one trace: every branch and worker of it, in a tree
+    assert set(by_session) == set(runs)
+    assert [r["name"] for r in roots] == ["main cycle"]
+    ids = {s["context"]["span_id"] for s in spans}
+    assert all(s["parent_id"] in ids for s in spans if s["parent_id"] is not None)
+    for session_id, run in runs.items():
+        span = by_session[session_id]
+        assert span["attributes"]["sessiontree.session.state"] == run["state"]
+        parent = run["parent_id"]
+        if parent != main_id:  # under a branch: its parent's span
+            assert span["parent_id"] == by_session[parent]["context"]["span_id"]
