@@ -281,6 +281,7 @@ class Spawning:
                 admitted.budget,
             )
         else:  # its sibling's identity but for the id and its work: made at the same instant
+            trace, trace_parent = self.tree.trace_for(parent, spec)
             info = msgspec.structs.replace(
                 last,
                 session_id=new_session_id(),
@@ -288,10 +289,9 @@ class Spawning:
                 context_summary=spec.context_summary,
                 metadata=dict(spec.metadata),
                 input=spec.input,
+                trace=trace,
+                trace_parent=trace_parent,
             )
-            if self.tree.rt.config.tracing is not None:
-                trace, trace_parent = self.tree.trace_for(parent, spec)
-                info = msgspec.structs.replace(info, trace=trace, trace_parent=trace_parent)
             entry = self.tree.register(
                 admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
             )

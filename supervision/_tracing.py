@@ -83,6 +83,15 @@ def _link(traceparent: str, why: str) -> Link:
 
 
 @dataclass(slots=True)
+class _Run:
+    """A Branch's or Worker's run whose span has begun: its spawn, and the
+    span events so far (the span is built once it ends)."""
+
+    spawned: Event
+    events: list[SpanEvent] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _Open:
     """A span that has begun: what it will be written with once it ends."""
 
@@ -186,7 +195,7 @@ class SpanRecorder:
         )
         self.processor = _Queued(batch, tracing.max_queue_size, self.counts, self.lock)
         # open spans: a Branch's or Worker's run, a Main's running cycle (one at a time)
-        self.runs: dict[uuid.UUID, _Open] = {}
+        self.runs: dict[uuid.UUID, _Run] = {}
         self.cycles: dict[uuid.UUID, _Open] = {}
         self.closed = False
 
@@ -243,13 +252,20 @@ class SpanRecorder:
         )
 
     def _spawned(self, event: Event, sid: uuid.UUID) -> None:
+        """A run's span begins: its spawn is kept as it is, and the span is
+        built from it when it ends (nothing is exported before; a spawn
+        costs a dict entry)."""
+        traceparent = event.data.get("trace")
+        if traceparent is not None and traceparent[53:55] == "01":  # a Main has none
+            self.runs[sid] = _Run(event)
+
+    def _opened(self, run: _Run) -> _Open:
+        """The span of ``run``, from its spawn."""
+        event = run.spawned
         data = event.data
-        traceparent = data.get("trace")
-        if traceparent is None or traceparent[53:55] != "01":  # a Main, or not sampled
-            return
         skill = data.get("skill", "")
         attributes: dict[str, Any] = {
-            "sessiontree.session.id": str(sid),
+            "sessiontree.session.id": str(event.session_id),
             "sessiontree.session.kind": event.session_kind or "",
             "sessiontree.skill": skill,
             "gen_ai.agent.name": event.agent_id or "",
@@ -266,27 +282,29 @@ class SpanRecorder:
             attributes["sessiontree.restored"] = True
             at = event.at
         parent = data.get("trace_parent")
-        self.runs[sid] = _Open(
+        return _Open(
             f"{event.session_kind} {skill}".strip(),
-            _context(traceparent),
+            _context(data["trace"]),
             None if parent is None else _context(parent, remote=True),
             _ns(at),
             attributes,
             links,
+            run.events,
         )
 
     def _transition(self, event: Event, sid: uuid.UUID) -> None:
-        span = self.runs.get(sid)
-        if span is None:
+        run = self.runs.get(sid)
+        if run is None:
             return
         state, at = event.state or "", _ns(event.at)
         if state == "suspended":
-            span.events.append(SpanEvent("suspended", None, at))
+            run.events.append(SpanEvent("suspended", None, at))
         elif event.previous == "suspended" and state == "active":
-            span.events.append(SpanEvent("resumed", None, at))
+            run.events.append(SpanEvent("resumed", None, at))
         if state not in _TERMINAL:
             return
         del self.runs[sid]
+        span = self._opened(run)
         code = event.code
         attributes = span.attributes
         attributes["sessiontree.session.state"] = state
@@ -404,11 +422,13 @@ class SpanRecorder:
         if self.closed:
             return
         self.closed = True
-        for spans in (self.runs, self.cycles):
-            for span in list(spans.values()):
-                span.events.append(SpanEvent("node_closed", None, _ns(at)))
-                self._write(span, at)
-            spans.clear()
+        still_open = [self._opened(run) for run in self.runs.values()]
+        still_open += self.cycles.values()
+        self.runs.clear()
+        self.cycles.clear()
+        for span in still_open:
+            span.events.append(SpanEvent("node_closed", None, _ns(at)))
+            self._write(span, at)
         self._exporter.deadline = time.monotonic() + self.tracing.export_timeout
         self.processor.shutdown()
 
