@@ -159,7 +159,14 @@ class SessionCore:
     number of the message a Main's current cycle runs, ``attempt`` which run
     of its work this is (more than 1 once crashes cut runs of it off). ``remote`` is set for a
     session whose skill runs on another backend (a process, a Ray actor).
+    ``cycle_trace``: a traced Main's running cycle's span.
     """
+
+    # Set on an instance only on a traced node: a class default keeps the
+    # instance's attributes under what CPython's key-sharing dicts hold (at 30
+    # every session's dict became one of its own, 296 -> 1,584 bytes, and
+    # spawns ran 7 % slower; tests/test_traces.py guards the count).
+    cycle_trace: str | None = None
 
     def __init__(
         self,
@@ -192,7 +199,6 @@ class SessionCore:
         self.resumed = False
         self.input_seq: int | None = None
         self.attempt = 1
-        self.cycle_trace: str | None = None  # a traced Main's running cycle's span
         self.last_checkpoint = clock.monotonic()
         self.stuck = False
         self.holds_slot = False

@@ -264,7 +264,9 @@ class SessionActorLogic:
             core.attempt = item.attempt
             self.cycles += 1
             self.cycle_running = True
-            core.cycle_trace = self.host.cycle_traced(core, self.cycles, item.trace, item.cut_off)
+            trace = self.host.cycle_traced(core, self.cycles, item.trace, item.cut_off)
+            if trace is not None or core.cycle_trace is not None:  # see SessionCore
+                core.cycle_trace = trace
             # With a store the cycle is marked as started, durably, before the
             # skill runs: a crash in it is then counted against its input.
             marked = self.host.cycle_starting(core, core.input_seq, child, item.attempt)
