@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from opentelemetry import context, trace
 
+from sessiontree.protocol import flags_of, span_id_of, trace_id_of
+
 __all__ = ["context_of", "enter_span", "leave_span"]
 
 
@@ -20,10 +22,10 @@ def context_of(traceparent: str | None) -> context.Context:
         return context.Context()
     span = trace.NonRecordingSpan(
         trace.SpanContext(
-            int(traceparent[3:35], 16),
-            int(traceparent[36:52], 16),
+            trace_id_of(traceparent),
+            span_id_of(traceparent),
             is_remote=True,
-            trace_flags=trace.TraceFlags(int(traceparent[53:55], 16)),
+            trace_flags=trace.TraceFlags(flags_of(traceparent)),
         )
     )
     return trace.set_span_in_context(span)

@@ -89,6 +89,7 @@ from sessiontree.protocol._states import (
 )
 from sessiontree.protocol._trace import (
     child_traceparent,
+    flags_of,
     parse_traceparent,
     sampled_by_ratio,
     span_id_of,
@@ -186,6 +187,7 @@ __all__ = [
     "decode_inbound",
     "decode_strict",
     "encode_json",
+    "flags_of",
     "is_legal_transition",
     "iso_timestamp",
     "make_spec",

@@ -18,6 +18,7 @@ MAX_NAME_CHARS = 128
 Task = Annotated[str, msgspec.Meta(max_length=MAX_TASK_CHARS)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 Metadata = Annotated[dict[str, Any], msgspec.Meta(max_length=64)]
+TraceParent = Annotated[str, msgspec.Meta(max_length=512)]  # a W3C header's worth
 
 
 class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -56,7 +57,7 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     backend: Name | None = None
     budget: Budget | None = None
     input: Any = None
-    trace: str | None = msgspec.field(default=None)
+    trace: TraceParent | None = None
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):

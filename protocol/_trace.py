@@ -15,6 +15,7 @@ import re
 
 __all__ = [
     "child_traceparent",
+    "flags_of",
     "parse_traceparent",
     "sampled_by_ratio",
     "span_id_of",
@@ -67,3 +68,8 @@ def trace_id_of(traceparent: str) -> int:
 def span_id_of(traceparent: str) -> int:
     """The span id of a (normalised) ``traceparent``."""
     return int(traceparent[36:52], 16)
+
+
+def flags_of(traceparent: str) -> int:
+    """The trace flags of a (normalised) ``traceparent``: bit 0 says it is sampled."""
+    return int(traceparent[53:55], 16)

@@ -21,7 +21,6 @@ a session never waits for a span.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import uuid
@@ -39,7 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from sessiontree.protocol import ErrorCode
+from sessiontree.protocol import ErrorCode, child_traceparent, flags_of, span_id_of, trace_id_of
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._tracing_config import Tracing
 
@@ -71,10 +70,10 @@ _SPAN_EVENTS = {
 def _context(traceparent: str, remote: bool = False) -> SpanContext:
     """The ``SpanContext`` a (normalised) W3C traceparent names."""
     return SpanContext(
-        int(traceparent[3:35], 16),
-        int(traceparent[36:52], 16),
+        trace_id_of(traceparent),
+        span_id_of(traceparent),
         remote,
-        TraceFlags(int(traceparent[53:55], 16)),
+        TraceFlags(flags_of(traceparent)),
     )
 
 
@@ -256,7 +255,7 @@ class SpanRecorder:
         built from it when it ends (nothing is exported before; a spawn
         costs a dict entry)."""
         traceparent = event.data.get("trace")
-        if traceparent is not None and traceparent[53:55] == "01":  # a Main has none
+        if traceparent is not None and flags_of(traceparent) & 1:  # a Main has none
             self.runs[sid] = _Run(event)
 
     def _opened(self, run: _Run) -> _Open:
@@ -326,7 +325,7 @@ class SpanRecorder:
         if old is not None:  # its end was never told (the node closed): ended here
             self._write(old, event.at)
         traceparent = data["trace"]
-        if traceparent[53:55] != "01":
+        if not flags_of(traceparent) & 1:  # not sampled
             return
         links = (_link(data["cut_off"], "cut_off_by_restart"),) if data.get("cut_off") else ()
         parent = data.get("parent_trace")
@@ -359,7 +358,7 @@ class SpanRecorder:
     def _model_call(self, event: Event) -> None:
         data = event.data
         parent = data.get("trace")
-        if parent is None or parent[53:55] != "01":
+        if parent is None or not flags_of(parent) & 1:
             return
         model = data.get("model", "")
         attributes: dict[str, Any] = {
@@ -385,7 +384,7 @@ class SpanRecorder:
             optional["gen_ai.input.messages"] = data.get("prompt")
             optional["gen_ai.output.messages"] = data.get("reply")
         attributes.update({k: v for k, v in optional.items() if v is not None})
-        own = f"{parent[:35]}-{random.getrandbits(64) or 1:016x}-{parent[53:55]}"
+        own = child_traceparent(parent)  # its own span, in its session's trace
         span = _Open(
             f"chat {model}".strip(),
             _context(own),

@@ -167,6 +167,7 @@ PROTOCOL = [
     "decode_inbound",
     "decode_strict",
     "encode_json",
+    "flags_of",
     "is_legal_transition",
     "iso_timestamp",
     "make_spec",
