@@ -9,9 +9,11 @@ does not answer cost.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -714,3 +716,39 @@ def test_a_session_core_keeps_to_a_shared_key_dict() -> None:
     finally:
         node.shutdown(grace=0)
     assert max(sizes) < 30
+
+
+def test_a_cycle_a_crash_cut_off_reruns_under_a_span_linked_to_it(tmp_path: Path) -> None:
+    from tests import traced_crash_node  # noqa: PLC0415 - the killed node's agent
+
+    store, span_file = tmp_path / "store", tmp_path / "span"
+    command = [sys.executable, "-m", "tests.traced_crash_node", str(store), str(span_file)]
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(command, cwd=root)
+    try:
+        deadline = time.monotonic() + 60.0
+        while not span_file.exists():  # the cycle runs: its mark is durable
+            assert child.poll() is None, "the node died before its cycle ran"
+            assert time.monotonic() < deadline, "the cycle never started"
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(30)
+    cut_off = span_file.read_text(encoding="utf-8")
+    assert parse_traceparent(cut_off) == cut_off
+
+    exporter = InMemorySpanExporter()
+    config = dataclasses.replace(
+        traced_crash_node.config(), tracing=Tracing(exporter=exporter, schedule_delay=0.05)
+    )
+    node = Node([traced_crash_node.make_agent()], config, store=store)
+    try:
+        assert node.wait_idle(WAIT)
+    finally:
+        node.shutdown()
+    cycles = [s for s in spans_of(exporter) if s.name == "main cycle"]
+    assert len(cycles) == 1  # the message's second attempt
+    rerun = cycles[0]
+    assert [format(link.context.span_id, "016x") for link in rerun.links] == [cut_off[36:52]]
+    assert format(rerun.context.span_id, "016x") != cut_off[36:52]
