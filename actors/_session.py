@@ -336,15 +336,31 @@ class Session(_Base):
             return self._claim(child)
 
     def collect(
-        self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None
+        self,
+        children: Iterable[uuid.UUID] | None = None,
+        timeout: float | None = None,
+        *,
+        quorum: int | None = None,
+        aggregate: str | None = None,
     ) -> list[Collected]:
         """Wait for the given children (default: those this run spawned and has not
         taken a result of yet) and take their results.
 
         Entries come in completion order; a child still running at the timeout
-        gives a ``timed_out`` entry and keeps running.
+        gives a ``timed_out`` entry and keeps running. ``quorum``: stop waiting
+        once that many have succeeded (with ``aggregate="vote"``: that many
+        agree, or the leading answer can no longer be overtaken); the rest are
+        cancelled with the node's grace and waited for (``superseded``
+        entries, with what they returned in it), and the entries that met it
+        are ``counted``. ``RejectedInputError`` naming ``quorum`` for one that
+        is not an integer from 1 to the number of children.
         """
         wanted = self._wanted(children)
+        if quorum is not None:
+            options = {"quorum": quorum, "timeout": timeout, "aggregate": aggregate}
+            return cast(
+                "list[Collected]", self._host.run_pattern(self, "collect", (wanted,), options)
+            )
         self._wait_for(lambda: self._claim_ready(wanted), timeout)
         return self._collected(wanted)
 
@@ -596,10 +612,19 @@ class AsyncSession(_Base):
             return self._claim(child)
 
     async def collect(
-        self, children: Iterable[uuid.UUID] | None = None, timeout: float | None = None
+        self,
+        children: Iterable[uuid.UUID] | None = None,
+        timeout: float | None = None,
+        *,
+        quorum: int | None = None,
+        aggregate: str | None = None,
     ) -> list[Collected]:
         """Wait for children and take their results; see ``Session.collect``."""
         wanted = self._wanted(children)
+        if quorum is not None:
+            options = {"quorum": quorum, "timeout": timeout, "aggregate": aggregate}
+            got = await self._host.arun_pattern(self, "collect", (wanted,), options)
+            return cast("list[Collected]", got)
         await self._wait_for(lambda: self._claim_ready(wanted), timeout)
         return self._collected(wanted)
 

@@ -69,6 +69,10 @@ class ChildReport(msgspec.Struct, frozen=True, kw_only=True):
     spawned because the pattern timed out or escalated first; ``stage``: its
     pipeline stage (map-reduce: 0 map, 1 reduce); ``continuation``: a token
     to continue this run in a fresh session (``continue_run``), once it completed.
+    With a quorum: ``counted``, its result is one of those that met it;
+    ``superseded``, the quorum was met while it still ran (it was cancelled
+    with the node's grace, and what it returned in its grace is its partial
+    ``result``, status ``cancelled``) or before it started (``started`` False).
     """
 
     index: int
@@ -79,6 +83,8 @@ class ChildReport(msgspec.Struct, frozen=True, kw_only=True):
     started: bool = True
     stage: int = 0
     continuation: str | None = None
+    counted: bool = False
+    superseded: bool = False
 
     @property
     def ok(self) -> bool:
@@ -108,13 +114,14 @@ class ChildReport(msgspec.Struct, frozen=True, kw_only=True):
             "message": "" if error is None else error.message,
             "attempts": len(self.attempts),
             "sessions": [str(a.session_id) for a in self.attempts if a.session_id],
+            "superseded": self.superseded,
         }
 
 
 class GatherStatus(enum.StrEnum):
     """How a pattern's children did, all together."""
 
-    COMPLETED = "completed"  # every task has a good result
+    COMPLETED = "completed"  # every task has a good result, or a quorum was met
     PARTIAL = "partial"  # some did; the rest failed or timed out
     FAILED = "failed"  # none did
 
@@ -124,12 +131,14 @@ class Gathered(msgspec.Struct, frozen=True, kw_only=True):
 
     ``status`` sums them up; ``diagnostics`` lists every task without a good
     result (code, message, attempts). ``aggregated`` is filled when the
-    pattern was given a strategy.
+    pattern was given a strategy. ``quorum``: the quorum asked for (None:
+    none), ``counted`` the results that met it.
     """
 
     status: GatherStatus
     reports: list[ChildReport]
     aggregated: Aggregated | None = None
+    quorum: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -139,6 +148,11 @@ class Gathered(msgspec.Struct, frozen=True, kw_only=True):
     def results(self) -> list[SessionResult]:
         """The good results, in task order."""
         return [r.result for r in self.reports if r.ok and r.result is not None]
+
+    @property
+    def counted(self) -> list[SessionResult]:
+        """The results that met the quorum, in task order (empty without one)."""
+        return [r.result for r in self.reports if r.counted and r.result is not None]
 
     @property
     def diagnostics(self) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@ or a ``Node`` acting for a parent session from outside the tree.
 A driver starts a pattern by name (``PATTERNS``), then answers each command
 the engine yields (``_engine``) with the matching call: spawn, wait for the
 first of some children, sleep on the clock, cancel a child, read the clock.
-The pattern's ``Gathered`` is what the driver returns.
+What the pattern returns is what the driver returns (a ``Gathered``; for
+``collect``, its entries).
 
 On failure: an unknown pattern name or an option the pattern does not take
 raises ``RejectedInputError`` (field ``pattern`` or ``options``) before
@@ -20,10 +21,10 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from sessiontree.protocol import Gathered, RejectedInputError, SessionResult
+from sessiontree.protocol import RejectedInputError, SessionResult
 from sessiontree.supervision._engine import (
     Command,
-    Engine,
+    Program,
     _Cancel,
     _Note,
     _Now,
@@ -42,7 +43,7 @@ __all__ = ["NodeDriver", "drive_async", "drive_node_async", "drive_sync"]
 
 def _start(
     name: str, parent: uuid.UUID, restarts: Restarts, args: tuple[Any, ...], options: dict[str, Any]
-) -> Engine:
+) -> Program:
     """The pattern ``name`` started for ``parent``; ``RejectedInputError`` (field
     ``pattern``) for an unknown name, (field ``options``) for an option it does not take."""
     pattern = PATTERNS.get(name)
@@ -57,7 +58,7 @@ def _start(
 
 def drive_sync(
     session: Session, restarts: Restarts, name: str, args: tuple[Any, ...], options: dict[str, Any]
-) -> Gathered:
+) -> Any:
     """Run a pattern for a sync skill's ``Session`` (its thread waits). Raises what
     ``_start`` and the pattern raise (``RejectedInputError``, ``EscalationError``)."""
     engine = _start(name, session.session_id, restarts, args, options)
@@ -82,8 +83,7 @@ def drive_sync(
                     session.progress(note, **data)
                     answer = None
     except StopIteration as stop:
-        gathered: Gathered = stop.value
-        return gathered
+        return stop.value
 
 
 async def drive_async(
@@ -92,7 +92,7 @@ async def drive_async(
     name: str,
     args: tuple[Any, ...],
     options: dict[str, Any],
-) -> Gathered:
+) -> Any:
     """Run a pattern for an async skill's ``AsyncSession`` (no thread held). Raises
     what ``_start`` and the pattern raise (``RejectedInputError``, ``EscalationError``)."""
     engine = _start(name, session.session_id, restarts, args, options)
@@ -117,8 +117,7 @@ async def drive_async(
                     await session.progress(note, **data)
                     answer = None
     except StopIteration as stop:
-        gathered: Gathered = stop.value
-        return gathered
+        return stop.value
 
 
 class NodeDriver:
@@ -138,7 +137,7 @@ class NodeDriver:
 
     def run(
         self, restarts: Restarts, name: str, args: tuple[Any, ...], options: dict[str, Any]
-    ) -> Gathered:
+    ) -> Any:
         engine = _start(name, self.parent, restarts, args, options)
         unsubscribe = self.node.subscribe(self._observe)
         answer: Any = None
@@ -147,8 +146,7 @@ class NodeDriver:
                 command = engine.send(answer)
                 answer = self._do(command)
         except StopIteration as stop:
-            gathered: Gathered = stop.value
-            return gathered
+            return stop.value
         finally:
             unsubscribe()
 
@@ -236,7 +234,7 @@ async def drive_node_async(
     name: str,
     args: tuple[Any, ...],
     options: dict[str, Any],
-) -> Gathered:
+) -> Any:
     """``NodeDriver.run`` off the event loop (it waits on children and the clock)."""
     driver = NodeDriver(node, parent)
     return await asyncio.to_thread(driver.run, restarts, name, args, options)

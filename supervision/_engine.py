@@ -16,6 +16,7 @@ the gather still runs and raises ``EscalationError``.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import uuid
 from collections.abc import Generator, Sequence
@@ -28,6 +29,7 @@ from sessiontree.protocol import (
     AggregateStrategy,
     Attempt,
     ChildReport,
+    Collected,
     ErrorCode,
     EscalationError,
     Gathered,
@@ -35,17 +37,21 @@ from sessiontree.protocol import (
     SessionResult,
     SpawnSpec,
 )
-from sessiontree.supervision._aggregate import Summarizer, aggregate
+from sessiontree.supervision._aggregate import Summarizer, aggregate, normalise_answer
 from sessiontree.supervision._continuation import continuation_token
 from sessiontree.supervision._retry import Restarts, Retry
 
 __all__ = [
     "Command",
     "Engine",
+    "Program",
+    "Quorum",
     "Task",
     "gather",
     "gathered",
+    "met_by",
     "status_of",
+    "wait_quorum",
 ]
 
 _SLOT_WAIT = 0.05  # clock seconds between spawn attempts when no child of ours can free a slot
@@ -102,6 +108,7 @@ class _Note:
 
 Command = _SpawnMany | _WaitSome | _Sleep | _Cancel | _Now | _Note
 Engine = Generator[Command, Any, Gathered]
+Program = Generator[Command, Any, Any]  # an engine, or another program of commands (collect)
 # -- the engine ----------------------------------------------------------------------------
 
 
@@ -116,6 +123,8 @@ class Task:
     started: bool = False
     done: bool = False
     token: str | None = None
+    counted: bool = False  # its result is one of those that met the quorum
+    superseded: bool = False  # stopped (or never started) once the quorum was met
 
     def report(self) -> ChildReport:
         return ChildReport(
@@ -127,7 +136,35 @@ class Task:
             started=self.started,
             stage=self.stage,
             continuation=self.token,
+            counted=self.counted,
+            superseded=self.superseded,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Quorum:
+    """When a gather may end before every task has: ``k`` tasks succeeded or,
+    with ``vote``, ``k`` agree (the same answer, as VOTE compares them) or the
+    leading answer can no longer be overtaken by the tasks still open."""
+
+    k: int
+    vote: bool = False
+
+
+def met_by(quorum: Quorum, good: Sequence[SessionResult], still_open: int) -> list[int] | None:
+    """Which of the ``good`` results (the successes so far) meet ``quorum`` with
+    ``still_open`` tasks yet to end: their indices, or None while it is not met."""
+    if not quorum.vote:
+        return list(range(len(good))) if len(good) >= quorum.k else None
+    answers = [normalise_answer(result.summary) for result in good]
+    ranked = collections.Counter(a for a in answers if a).most_common(2)
+    if not ranked:
+        return None
+    leader, lead = ranked[0]
+    runner = ranked[1][1] if len(ranked) > 1 else 0
+    if (lead >= quorum.k and lead > runner) or lead > runner + still_open:
+        return [i for i, a in enumerate(answers) if a == leader]
+    return None
 
 
 class _Gather:
@@ -140,12 +177,15 @@ class _Gather:
         retry: Retry,
         restarts: Restarts,
         on_timeout: str,
+        quorum: Quorum | None = None,
     ) -> None:
         self.parent = parent
         self.tasks = tasks
         self.retry = retry
         self.restarts = restarts
         self.on_timeout = on_timeout
+        self.quorum = quorum
+        self.met = False
         self.ready: list[Task] = list(tasks)  # the next to spawn is ready[0]
         self.delayed: list[tuple[float, int, Task, float]] = []  # (when, index, task, wait)
         self.running: dict[uuid.UUID, tuple[Task, Attempt]] = {}
@@ -181,6 +221,9 @@ class _Gather:
             )
             for child, result in ended:
                 yield from self._ended(child, result)
+            if self.quorum is not None and self._quorum_met(self.quorum):
+                yield from self._stop_the_rest(deadline)
+                break
         yield from self._out_of_time()
         self.restarts.forget(self.parent, now, self.retry.period)
 
@@ -263,6 +306,42 @@ class _Gather:
         )
         heapq.heappush(self.delayed, (now + wait, task.index, task, wait))
 
+    def _quorum_met(self, quorum: Quorum) -> bool:
+        """Whether the quorum is met now; if so the tasks that met it are counted."""
+        good = [t for t in self.tasks if t.done and t.result is not None and t.result.ok]
+        still_open = sum(1 for t in self.tasks if not t.done)
+        counted = met_by(quorum, [t.result for t in good if t.result], still_open)
+        if counted is None:
+            return False
+        self.met = True
+        for i in counted:
+            good[i].counted = True
+        return True
+
+    def _stop_the_rest(self, deadline: float | None) -> Generator[Command, Any, None]:
+        """The quorum is met: what has not started never does, what runs is
+        cancelled (with the node's grace) and waited for, so what it returns
+        in its grace is kept as its partial result; nothing is retried."""
+        for task in (*self.ready, *(entry[2] for entry in self.delayed)):
+            task.superseded = True
+        self.ready, self.delayed = [], []
+        for child, (task, _) in self.running.items():
+            task.superseded = True
+            yield _Cancel(child)
+        while self.running:
+            now: float = yield _Now()
+            if deadline is not None and now >= deadline:
+                return  # still winding down at the timeout: reported as timed out
+            ended = yield _WaitSome(
+                tuple(self.running), None if deadline is None else max(0.0, deadline - now)
+            )
+            for child, result in ended:
+                task, attempt = self.running.pop(child)
+                recorded = msgspec.structs.replace(attempt, result=result, error=result.error)
+                task.attempts = [*(task.attempts or [])[:-1], recorded]
+                task.result = result
+                task.done = True
+
     def _out_of_time(self) -> Generator[Command, Any, None]:
         """At the timeout: what still runs is timed out (and cancelled if asked)."""
         for child, (task, _) in self.running.items():
@@ -280,14 +359,60 @@ def gather(
     restarts: Restarts,
     timeout: float | None,
     on_timeout: str,
-) -> Generator[Command, Any, None]:
-    """Run ``tasks`` to their ends (results filled in place)."""
-    yield from _Gather(parent, tasks, retry, restarts, on_timeout).run(timeout)
+    quorum: Quorum | None = None,
+) -> Generator[Command, Any, bool]:
+    """Run ``tasks`` to their ends, or until ``quorum`` is met (results filled
+    in place); returns whether the quorum was met (False without one)."""
+    run = _Gather(parent, tasks, retry, restarts, on_timeout, quorum)
+    yield from run.run(timeout)
+    return run.met
 
 
-def status_of(tasks: Sequence[Task]) -> GatherStatus:
+def wait_quorum(
+    children: Sequence[uuid.UUID], quorum: Quorum, timeout: float | None
+) -> Generator[Command, Any, list[Collected]]:
+    """``collect`` with a quorum: the children's results in arrival order until
+    ``quorum`` is met (those that met it ``counted``); then the rest are
+    cancelled with the node's grace and waited for, what they return in it
+    kept (``superseded``). At ``timeout`` a child still running gives a
+    ``timed_out`` entry (and keeps running unless the quorum cancelled it)."""
+    now: float = yield _Now()
+    deadline = None if timeout is None else now + timeout
+    pending = list(children)
+    got: list[Collected] = []
+    counted: set[uuid.UUID] = set()
+    superseded: set[uuid.UUID] = set()
+    while pending:
+        if deadline is not None and now >= deadline:
+            break
+        ended = yield _WaitSome(
+            tuple(pending), None if deadline is None else max(0.0, deadline - now)
+        )
+        for child, result in ended:
+            pending.remove(child)
+            got.append(Collected(session_id=child, result=result))
+        if not superseded:
+            good = [c for c in got if c.result is not None and c.result.ok]
+            met = met_by(quorum, [c.result for c in good if c.result], len(pending))
+            if met is not None:
+                counted = {good[i].session_id for i in met}
+                superseded = set(pending)
+                for child in pending:
+                    yield _Cancel(child)
+        now = yield _Now()
+    got += [Collected(session_id=child, result=None, timed_out=True) for child in pending]
+    return [
+        msgspec.structs.replace(
+            c, counted=c.session_id in counted, superseded=c.session_id in superseded
+        )
+        for c in got
+    ]
+
+
+def status_of(tasks: Sequence[Task], quorum_met: bool = False) -> GatherStatus:
+    """``completed`` when every task succeeded or a quorum was met."""
     good = sum(1 for t in tasks if t.result is not None and t.result.ok)
-    if good == len(tasks):
+    if good == len(tasks) or quorum_met:
         return GatherStatus.COMPLETED
     return GatherStatus.PARTIAL if good else GatherStatus.FAILED
 
@@ -298,10 +423,12 @@ def gathered(
     strategy: AggregateStrategy | str | None,
     summarizer: Summarizer | None,
     last_stage: Sequence[Task] | None = None,
+    quorum: Quorum | None = None,
 ) -> Gathered:
     reports = [t.report() for t in tasks]
     aggregated = None
     if strategy is not None:
         final = [t.report() for t in last_stage] if last_stage is not None else reports
         aggregated = aggregate(final, strategy, summarizer=summarizer)
-    return Gathered(status=status, reports=reports, aggregated=aggregated)
+    k = None if quorum is None else quorum.k
+    return Gathered(status=status, reports=reports, aggregated=aggregated, quorum=k)

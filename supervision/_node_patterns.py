@@ -83,11 +83,15 @@ class NodePatterns(NodeSessions):
     ) -> Gathered:
         sid = as_session_id(parent, "parent")
         self._check_open()
-        return NodeDriver(self, sid).run(self._restarts, name, args, dict(options))
+        gathered: Gathered = NodeDriver(self, sid).run(self._restarts, name, args, dict(options))
+        return gathered
 
     async def _apattern(
         self, parent: SessionIdLike, name: str, args: tuple[Any, ...], options: Any
     ) -> Gathered:
         sid = as_session_id(parent, "parent")
         self._check_open()
-        return await drive_node_async(self, sid, self._restarts, name, args, dict(options))
+        gathered: Gathered = await drive_node_async(
+            self, sid, self._restarts, name, args, dict(options)
+        )
+        return gathered

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import msgspec
@@ -40,6 +40,7 @@ import msgspec
 from sessiontree.protocol import (
     MAX_TASK_CHARS,
     AggregateStrategy,
+    Collected,
     GatherStatus,
     RejectedInputError,
     SessionKind,
@@ -49,11 +50,22 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._aggregate import Summarizer
 from sessiontree.supervision._continuation import parse_continuation
-from sessiontree.supervision._engine import Engine, Task, gather, gathered, status_of
+from sessiontree.supervision._engine import (
+    Command,
+    Engine,
+    Program,
+    Quorum,
+    Task,
+    gather,
+    gathered,
+    status_of,
+    wait_quorum,
+)
 from sessiontree.supervision._retry import Restarts, Retry
 
 __all__ = [
     "PATTERNS",
+    "collect",
     "continue_run",
     "fan_out",
     "map_reduce",
@@ -118,6 +130,16 @@ def _check_retry(retry: object) -> Retry:
     return retry
 
 
+def _check_quorum(quorum: object, tasks: int, strategy: object) -> Quorum | None:
+    if quorum is None:
+        return None
+    if not isinstance(quorum, int) or isinstance(quorum, bool) or not 1 <= quorum <= tasks:
+        msg = f"quorum must be an integer from 1 to the {tasks} tasks, got {quorum!r}"
+        raise RejectedInputError(msg, field="quorum")
+    vote = strategy is not None and str(strategy).lower() == AggregateStrategy.VOTE.value
+    return Quorum(quorum, vote=vote)
+
+
 def fan_out(
     parent: uuid.UUID,
     restarts: Restarts,
@@ -131,6 +153,7 @@ def fan_out(
     on_timeout: str = "continue",
     aggregate: AggregateStrategy | str | None = None,
     summarizer: Summarizer | None = None,
+    quorum: int | None = None,
 ) -> Engine:
     """One child per task, in parallel up to the children limit (the rest queue).
 
@@ -139,13 +162,21 @@ def fan_out(
     what they leave out). ``retry``: a
     ``Retry`` (default: no retry). ``timeout``: clock seconds for the whole
     fan-out. ``aggregate``: a strategy whose ``Aggregated`` the result carries.
+    ``quorum``: go on once ``quorum`` tasks have succeeded (with
+    ``aggregate="vote"``: once ``quorum`` agree, or the leading answer can no
+    longer be overtaken): the tasks still running are cancelled with the
+    node's grace and waited for, what they return in it kept as partial
+    results (``superseded``), those not started never start, and the result
+    is ``completed`` with the ones that met it ``counted``. An integer from 1
+    to the number of tasks, else ``RejectedInputError`` naming ``quorum``.
     """
     _check_on_timeout(on_timeout)
     policy = _check_retry(retry)
     defaults = _defaults(kind, skill, ttl)
     work = [Task(i, _spec(t, defaults, f"tasks[{i}]")) for i, t in enumerate(tasks)]
-    yield from gather(parent, work, policy, restarts, timeout, on_timeout)
-    return gathered(work, status_of(work), aggregate, summarizer)
+    wanted = _check_quorum(quorum, len(work), aggregate)
+    met = yield from gather(parent, work, policy, restarts, timeout, on_timeout, wanted)
+    return gathered(work, status_of(work, met), aggregate, summarizer, quorum=wanted)
 
 
 def pipeline(
@@ -289,7 +320,25 @@ def continue_run(
     )
 
 
-PATTERNS: dict[str, Callable[..., Engine]] = {
+def collect(
+    parent: uuid.UUID,
+    restarts: Restarts,
+    children: list[uuid.UUID],
+    *,
+    quorum: int,
+    timeout: float | None = None,
+    aggregate: AggregateStrategy | str | None = None,
+) -> Generator[Command, Any, list[Collected]]:
+    """``Session.collect`` with a quorum (see ``fan_out``'s ``quorum`` and
+    ``wait_quorum``): ``RejectedInputError`` naming ``quorum`` for one that is
+    not an integer from 1 to the number of children."""
+    wanted = _check_quorum(quorum, len(children), aggregate)
+    assert wanted is not None  # a quorum is what this pattern is for
+    return (yield from wait_quorum(children, wanted, timeout))
+
+
+PATTERNS: dict[str, Callable[..., Program]] = {
+    "collect": collect,
     "fan_out": fan_out,
     "pipeline": pipeline,
     "map_reduce": map_reduce,
