@@ -197,14 +197,20 @@ class SpanRecorder:
         self.runs: dict[uuid.UUID, _Run] = {}
         self.cycles: dict[uuid.UUID, _Open] = {}
         self.closed = False
+        self._guard = threading.Lock()  # the open spans: the Cortex's events, close()
 
     # -- the observer ----------------------------------------------------------------
 
     def __call__(self, event: Event) -> None:
-        kind = event.kind
         sid = event.session_id
-        if sid is None or self.closed:
+        if sid is None:
             return
+        with self._guard:  # close() may run on another thread
+            if not self.closed:
+                self._observe(event, sid)
+
+    def _observe(self, event: Event, sid: uuid.UUID) -> None:
+        kind = event.kind
         if kind is EventKind.SPAWNED:
             self._spawned(event, sid)
         elif kind is EventKind.TRANSITION:
@@ -215,6 +221,9 @@ class SpanRecorder:
             self._cycle_ended(event, sid)
         elif kind is EventKind.MODEL_CALL:
             self._model_call(event)
+        elif kind is EventKind.DISCARDED:  # taken out as if never created: no span
+            self.runs.pop(sid, None)
+            self.cycles.pop(sid, None)
         elif kind in _SPAN_EVENTS or (
             kind is EventKind.PROGRESS and event.data.get("note") == "retry"
         ):
@@ -294,6 +303,8 @@ class SpanRecorder:
     def _transition(self, event: Event, sid: uuid.UUID) -> None:
         run = self.runs.get(sid)
         if run is None:
+            if event.state in _TERMINAL and sid in self.cycles:
+                self._main_ended(event, self.cycles.pop(sid))
             return
         state, at = event.state or "", _ns(event.at)
         if state == "suspended":
@@ -317,6 +328,17 @@ class SpanRecorder:
                 status = Status(StatusCode.ERROR, code)
         for name, value in event.data.get("usage", {}).items():
             attributes[f"sessiontree.usage.{name}"] = value
+        self._write(span, event.at, status)
+
+    def _main_ended(self, event: Event, span: _Open) -> None:
+        """A Main ended (cancelled, expired) during a cycle: the cycle ends with it."""
+        status = None
+        span.attributes["sessiontree.session.state"] = event.state or ""
+        if event.code is not None:
+            span.attributes["sessiontree.error.code"] = event.code
+            if event.code in _ERRORS:
+                span.attributes["error.type"] = event.code
+                status = Status(StatusCode.ERROR, event.code)
         self._write(span, event.at, status)
 
     def _cycle_started(self, event: Event, sid: uuid.UUID) -> None:
@@ -408,28 +430,41 @@ class SpanRecorder:
             return self.counts["exported"]
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Export what is queued now (bounded by ``timeout`` s, default the
-        export timeout); False if it could not finish."""
-        millis = (self.tracing.export_timeout if timeout is None else timeout) * 1000.0
-        return self.processor.force_flush(int(millis))
+        """Export what is queued now; False if some of it could not be sent.
+        Batches not sent within ``timeout`` s (default the export timeout) are
+        dropped (and counted): it returns after about ``timeout`` plus the
+        export timeout of a batch already on its way."""
+        wait = self.tracing.export_timeout if timeout is None else timeout
+        before = self.dropped()
+        self._exporter.deadline = time.monotonic() + wait
+        try:
+            flushed = self.processor.force_flush(int(wait * 1000.0))
+        finally:
+            if not self.closed:
+                self._exporter.deadline = None
+        return flushed and self.dropped() == before
 
     def close(self, at: float) -> None:
         """End the spans still open at ``at`` (marked ``node_closed``), export
         what is queued and stop the export thread: batches not sent within
         the export timeout are dropped (so a closing node waits at most about
-        twice that for an endpoint that does not answer). Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        still_open = [self._opened(run) for run in self.runs.values()]
-        still_open += self.cycles.values()
-        self.runs.clear()
-        self.cycles.clear()
-        for span in still_open:
-            span.events.append(SpanEvent("node_closed", None, _ns(at)))
-            self._write(span, at)
-        self._exporter.deadline = time.monotonic() + self.tracing.export_timeout
-        self.processor.shutdown()
+        twice that for an endpoint that does not answer). Idempotent; never
+        raises (an exporter that fails to close is logged)."""
+        with self._guard:
+            if self.closed:
+                return
+            self.closed = True
+            runs, cycles = list(self.runs.values()), list(self.cycles.values())
+            self.runs.clear()
+            self.cycles.clear()
+        try:
+            for span in [self._opened(run) for run in runs] + cycles:
+                span.events.append(SpanEvent("node_closed", None, _ns(at)))
+                self._write(span, at)
+            self._exporter.deadline = time.monotonic() + self.tracing.export_timeout
+            self.processor.shutdown()
+        except Exception:
+            log.exception("the span export did not close cleanly; what was not sent is lost")
 
 
 def _ns(seconds: float) -> int:

@@ -328,12 +328,17 @@ class Tree:
         parent = self.entry(info.parent_id)
         ttl = None if info.deadline is None else info.deadline - self.now()
         cut_off = None
-        tracing = self.rt.config.tracing
-        if tracing is not None and info.kind is not SessionKind.MAIN:
-            # its run after the restart is a new span under the same parent
+        if self.rt.config.tracing is not None and info.trace is not None:
+            # Its run after the restart is a new span, linked to the one cut off,
+            # in the same trace: under its parent Branch's new span when that
+            # came back too, else under the span it continued before.
             cut_off = info.trace
-            trace = child_traceparent(info.trace_parent, tracing.sampling_ratio)
-            info = msgspec.structs.replace(info, trace=trace)
+            trace_parent = info.trace_parent
+            if parent is not None and parent.kind is not SessionKind.MAIN and parent.info.trace:
+                trace_parent = parent.info.trace
+            # (one that began its trace is a root again, in that trace)
+            trace = child_traceparent(trace_parent or cut_off)
+            info = msgspec.structs.replace(info, trace=trace, trace_parent=trace_parent)
         entry = self.register(agent, info, parent, ttl, restored=True, cut_off=cut_off)
         entry.ledger = self._restored_ledger(info, agent)
         core = entry.core

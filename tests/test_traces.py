@@ -752,3 +752,153 @@ def test_a_cycle_a_crash_cut_off_reruns_under_a_span_linked_to_it(tmp_path: Path
     rerun = cycles[0]
     assert [format(link.context.span_id, "016x") for link in rerun.links] == [cut_off[36:52]]
     assert format(rerun.context.span_id, "016x") != cut_off[36:52]
+
+
+# -- spans that end with their sessions, and exporters that fail ------------------------
+
+
+def test_a_main_cancelled_mid_cycle_ends_its_cycles_span_with_it() -> None:
+    exporter = InMemorySpanExporter()
+    node = Node([SIMPLE], traced_config(exporter, grace=0.0))
+    try:
+        main = node.main("simple")
+        assert main.send("block") is None  # inbox ignores it: the cycle ends at once
+        assert node.wait_idle(WAIT)
+        blocking = node.spawn(main, kind="branch", skill="parks_forever")
+        assert blocking.ref is not None
+        assert node.wait_idle(WAIT)
+        assert node.cancel(blocking.ref) is None
+        assert blocking.ref.wait(WAIT) is not None
+        assert node.flush_traces(WAIT)
+        spans = spans_of(exporter)
+    finally:
+        node.shutdown()
+    # every span of a session that ended went out before the node closed
+    assert not [s.name for s in spans if "node_closed" in [e.name for e in s.events]]
+    parked = next(s for s in spans if s.name == "branch parks_forever")
+    assert parked.attributes is not None
+    assert parked.attributes["sessiontree.error.code"] == ErrorCode.TERMINATED_BY_FORCE.value
+
+
+async def blocks(session: AsyncSession) -> None:
+    if session.message == "block":
+        await session.sleep(3600)
+
+
+def test_a_main_ended_during_a_cycle_ends_that_cycles_span() -> None:
+    exporter = InMemorySpanExporter()
+    agent = Agent("blocking", {"inbox": blocks}, main_skill="inbox")
+    node = Node([agent], traced_config(exporter, grace=0.0))
+    try:
+        main = node.main("blocking")
+        assert main.send("block") is None
+        assert node.wait_idle(WAIT)  # the cycle waits at its checkpoint
+        assert node.cancel(main) is None
+        assert main.wait(WAIT) is not None
+        assert node.flush_traces(WAIT)
+        cycles = [s for s in spans_of(exporter) if s.name == "main cycle"]
+    finally:
+        node.shutdown()
+    assert len(cycles) == 1
+    assert cycles[0].attributes is not None
+    assert cycles[0].attributes["sessiontree.session.state"] == "cancelled"
+    assert "node_closed" not in [e.name for e in cycles[0].events]
+
+
+def test_a_spawn_the_full_store_refused_leaves_no_span(tmp_path: Path) -> None:
+    from sessiontree.store import Store  # noqa: PLC0415
+
+    exporter = InMemorySpanExporter()
+    store = Store(tmp_path / "store", map_size=1 << 18)
+    roomy = Agent(
+        "simple",
+        {"main": inbox, "parks_forever": parks_forever},
+        main_skill="main",
+        max_children=64,
+    )
+    node = Node([roomy], traced_config(exporter), store=store)
+    refused = None
+    try:
+        main = node.main("simple")
+        for _ in range(60):
+            answer = main.spawn(kind="branch", skill="parks_forever", task="x" * 16_000)
+            if not answer.ok:
+                refused = answer.error
+                break
+    finally:
+        node.shutdown(grace=0)
+        store.close()
+    assert refused is not None, "the map never filled"
+    assert refused.code is ErrorCode.STORE_FULL
+    discarded = refused.detail["session_id"]
+    exported = {(s.attributes or {}).get("sessiontree.session.id") for s in spans_of(exporter)}
+    assert discarded not in exported  # as if never created: no span, open or ended
+    assert len(exported) >= 1  # the ones spawned went out at the close
+
+
+class Failing(InMemorySpanExporter):
+    """An exporter whose exports fail and whose shutdown raises."""
+
+    def export(self, spans: Any) -> Any:
+        raise ConnectionError("the collector is gone")
+
+    def shutdown(self) -> None:
+        raise RuntimeError("the collector would not close")
+
+
+def test_an_exporter_that_fails_never_fails_the_node() -> None:
+    node = Node([SIMPLE], traced_config(Failing()))
+    result = node.main("simple").run(kind="worker", skill="done", timeout=WAIT)
+    node.shutdown()  # the exporter's shutdown raises: logged, the node closes
+    assert result is not None
+    assert result.ok
+    assert node.closed
+    assert node.spans_dropped >= 1
+    assert node.spans_exported == 0
+
+
+class Slow(InMemorySpanExporter):
+    """An exporter that takes ``delay`` real seconds a batch (a bounded wait)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    def export(self, spans: Any) -> Any:
+        threading.Event().wait(self.delay)
+        return super().export(spans)
+
+
+def test_flush_traces_gives_up_at_its_timeout_and_says_so() -> None:
+    tracing = Tracing(exporter=Slow(1.0), max_export_batch_size=1, schedule_delay=30.0)
+    node = Node([SIMPLE], NodeConfig(tracing=tracing))
+    try:
+        main = node.main("simple")
+        for _ in range(5):
+            assert main.run(kind="worker", skill="done", timeout=WAIT) is not None
+        started = time.monotonic()
+        flushed = node.flush_traces(timeout=0.2)
+        took = time.monotonic() - started
+    finally:
+        node.shutdown()
+    assert not flushed  # some batches were dropped at the timeout
+    assert took < 0.2 + 1.0 + 1.5  # the timeout, the batch already on its way, slack
+    assert node.spans_dropped >= 1
+
+
+def test_a_trace_sampled_out_exports_nothing() -> None:
+    exporter = InMemorySpanExporter()
+    node = Node([SIMPLE], NodeConfig(tracing=Tracing(exporter=exporter, sampling_ratio=0.0)))
+    try:
+        main = node.main("simple")
+        result = main.run(kind="branch", skill="done", timeout=WAIT)
+        assert main.send("hello") is None
+        assert node.wait_idle(WAIT)
+        traces = [i.trace for i in node.sessions(kind=SessionKind.BRANCH)]
+    finally:
+        node.shutdown()
+    assert result is not None
+    assert result.ok
+    assert traces
+    assert all(t is not None and t.endswith("-00") for t in traces)  # named, not sampled
+    assert spans_of(exporter) == []
