@@ -45,7 +45,10 @@ NON_RETRYABLE = frozenset(
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     """One attempt at a task: a fresh session (or a refused spawn, ``session_id`` None).
 
-    ``backoff_s`` is the wait before this attempt (0 for the first).
+    ``backoff_s`` is the wait before this attempt (0 for the first). ``hedge``:
+    a duplicate started while an earlier attempt still ran (a ``Hedge``);
+    ``superseded``: cancelled because the other one succeeded first (its
+    result is not waited for).
     """
 
     number: int
@@ -54,6 +57,8 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     result: SessionResult | None = None
     error: ErrorInfo | None = None
     backoff_s: float = 0.0
+    hedge: bool = False
+    superseded: bool = False
 
     @property
     def ok(self) -> bool:

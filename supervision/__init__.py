@@ -12,6 +12,7 @@ from sessiontree.supervision._continuation import continuation_token, parse_cont
 from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import Event, EventBus, EventKind
+from sessiontree.supervision._hedging import Hedge
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
 from sessiontree.supervision._memory_probe import MemoryProbe, MemoryReading
 from sessiontree.supervision._metrics import MAX_MODEL_SERIES, REJECT_REASONS, NodeMetrics
@@ -41,6 +42,7 @@ __all__ = [
     "Event",
     "EventBus",
     "EventKind",
+    "Hedge",
     "InMemorySpace",
     "MemoryProbe",
     "MemoryReading",

@@ -39,6 +39,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._aggregate import Summarizer, aggregate, normalise_answer
 from sessiontree.supervision._continuation import continuation_token
+from sessiontree.supervision._hedging import Hedge, Hedger
 from sessiontree.supervision._retry import Restarts, Retry
 
 __all__ = [
@@ -151,6 +152,15 @@ class Quorum:
     vote: bool = False
 
 
+def _record(task: Task, attempt: Attempt, **changes: Any) -> None:
+    """Replace ``attempt`` in ``task``'s attempts with ``changes`` made to it."""
+    changed = msgspec.structs.replace(attempt, **changes)
+    task.attempts = [changed if a is attempt else a for a in task.attempts or []]
+
+
+_TWO = uuid.UUID(int=0)  # a task with two children running: not alone, not hedged again
+
+
 def met_by(quorum: Quorum, good: Sequence[SessionResult], still_open: int) -> list[int] | None:
     """Which of the ``good`` results (the successes so far) meet ``quorum`` with
     ``still_open`` tasks yet to end: their indices, or None while it is not met."""
@@ -178,6 +188,7 @@ class _Gather:
         restarts: Restarts,
         on_timeout: str,
         quorum: Quorum | None = None,
+        hedge: Hedge | None = None,
     ) -> None:
         self.parent = parent
         self.tasks = tasks
@@ -186,6 +197,8 @@ class _Gather:
         self.on_timeout = on_timeout
         self.quorum = quorum
         self.met = False
+        self.hedger = None if hedge is None else Hedger(hedge)
+        self.next_hedge: float | None = None  # when the next duplicate falls due
         self.ready: list[Task] = list(tasks)  # the next to spawn is ready[0]
         self.delayed: list[tuple[float, int, Task, float]] = []  # (when, index, task, wait)
         self.running: dict[uuid.UUID, tuple[Task, Attempt]] = {}
@@ -207,7 +220,9 @@ class _Gather:
                 _, _, task, wait = heapq.heappop(self.delayed)
                 self.backoff_of[task.index] = wait
                 self.ready.insert(0, task)
-            yield from self._spawn_ready()
+            yield from self._spawn_ready(now)
+            if self.hedger is not None:
+                yield from self._hedge(self.hedger, now)
             if not self.running:
                 if self.ready:
                     yield _Sleep(_SLOT_WAIT)  # the parent's other children hold every slot
@@ -215,19 +230,21 @@ class _Gather:
                     yield _Sleep(max(0.0, self.delayed[0][0] - now))
                 continue
             soonest = self.delayed[0][0] if self.delayed else None
-            limits = [t for t in (deadline, soonest) if t is not None]
+            limits = [t for t in (deadline, soonest, self.next_hedge) if t is not None]
             ended = yield _WaitSome(
                 tuple(self.running), max(0.0, min(limits) - now) if limits else None
             )
+            if ended and self.hedger is not None:
+                now = yield _Now()  # how long they took: the hedge's percentile
             for child, result in ended:
-                yield from self._ended(child, result)
+                yield from self._ended(child, result, now)
             if self.quorum is not None and self._quorum_met(self.quorum):
                 yield from self._stop_the_rest(deadline)
                 break
         yield from self._out_of_time()
         self.restarts.forget(self.parent, now, self.retry.period)
 
-    def _spawn_ready(self) -> Generator[Command, Any, None]:
+    def _spawn_ready(self, now: float) -> Generator[Command, Any, None]:
         """Spawn the queued tasks in one batch; those the children limit (or the
         node's capacity, while a child of ours runs) refuses wait for a slot."""
         if not self.ready:
@@ -261,6 +278,8 @@ class _Gather:
                 task.done = True  # refused for good (depth, ttl, unknown skill…)
             else:
                 self.running[spawned.session_id] = (task, attempt)
+                if self.hedger is not None:
+                    self.hedger.started[spawned.session_id] = now
         self.ready[:0] = waiting  # in their order, ahead of the rest
 
     def _spec(self, task: Task, number: int) -> SpawnSpec:
@@ -269,18 +288,61 @@ class _Gather:
             return msgspec.structs.replace(task.spec, skill=self.retry.fallback_skill)
         return task.spec
 
-    def _ended(self, child: uuid.UUID, result: SessionResult) -> Generator[Command, Any, None]:
-        """A child's result: done, or queued for another attempt after its backoff."""
+    def _hedge(self, hedger: Hedger, now: float) -> Generator[Command, Any, None]:
+        """Start a duplicate of each task whose one child has run past the
+        hedge's delay, in one batch (once a task); one the children limit or
+        the budget refuses is not started."""
+        alone: dict[int, uuid.UUID] = {}
+        for child, (task, _) in self.running.items():
+            alone[task.index] = child if task.index not in alone else _TWO
+        alone = {i: c for i, c in alone.items() if c is not _TWO}
+        due, self.next_hedge = hedger.due(alone, now)
+        if not due:
+            return
+        tasks = [self.running[alone[i]][0] for i in due]
+        answers = yield _SpawnMany(tuple(task.spec for task in tasks))
+        for task, spawned in zip(tasks, answers, strict=True):
+            hedger.hedged.add(task.index)
+            if spawned.session_id is None:
+                continue
+            attempt = Attempt(
+                number=len(task.attempts or []) + 1,
+                session_id=spawned.session_id,
+                skill=task.spec.skill,
+                hedge=True,
+            )
+            task.attempts = [*(task.attempts or []), attempt]
+            self.running[spawned.session_id] = (task, attempt)
+            hedger.started[spawned.session_id] = now
+
+    def _ended(
+        self, child: uuid.UUID, result: SessionResult, now: float
+    ) -> Generator[Command, Any, None]:
+        """A child's result: done, or queued for another attempt after its backoff.
+        With a hedge: the first of a task's two children to succeed is its
+        result (the other is cancelled); a failure waits for the other."""
         task, attempt = self.running.pop(child)
         self.freed += 1
-        recorded = msgspec.structs.replace(attempt, result=result, error=result.error)
-        task.attempts = [*(task.attempts or [])[:-1], recorded]
-        task.result = result
+        if self.hedger is not None:
+            self.hedger.ended(child, now, result.ok)
+        _record(task, attempt, result=result, error=result.error)
+        twin = next((c for c, (t, _) in self.running.items() if t is task), None)
+        if result.ok or twin is None or task.result is None or not task.result.ok:
+            task.result = result
         if result.ok:
             task.done = True
             task.token = continuation_token(task.spec, result)
+            if twin is not None:  # the slower of the two: stopped, not waited for
+                _, slower = self.running.pop(twin)
+                _record(task, slower, superseded=True)
+                if self.hedger is not None:
+                    self.hedger.started.pop(twin, None)
+                yield _Cancel(twin)
             return
-        if len(task.attempts) >= self.retry.max_attempts or not self.retry.retryable(result.error):
+        if twin is not None:  # the other may still succeed
+            return
+        tries = sum(1 for a in task.attempts or [] if not a.hedge)
+        if tries >= self.retry.max_attempts or not self.retry.retryable(result.error):
             task.done = True
             return
         now = yield _Now()
@@ -293,12 +355,12 @@ class _Gather:
                 f"under session {self.parent}: escalating instead of retrying"
             )
             raise EscalationError(msg, errors=errors)
-        wait = self.retry.backoff(len(task.attempts) + 1)
+        wait = self.retry.backoff(tries + 1)
         yield _Note(
             "retry",
             {
                 "task": task.index,
-                "attempt": len(task.attempts) + 1,
+                "attempt": tries + 1,
                 "after_s": wait,
                 "failed": str(child),
                 "code": result.error.code.value if result.error else None,
@@ -337,8 +399,7 @@ class _Gather:
             )
             for child, result in ended:
                 task, attempt = self.running.pop(child)
-                recorded = msgspec.structs.replace(attempt, result=result, error=result.error)
-                task.attempts = [*(task.attempts or [])[:-1], recorded]
+                _record(task, attempt, result=result, error=result.error)
                 task.result = result
                 task.done = True
 
@@ -360,10 +421,12 @@ def gather(
     timeout: float | None,
     on_timeout: str,
     quorum: Quorum | None = None,
+    hedge: Hedge | None = None,
 ) -> Generator[Command, Any, bool]:
     """Run ``tasks`` to their ends, or until ``quorum`` is met (results filled
-    in place); returns whether the quorum was met (False without one)."""
-    run = _Gather(parent, tasks, retry, restarts, on_timeout, quorum)
+    in place), with duplicates of slow children when ``hedge`` says; returns
+    whether the quorum was met (False without one)."""
+    run = _Gather(parent, tasks, retry, restarts, on_timeout, quorum, hedge)
     yield from run.run(timeout)
     return run.met
 

@@ -242,6 +242,7 @@ SUPERVISION = [
     "Event",
     "EventBus",
     "EventKind",
+    "Hedge",
     "InMemorySpace",
     "MemoryProbe",
     "MemoryReading",
