@@ -354,3 +354,11 @@ class VirtualClock:
     def pending_timers(self) -> int:
         """How many timers are scheduled (cancelled ones may still count)."""
         return len(self._heap)
+
+    @property
+    def next_timer(self) -> float | None:
+        """When (monotonic) the next scheduled timer is due, None with none: a
+        driver can ``advance`` straight to it instead of stepping (trio's
+        autojump); cancelled timers are skipped."""
+        with self._lock:
+            return self._heap.next_when()

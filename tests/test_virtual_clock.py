@@ -100,3 +100,21 @@ def test_a_wall_jump_moves_only_the_wall_clock() -> None:
     assert (clock.time(), clock.monotonic(), fired) == (3600.0, 0.0, [])
     clock.advance(5.0)
     assert (clock.time(), fired) == (3605.0, [5.0])
+
+
+def test_next_timer_names_the_earliest_live_timer_for_a_jump_to_it() -> None:
+    clock = VirtualClock()
+    assert clock.next_timer is None
+    fired: list[str] = []
+    late = clock.call_later(5.0, lambda: fired.append("late"))
+    early = clock.call_later(2.0, lambda: fired.append("early"))
+    assert clock.next_timer == 2.0
+    early.cancel()
+    assert clock.next_timer == 5.0  # a cancelled timer is skipped
+    due = clock.next_timer
+    assert due is not None
+    clock.advance(due - clock.monotonic())
+    assert fired == ["late"]
+    assert clock.next_timer is None
+    late.cancel()  # already fired: nothing changes
+    assert clock.next_timer is None
