@@ -13,6 +13,7 @@ here: anything with a ``context`` and an ``info`` (:class:`Caller`).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import msgspec
@@ -60,6 +61,18 @@ def model_call(
     if model is not None and (not isinstance(model, str) or not model):
         msg = f"model must be None or a model name, got {model!r}"
         raise RejectedInputError(msg, field="model")
+    hedge_after = options.pop("hedge_after", None)
+    if hedge_after is not None and (
+        not isinstance(hedge_after, int | float)
+        or isinstance(hedge_after, bool)
+        or not math.isfinite(hedge_after)
+        or hedge_after < 0
+    ):
+        msg = f"hedge_after must be None or a number of seconds >= 0, got {hedge_after!r}"
+        raise RejectedInputError(msg, field="hedge_after")
+    if hedge_after is not None and stream:
+        msg = "a streamed call cannot be hedged (two streams would reach the progress)"
+        raise RejectedInputError(msg, field="hedge_after")
     for name in options:
         if name in _OWN:
             msg = f"complete() sets {name!r} itself; pass it as its own argument"
@@ -75,7 +88,8 @@ def model_call(
         chat.append({"role": "user", "content": prompt})
     if not chat:
         raise RejectedInputError("nothing to send: no prompt and no context", field="prompt")
-    return ModelCall(tuple(chat), sent, max_tokens, model, bool(stream))
+    after = None if hedge_after is None else float(hedge_after)
+    return ModelCall(tuple(chat), sent, max_tokens, model, bool(stream), after)
 
 
 def _context(core: Caller) -> list[dict[str, Any]]:

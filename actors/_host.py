@@ -41,13 +41,16 @@ class ModelCall:
     """One model call as a session asks for it: the chat ``messages`` to send,
     the SDK's ``options`` passed through (``tools``, ``tool_choice``,
     ``response_format``, sampling), the completion tokens it asks for at
-    most, a ``model`` that overrides its tier's, and whether to stream."""
+    most, a ``model`` that overrides its tier's, and whether to stream;
+    ``hedge_after``: clock seconds after which a duplicate request goes out
+    if the first has not answered (None: none)."""
 
     messages: tuple[dict[str, Any], ...]
     options: dict[str, Any] = field(default_factory=dict)
     max_tokens: int | None = None
     model: str | None = None
     stream: bool = False
+    hedge_after: float | None = None
 
 
 class SpawnedLike(Protocol):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import threading
 import uuid
@@ -108,7 +109,53 @@ class ModelCalls:
         return asyncio.ensure_future(self.complete(core, call))
 
     async def complete(self, core: SessionCore, call: ModelCall) -> Completion:
-        """Reserve, send and settle one call; the reply, or why there is none."""
+        """Reserve, send and settle one call (a hedged one: see ``_hedged``);
+        the reply, or why there is none."""
+        if call.hedge_after is not None:
+            return await self._hedged(core, call, call.hedge_after)
+        return await self._one(core, call)
+
+    async def _hedged(self, core: SessionCore, call: ModelCall, after: float) -> Completion:
+        """A call with a duplicate: if the first has not answered ``after`` clock
+        seconds, the same request goes out again (reserved and counted as a
+        call of its own: the budgets hold); the first reply without an error
+        is the answer, a failed one waits for the other, and the request
+        still out is cancelled (settled as a cancelled call)."""
+        loop = asyncio.get_running_loop()
+        due: asyncio.Future[None] = loop.create_future()
+
+        def fire() -> None:  # on the clock's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, due)
+
+        first = asyncio.ensure_future(self._one(core, call))
+        timer = core.clock.call_later(after, fire)
+        calls = {first}
+        try:
+            first_or_due: set[asyncio.Future[Any]] = {first, due}
+            await asyncio.wait(first_or_due, return_when=asyncio.FIRST_COMPLETED)
+            timer.cancel()
+            if not first.done():
+                calls.add(asyncio.ensure_future(self._one(core, call)))
+            answered: Completion | None = None
+            pending = set(calls)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    completion = task.result()
+                    if answered is None or answered.error is not None:
+                        answered = completion
+                if answered is not None and answered.error is None:
+                    break
+            assert answered is not None  # a task ended, or the loop went on
+            return answered
+        finally:
+            timer.cancel()
+            for task in calls:
+                task.cancel()  # the slower request is closed and settled as cancelled
+
+    async def _one(self, core: SessionCore, call: ModelCall) -> Completion:
+        """Reserve, send and settle one request."""
         agent = self.agents[core.info.agent_id]
         route = self.models.route(agent, core.info.model_tier, call.model)
         if isinstance(route, ErrorInfo):
@@ -236,6 +283,11 @@ class ModelCalls:
         ``calls``, ``errors``, ``prompt_tokens``, ``completion_tokens``, ``cost``."""
         with self._lock:
             return dict(self._tallies)
+
+
+def _resolve(due: asyncio.Future[None]) -> None:
+    if not due.done():
+        due.set_result(None)
 
 
 def _outcome(route: Route, held: Reserved, reply: Reply | ErrorInfo) -> tuple[Completion, Usage]:

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from sessiontree.actors import VirtualClock
+from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import GatherStatus, RejectedInputError
-from sessiontree.supervision import Agent, EventKind, Hedge, Node
+from sessiontree.supervision import Agent, EventKind, Hedge, Node, Provider
 from sessiontree.supervision._patterns import fan_out
 from sessiontree.supervision._retry import Restarts
+from tests.conftest import WAIT
 from tests.test_patterns import finish
 
 SLOW = 100.0  # clock seconds a child in the tail would take
@@ -122,19 +124,19 @@ def test_a_duplicate_counts_against_the_children_limit(make_node: Any, clock: Vi
     assert [a.hedge for a in seen["gathered"].reports[2].attempts] == [False, True]
 
     seen.clear()
-    lead = lead_of(seen, ["a", f"tail first {SLOW}"], hedge=Hedge(after=3.0))
+    lead = lead_of(seen, [f"tail first {SLOW}"], hedge=Hedge(after=3.0))
     skills = {"main": lambda session: None, "run": Latencies().run, "lead": lead}
 
-    def full(session: Any) -> str:  # a sibling holds the second place all along
+    def full(session: Any) -> str:  # a sibling holds the other place all along
         session.spawn(kind="worker", skill="run", task=f"holder first {2 * SLOW}")
         return lead(session)
 
     skills["full"] = full
-    node: Node = make_node(Agent("agent", skills, default_skill="main", max_children=3), grace=5.0)
+    node: Node = make_node(Agent("agent", skills, default_skill="main", max_children=2), grace=5.0)
     spawned = node.spawn(node.main("agent"), kind="branch", skill="full", task="lead")
     assert spawned.ok
     finish(node, clock, spawned.ref, step=5.0)
-    tail = seen["gathered"].reports[1]
+    (tail,) = seen["gathered"].reports
     assert [a.hedge for a in tail.attempts] == [False]  # the limit refused the duplicate
     assert seen["took"] >= SLOW  # so it waited for the tail
 
@@ -161,3 +163,87 @@ def test_a_hedge_that_is_not_a_hedge_is_refused_before_anything_runs() -> None:
     with pytest.raises(RejectedInputError) as raised:
         next(pattern)
     assert raised.value.field == "hedge"
+
+
+# -- hedged model calls ----------------------------------------------------------------
+
+
+def hedging_agent(completions: list[Any]) -> Agent:
+    async def hedged(session: Any) -> None:
+        completions.append(await session.complete("hi there", hedge_after=5.0))
+
+    async def idle(session: Any) -> None:
+        return None
+
+    return Agent(
+        "agent",
+        {"main": idle, "hedged": hedged},
+        main_skill="main",
+        models={"small": "m", "large": "m"},
+    )
+
+
+def test_a_hedged_call_sends_a_duplicate_after_its_delay_and_keeps_the_first_reply(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    completions: list[Any] = []
+    with StandinServer(models=("m",)) as server:
+        node = make_node(hedging_agent(completions), providers=(Provider(base_url=server.url),))
+        server.fail_next("slow", delay=30.0)  # the first request hangs
+        spawned = node.main("agent").spawn(kind="worker", skill="hedged", task="x")
+        assert spawned.ref is not None
+        assert server.wait_for_requests(1, WAIT)
+        clock.advance(5.0)  # the hedge's delay: the duplicate goes out
+        result = spawned.ref.wait(WAIT)
+        assert server.wait_for_disconnects(1, WAIT)  # the slow request was closed
+        stats = server.stats()
+    assert result is not None
+    assert result.ok, result
+    (completion,) = completions
+    assert completion.error is None
+    assert completion.text == "echo hi there"
+    assert stats.requests_received == 2
+    assert stats.completions_served == 1
+    assert result.usage.calls == 2  # both requests count against the budgets
+
+
+def test_a_call_that_answers_within_the_delay_sends_no_duplicate(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    completions: list[Any] = []
+    with StandinServer(models=("m",)) as server:
+        node = make_node(hedging_agent(completions), providers=(Provider(base_url=server.url),))
+        result = node.main("agent").run(kind="worker", skill="hedged", task="x", timeout=WAIT)
+        clock.advance(10.0)  # past the delay: its timer was cancelled, nothing is sent
+        assert node.wait_idle(WAIT)
+        requests = server.stats().requests_received
+    assert result is not None
+    assert result.ok
+    assert requests == 1
+    assert result.usage.calls == 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"hedge_after": -1.0}, {"hedge_after": "soon"}, {"hedge_after": 1.0, "stream": True}],
+)
+def test_a_bad_hedged_call_is_refused_naming_hedge_after(
+    make_node: Any, options: dict[str, Any]
+) -> None:
+    fields: list[str | None] = []
+
+    async def bad(session: Any) -> None:
+        try:
+            await session.complete("x", **options)
+        except RejectedInputError as exc:
+            fields.append(exc.field)
+
+    async def idle(session: Any) -> None:
+        return None
+
+    agent = Agent(
+        "agent", {"main": idle, "bad": bad}, main_skill="main", models={"small": "m", "large": "m"}
+    )
+    node = make_node(agent, providers=(Provider(base_url="http://127.0.0.1:9/v1"),))
+    assert node.main("agent").run(kind="worker", skill="bad", task="x", timeout=WAIT) is not None
+    assert fields == ["hedge_after"]
