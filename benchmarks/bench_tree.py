@@ -195,6 +195,9 @@ def make_agent(state: TreeState) -> Agent:
         # Race the benchmark's trigger against a checkpointed wait, so a cancel
         # still ends this worker cooperatively.
         waiting = asyncio.ensure_future(s.wait(NEVER))
+        # retrieved when it ends however this skill ends (a forced end cancels
+        # this task, not that one, which then raises Cancelled on its own)
+        waiting.add_done_callback(lambda t: t.cancelled() or t.exception())
         await asyncio.wait({trigger, waiting}, return_when=asyncio.FIRST_COMPLETED)
         if not trigger.done():
             waiting.result()  # raises Cancelled
