@@ -158,9 +158,6 @@ def _record(task: Task, attempt: Attempt, **changes: Any) -> None:
     task.attempts = [changed if a is attempt else a for a in task.attempts or []]
 
 
-_TWO = uuid.UUID(int=0)  # a task with two children running: not alone, not hedged again
-
-
 def met_by(quorum: Quorum, good: Sequence[SessionResult], still_open: int) -> list[int] | None:
     """Which of the ``good`` results (the successes so far) meet ``quorum`` with
     ``still_open`` tasks yet to end: their indices, or None while it is not met."""
@@ -292,23 +289,23 @@ class _Gather:
         """Start a duplicate of each task whose one child has run past the
         hedge's delay, in one batch (once a task); one the children limit or
         the budget refuses is not started."""
-        alone: dict[int, uuid.UUID] = {}
-        for child, (task, _) in self.running.items():
-            alone[task.index] = child if task.index not in alone else _TWO
-        alone = {i: c for i, c in alone.items() if c is not _TWO}
+        running = collections.Counter(task.index for task, _ in self.running.values())
+        alone = {t.index: c for c, (t, _) in self.running.items() if running[t.index] == 1}
         due, self.next_hedge = hedger.due(alone, now)
         if not due:
             return
-        tasks = [self.running[alone[i]][0] for i in due]
-        answers = yield _SpawnMany(tuple(task.spec for task in tasks))
-        for task, spawned in zip(tasks, answers, strict=True):
+        runs = [self.running[alone[i]] for i in due]
+        # the same work as the run it doubles (a retry's may be the fallback skill)
+        specs = tuple(msgspec.structs.replace(task.spec, skill=run.skill) for task, run in runs)
+        answers = yield _SpawnMany(specs)
+        for (task, run), spawned in zip(runs, answers, strict=True):
             hedger.hedged.add(task.index)
             if spawned.session_id is None:
                 continue
             attempt = Attempt(
                 number=len(task.attempts or []) + 1,
                 session_id=spawned.session_id,
-                skill=task.spec.skill,
+                skill=run.skill,
                 hedge=True,
             )
             task.attempts = [*(task.attempts or []), attempt]
@@ -327,8 +324,7 @@ class _Gather:
             self.hedger.ended(child, now, result.ok)
         _record(task, attempt, result=result, error=result.error)
         twin = next((c for c, (t, _) in self.running.items() if t is task), None)
-        if result.ok or twin is None or task.result is None or not task.result.ok:
-            task.result = result
+        task.result = result
         if result.ok:
             task.done = True
             task.token = continuation_token(task.spec, result)
