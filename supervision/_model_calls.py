@@ -95,6 +95,7 @@ class ModelCalls:
         self.loop = loop
         self.durable = durable
         self._deltas: list[tuple[uuid.UUID, str]] = []  # on the event loop thread only
+        self._closing: set[asyncio.Future[Completion]] = set()  # hedged requests cancelled
         self._tallies: collections.defaultdict[tuple[Spent, str], float] = collections.defaultdict(
             float
         )
@@ -152,7 +153,10 @@ class ModelCalls:
         finally:
             timer.cancel()
             for task in calls:
-                task.cancel()  # the slower request is closed and settled as cancelled
+                if not task.done():  # the slower request: closed, settled as cancelled
+                    task.cancel()
+                    self._closing.add(task)  # held until it has settled (the loop holds
+                    task.add_done_callback(self._closing.discard)  # tasks weakly)
 
     async def _one(self, core: SessionCore, call: ModelCall) -> Completion:
         """Reserve, send and settle one request."""
