@@ -14,13 +14,14 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Request, get, post
+from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.params import Body, HeaderParameter, JSONBody, QueryParameter
 
 from sessiontree.cli._api._errors import ERRORS, refuse
 from sessiontree.cli._api._listing import every_session
 from sessiontree.cli._api._shared import MAX_WAIT, Sid, node_of
+from sessiontree.cli._api._tree_page import session_tree_html, session_tree_svg
 from sessiontree.cli._wire import (
     CancelRequest,
     MainRequest,
@@ -226,6 +227,33 @@ async def session_tree(state: State, session_id: Sid) -> TreeView:
     return tree_view(await node_of(state).atree(session_id))
 
 
+@get(
+    "/sessions/{session_id:uuid}/tree.html",
+    tags=["sessions"],
+    media_type="text/html",
+    responses=ERRORS,
+)
+async def session_tree_page(state: State, session_id: Sid) -> Response[str]:
+    """The subtree under a session as an interactive HTML page: each session's
+    kind, skill, state, age, usage and result, with links to its conversation
+    and its own subtree; filter, expand, SVG export, print to PDF."""
+    node = node_of(state)
+    tree = tree_view(await node.atree(session_id))
+    return Response(session_tree_html(tree, node.clock.time()), media_type="text/html")
+
+
+@get(
+    "/sessions/{session_id:uuid}/tree.svg",
+    tags=["sessions"],
+    media_type="image/svg+xml",
+    responses=ERRORS,
+)
+async def session_tree_image(state: State, session_id: Sid) -> Response[str]:
+    """The subtree under a session drawn as an SVG image."""
+    tree = tree_view(await node_of(state).atree(session_id))
+    return Response(session_tree_svg(tree), media_type="image/svg+xml")
+
+
 @post("/sessions/{session_id:uuid}/cancel", tags=["sessions"], status_code=202, responses=ERRORS)
 async def cancel_session(
     state: State,
@@ -320,6 +348,8 @@ SESSION_ROUTES = (
     spawn_child,
     get_session,
     session_tree,
+    session_tree_page,
+    session_tree_image,
     cancel_session,
     terminate_session,
     suspend_session,

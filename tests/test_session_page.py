@@ -1,0 +1,134 @@
+"""The session tree's pages (issue 25's pages): ``tree.html`` opened in headless
+Chromium (filter, links into the conversation, print to PDF read back with
+pypdf) and ``tree.svg`` parsed as XML, served by a real node on 127.0.0.1."""
+
+from __future__ import annotations
+
+import io
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from typing import Any
+
+import pypdf
+import pytest
+
+from sessiontree.actors import AsyncSession
+from sessiontree.protocol import SessionKind, SpawnSpec
+from sessiontree.supervision import Agent, Node, NodeConfig
+from tests._served import ServedNode
+from tests.conftest import WAIT
+from tests.test_tree_html import browser  # noqa: F401 - the module's Chromium fixture
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def inbox(session: AsyncSession) -> None:
+    return None
+
+
+async def lead(session: AsyncSession) -> str:
+    await session.spawn_many(
+        [
+            SpawnSpec(kind=SessionKind.WORKER, skill="ok", task="read the paper"),
+            SpawnSpec(kind=SessionKind.WORKER, skill="crash", task="parse the corrupt PDF"),
+        ]
+    )
+    await session.collect()
+    return "led two workers"
+
+
+async def ok(session: AsyncSession) -> str:
+    return "read it"
+
+
+async def crash(session: AsyncSession) -> None:
+    raise RuntimeError("the PDF is corrupt")
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[ServedNode, Any, uuid.UUID]]:
+    skills = {"inbox": inbox, "lead": lead, "ok": ok, "crash": crash}
+    node = Node([Agent("pages", skills, main_skill="inbox")], NodeConfig())
+    served = ServedNode(node)
+    try:
+        main = node.main("pages")
+        result = main.run(kind="branch", skill="lead", task="review the papers", timeout=WAIT)
+        assert result is not None
+        assert node.wait_idle(WAIT)
+        yield served, main, main.session_id
+    finally:
+        served.close()
+        node.shutdown()
+
+
+def test_the_tree_page_shows_every_session_and_links_into_its_conversation(
+    served: tuple[ServedNode, Any, uuid.UUID],
+    browser: Any,  # noqa: F811
+) -> None:
+    node, _, main_id = served
+    page = browser.new_page()
+    try:
+        response = page.goto(f"{node.url}/v1/sessions/{main_id}/tree.html")
+        assert response is not None
+        assert response.status == 200
+        sessions = page.locator("details.session")
+        assert sessions.count() == 4  # the Main, the lead, two workers
+        failed = page.locator("details.session", has_text="parse the corrupt PDF").last
+        assert "failed" in failed.locator("summary .state").first.inner_text()
+        assert "crashed" in failed.inner_text()
+
+        page.fill("#filter", "corrupt")  # the match and its ancestors stay
+        visible = [s for s in sessions.all() if s.is_visible()]
+        assert len(visible) == 3
+
+        failed.locator("a.conversation").first.click()
+        page.wait_for_load_state()
+        assert "/conversation/tree.html" in page.url
+        assert page.title()  # the conversation's own page answered
+    finally:
+        page.close()
+
+
+def test_the_tree_page_prints_to_a_pdf_that_holds_the_tree(
+    served: tuple[ServedNode, Any, uuid.UUID],
+    browser: Any,  # noqa: F811
+) -> None:
+    node, _, main_id = served
+    page = browser.new_page()
+    try:
+        page.goto(f"{node.url}/v1/sessions/{main_id}/tree.html")
+        page.locator("#collapse").click()  # printing opens every session again
+        pdf = page.pdf()
+    finally:
+        page.close()
+    assert pdf.startswith(b"%PDF")
+    text = "".join(p.extract_text() for p in pypdf.PdfReader(io.BytesIO(pdf)).pages)
+    for expected in ("lead", "parse the corrupt PDF", "read the paper", "crashed"):
+        assert expected in text
+    assert "Expand all" not in text  # the print stylesheet drops the controls
+
+
+def test_the_tree_svg_draws_one_row_a_session(served: tuple[ServedNode, Any, uuid.UUID]) -> None:
+    node, _, main_id = served
+    answer = node.http.get(f"/v1/sessions/{main_id}/tree.svg")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("image/svg+xml")
+    svg = ET.fromstring(answer.text)
+    ns = "{http://www.w3.org/2000/svg}"
+    rows = [t.text or "" for t in svg.iter(f"{ns}text")]
+    assert len(rows) == 4
+    assert rows[0].startswith("main inbox")
+    assert any("failed" in row and row.startswith("worker crash") for row in rows)
+    assert len(list(svg.iter(f"{ns}path"))) == 3  # a line to every session but the root
+
+
+def test_a_page_for_an_unknown_session_is_a_404_naming_it(
+    served: tuple[ServedNode, Any, uuid.UUID],
+) -> None:
+    node, _, _ = served
+    unknown = uuid.uuid4()
+    for page in ("tree.html", "tree.svg"):
+        answer = node.http.get(f"/v1/sessions/{unknown}/{page}")
+        assert answer.status_code == 404
+        assert str(unknown) in answer.text
