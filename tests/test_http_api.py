@@ -461,3 +461,19 @@ def test_health_readiness_metrics_and_schema(api: tuple[Client, Node]) -> None:
     assert error_of(client.get("/readyz"), 503)["code"] == "node_closed"
     error = error_of(client.post("/v1/sessions", json={"agent_id": "assistant"}), 503)
     assert error["code"] == "node_closed"
+
+
+def test_tree_html_in_a_chat_answers_with_the_pages_address(api: tuple[Client, Node]) -> None:
+    client, _ = api
+    routed = client.post("/v1/route", json=inbound("one")).json()
+    reply = client.post("/v1/route", json=inbound("/tree html")).json()["reply"]
+    assert reply["ok"] is True
+    url = reply["data"]["url"]
+    assert url.endswith(f"/v1/sessions/{routed['session_id']}/conversation/tree.html")
+    assert url in reply["text"]
+    assert "content" not in reply["data"]  # a link, not the document
+    page = client.get(url)
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    text = client.post("/v1/route", json=inbound("/tree text")).json()["reply"]
+    assert "content" in text["data"]  # other formats still answer with the tree
