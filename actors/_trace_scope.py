@@ -12,7 +12,17 @@ from opentelemetry import context, trace
 
 from sessiontree.protocol import flags_of, span_id_of, trace_id_of
 
-__all__ = ["context_of", "enter_span", "leave_span"]
+__all__ = ["context_of", "enter_span", "leave_span", "span_context_of"]
+
+
+def span_context_of(traceparent: str, remote: bool = True) -> trace.SpanContext:
+    """The OpenTelemetry ``SpanContext`` a (normalised) W3C traceparent names."""
+    return trace.SpanContext(
+        trace_id_of(traceparent),
+        span_id_of(traceparent),
+        is_remote=remote,
+        trace_flags=trace.TraceFlags(flags_of(traceparent)),
+    )
 
 
 def context_of(traceparent: str | None) -> context.Context:
@@ -20,15 +30,7 @@ def context_of(traceparent: str | None) -> context.Context:
     traceparent), or an empty context for None."""
     if traceparent is None:
         return context.Context()
-    span = trace.NonRecordingSpan(
-        trace.SpanContext(
-            trace_id_of(traceparent),
-            span_id_of(traceparent),
-            is_remote=True,
-            trace_flags=trace.TraceFlags(flags_of(traceparent)),
-        )
-    )
-    return trace.set_span_in_context(span)
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context_of(traceparent)))
 
 
 def enter_span(traceparent: str | None) -> object | None:

@@ -49,6 +49,7 @@ from sessiontree.actors._session_actor import (
     start_run,
 )
 from sessiontree.actors._slots import ComputeSlots
+from sessiontree.actors._trace_scope import span_context_of
 from sessiontree.actors.backends._registry import Backends
 
 __all__ = [
@@ -89,6 +90,7 @@ __all__ = [
     "mailbox_depth",
     "post",
     "refuse_blocking",
+    "span_context_of",
     "start_actor",
     "start_run",
     "stop_actor",

@@ -139,7 +139,7 @@ class NodeParts:
         self.models: Models | None = None  # set with the runtime
         self.housekeeper: Housekeeper | None = None
         self.replay_held: str | None = None  # why recovery held replay back, until released
-        self.spans = _span_recorder(config)  # a traced node's (None: not traced)
+        self.spans = _span_recorder(config, self.clock)  # a traced node's (None: not traced)
 
     def event_loop(self) -> EventLoopThread:
         """The node's event loop, made on first use."""
@@ -301,7 +301,7 @@ class NodeParts:
             self.store.close()
 
 
-def _span_recorder(config: NodeConfig) -> SpanRecorder | None:
+def _span_recorder(config: NodeConfig, clock: Clock) -> SpanRecorder | None:
     """A traced node's ``SpanRecorder``: the SDK is imported only then.
     ``ImportError`` naming the extra when it is not installed."""
     if config.tracing is None:
@@ -314,7 +314,7 @@ def _span_recorder(config: NodeConfig) -> SpanRecorder | None:
             f"pip install 'sessiontree[otlp]' ({exc})"
         )
         raise ImportError(msg) from exc
-    return SpanRecorder(config.tracing)
+    return SpanRecorder(config.tracing, clock.monotonic)
 
 
 def _backends_for(config: NodeConfig) -> Backends:

@@ -13,6 +13,8 @@ import logging
 import uuid
 from collections.abc import Callable
 
+import msgspec
+
 from sessiontree.actors.runtime import CycleDone, Deliver, RunEnd
 from sessiontree.protocol import (
     TERMINAL_STATES,
@@ -262,16 +264,7 @@ class Endings:
         tree = self.tree
         data = None
         if core.info.trace is not None and entry.ledger is not None:  # for its span
-            used = entry.ledger.subtree
-            data = {
-                "usage": {
-                    "prompt_tokens": used.prompt_tokens,
-                    "completion_tokens": used.completion_tokens,
-                    "calls": used.calls,
-                    "cost": used.cost,
-                    "descendants": used.descendants,
-                }
-            }
+            data = {"usage": msgspec.structs.asdict(entry.ledger.subtree)}
         tree.emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now, data=data)
         if old is SessionState.SUSPENDED:
             # as set_state writes a Branch leaving suspension (the ending's own write follows)

@@ -323,7 +323,9 @@ class _Gather:
         if self.hedger is not None:
             self.hedger.ended(child, now, result.ok)
         _record(task, attempt, result=result, error=result.error)
-        twin = next((c for c, (t, _) in self.running.items() if t is task), None)
+        twin = None  # with a hedge: the task's other child still running
+        if self.hedger is not None:
+            twin = next((c for c, (t, _) in self.running.items() if t is task), None)
         task.result = result
         if result.ok:
             task.done = True

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -36,9 +35,10 @@ from opentelemetry.sdk.trace import Event as SpanEvent
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
-from sessiontree.protocol import ErrorCode, child_traceparent, flags_of, span_id_of, trace_id_of
+from sessiontree.actors.runtime import span_context_of
+from sessiontree.protocol import ErrorCode, child_traceparent, flags_of
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._tracing_config import Tracing
 
@@ -67,18 +67,8 @@ _SPAN_EVENTS = {
 }
 
 
-def _context(traceparent: str, remote: bool = False) -> SpanContext:
-    """The ``SpanContext`` a (normalised) W3C traceparent names."""
-    return SpanContext(
-        trace_id_of(traceparent),
-        span_id_of(traceparent),
-        remote,
-        TraceFlags(flags_of(traceparent)),
-    )
-
-
 def _link(traceparent: str, why: str) -> Link:
-    return Link(_context(traceparent, remote=True), {"sessiontree.link": why})
+    return Link(span_context_of(traceparent), {"sessiontree.link": why})
 
 
 @dataclass(slots=True)
@@ -106,15 +96,22 @@ class _Open:
 class _Counted(SpanExporter):
     """The exporter, counting the spans it was handed and those it failed to send."""
 
-    def __init__(self, exporter: SpanExporter, counts: dict[str, int], lock: threading.Lock):
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        counts: dict[str, int],
+        lock: threading.Lock,
+        monotonic: Callable[[], float],
+    ) -> None:
         self.exporter, self.counts, self.lock = exporter, counts, lock
+        self.monotonic = monotonic
         self.deadline: float | None = None  # closing: nothing is sent after it
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         with self.lock:
             self.counts["queued"] -= len(spans)
         try:
-            if self.deadline is not None and time.monotonic() > self.deadline:
+            if self.deadline is not None and self.monotonic() > self.deadline:
                 result = SpanExportResult.FAILURE  # the node closes: no more waiting
             else:
                 result = self.exporter.export(spans)
@@ -167,8 +164,10 @@ class SpanRecorder:
     export timeout; what cannot be sent is dropped and counted.
     """
 
-    def __init__(self, tracing: Tracing) -> None:
+    def __init__(self, tracing: Tracing, monotonic: Callable[[], float]) -> None:
+        """``monotonic``: the node's clock, which bounds a flush and the close."""
         self.tracing = tracing
+        self.monotonic = monotonic
         self.lock = threading.Lock()
         self.counts = {"queued": 0, "exported": 0, "dropped": 0}
         try:
@@ -184,7 +183,7 @@ class SpanRecorder:
             headers=dict(tracing.headers),
             timeout=tracing.export_timeout,
         )
-        self._exporter = _Counted(exporter, self.counts, self.lock)
+        self._exporter = _Counted(exporter, self.counts, self.lock, monotonic)
         batch = BatchSpanProcessor(
             self._exporter,
             max_queue_size=tracing.max_queue_size,
@@ -292,8 +291,8 @@ class SpanRecorder:
         parent = data.get("trace_parent")
         return _Open(
             f"{event.session_kind} {skill}".strip(),
-            _context(data["trace"]),
-            None if parent is None else _context(parent, remote=True),
+            span_context_of(data["trace"], remote=False),
+            None if parent is None else span_context_of(parent),
             _ns(at),
             attributes,
             links,
@@ -304,7 +303,9 @@ class SpanRecorder:
         run = self.runs.get(sid)
         if run is None:
             if event.state in _TERMINAL and sid in self.cycles:
-                self._main_ended(event, self.cycles.pop(sid))
+                # a Main ended (cancelled, expired) during a cycle: the cycle ends with it
+                code = event.code
+                self._end(self.cycles.pop(sid), event.at, code, code in _ERRORS, state=event.state)
             return
         state, at = event.state or "", _ns(event.at)
         if state == "suspended":
@@ -316,30 +317,33 @@ class SpanRecorder:
         del self.runs[sid]
         span = self._opened(run)
         code = event.code
-        attributes = span.attributes
-        attributes["sessiontree.session.state"] = state
-        status = None
-        if code is not None:
-            if code == ErrorCode.TERMINATED_BY_FORCE.value:
-                span.events.append(SpanEvent("terminated_by_force", None, at))
-            attributes["sessiontree.error.code"] = code
-            if code in _ERRORS or state == "failed":
-                attributes["error.type"] = code
-                status = Status(StatusCode.ERROR, code)
+        if code == ErrorCode.TERMINATED_BY_FORCE.value:
+            span.events.append(SpanEvent("terminated_by_force", None, at))
         for name, value in event.data.get("usage", {}).items():
-            attributes[f"sessiontree.usage.{name}"] = value
-        self._write(span, event.at, status)
+            span.attributes[f"sessiontree.usage.{name}"] = value
+        self._end(span, event.at, code, code in _ERRORS or state == "failed", state=state)
 
-    def _main_ended(self, event: Event, span: _Open) -> None:
-        """A Main ended (cancelled, expired) during a cycle: the cycle ends with it."""
+    def _end(
+        self,
+        span: _Open,
+        at: float,
+        code: str | None,
+        error: bool,
+        *,
+        state: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Write ``span``, ended at ``at``: its end ``state`` and ``code`` as
+        attributes and, when ``error``, status ERROR with ``message`` (or the code)."""
         status = None
-        span.attributes["sessiontree.session.state"] = event.state or ""
-        if event.code is not None:
-            span.attributes["sessiontree.error.code"] = event.code
-            if event.code in _ERRORS:
-                span.attributes["error.type"] = event.code
-                status = Status(StatusCode.ERROR, event.code)
-        self._write(span, event.at, status)
+        if state is not None:
+            span.attributes["sessiontree.session.state"] = state
+        if code is not None:
+            span.attributes["sessiontree.error.code"] = code
+            if error:
+                span.attributes["error.type"] = code
+                status = Status(StatusCode.ERROR, message or code)
+        self._write(span, at, status)
 
     def _cycle_started(self, event: Event, sid: uuid.UUID) -> None:
         data = event.data
@@ -353,8 +357,8 @@ class SpanRecorder:
         parent = data.get("parent_trace")
         self.cycles[sid] = _Open(
             "main cycle",
-            _context(traceparent),
-            None if parent is None else _context(parent, remote=True),
+            span_context_of(traceparent, remote=False),
+            None if parent is None else span_context_of(parent),
             _ns(event.at),
             {
                 "sessiontree.session.id": str(sid),
@@ -368,14 +372,8 @@ class SpanRecorder:
 
     def _cycle_ended(self, event: Event, sid: uuid.UUID) -> None:
         span = self.cycles.pop(sid, None)
-        if span is None:
-            return
-        status = None
-        if event.code is not None:
-            span.attributes["sessiontree.error.code"] = event.code
-            span.attributes["error.type"] = event.code
-            status = Status(StatusCode.ERROR, event.data.get("error", event.code))
-        self._write(span, event.at, status)
+        if span is not None:
+            self._end(span, event.at, event.code, True, message=event.data.get("error"))
 
     def _model_call(self, event: Event) -> None:
         data = event.data
@@ -409,8 +407,8 @@ class SpanRecorder:
         own = child_traceparent(parent)  # its own span, in its session's trace
         span = _Open(
             f"chat {model}".strip(),
-            _context(own),
-            _context(parent, remote=True),
+            span_context_of(own, remote=False),
+            span_context_of(parent),
             _ns(data["started_at"]),
             attributes,
         )
@@ -431,12 +429,12 @@ class SpanRecorder:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Export what is queued now; False if some of it could not be sent.
-        Batches not sent within ``timeout`` s (default the export timeout) are
+        Batches not sent within ``timeout`` clock seconds (default the export timeout) are
         dropped (and counted): it returns after about ``timeout`` plus the
         export timeout of a batch already on its way."""
         wait = self.tracing.export_timeout if timeout is None else timeout
         before = self.dropped()
-        self._exporter.deadline = time.monotonic() + wait
+        self._exporter.deadline = self.monotonic() + wait
         try:
             flushed = self.processor.force_flush(int(wait * 1000.0))
         finally:
@@ -461,7 +459,7 @@ class SpanRecorder:
             for span in [self._opened(run) for run in runs] + cycles:
                 span.events.append(SpanEvent("node_closed", None, _ns(at)))
                 self._write(span, at)
-            self._exporter.deadline = time.monotonic() + self.tracing.export_timeout
+            self._exporter.deadline = self.monotonic() + self.tracing.export_timeout
             self.processor.shutdown()
         except Exception:
             log.exception("the span export did not close cleanly; what was not sent is lost")

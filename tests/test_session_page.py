@@ -47,7 +47,9 @@ async def crash(session: AsyncSession) -> None:
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[ServedNode, Any, uuid.UUID]]:
+def served() -> Iterator[tuple[ServedNode, uuid.UUID]]:
+    """A node serving a Main whose lead branch ran two workers (one crashed),
+    and the Main's id."""
     skills = {"inbox": inbox, "lead": lead, "ok": ok, "crash": crash}
     node = Node([Agent("pages", skills, main_skill="inbox")], NodeConfig())
     served = ServedNode(node)
@@ -56,52 +58,49 @@ def served() -> Iterator[tuple[ServedNode, Any, uuid.UUID]]:
         result = main.run(kind="branch", skill="lead", task="review the papers", timeout=WAIT)
         assert result is not None
         assert node.wait_idle(WAIT)
-        yield served, main, main.session_id
+        yield served, main.session_id
     finally:
         served.close()
         node.shutdown()
 
 
-def test_the_tree_page_shows_every_session_and_links_into_its_conversation(
-    served: tuple[ServedNode, Any, uuid.UUID],
-    browser: Any,  # noqa: F811
-) -> None:
-    node, _, main_id = served
+@pytest.fixture
+def tree_page(served: tuple[ServedNode, uuid.UUID], browser: Any) -> Iterator[Any]:  # noqa: F811
+    """The Main's tree page, open in headless Chromium."""
+    node, main_id = served
     page = browser.new_page()
     try:
         response = page.goto(f"{node.url}/v1/sessions/{main_id}/tree.html")
         assert response is not None
         assert response.status == 200
-        sessions = page.locator("details.session")
-        assert sessions.count() == 4  # the Main, the lead, two workers
-        failed = page.locator("details.session", has_text="parse the corrupt PDF").last
-        assert "failed" in failed.locator("summary .state").first.inner_text()
-        assert "crashed" in failed.inner_text()
-
-        page.fill("#filter", "corrupt")  # the match and its ancestors stay
-        visible = [s for s in sessions.all() if s.is_visible()]
-        assert len(visible) == 3
-
-        failed.locator("a.conversation").first.click()
-        page.wait_for_load_state()
-        assert "/conversation/tree.html" in page.url
-        assert page.title()  # the conversation's own page answered
+        yield page
     finally:
         page.close()
 
 
-def test_the_tree_page_prints_to_a_pdf_that_holds_the_tree(
-    served: tuple[ServedNode, Any, uuid.UUID],
-    browser: Any,  # noqa: F811
+def test_the_tree_page_shows_every_session_and_links_into_its_conversation(
+    tree_page: Any,
 ) -> None:
-    node, _, main_id = served
-    page = browser.new_page()
-    try:
-        page.goto(f"{node.url}/v1/sessions/{main_id}/tree.html")
-        page.locator("#collapse").click()  # printing opens every session again
-        pdf = page.pdf()
-    finally:
-        page.close()
+    page = tree_page
+    sessions = page.locator("details.session")
+    assert sessions.count() == 4  # the Main, the lead, two workers
+    failed = page.locator("details.session", has_text="parse the corrupt PDF").last
+    assert "failed" in failed.locator("summary .state").first.inner_text()
+    assert "crashed" in failed.inner_text()
+
+    page.fill("#filter", "corrupt")  # the match and its ancestors stay
+    visible = [s for s in sessions.all() if s.is_visible()]
+    assert len(visible) == 3
+
+    failed.locator("a.conversation").first.click()
+    page.wait_for_load_state()
+    assert "/conversation/tree.html" in page.url
+    assert page.title()  # the conversation's own page answered
+
+
+def test_the_tree_page_prints_to_a_pdf_that_holds_the_tree(tree_page: Any) -> None:
+    tree_page.locator("#collapse").click()  # printing opens every session again
+    pdf = tree_page.pdf()
     assert pdf.startswith(b"%PDF")
     text = "".join(p.extract_text() for p in pypdf.PdfReader(io.BytesIO(pdf)).pages)
     for expected in ("lead", "parse the corrupt PDF", "read the paper", "crashed"):
@@ -109,8 +108,8 @@ def test_the_tree_page_prints_to_a_pdf_that_holds_the_tree(
     assert "Expand all" not in text  # the print stylesheet drops the controls
 
 
-def test_the_tree_svg_draws_one_row_a_session(served: tuple[ServedNode, Any, uuid.UUID]) -> None:
-    node, _, main_id = served
+def test_the_tree_svg_draws_one_row_a_session(served: tuple[ServedNode, uuid.UUID]) -> None:
+    node, main_id = served
     answer = node.http.get(f"/v1/sessions/{main_id}/tree.svg")
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("image/svg+xml")
@@ -124,9 +123,9 @@ def test_the_tree_svg_draws_one_row_a_session(served: tuple[ServedNode, Any, uui
 
 
 def test_a_page_for_an_unknown_session_is_a_404_naming_it(
-    served: tuple[ServedNode, Any, uuid.UUID],
+    served: tuple[ServedNode, uuid.UUID],
 ) -> None:
-    node, _, _ = served
+    node, _ = served
     unknown = uuid.uuid4()
     for page in ("tree.html", "tree.svg"):
         answer = node.http.get(f"/v1/sessions/{unknown}/{page}")

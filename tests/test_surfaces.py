@@ -78,6 +78,7 @@ RUNTIME = [
     "mailbox_depth",
     "post",
     "refuse_blocking",
+    "span_context_of",
     "start_actor",
     "start_run",
     "stop_actor",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -721,21 +722,19 @@ def test_a_session_core_keeps_to_a_shared_key_dict() -> None:
 def test_a_cycle_a_crash_cut_off_reruns_under_a_span_linked_to_it(tmp_path: Path) -> None:
     from tests import traced_crash_node  # noqa: PLC0415 - the killed node's agent
 
-    store, span_file = tmp_path / "store", tmp_path / "span"
-    command = [sys.executable, "-m", "tests.traced_crash_node", str(store), str(span_file)]
+    store = tmp_path / "store"
+    command = [sys.executable, "-m", "tests.traced_crash_node", str(store)]
     root = Path(__file__).resolve().parent.parent
-    child = subprocess.Popen(command, cwd=root)
-    try:
-        deadline = time.monotonic() + 60.0
-        while not span_file.exists():  # the cycle runs: its mark is durable
-            assert child.poll() is None, "the node died before its cycle ran"
-            assert time.monotonic() < deadline, "the cycle never started"
-            time.sleep(0.05)
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.kill()
-        child.wait(30)
-    cut_off = span_file.read_text(encoding="utf-8")
+    with subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, text=True) as child:
+        try:
+            assert child.stdout is not None
+            ready, _, _ = select.select([child.stdout], [], [], 60.0)  # the cycle runs
+            assert ready, "the cycle never started"
+            cut_off = child.stdout.readline().strip()  # its mark, with this span, is durable
+            child.send_signal(signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait(30)
     assert parse_traceparent(cut_off) == cut_off
 
     exporter = InMemorySpanExporter()

@@ -238,8 +238,8 @@ async def session_tree_page(state: State, session_id: Sid) -> Response[str]:
     kind, skill, state, age, usage and result, with links to its conversation
     and its own subtree; filter, expand, SVG export, print to PDF."""
     node = node_of(state)
-    tree = tree_view(await node.atree(session_id))
-    return Response(session_tree_html(tree, node.clock.time()), media_type="text/html")
+    page = session_tree_html(tree_view(await node.atree(session_id)), node.clock.time())
+    return Response(page, media_type="text/html")
 
 
 @get(
@@ -250,8 +250,8 @@ async def session_tree_page(state: State, session_id: Sid) -> Response[str]:
 )
 async def session_tree_image(state: State, session_id: Sid) -> Response[str]:
     """The subtree under a session drawn as an SVG image."""
-    tree = tree_view(await node_of(state).atree(session_id))
-    return Response(session_tree_svg(tree), media_type="image/svg+xml")
+    image = session_tree_svg(tree_view(await node_of(state).atree(session_id)))
+    return Response(image, media_type="image/svg+xml")
 
 
 @post("/sessions/{session_id:uuid}/cancel", tags=["sessions"], status_code=202, responses=ERRORS)
