@@ -18,11 +18,12 @@ from typing import Any, Protocol
 
 import msgspec
 
+from sessiontree.actors._conversing import ContextEntry, LinkedContext
 from sessiontree.actors._core import ContextMessage, SessionContext
 from sessiontree.actors._host import ModelCall
-from sessiontree.protocol import Completion, RejectedInputError, SessionInfo, as_json
+from sessiontree.protocol import Completion, RejectedInputError, Role, SessionInfo, as_json
 
-__all__ = ["Caller", "model_call", "record_exchange", "tool_result"]
+__all__ = ["Caller", "as_entries", "exchanged", "model_call", "record_exchange", "tool_result"]
 
 
 class Caller(Protocol):
@@ -47,9 +48,11 @@ def model_call(
     model: str | None,
     stream: bool,
     options: dict[str, Any],
+    history: LinkedContext | None = None,
 ) -> ModelCall:
     """The call to send; ``RejectedInputError`` naming the field for a bad
-    argument (nothing is sent or recorded then)."""
+    argument (nothing is sent or recorded then). ``history``: the session's
+    context branch, sent in place of its working context's messages."""
     if prompt is not None and not isinstance(prompt, str):
         msg = f"prompt must be a string, got {type(prompt).__name__}"
         raise RejectedInputError(msg, field="prompt")
@@ -79,7 +82,7 @@ def model_call(
             raise RejectedInputError(msg, field=name)
     sent = {name: as_json(name, value) for name, value in options.items() if value is not None}
     if messages is None:
-        chat = _context(core)
+        chat = _context(core, history)
     elif not isinstance(messages, list):
         raise RejectedInputError("messages must be a list of chat messages", field="messages")
     else:
@@ -92,13 +95,16 @@ def model_call(
     return ModelCall(tuple(chat), sent, max_tokens, model, bool(stream), after)
 
 
-def _context(core: Caller) -> list[dict[str, Any]]:
+def _context(core: Caller, history: LinkedContext | None) -> list[dict[str, Any]]:
     context = core.context
     system = "\n\n".join(
         part for part in (context.system_prompt, core.info.context_summary) if part
     )
     chat = [{"role": "system", "content": system}] if system else []
-    chat.extend(m.as_chat() for m in context.messages)
+    if history is not None:
+        chat.extend(history.history())
+    else:
+        chat.extend(m.as_chat() for m in context.messages)
     return chat
 
 
@@ -109,16 +115,35 @@ def _checked(index: int, message: Any) -> dict[str, Any]:
     return message
 
 
-def record_exchange(core: Caller, prompt: str | None, completion: Completion) -> None:
-    """Append the prompt and the reply to the context (only when there is a
+def exchanged(prompt: str | None, completion: Completion) -> list[ContextMessage]:
+    """The prompt and the reply as context messages (none when there is no
     reply: a refused or failed call leaves the context as it was)."""
     if completion.text is None and not completion.tool_calls:
-        return
-    messages = core.context.messages
-    if prompt is not None:
-        messages.append(ContextMessage("user", prompt))
+        return []
+    messages = [] if prompt is None else [ContextMessage("user", prompt)]
     calls = [dict(call) for call in completion.tool_calls] or None
     messages.append(ContextMessage("assistant", completion.text, tool_calls=calls))
+    return messages
+
+
+def record_exchange(core: Caller, prompt: str | None, completion: Completion) -> None:
+    """Append the prompt and the reply to the working context."""
+    core.context.messages.extend(exchanged(prompt, completion))
+
+
+def as_entries(messages: list[ContextMessage]) -> list[ContextEntry]:
+    """Context messages as a context branch writes them; ``RejectedInputError``
+    naming ``role`` for a role a conversation does not know."""
+    entries: list[ContextEntry] = []
+    for m in messages:
+        if m.role not in _ROLES:
+            msg = f"role {m.role!r} must be one of {', '.join(_ROLES)}"
+            raise RejectedInputError(msg, field="role")
+        entries.append((Role(m.role), m.content, m.tool_calls, m.name, m.tool_call_id))
+    return entries
+
+
+_ROLES = tuple(role.value for role in Role)
 
 
 def tool_result(tool_call_id: str, content: Any, name: str | None) -> ContextMessage:

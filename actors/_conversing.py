@@ -14,9 +14,39 @@ from typing import Any, Protocol
 
 from sessiontree.protocol import BranchInfo, DeletePlan, Merged, Message, Role
 
-__all__ = ["BranchRef", "ConversationLike"]
+__all__ = ["BranchRef", "ContextEntry", "ConversationLike", "LinkedContext"]
 
 BranchRef = int | str | uuid.UUID
+
+#: One message a session writes to its context: role, content, tool calls,
+#: name, tool call id.
+ContextEntry = tuple[Role, Any, list[Any] | None, str | None, str | None]
+
+
+class LinkedContext(Protocol):
+    """A spawned session's context as its model calls use it: a branch of its
+    root Main's conversation (``sessiontree.conversations.SessionBranch``)."""
+
+    def history(self) -> list[dict[str, Any]]:
+        """The messages its model sees, as chat-completions messages, oldest first."""
+        ...
+
+    async def settled(self) -> None:
+        """Wait for the writes ``history`` must see (children's results landing)."""
+        ...
+
+    def write(
+        self, entries: list[ContextEntry], usage: dict[str, Any] | None = None
+    ) -> list[Message]:
+        """Append ``entries`` in one write; durable when it returns (a worker's:
+        in memory). Raises ``StoreError`` when the write fails (nothing written)."""
+        ...
+
+    async def awrite(
+        self, entries: list[ContextEntry], usage: dict[str, Any] | None = None
+    ) -> list[Message]:
+        """Awaitable ``write``."""
+        ...
 
 
 class ConversationLike(Protocol):

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import concurrent.futures
     from collections.abc import Callable, Sequence
 
-    from sessiontree.actors._conversing import ConversationLike
+    from sessiontree.actors._conversing import ConversationLike, LinkedContext
     from sessiontree.actors._core import SessionCore
     from sessiontree.protocol import Completion
 
@@ -140,6 +140,13 @@ class SessionHost(Protocol):
 
     def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> ConversationLike:
         """The session's conversation tree; ``guard(what)`` runs before every call on it."""
+        ...
+
+    def linked_context(
+        self, core: SessionCore, guard: Callable[[str], None]
+    ) -> LinkedContext | None:
+        """A spawned session's context branch (what ``complete`` sends and records);
+        None for a Main, whose model calls use its working context."""
         ...
 
     def parked(self, core: SessionCore) -> None:

@@ -16,8 +16,8 @@ from typing import Any, cast
 import msgspec
 
 from sessiontree.actors._clock import Clock
-from sessiontree.actors._completing import model_call, record_exchange, tool_result
-from sessiontree.actors._conversing import ConversationLike
+from sessiontree.actors._completing import as_entries, exchanged, model_call, tool_result
+from sessiontree.actors._conversing import ConversationLike, LinkedContext
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
 from sessiontree.protocol import (
@@ -146,11 +146,19 @@ class _Base:
     def conversation(self) -> ConversationLike:
         """This session's conversation tree (``append``, ``fork``, ``context``…).
 
-        Every call on it is a checkpoint; a worker may read it but a write
-        raises ``NotAllowedError`` (workers keep no memory). Async skills
-        await the write twins (``aappend``…); reads are short and local.
+        A Main's is the conversation of its session key. A Branch's or
+        Worker's is its own branch of its root Main's conversation, forked
+        where its spawn said (``SpawnSpec.fork_at``): what ``complete`` sends
+        and records, what ``add_message`` writes; a Branch's is durable, a
+        Worker's lives in memory only. Every call on it is a checkpoint.
+        Async skills await the write twins (``aappend``…); reads are short
+        and local.
         """
         return self._host.conversation(self._core, self._conversation_guard)
+
+    def _linked(self) -> LinkedContext | None:
+        """A spawned session's context branch (None for a Main)."""
+        return self._host.linked_context(self._core, self._conversation_guard)
 
     def _conversation_guard(self, what: str) -> None:
         if self._raise_if_cancelled(what):  # a suspension parks at the next awaited checkpoint
@@ -511,7 +519,9 @@ class Session(_Base):
         answers with ``error`` set (``budget_exhausted``, ``model_error``…),
         never by raising; ``RejectedInputError`` names a bad argument.
         """
-        call = model_call(self._core, prompt, messages, max_tokens, model, stream, options)
+        linked = self._linked() if messages is None or record else None
+        history = linked if messages is None else None
+        call = model_call(self._core, prompt, messages, max_tokens, model, stream, options, history)
         self._checkpoint("complete")
         pending = self._host.model_call(self._core, call)
         self._wake_when_done(pending)
@@ -529,7 +539,11 @@ class Session(_Base):
             raise
         completion = pending.result()
         if record if record is not None else messages is None:
-            record_exchange(self._core, prompt, completion)
+            said = exchanged(prompt, completion)
+            if linked is None:
+                self._core.context.messages.extend(said)
+            elif said:
+                linked.write(as_entries(said), _usage_of(completion))
         return completion
 
     def add_tool_result(self, tool_call_id: str, content: Any, name: str | None = None) -> None:
@@ -537,17 +551,26 @@ class Session(_Base):
         reply to the context (the next ``complete`` sends it). Content that is
         not a string is sent as JSON text. ``RejectedInputError`` naming the
         field for a bad id or content."""
-        self._checkpoint("add_tool_result")
-        self._core.context.messages.append(tool_result(tool_call_id, content, name))
+        self._add(tool_result(tool_call_id, content, name), "add_tool_result")
 
     def add_message(self, role: str, content: Any, name: str | None = None) -> None:
-        """Append a message to this session's working context (persisted with it).
+        """Append a message to this session's context: a Main's working context
+        (persisted with it), a Branch's or Worker's context branch.
 
         Raises ``RejectedInputError`` (field ``content``) for content that is
-        not a JSON value, so nothing unstorable enters the context.
+        not a JSON value, so nothing unstorable enters the context (and, on a
+        context branch, field ``role`` for a role other than user, assistant,
+        system or tool).
         """
-        self._checkpoint("add_message")
-        self._core.context.messages.append(_message(role, content, name))
+        self._add(_message(role, content, name), "add_message")
+
+    def _add(self, message: ContextMessage, what: str) -> None:
+        self._checkpoint(what)
+        linked = self._linked()
+        if linked is None:
+            self._core.context.messages.append(message)
+        else:
+            linked.write(as_entries([message]))
 
 
 class AsyncSession(_Base):
@@ -734,7 +757,11 @@ class AsyncSession(_Base):
         **options: Any,
     ) -> Completion:
         """Call the agent's chat model; see ``Session.complete``."""
-        call = model_call(self._core, prompt, messages, max_tokens, model, stream, options)
+        linked = self._linked() if messages is None or record else None
+        history = linked if messages is None else None
+        if history is not None:
+            await history.settled()
+        call = model_call(self._core, prompt, messages, max_tokens, model, stream, options, history)
         await self._checkpoint("complete")
         pending = self._host.amodel_call(self._core, call)
         self._wake_when_done(pending)
@@ -752,20 +779,30 @@ class AsyncSession(_Base):
             raise
         completion = pending.result()
         if record if record is not None else messages is None:
-            record_exchange(self._core, prompt, completion)
+            said = exchanged(prompt, completion)
+            if linked is None:
+                self._core.context.messages.extend(said)
+            elif said:
+                await linked.awrite(as_entries(said), _usage_of(completion))
         return completion
 
     async def add_tool_result(
         self, tool_call_id: str, content: Any, name: str | None = None
     ) -> None:
         """Append a tool's result to the context; see ``Session.add_tool_result``."""
-        await self._checkpoint("add_tool_result")
-        self._core.context.messages.append(tool_result(tool_call_id, content, name))
+        await self._add(tool_result(tool_call_id, content, name), "add_tool_result")
 
     async def add_message(self, role: str, content: Any, name: str | None = None) -> None:
-        """Append a message to this session's working context; see ``Session.add_message``."""
-        await self._checkpoint("add_message")
-        self._core.context.messages.append(_message(role, content, name))
+        """Append a message to this session's context; see ``Session.add_message``."""
+        await self._add(_message(role, content, name), "add_message")
+
+    async def _add(self, message: ContextMessage, what: str) -> None:
+        await self._checkpoint(what)
+        linked = self._linked()
+        if linked is None:
+            self._core.context.messages.append(message)
+        else:
+            await linked.awrite(as_entries([message]))
 
 
 def _message(role: str, content: Any, name: str | None) -> ContextMessage:
@@ -778,6 +815,11 @@ def _message(role: str, content: Any, name: str | None) -> ContextMessage:
         msg = f"context message content must be a JSON value: {exc}"
         raise RejectedInputError(msg, field="content") from exc
     return ContextMessage(role, content, name)
+
+
+def _usage_of(completion: Completion) -> dict[str, Any]:
+    """A reply's usage as its context message records it."""
+    return msgspec.structs.asdict(completion.usage)
 
 
 def _landing(core: SessionCore) -> bool:

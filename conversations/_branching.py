@@ -97,6 +97,7 @@ def branch_info(shared: SharedConversation, state: ConversationState, branch: Br
         message_count=0 if last is None else last.depth,
         own_messages=branch.count,
         age_s=max(0.0, shared.clock.time() - branch.updated_at),
+        session_id=branch.session_id,
     )
 
 

@@ -86,12 +86,21 @@ class Conversations:
         """A handle on ``session_id``'s conversation. ``guard(what)`` runs before
         every operation (a skill's checkpoint); ``writable=False`` refuses writes
         with ``NotAllowedError`` (workers keep no memory)."""
+        return Conversation(self.shared(session_id), guard=guard, writable=writable)
+
+    def loaded(self, session_id: uuid.UUID) -> SharedConversation | None:
+        """``session_id``'s shared conversation if a handle on it was made here."""
+        with self._lock:
+            return self._shared.get(session_id)
+
+    def shared(self, session_id: uuid.UUID) -> SharedConversation:
+        """The state and write queue every handle on ``session_id``'s conversation shares."""
         with self._lock:
             shared = self._shared.get(session_id)
             if shared is None:
                 shared = SharedConversation(session_id, self.backend, self.clock)
                 self._shared[session_id] = shared
-        return Conversation(shared, guard=guard, writable=writable)
+        return shared
 
 
 class Conversation:
@@ -153,6 +162,7 @@ class Conversation:
         if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= MAX_CONTEXT:
             msg = f"limit must be an integer in 0..{MAX_CONTEXT}, got {limit!r}"
             raise RejectedInputError(msg, field="limit")
+        self._shared.posts_settled()  # children's results that landed here
         with self._shared.lock:
             state = self._enter("context")
             tip = ops.current(state).tip
@@ -325,6 +335,23 @@ class Conversation:
             branch, leaf_id=message.id, count=branch.count + 1, depth=message.depth, updated_at=now
         )
         return ops.with_branch(state, grown, next_seq=state.next_seq + 1, updated_at=now), message
+
+    def post(self, message: Message) -> bool:
+        """Queue ``message`` (made by ``posted``) at the tip of the current branch
+        without waiting for it to be durable; False (nothing queued) while the
+        conversation must first reload after a failed write. Never blocks on
+        the store: the Cortex lands its children's results this way."""
+        shared = self._shared
+        with shared.lock:
+            if not shared.can_queue():
+                return False
+            state, placed = self._appended((message.role, message.content, None, None, None))
+            placed = msgspec.structs.replace(
+                placed, session_id=message.session_id, link=message.link
+            )
+            state, future = shared.submit(state, (placed,), ())
+            shared.posted_write(future, state)
+        return True
 
     # -- the tree: forks, checkouts, merges, deletions ------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import threading
 import uuid
@@ -52,6 +53,9 @@ class SharedConversation:
         self._tip: ConversationState | None = None
         # platform id -> (message, rev of its write): queued, not yet acknowledged
         self.pending_platform: dict[str, tuple[Message, int]] = {}
+        # writes queued by ``post`` (children's results landing), not waited for
+        # by anyone: a read of a context first waits for them to settle
+        self.posted: collections.deque[concurrent.futures.Future[None]] = collections.deque()
 
     def state(self) -> ConversationState:
         """The acknowledged state (loaded on first use, when nothing is in flight)."""
@@ -192,6 +196,32 @@ class SharedConversation:
             self.book_later(future, state)
             raise
         self.acknowledged(state)
+
+    def posted_write(
+        self, future: concurrent.futures.Future[None], state: ConversationState
+    ) -> None:
+        """A write nobody waits for was queued (lock held): booked when it
+        settles, and waited for by the next read of a context."""
+        self.book_later(future, state)
+        posted = self.posted
+        while posted and posted[0].done():  # they settle in the order queued, mostly
+            posted.popleft()
+        posted.append(future)
+
+    def posts_settled(self) -> None:
+        """Wait (bounded) until every posted write settled, so a read sees what
+        they wrote (a failed one is simply not there)."""
+        with self.lock:
+            pending = [f for f in self.posted if not f.done()]
+        if pending:
+            concurrent.futures.wait(pending, timeout=_SETTLE_TIMEOUT)
+
+    async def aposts_settled(self) -> None:
+        """``posts_settled`` without blocking the event loop."""
+        with self.lock:
+            pending = [asyncio.wrap_future(f) for f in self.posted if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=_SETTLE_TIMEOUT)
 
     def stored_platform_id(self, platform_id: str) -> Message | None:
         """The stored message recorded for a chat platform's id."""

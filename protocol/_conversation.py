@@ -21,6 +21,7 @@ __all__ = [
     "MAX_CONTENT_BYTES",
     "Branch",
     "BranchInfo",
+    "ContextScope",
     "ConversationState",
     "DeletePlan",
     "Merged",
@@ -42,12 +43,32 @@ class Role(enum.StrEnum):
     TOOL = "tool"
 
 
+class ContextScope(enum.StrEnum):
+    """What a spawned session's model sees of the conversation it was forked from.
+
+    ``own``: its system prompt, its ``context_summary`` and its own messages
+    (the specification's rule: context never flows automatically);
+    ``branch``: also the messages of the branch it was forked from, up to the
+    fork point (continuing a sub-agent: its whole branch, and the branches
+    that one continued in turn);
+    ``path``: also every message on the path from the root to its fork point.
+    """
+
+    OWN = "own"
+    BRANCH = "branch"
+    PATH = "path"
+
+
 class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One message of a conversation tree.
 
     ``seq`` is its place in the order of appends (0, 1, 2… per conversation);
     ``depth`` its place on the path from the root (a root is 1).
     ``merged_from`` names the message a merge copied it from.
+    ``session_id`` is set on a sub-agent's result, which lands on its parent's
+    branch: the sub-agent it reports; ``link`` is that sub-agent's branch id
+    (None for a worker, whose branch lived in memory only). ``name`` and
+    ``tool_call_id`` are a chat message's own (a tool's answer to one call).
     """
 
     id: uuid.UUID
@@ -62,6 +83,25 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     usage: dict[str, Any] | None = None
     merged_from: uuid.UUID | None = None
     platform_id: str | None = None
+    session_id: uuid.UUID | None = None
+    link: str | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def as_chat(self) -> dict[str, Any]:
+        """This message as a chat-completions request has it (content that is
+        not a string is sent as its JSON text)."""
+        content = self.content
+        if content is not None and not isinstance(content, str):
+            content = msgspec.json.encode(content).decode()
+        chat: dict[str, Any] = {"role": self.role.value, "content": content}
+        if self.name is not None:
+            chat["name"] = self.name
+        if self.tool_calls is not None:
+            chat["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            chat["tool_call_id"] = self.tool_call_id
+        return chat
 
     def to_spec(self) -> dict[str, Any]:
         """This message in the specification's JSON keys (``parentId``, ``branchId``…)."""
@@ -81,6 +121,14 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             out["mergedFrom"] = str(self.merged_from)
         if self.platform_id is not None:
             out["platformId"] = self.platform_id
+        if self.session_id is not None:
+            out["sessionId"] = str(self.session_id)
+        if self.link is not None:
+            out["link"] = self.link
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["toolCallId"] = self.tool_call_id
         return out
 
 
@@ -90,6 +138,9 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
     ``leaf_id`` is its last own message (None while it has none: then its tip
     is ``base_id``, or the empty root). Numbers are stable and never reused.
     ``depth`` is the depth of its tip (0 at the empty root).
+    ``session_id`` names the spawned session whose context the branch is
+    (None for a branch a person made); ``continues`` the branch whose work
+    it picks up (a continued sub-agent sees that branch as its context).
     """
 
     number: int
@@ -101,6 +152,8 @@ class Branch(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float = 0.0
     updated_at: float = 0.0
     depth: int = 0
+    session_id: uuid.UUID | None = None
+    continues: str | None = None
 
     @property
     def tip(self) -> uuid.UUID | None:
@@ -147,6 +200,7 @@ class BranchInfo(msgspec.Struct, frozen=True, kw_only=True):
     message_count: int
     own_messages: int
     age_s: float
+    session_id: uuid.UUID | None = None
 
 
 class DeletePlan(msgspec.Struct, frozen=True, kw_only=True):

@@ -36,7 +36,9 @@ class SessionResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``completed``. A cancelled session that wrapped up in grace carries what it
     returned as a partial ``summary``/``artifacts``. ``usage`` is what its own
     model calls spent, ``subtree_usage`` that and every descendant's, each
-    counted once (``None``: nothing).
+    counted once (``None``: nothing). ``context_leaf`` is the last message of
+    a Branch's context branch in ``conversation`` (``None``: it wrote none, or
+    it is a worker, whose branch is not kept): continuing its work forks there.
     """
 
     session_id: uuid.UUID
@@ -50,6 +52,8 @@ class SessionResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     timings: Timings | None = None
     usage: Usage | None = None
     subtree_usage: Usage | None = None
+    context_leaf: uuid.UUID | None = None
+    conversation: uuid.UUID | None = None
 
     @property
     def ok(self) -> bool:

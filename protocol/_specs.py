@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from sessiontree.protocol._conversation import ContextScope
 from sessiontree.protocol._states import SessionKind, SessionState
 from sessiontree.protocol._usage import Budget
 
@@ -44,6 +45,12 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ``traceparent``: on a traced node the child's span continues that span
     (a malformed one is ignored, as the W3C specification says); ``None``
     continues the spawning session's span, or starts a new trace.
+
+    The child's context is a branch of its root Main's conversation, forked at
+    ``fork_at`` (a message of that conversation; ``None``: the spawning
+    session's own tip at the spawn). ``context`` says what its model sees
+    of the conversation above the fork: nothing (``own``, the default) or
+    the path from the root (``path``).
     """
 
     kind: SessionKind
@@ -58,6 +65,8 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     budget: Budget | None = None
     input: Any = None
     trace: TraceParent | None = None
+    fork_at: uuid.UUID | None = None
+    context: ContextScope = ContextScope.OWN
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -71,6 +80,9 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``trace``: on a traced node, the W3C ``traceparent`` of a Branch's or
     Worker's span (a Main's cycles each have their own: ``session.traceparent``);
     ``trace_parent`` the span it continues (None: it began its trace).
+    ``conversation`` is the conversation its context is a branch of (its root
+    Main's session id; a Main's own), ``fork_at`` and ``context`` what its
+    spawn asked (see ``SpawnSpec``).
     """
 
     session_id: uuid.UUID
@@ -94,3 +106,6 @@ class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     input: Any = None
     trace: str | None = None
     trace_parent: str | None = None
+    conversation: uuid.UUID | None = None
+    fork_at: uuid.UUID | None = None
+    context: ContextScope = ContextScope.OWN

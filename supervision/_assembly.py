@@ -42,6 +42,7 @@ from sessiontree.conversations import Conversations, MemoryBackend
 from sessiontree.protocol import NodeClosedError, SessionTreeError
 from sessiontree.store import Store, WriteBatch
 from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._contexts import Contexts
 from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import EventBus
@@ -126,6 +127,7 @@ class NodeParts:
         self.conversations = Conversations(
             MemoryBackend() if self.store is None else StoreConversations(self.store), self.clock
         )
+        self.contexts = Contexts(self.conversations)  # spawned sessions' branches of them
         self.loop: EventLoopThread | None = None
         """The event loop for async skills (and, with ``dispatch="loop"``, for
         every actor), made with the dispatcher that needs it or on first use."""
@@ -222,6 +224,7 @@ class NodeParts:
             dispatcher=self.dispatcher,
             backends=self.backends,
             models=models,
+            contexts=self.contexts,
         )
 
     def start_housekeeping(self) -> None:

@@ -3,9 +3,11 @@
 The Fresh-Session ADR says continuing a sub-agent's work passes an explicit
 token and explicit context, never the old session itself. A token is a
 versioned msgpack body in URL-safe base64: the run's session id, its kind,
-skill and task, and its result's summary. ``continue_run`` (in
-``_patterns``) starts a fresh session from one; every completed task of a
-pattern carries one in its ``ChildReport``.
+skill and task, its result's summary, and (version 2) the conversation and
+the last message of its context branch, so a continuation forks from the
+tip of that branch and sees it whole, also after a restart. ``continue_run``
+(in ``_patterns``) starts a fresh session from one; every completed task of
+a pattern carries one in its ``ChildReport``. Version 1 tokens still parse.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ __all__ = ["continuation_token", "parse_continuation"]
 
 
 class _Continuation(msgspec.Struct, frozen=True):
-    """The body of a continuation token (version ``v`` 1)."""
+    """The body of a continuation token (version ``v`` 1 or 2; 2 adds the
+    conversation and the message its context branch ended at)."""
 
     v: int
     session_id: uuid.UUID
@@ -35,12 +38,24 @@ class _Continuation(msgspec.Struct, frozen=True):
     skill: str | None
     task: str
     summary: str
+    conversation: uuid.UUID | None = None
+    message: uuid.UUID | None = None
 
 
 def continuation_token(spec: SpawnSpec, result: SessionResult) -> str:
-    """A token naming a finished run: what ran (kind, skill, task) and what it said.
-    Never raises for a valid spec and result."""
-    body = _Continuation(1, result.session_id, spec.kind, spec.skill, spec.task, result.summary)
+    """A token naming a finished run: what ran (kind, skill, task), what it
+    said, and where its context branch ended. Never raises for a valid spec
+    and result."""
+    body = _Continuation(
+        2,
+        result.session_id,
+        spec.kind,
+        spec.skill,
+        spec.task,
+        result.summary,
+        result.conversation,
+        result.context_leaf,
+    )
     return base64.urlsafe_b64encode(msgspec.msgpack.encode(body)).decode()
 
 
@@ -55,6 +70,6 @@ def parse_continuation(token: object) -> _Continuation:
     except (ValueError, msgspec.DecodeError) as exc:
         msg = f"token is not a continuation token: {exc}"
         raise RejectedInputError(msg, field="token") from None
-    if body.v != 1:
+    if body.v not in (1, 2):
         raise RejectedInputError(f"continuation token version {body.v} is unknown", field="token")
     return body

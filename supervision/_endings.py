@@ -178,6 +178,9 @@ class Endings:
         own = subtree = None
         if ledger is not None:
             own, subtree = ledger.own, ledger.subtree
+        contexts = tree.rt.contexts
+        leaf = None if contexts is None else contexts.leaf(info)
+        conversation = None if leaf is None else info.conversation
         if outcome is None:  # the defaults: no summary, artifacts or memory ids
             result = SessionResult(
                 session_id=core.session_id,
@@ -188,6 +191,8 @@ class Endings:
                 timings=timings,
                 usage=own,
                 subtree_usage=subtree,
+                context_leaf=leaf,
+                conversation=conversation,
             )
         else:
             result = SessionResult(
@@ -202,6 +207,8 @@ class Endings:
                 timings=timings,
                 usage=own,
                 subtree_usage=subtree,
+                context_leaf=leaf,
+                conversation=conversation,
             )
         entry.result = result
         write = entry.final_write = tree.persist.ended(entry, result, now)
@@ -275,6 +282,9 @@ class Endings:
     ) -> None:
         """File ``entry``'s result on ``parent`` and say so (a RESULT_DELIVERED event)."""
         tree = self.tree
+        contexts = tree.rt.contexts
+        if contexts is not None:  # first: a Main's cycle for it appends after it
+            contexts.landed(entry.info, parent.info, result)
         parent_core = parent.core
         parent_live = parent_core.state not in TERMINAL_STATES
         if parent_live and tree.store is not None:

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore
-from sessiontree.conversations import Conversation
+from sessiontree.conversations import Conversation, SessionBranch
 from sessiontree.protocol import (
     Completion,
     ErrorInfo,
@@ -56,7 +56,7 @@ class NodeHost:
     # value, like any refused spawn (once the shutdown let the skills go, the
     # spawn's checkpoint raises Cancelled(node_closed) before this is reached).
     def spawn(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
-        spec = _in_cycle(parent, spec)
+        spec = self.parts.contexts.fork_point(parent.info, _in_cycle(parent, spec))
         try:
             answer = self.node._call(Spawn(parent.session_id, spec), check=False)
         except NodeClosedError as exc:
@@ -64,7 +64,7 @@ class NodeHost:
         return self.node._spawned(answer)
 
     async def spawn_async(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
-        spec = _in_cycle(parent, spec)
+        spec = self.parts.contexts.fork_point(parent.info, _in_cycle(parent, spec))
         try:
             answer = await self.node._acall(Spawn(parent.session_id, spec), check=False)
         except NodeClosedError as exc:
@@ -74,6 +74,7 @@ class NodeHost:
     def spawn_many(self, parent: SessionCore, specs: tuple[SpawnSpec, ...]) -> list[Spawned]:
         if parent.cycle_trace is not None:
             specs = tuple(_in_cycle(parent, spec) for spec in specs)
+        specs = self.parts.contexts.fork_points(parent.info, specs)
         try:
             answers = self.node._call(SpawnMany(parent.session_id, specs), check=False)
         except NodeClosedError as exc:
@@ -85,6 +86,7 @@ class NodeHost:
     ) -> list[Spawned]:
         if parent.cycle_trace is not None:
             specs = tuple(_in_cycle(parent, spec) for spec in specs)
+        specs = self.parts.contexts.fork_points(parent.info, specs)
         try:
             answers = await self.node._acall(SpawnMany(parent.session_id, specs), check=False)
         except NodeClosedError as exc:
@@ -126,9 +128,22 @@ class NodeHost:
     ) -> Any:
         return await drive_async(session, self.node._restarts, name, args, dict(options))
 
-    def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> Conversation:
+    def conversation(
+        self, core: SessionCore, guard: Callable[[str], None]
+    ) -> Conversation | SessionBranch:
+        linked = self.linked_context(core, guard)
+        if linked is not None:
+            return linked
         writable = core.info.kind is not SessionKind.WORKER
         return self.node.conversations.get(core.session_id, guard=guard, writable=writable)
+
+    def linked_context(
+        self, core: SessionCore, guard: Callable[[str], None]
+    ) -> SessionBranch | None:
+        info = core.info
+        if info.kind is SessionKind.MAIN or info.conversation is None:
+            return None
+        return self.parts.contexts.branch(info, guard)
 
     def parked(self, core: SessionCore) -> None:
         self.node._tell(Parked(core.session_id))

@@ -267,10 +267,12 @@ class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, 
         return self._call(GetTree(as_session_id(root, "root")), check=False)
 
     def conversation(self, session_id: SessionIdLike) -> Conversation:
-        """A session's conversation tree (``UnknownSessionError`` for an unknown id)."""
+        """A session's conversation tree: a Main's own, or for a spawned session
+        the one its context is a branch of (its root Main's).
+        ``UnknownSessionError`` for an unknown id."""
         sid = as_session_id(session_id)
-        self.get(sid)
-        return self.conversations.get(sid)
+        info = self.get(sid)
+        return self.conversations.get(info.conversation or sid)
 
     def stuck(self) -> list[SessionInfo]:
         """Sessions flagged as stuck."""

@@ -41,6 +41,7 @@ from sessiontree.protocol import (
     MAX_TASK_CHARS,
     AggregateStrategy,
     Collected,
+    ContextScope,
     GatherStatus,
     RejectedInputError,
     SessionKind,
@@ -311,7 +312,11 @@ def continue_run(
 ) -> Engine:
     """A fresh session continuing a finished run: the token says what ran and
     what it concluded, ``context`` is the explicit context for this step;
-    nothing else carries over (the Fresh-Session ADR)."""
+    nothing else carries over (the Fresh-Session ADR). When the run wrote a
+    context branch, the new session forks from its tip and sees that branch
+    (``ContextScope.BRANCH``); a token whose message is not in the parent's
+    conversation (forged, or its branch deleted) is refused at the spawn with
+    ``ConversationError`` naming ``fork_at``."""
     body = parse_continuation(token)
     if not isinstance(context, str):
         raise RejectedInputError("context must be a string", field="context")
@@ -321,6 +326,8 @@ def continue_run(
         skill=body.skill,
         task=body.task,
         context_summary=seed[:MAX_TASK_CHARS],
+        fork_at=body.message,
+        context=ContextScope.BRANCH if body.message is not None else ContextScope.OWN,
     )
     return (
         yield from fan_out(

@@ -319,6 +319,29 @@ class NodeSessions(NodeBase):
             return batch
         return tuple(self._traced(spec) for spec in batch)
 
+    def _forked(self, parent: uuid.UUID, specs: tuple[SpawnSpec, ...]) -> tuple[SpawnSpec, ...]:
+        """``specs`` with their fork points: each one named is checked against
+        ``parent``'s conversation (``ConversationError`` naming ``fork_at``:
+        nothing is spawned); see ``Contexts.outside_fork_point`` for the rest."""
+        if any(spec.fork_at is not None for spec in specs):
+            self._check_forks(self.get(parent), specs)
+        return self._outside(parent, specs)
+
+    async def _aforked(
+        self, parent: uuid.UUID, specs: tuple[SpawnSpec, ...]
+    ) -> tuple[SpawnSpec, ...]:
+        if any(spec.fork_at is not None for spec in specs):
+            self._check_forks(await self._acall(GetInfo(parent), check=False), specs)
+        return self._outside(parent, specs)
+
+    def _outside(self, parent: uuid.UUID, specs: tuple[SpawnSpec, ...]) -> tuple[SpawnSpec, ...]:
+        return self._parts.contexts.outside_fork_points(parent, specs)
+
+    def _check_forks(self, info: SessionInfo, specs: tuple[SpawnSpec, ...]) -> None:
+        for spec in specs:
+            if spec.fork_at is not None:
+                self._parts.contexts.fork_point(info, spec)
+
     def _send_request(self, session_id: SessionIdLike, message: Any, trace: str | None) -> Send:
         if self.config.tracing is not None:
             trace = caller_traceparent() if trace is None else parse_traceparent(trace)
@@ -330,7 +353,9 @@ class NodeSessions(NodeBase):
         self, parent: SessionIdLike, spec: SpawnSpec | None, fields: dict[str, Any]
     ) -> Reply:
         """Ask the Cortex to ``Run`` a fresh child; the reply its answer comes on."""
-        request = Run(as_session_id(parent, "parent"), self._traced(make_spec(spec, **fields)))
+        sid = as_session_id(parent, "parent")
+        (made,) = self._forked(sid, (self._traced(make_spec(spec, **fields)),))
+        request = Run(sid, made)
         self._check_open()
         reply = Reply()
         self._send(request, reply)
@@ -350,11 +375,9 @@ class NodeSessions(NodeBase):
         limit, an unknown skill…) comes back as ``Spawned.error``.
         ``RejectedInputError`` for a ``parent`` that is not a session id or a
         spec that does not build."""
-        return self._spawned(
-            self._call(
-                Spawn(as_session_id(parent, "parent"), self._traced(make_spec(spec, **fields)))
-            )
-        )
+        sid = as_session_id(parent, "parent")
+        (made,) = self._forked(sid, (self._traced(make_spec(spec, **fields)),))
+        return self._spawned(self._call(Spawn(sid, made)))
 
     def spawn_many(self, parent: SessionIdLike, specs: Iterable[SpawnSpec]) -> list[Spawned]:
         """Spawn a batch of children of ``parent`` in one turn of the Cortex, their
@@ -364,7 +387,8 @@ class NodeSessions(NodeBase):
         ``SpawnSpec`` or a ``parent`` that is not a session id. The batched
         path for spawning thousands at once."""
         sid = as_session_id(parent, "parent")
-        return self._all_spawned(self._call(SpawnMany(sid, self._traced_batch(specs))))
+        batch = self._forked(sid, self._traced_batch(specs))
+        return self._all_spawned(self._call(SpawnMany(sid, batch)))
 
     def run(
         self,
@@ -467,13 +491,15 @@ class NodeSessions(NodeBase):
         self, parent: SessionIdLike, spec: SpawnSpec | None = None, /, **fields: Any
     ) -> Spawned:
         """Awaitable ``spawn``."""
-        request = Spawn(as_session_id(parent, "parent"), self._traced(make_spec(spec, **fields)))
-        return self._spawned(await self._acall(request))
+        sid = as_session_id(parent, "parent")
+        (made,) = await self._aforked(sid, (self._traced(make_spec(spec, **fields)),))
+        return self._spawned(await self._acall(Spawn(sid, made)))
 
     async def aspawn_many(self, parent: SessionIdLike, specs: Iterable[SpawnSpec]) -> list[Spawned]:
         """Awaitable ``spawn_many``."""
         sid = as_session_id(parent, "parent")
-        return self._all_spawned(await self._acall(SpawnMany(sid, self._traced_batch(specs))))
+        batch = await self._aforked(sid, self._traced_batch(specs))
+        return self._all_spawned(await self._acall(SpawnMany(sid, batch)))
 
     async def arun(
         self,

@@ -19,6 +19,7 @@ from sessiontree.actors.runtime import (
     StepExecutor,
 )
 from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._contexts import Contexts
 from sessiontree.supervision._events import EventBus
 from sessiontree.supervision._models import Models
 from sessiontree.supervision._persist import Persister
@@ -46,6 +47,7 @@ class Runtime:
     persist: Persister
     recovered: Recovered | None = None
     models: Models | None = None  # the node's model providers, when it has any
+    contexts: Contexts | None = None  # spawned sessions' context branches
     dispatcher: Dispatcher | None = None
     backends: Backends = field(default_factory=lambda: Backends({}))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)

@@ -291,6 +291,8 @@ class Spawning:
                 input=spec.input,
                 trace=trace,
                 trace_parent=trace_parent,
+                fork_at=spec.fork_at,
+                context=spec.context,
             )
             entry = self.tree.register(
                 admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
@@ -345,6 +347,9 @@ class Spawning:
             input=spec.input,
             trace=trace,
             trace_parent=trace_parent,
+            conversation=_conversation_of(parent),
+            fork_at=spec.fork_at,
+            context=spec.context,
         )
         return self.tree.register(agent, info, parent, ttl, remote=remote, ttl_share=ttl_share)
 
@@ -585,3 +590,11 @@ class _Admitted:
     clamped: bool  # narrower than it asked for
     last: SessionInfo | None = None  # the identity of the last child made from it
     ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)
+
+
+def _conversation_of(parent: TreeEntry | None) -> uuid.UUID | None:
+    """The conversation a child of ``parent`` keeps its context in: its root Main's."""
+    if parent is None:
+        return None
+    info = parent.info
+    return info.session_id if info.kind is SessionKind.MAIN else info.conversation

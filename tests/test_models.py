@@ -137,7 +137,7 @@ def test_the_context_is_sent_and_the_exchange_recorded(
         session.context.system_prompt = "You are terse."
         first = session.complete("first question")
         second = session.complete("second question")
-        seen.append([m.as_chat() for m in session.context.messages])
+        seen.append([m.as_chat() for m in session.conversation.context()])
         return f"{first.text} / {second.text}"
 
     node = make_node(agent(twice=twice), providers=(provider(server),))

@@ -158,15 +158,18 @@ def test_chat_messages_are_answered_by_the_model_with_the_earlier_turns(
     assert child["parent_id"] == main
     chat(modelled, "and again")
     context = wait_for(
-        lambda: (found := context_of(modelled, main)) and len(found) == 4 and found,
+        lambda: (found := context_of(modelled, main)) and len(found) == 5 and found,
         "the second answer",
     )
     assert [(m["role"], m["content"]) for m in context] == [
         ("user", "hello there"),
         ("assistant", "echo hello there"),
+        # the child's result landed on the Main's branch (it used its context)
+        ("system", "[worker model completed] echo a side question"),
         ("user", "and again"),
         ("assistant", "echo and again"),
     ]
+    assert context[2]["session_id"] == child["session_id"]
     assert context[-1]["usage"]["calls"] == 1
     second = endpoint.requests[-1]["messages"]
     note = f"child {child['session_id']} ended completed: echo a side question"
@@ -192,8 +195,15 @@ def test_without_a_provider_the_model_skill_answers_with_a_typed_error(store: Pa
         assert "no model provider" in result["summary"]
         assert result["usage"] is None  # nothing was sent, nothing spent
         main = chat(running, "hi")  # and the Main still echoes
-        context = wait_for(lambda: context_of(running, main)[1:], "the echo")
-        assert context[-1]["content"] == "echo: hi"
+        context = wait_for(
+            lambda: (
+                (found := context_of(running, main)) and found[-1]["role"] == "assistant" and found
+            ),
+            "the echo",
+        )
+        assert [m["content"] for m in context][-2:] == ["hi", "echo: hi"]
+        # the worker's result landed on the Main's branch before it (it used its context)
+        assert context[0]["content"].startswith("[worker model completed] model_error")
     finally:
         assert running.stop() == 0
 

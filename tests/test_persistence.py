@@ -103,6 +103,18 @@ def contents(context: SessionContext | ContextRecord | None) -> list[Any]:
     return [message.content for message in context.messages]
 
 
+def said(record: SessionRecord, store: Store) -> list[Any]:
+    """What a spawned session wrote to its context: its branch of its root
+    Main's conversation, as the store holds it (oldest first)."""
+    conversation = record.info.conversation
+    assert conversation is not None
+    state, _ = store.conversation_read(conversation)
+    assert state is not None
+    (branch,) = [b for b in state.branches if b.session_id == record.info.session_id]
+    walked = store.walk(conversation, branch.tip, 100, branch.id)
+    return [message.content for message in reversed(walked)]
+
+
 def stored(node: Node, session_id: uuid.UUID) -> SessionRecord:
     """The session's record once everything the node queued so far is committed."""
     assert node.store is not None
@@ -208,7 +220,8 @@ def make_research_agent(log: MainLog, runs: list[bool]) -> Agent:
     def research(session: Any) -> Any:
         runs.append(session.resumed)
         if session.resumed:
-            return Outcome(summary="resumed", artifacts={"context": contents(session.context)})
+            seen = [m.content for m in session.conversation.context()]
+            return Outcome(summary="resumed", artifacts={"context": seen})
         session.add_message("assistant", "read chapter 1")
         session.sleep(10_000)  # parks here when suspended
         return "finished without a restart"
@@ -216,7 +229,8 @@ def make_research_agent(log: MainLog, runs: list[bool]) -> Agent:
     async def research_async(session: Any) -> Any:
         runs.append(session.resumed)
         if session.resumed:
-            return Outcome(summary="resumed", artifacts={"context": contents(session.context)})
+            seen = [m.content for m in session.conversation.context()]
+            return Outcome(summary="resumed", artifacts={"context": seen})
         await session.add_message("assistant", "read chapter 1")
         await session.sleep(10_000)
         return "finished without a restart"
@@ -258,7 +272,7 @@ def test_a_branch_parked_by_shutdown_runs_again_by_itself_after_restart(
         assert record is not None
         assert record.info.state is SessionState.SUSPENDED
         assert record.resume is True
-        assert contents(record.context) == ["read chapter 1"]
+        assert said(record, store) == ["read chapter 1"]
 
     node = open_node(store_path, agent, grace=5.0)
     assert node.recovery["suspended"] == 1
@@ -301,7 +315,8 @@ def test_an_explicitly_suspended_branch_stays_suspended_until_resumed(
     record = stored(node, branch.session_id)
     assert record.info.state is SessionState.SUSPENDED
     assert record.resume is False
-    assert contents(record.context) == ["read chapter 1"]
+    assert node.store is not None
+    assert said(record, node.store) == ["read chapter 1"]
     shut(node)
 
     node = open_node(store_path, agent, grace=5.0)
@@ -686,7 +701,12 @@ def test_workers_are_stored_with_identity_and_state_only(
     # a branch keeps its task and its context at its end
     kept = stored(node, branch.session_id)
     assert kept.info.task == "secret task"
-    assert contents(kept.context) == ["private notes"]
+    assert node.store is not None
+    assert said(kept, node.store) == ["private notes"]
+    # the worker's notes lived in memory only: its branch is in no store
+    state, _ = node.store.conversation_read(main.session_id)
+    assert state is not None
+    assert worker.session_id not in {b.session_id for b in state.branches}
 
 
 # -- 5. Recovery of what a crash left -------------------------------------------------------
@@ -1361,8 +1381,9 @@ def test_a_context_message_that_is_not_json_is_refused_in_the_skill(
         assert result is not None
         assert result.status is SessionState.COMPLETED, result.error
     assert fields == ["content", "content"]
-    assert contents(stored(node, sync_ref.session_id).context) == [{"kept": [1, 2]}]
-    assert contents(stored(node, async_ref.session_id).context) == ["kept"]
+    assert node.store is not None
+    assert said(stored(node, sync_ref.session_id), node.store) == [{"kept": [1, 2]}]
+    assert said(stored(node, async_ref.session_id), node.store) == ["kept"]
     assert node.stats().get("context_unstorable", 0) == 0
 
 

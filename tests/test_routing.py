@@ -18,6 +18,7 @@ from sessiontree.protocol import (
     MAX_TEXT_CHARS,
     ChatMessage,
     Inbound,
+    NotAllowedError,
     RejectedInputError,
     SessionKey,
     UnknownSessionError,
@@ -386,38 +387,48 @@ def test_conversation_of_an_unknown_session_is_refused(make_node: Any) -> None:
         node.conversation(uuid.uuid4())
 
 
-def test_a_worker_reads_but_may_not_write_its_conversation(make_node: Any) -> None:
+def test_a_workers_context_branch_lives_in_its_memory_only(make_node: Any) -> None:
     outcome: dict[str, str] = {}
 
     def worker(session: Any) -> str:
-        outcome["context"] = repr(session.conversation.context(5))
-        try:
-            session.conversation.append("assistant", "a worker keeps no memory")
-        except Exception as exc:  # the NotAllowedError under test
-            outcome["error"] = type(exc).__name__
+        outcome["before"] = repr(session.conversation.context(5))
+        session.conversation.append("assistant", "a worker keeps no memory")
+        outcome["after"] = repr([m.content for m in session.conversation.context(5)])
         return "done"
 
     node = make_node(Agent("agent", {"main": lambda s: None, "worker": worker}))
-    result = node.main("agent").run(kind="worker", skill="worker", timeout=WAIT)
+    main = node.main("agent")
+    result = main.run(kind="worker", skill="worker", timeout=WAIT)
     assert result is not None
     assert result.ok
-    assert outcome == {"context": "[]", "error": "NotAllowedError"}
+    assert outcome == {"before": "[]", "after": "['a worker keeps no memory']"}
+    # only its result reached the Main's conversation; its own branch is gone
+    conversation = node.conversation(main.session_id)
+    assert [m.content for m in conversation.context(5)] == ["[worker worker completed] done"]
+    assert [b.name for b in conversation.branches()] == ["main"]
 
 
-def test_an_async_branch_writes_its_conversation_with_the_awaitable_twins(
+def test_an_async_branch_writes_its_context_branch_with_the_awaitable_twins(
     make_node: Any,
 ) -> None:
+    refused: list[str] = []
+
     async def branch(session: Any) -> str:
         first = await session.conversation.aappend("user", "question")
         await session.conversation.aappend("assistant", "answer")
-        await session.conversation.afork(first.id, "again")
+        try:
+            await session.conversation.afork(first.id, "again")
+        except NotAllowedError as exc:  # its context is one linear branch
+            refused.append(str(exc))
         await session.conversation.aappend("assistant", "another answer")
         return " | ".join(m.content for m in session.conversation.context(5))
 
     node = make_node(Agent("agent", {"main": lambda s: None, "branch": branch}))
     result = node.main("agent").run(kind="branch", skill="branch", timeout=WAIT)
     assert result is not None
-    assert result.summary == "question | another answer"
+    assert result.summary == "question | answer | another answer"
+    (said,) = refused
+    assert str(result.session_id) in said
 
 
 # -- across a restart --------------------------------------------------------------------

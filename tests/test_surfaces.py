@@ -117,6 +117,7 @@ PROTOCOL = [
     "ChildReport",
     "Collected",
     "Completion",
+    "ContextScope",
     "ControlMessage",
     "ConversationError",
     "ConversationState",
@@ -223,10 +224,12 @@ CONVERSATIONS = [
     "ConversationBackend",
     "Conversations",
     "MemoryBackend",
+    "SessionBranch",
     "TimeSource",
     "nested_json",
     "preview_text",
     "render_html",
+    "session_branch_id",
     "text_tree",
 ]
 

@@ -1,0 +1,510 @@
+"""A spawned session's context: its own branch of its root Main's conversation.
+
+A Branch or Worker session does not get a conversation of its own. Its
+context is one linear branch of the conversation its root Main owns, forked
+at a message (by default the spawning session's tip at the spawn) and named
+after the session (id ``session_<hex>``). What its model sees is chosen at
+the spawn (``ContextScope``): its own messages (the default: context never
+flows automatically), or the whole path from the root. A continued
+sub-agent's branch ``continues`` the old one: its own context runs on into
+the old branch's messages.
+
+The branch is made by the session's first write, so a session that never
+writes costs the conversation nothing. A Branch's messages are written
+through the conversation's write queue (durable when ``append`` returns); a
+Worker keeps no memory, so its branch lives in this object only and is gone
+with it (only its result reaches its parent's branch, as a message).
+
+Reads and writes are checkpoints of the session (``guard``). The tree's own
+operations (fork, checkout, merge, deleting branches) belong to the people
+browsing the conversation: here they raise ``NotAllowedError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+
+from sessiontree.conversations import _branching as ops
+from sessiontree.conversations._conversation import MAX_CONTEXT, Conversation
+from sessiontree.conversations._export import check_format, render
+from sessiontree.conversations._values import as_uuid, new_id, role_of
+from sessiontree.conversations._writes import SharedConversation
+from sessiontree.protocol import (
+    Branch,
+    BranchInfo,
+    ContextScope,
+    ConversationState,
+    DeletePlan,
+    Merged,
+    Message,
+    NotAllowedError,
+    RejectedInputError,
+    Role,
+    as_json,
+)
+
+__all__ = ["Entry", "SessionBranch", "session_branch_id"]
+
+#: One message to write: role, content, tool calls, name, tool call id.
+Entry = tuple[Role, Any, list[Any] | None, str | None, str | None]
+
+
+def session_branch_id(session_id: uuid.UUID) -> str:
+    """The id of the branch a spawned session writes on."""
+    return f"session_{session_id.hex}"
+
+
+class SessionBranch:
+    """One spawned session's branch of its root's conversation (thread-safe).
+
+    ``durable=False`` (a Worker): messages stay in this object. Bad arguments
+    raise ``RejectedInputError`` naming the field; a fork point that is gone
+    (its branch was deleted) raises ``ConversationError`` naming ``fork_at``;
+    a failed durable write raises ``StoreError`` and changes nothing.
+    """
+
+    def __init__(
+        self,
+        shared: SharedConversation,
+        *,
+        owner: uuid.UUID,
+        name: str,
+        fork_at: uuid.UUID | None,
+        scope: ContextScope = ContextScope.OWN,
+        continues: str | None = None,
+        durable: bool = True,
+        guard: Callable[[str], None] | None = None,
+    ) -> None:
+        self._shared = shared
+        self.owner = owner
+        self.branch_id = session_branch_id(owner)
+        self.name = name
+        self.fork_at = fork_at
+        self.scope = scope
+        self.continues = continues
+        self.durable = durable
+        self.guard = guard
+        self._memory: list[Message] = []  # a worker's own messages, oldest first
+        self._base_depth: int | None = None  # depth of the fork point (a worker's)
+
+    # -- what the session reads ---------------------------------------------------------
+
+    @property
+    def session_id(self) -> uuid.UUID:
+        """The conversation's id (the root Main's session id)."""
+        return self._shared.session_id
+
+    @property
+    def active_leaf(self) -> uuid.UUID | None:
+        """The message this session's next message hangs under."""
+        return self.tip()
+
+    @property
+    def current_branch(self) -> BranchInfo:
+        """This session's branch (a worker's, or one not written yet, as it would be)."""
+        self._check("current_branch")
+        with self._shared.lock:
+            state = self._shared.state()
+            branch = self.stored(state)
+        if branch is not None:
+            info = ops.branch_info(self._shared, state, branch)
+            return msgspec.structs.replace(info, session_id=self.owner)
+        last = self._memory[-1] if self._memory else None
+        tip = self.tip()
+        return BranchInfo(
+            number=0,
+            id=self.branch_id,
+            name=self.name,
+            current=False,
+            base_id=self.fork_at,
+            leaf_id=tip,
+            last_message=last,
+            message_count=(self._depth_of_base() + len(self._memory)) if tip else 0,
+            own_messages=len(self._memory),
+            age_s=0.0,
+            session_id=self.owner,
+        )
+
+    def tip(self) -> uuid.UUID | None:
+        """Where the next message hangs: the last own message, else the fork point."""
+        if not self.durable:
+            return self._memory[-1].id if self._memory else self.fork_at
+        with self._shared.lock:
+            branch = self.stored(self._shared.tip())
+        return self.fork_at if branch is None else branch.tip
+
+    def leaf(self) -> uuid.UUID | None:
+        """The last message of this (durable) branch, or None while it has none."""
+        if not self.durable:
+            return None
+        with self._shared.lock:
+            branch = self.stored(self._shared.tip())
+        return None if branch is None else branch.leaf_id
+
+    def stored(self, state: ConversationState) -> Branch | None:
+        """This session's branch in ``state``, if it has been made (lock held)."""
+        for branch in reversed(state.branches):  # new branches are at the end
+            if branch.id == self.branch_id:
+                return branch
+        return None
+
+    def context(self, limit: int = 100) -> list[Message]:
+        """The last ``limit`` messages this session's model sees, oldest first:
+        its own (and, continuing another branch, that branch's), or with
+        ``path`` everything from the root."""
+        _check_limit(limit)
+        self._check("context")
+        return self.messages(limit)
+
+    def messages(self, limit: int = MAX_CONTEXT) -> list[Message]:
+        """``context`` without the checkpoint (what a model call sends). Waits
+        first for the results of its children that landed on its branch."""
+        self._shared.posts_settled()
+        out: list[Message] = list(reversed(self._memory[-limit:])) if limit else []
+        backend, root = self._shared.backend, self._shared.session_id
+        if self.durable:
+            with self._shared.lock:
+                state = self._shared.state()
+                mine = self.stored(state)
+                branches = {b.id: b for b in state.branches} if self.continues else {}
+            start, on = (self.fork_at, None) if mine is None else (mine.tip, self.branch_id)
+        else:
+            state, branches = None, {}
+            start, on = self.fork_at, None
+            if self.continues:
+                with self._shared.lock:
+                    branches = {b.id: b for b in self._shared.state().branches}
+        if self.scope is ContextScope.PATH:
+            out.extend(backend.walk(root, start, limit - len(out), None))
+        else:
+            if on is not None:
+                out.extend(backend.walk(root, start, limit - len(out), on))
+            followed = self.continues
+            base = self.fork_at
+            while followed is not None and len(out) < limit:
+                old = branches.get(followed)
+                if old is None:
+                    break
+                out.extend(backend.walk(root, base, limit - len(out), old.id))
+                followed, base = old.continues, old.base_id
+        out.reverse()
+        return out
+
+    def history(self) -> list[dict[str, Any]]:
+        """The context as chat-completions messages (what ``complete`` sends)."""
+        return [message.as_chat() for message in self.messages()]
+
+    async def settled(self) -> None:
+        """Wait, without blocking the loop, for its children's results that
+        landed on its branch (so ``history`` then reads without waiting)."""
+        await self._shared.aposts_settled()
+
+    def message(self, message_id: uuid.UUID | str) -> Message:
+        """One message of the conversation (or of a worker's own branch)."""
+        self._check("message")
+        wanted = as_uuid(message_id, "message_id")
+        for message in self._memory:
+            if message.id == wanted:
+                return message
+        return self._shared.need(wanted, "message_id")
+
+    def by_platform_id(self, platform_id: str) -> Message | None:
+        """The conversation's message for a chat platform's id, or None."""
+        self._check("by_platform_id")
+        return self._shared.stored_platform_id(platform_id)
+
+    def branches(self) -> list[BranchInfo]:
+        """Every branch of the conversation (read only), this session's among them."""
+        return self._conversation().branches()
+
+    def __len__(self) -> int:
+        """Messages on this session's own branch."""
+        if not self.durable:
+            return len(self._memory)
+        with self._shared.lock:
+            branch = self.stored(self._shared.state())
+        return 0 if branch is None else branch.count
+
+    def tree(self) -> dict[str, Any]:
+        """The whole conversation, nested (a worker's branch is not in it)."""
+        return self._conversation().tree()
+
+    def export_tree(self, fmt: str = "json") -> str:
+        """The conversation as ``json``, ``text`` or ``html``."""
+        check_format(fmt)
+        return render(self.tree(), fmt)
+
+    def transcript(self) -> Iterator[str]:
+        """The conversation's transcript as JSONL lines."""
+        return self._conversation().transcript()
+
+    # -- what the session writes ---------------------------------------------------------
+
+    def append(
+        self,
+        role: Role | str,
+        content: Any,
+        *,
+        tool_calls: list[Any] | None = None,
+        usage: dict[str, Any] | None = None,
+        platform_id: str | None = None,
+    ) -> Message:
+        """Append a message to this session's branch; returns it once durable
+        (a worker's: at once, in memory)."""
+        _no_platform_id(platform_id)
+        entry = self._entry(role, content, tool_calls)
+        self._check("append")
+        return self.write([entry], usage=usage)[0]
+
+    def append_once(
+        self,
+        role: Role | str,
+        content: Any,
+        *,
+        platform_id: str,
+        tool_calls: list[Any] | None = None,
+        usage: dict[str, Any] | None = None,
+    ) -> tuple[Message, bool]:
+        """Not on a session's branch: chat platform ids belong to a Main's conversation."""
+        _no_platform_id(platform_id)
+        raise AssertionError  # pragma: no cover - _no_platform_id raised
+
+    async def aappend(
+        self,
+        role: Role | str,
+        content: Any,
+        *,
+        tool_calls: list[Any] | None = None,
+        usage: dict[str, Any] | None = None,
+        platform_id: str | None = None,
+    ) -> Message:
+        """Awaitable ``append`` (the write is queued from the loop, no thread held)."""
+        _no_platform_id(platform_id)
+        entry = self._entry(role, content, tool_calls)
+        self._check("append")
+        return (await self.awrite([entry], usage=usage))[0]
+
+    def write(self, entries: list[Entry], usage: dict[str, Any] | None = None) -> list[Message]:
+        """Append ``entries`` in one write (no checkpoint); durable when it returns."""
+        if not self.durable:
+            return self._remember(entries, usage)
+        shared = self._shared
+        with shared.lock:
+            state, messages = self.grown(shared.tip(), entries, usage)
+            state, future = shared.submit(state, messages, ())
+        shared.wait(future, state)
+        return messages
+
+    async def awrite(
+        self, entries: list[Entry], usage: dict[str, Any] | None = None
+    ) -> list[Message]:
+        """``write`` from a coroutine; a caller cancelled while it waits stops
+        waiting, and the write goes on (it lands or fails like any other)."""
+        if not self.durable:
+            return self._remember(entries, usage)
+        shared = self._shared
+        with shared.lock:
+            if not shared.can_queue():  # a reload after a failure waits: not on the loop
+                future = None
+            else:
+                state, messages = self.grown(shared.tip(), entries, usage)
+                state, future = shared.submit_awaitable(state, messages, ())
+        if future is None:
+            return await asyncio.to_thread(self.write, entries, usage)
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            shared.book_later(future, state)
+            raise
+        except Exception:
+            shared.failed()
+            raise
+        shared.acknowledged(state)
+        return messages
+
+    def post(self, message: Message) -> bool:
+        """Queue ``message``'s role, content and links at this branch's tip
+        without waiting for it to be durable (a child's result landing); False
+        (nothing queued) while the conversation must first reload after a
+        failed write. Never blocks on the store."""
+        entry: Entry = (message.role, message.content, None, None, None)
+        if not self.durable:
+            placed = self._remember([entry], None)[0]
+            self._memory[-1] = msgspec.structs.replace(
+                placed, session_id=message.session_id, link=message.link
+            )
+            return True
+        shared = self._shared
+        with shared.lock:
+            if not shared.can_queue():
+                return False
+            state, (placed,) = self.grown(shared.tip(), [entry], None)
+            placed = msgspec.structs.replace(
+                placed, session_id=message.session_id, link=message.link
+            )
+            state, future = shared.submit(state, (placed,), ())
+            shared.posted_write(future, state)
+        return True
+
+    def grown(
+        self, state: ConversationState, entries: list[Entry], usage: dict[str, Any] | None
+    ) -> tuple[ConversationState, list[Message]]:
+        """``state`` with ``entries`` on this session's branch, made by the first
+        write (lock held); ``ConversationError`` naming ``fork_at`` if the fork
+        point is gone."""
+        now = self._shared.clock.time()
+        branch = self.stored(state)
+        if branch is None:
+            depth = 0 if self.fork_at is None else self._shared.need(self.fork_at, "fork_at").depth
+            branch = Branch(
+                number=state.next_number,
+                id=self.branch_id,
+                name=self.name,
+                base_id=self.fork_at,
+                created_at=now,
+                updated_at=now,
+                depth=depth,
+                session_id=self.owner,
+                continues=self.continues,
+            )
+            state = msgspec.structs.replace(
+                state, branches=[*state.branches, branch], next_number=state.next_number + 1
+            )
+        messages: list[Message] = []
+        tip, depth, seq = branch.tip, branch.depth, state.next_seq
+        for role, content, calls, name, call_id in entries:
+            depth += 1
+            message = Message(
+                id=new_id(),
+                parent_id=tip,
+                role=role,
+                content=content,
+                timestamp=now,
+                branch_id=branch.id,
+                seq=seq,
+                depth=depth,
+                tool_calls=calls,
+                usage=usage if len(messages) == len(entries) - 1 else None,
+                name=name,
+                tool_call_id=call_id,
+            )
+            messages.append(message)
+            tip, seq = message.id, seq + 1
+        grown = msgspec.structs.replace(
+            branch,
+            leaf_id=tip,
+            count=branch.count + len(entries),
+            depth=depth,
+            updated_at=now,
+        )
+        return ops.with_branch(state, grown, next_seq=seq, updated_at=now), messages
+
+    def _remember(self, entries: list[Entry], usage: dict[str, Any] | None) -> list[Message]:
+        """A worker's write: in memory only."""
+        with self._shared.lock:
+            now = self._shared.clock.time()
+            tip = self.tip()
+            depth = self._depth_of_base() + len(self._memory)
+            messages: list[Message] = []
+            for i, (role, content, calls, name, call_id) in enumerate(entries):
+                message = Message(
+                    id=new_id(),
+                    parent_id=tip,
+                    role=role,
+                    content=content,
+                    timestamp=now,
+                    branch_id=self.branch_id,
+                    seq=len(self._memory),
+                    depth=depth + 1 + i,
+                    tool_calls=calls,
+                    usage=usage if i == len(entries) - 1 else None,
+                    name=name,
+                    tool_call_id=call_id,
+                )
+                self._memory.append(message)
+                messages.append(message)
+                tip = message.id
+            return messages
+
+    def _depth_of_base(self) -> int:
+        if self._base_depth is None:
+            base = self.fork_at
+            self._base_depth = 0 if base is None else self._shared.need(base, "fork_at").depth
+        return self._base_depth
+
+    def _entry(self, role: Role | str, content: Any, tool_calls: list[Any] | None) -> Entry:
+        checked = role_of(role)
+        content = as_json("content", content)
+        if tool_calls is not None:
+            if not isinstance(tool_calls, list):
+                raise RejectedInputError("tool_calls must be a list", field="tool_calls")
+            tool_calls = as_json("tool_calls", tool_calls)
+        return checked, content, tool_calls, None, None
+
+    # -- the tree's operations are not a session's ------------------------------------------
+
+    def link_platform_id(self, message_id: uuid.UUID | str, platform_id: str) -> Message:
+        raise self._not_here("link_platform_id")
+
+    def fork(self, from_message_id: uuid.UUID | str, name: str | None = None) -> BranchInfo:
+        raise self._not_here("fork")
+
+    def checkout(self, target: Any) -> BranchInfo:
+        raise self._not_here("checkout")
+
+    def merge(self, source: Any) -> Merged:
+        raise self._not_here("merge")
+
+    def delete_branch(self, branch: Any) -> DeletePlan:
+        raise self._not_here("delete_branch")
+
+    def confirm_delete(self, token: str, branch: Any = None) -> DeletePlan:
+        raise self._not_here("confirm_delete")
+
+    async def afork(self, from_message_id: uuid.UUID | str, name: str | None = None) -> BranchInfo:
+        raise self._not_here("fork")
+
+    async def acheckout(self, target: Any) -> BranchInfo:
+        raise self._not_here("checkout")
+
+    async def amerge(self, source: Any) -> Merged:
+        raise self._not_here("merge")
+
+    async def aconfirm_delete(self, token: str, branch: Any = None) -> DeletePlan:
+        raise self._not_here("confirm_delete")
+
+    async def alink_platform_id(self, message_id: uuid.UUID | str, platform_id: str) -> Message:
+        raise self._not_here("link_platform_id")
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _check(self, what: str) -> None:
+        if self.guard is not None:
+            self.guard(what)
+
+    def _conversation(self) -> Conversation:
+        return Conversation(self._shared, guard=self.guard, writable=False)
+
+    def _not_here(self, what: str) -> NotAllowedError:
+        msg = (
+            f"session {self.owner}: {what} is not a sub-agent's to do; its context is one "
+            f"linear branch ({self.branch_id}) of conversation {self.session_id}"
+        )
+        return NotAllowedError(msg, session_id=self.owner)
+
+
+def _check_limit(limit: object) -> None:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= MAX_CONTEXT:
+        msg = f"limit must be an integer in 0..{MAX_CONTEXT}, got {limit!r}"
+        raise RejectedInputError(msg, field="limit")
+
+
+def _no_platform_id(platform_id: object) -> None:
+    if platform_id is not None:
+        msg = "platform_id belongs to a Main's conversation, not a sub-agent's branch"
+        raise RejectedInputError(msg, field="platform_id")

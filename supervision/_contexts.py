@@ -1,0 +1,228 @@
+"""Linked contexts: every spawned session's context is a branch of its root
+Main's conversation, and its result comes back to its parent's branch.
+
+``Contexts`` hands a running Branch or Worker its ``SessionBranch`` (made on
+first use, kept until the session's result lands), says where a child forks
+by default (its parent's tip at the spawn), checks a fork point a spawn
+names, and lands a finished child's result on its parent's branch as a
+message that links to the child's branch. Only a child that used its
+context gets a result message: a tree of pure-compute workers writes
+nothing to any conversation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+
+import msgspec
+
+from sessiontree.conversations import Conversation, Conversations, SessionBranch
+from sessiontree.protocol import (
+    ContextScope,
+    Message,
+    Role,
+    SessionInfo,
+    SessionKind,
+    SessionResult,
+    SpawnSpec,
+)
+
+__all__ = ["Contexts", "result_text"]
+
+log = logging.getLogger("sessiontree.contexts")
+
+_NO_ID = uuid.UUID(int=0)
+
+
+class Contexts:
+    """The context branches of a node's running sessions (thread-safe)."""
+
+    def __init__(self, conversations: Conversations) -> None:
+        self.conversations = conversations
+        self._views: dict[uuid.UUID, SessionBranch] = {}
+        self._lock = threading.Lock()
+        self.unlanded = 0  # results that could not be written to their parent's branch
+
+    def branch(
+        self, info: SessionInfo, guard: Callable[[str], None] | None = None
+    ) -> SessionBranch:
+        """``info``'s context branch (a spawned session of a tree with a Main).
+
+        Its guard becomes ``guard`` (the running skill's checkpoint)."""
+        with self._lock:
+            view = self._views.get(info.session_id)
+            if view is None:
+                view = self._views[info.session_id] = self._made(info)
+        view.guard = guard
+        return view
+
+    def _made(self, info: SessionInfo) -> SessionBranch:
+        root = info.conversation
+        assert root is not None
+        shared = self.conversations.shared(root)
+        fork_at = info.fork_at
+        with shared.lock:
+            made = [b for b in shared.tip().branches if b.session_id == info.session_id]
+        if made:  # a run after a restart: the branch it wrote before
+            fork_at = made[0].base_id
+        elif fork_at is None and info.parent_id == root:
+            # spawned from outside a skill with no fork point: the Main's tip now
+            fork_at = self.conversations.get(root).active_leaf
+        continues = None
+        if fork_at is not None and info.context is ContextScope.BRANCH:
+            base = shared.backend.message(root, fork_at)
+            continues = None if base is None else base.branch_id
+        name = f"{info.kind.value}:{info.skill}"[:55] + f"-{info.session_id.hex[:8]}"
+        return SessionBranch(
+            shared,
+            owner=info.session_id,
+            name=name,
+            fork_at=fork_at,
+            scope=info.context,
+            continues=continues,
+            durable=info.kind is SessionKind.BRANCH,
+        )
+
+    def outside_fork_points(
+        self, parent: uuid.UUID, specs: tuple[SpawnSpec, ...]
+    ) -> tuple[SpawnSpec, ...]:
+        """``specs`` spawned from outside a skill (``Node.spawn``): those without
+        a fork point fork at the parent's active leaf now when it is a Main
+        whose conversation is in use here (no Cortex round trip); else the
+        child's first use of its context decides (see ``branch``)."""
+        shared = self.conversations.loaded(parent)
+        if shared is None or all(spec.fork_at is not None for spec in specs):
+            return specs
+        tip = Conversation(shared).active_leaf
+        if tip is None:
+            return specs
+        return tuple(spec if spec.fork_at is not None else _with_fork(spec, tip) for spec in specs)
+
+    def fork_point(self, parent: SessionInfo, spec: SpawnSpec) -> SpawnSpec:
+        """``spec`` with its fork point: the one it names, checked to be a message
+        of the parent's conversation (``ConversationError`` naming ``fork_at``
+        if not: nothing was spawned), or the parent's tip now."""
+        root = _root_of(parent)
+        if root is None:
+            return spec
+        if spec.fork_at is not None:
+            shared = self.conversations.shared(root)
+            shared.need(spec.fork_at, "fork_at")
+            return spec
+        tip = self.tip(parent)
+        if tip is None:
+            return spec
+        return _with_fork(spec, tip)
+
+    def fork_points(
+        self, parent: SessionInfo, specs: tuple[SpawnSpec, ...]
+    ) -> tuple[SpawnSpec, ...]:
+        """``fork_point`` of each of a batch's specs (the parent's tip read once)."""
+        if _root_of(parent) is None:
+            return specs
+        tip: uuid.UUID | None = None
+        known = False
+        out = []
+        for spec in specs:
+            if spec.fork_at is not None:
+                out.append(self.fork_point(parent, spec))
+                continue
+            if not known:
+                tip, known = self.tip(parent), True
+            out.append(spec if tip is None else _with_fork(spec, tip))
+        return tuple(out)
+
+    def tip(self, info: SessionInfo) -> uuid.UUID | None:
+        """Where ``info``'s next message hangs: a Main's active leaf, a spawned
+        session's branch tip (its fork point while it has written nothing)."""
+        if info.kind is SessionKind.MAIN:
+            return self.conversations.get(info.session_id).active_leaf
+        with self._lock:
+            view = self._views.get(info.session_id)
+        if view is not None:
+            return view.tip()
+        if info.conversation is None:
+            return None
+        shared = self.conversations.shared(info.conversation)
+        with shared.lock:
+            for branch in reversed(shared.tip().branches):
+                if branch.session_id == info.session_id:
+                    return branch.tip
+        return info.fork_at
+
+    def leaf(self, info: SessionInfo) -> uuid.UUID | None:
+        """The last message of a Branch's context branch, if it wrote any (what
+        its result names for a continuation); None for the other kinds."""
+        if info.kind is not SessionKind.BRANCH:
+            return None
+        with self._lock:
+            view = self._views.get(info.session_id)
+        return None if view is None else view.leaf()
+
+    def landed(self, child: SessionInfo, parent: SessionInfo, result: SessionResult) -> None:
+        """``child`` ended: if it used its context, write its result on
+        ``parent``'s branch (queued, never waited for; runs on the Cortex
+        thread). A write that cannot be queued is counted and logged, never
+        raised: the result itself was delivered already."""
+        with self._lock:
+            view = self._views.pop(child.session_id, None)
+        if view is None:
+            return
+        made = view.durable and len(view) > 0
+        message = Message(
+            id=_NO_ID,
+            parent_id=None,
+            role=Role.SYSTEM,  # as chat models take a note between turns
+            content=result_text(child, result),
+            timestamp=0.0,
+            branch_id="",
+            session_id=child.session_id,
+            link=view.branch_id if made else None,
+        )
+        try:
+            target: Conversation | SessionBranch
+            if parent.kind is SessionKind.MAIN:
+                target = self.conversations.get(parent.session_id)
+            else:
+                target = self.branch(parent)
+            posted = target.post(message)
+        except Exception:
+            log.exception(
+                "session %s: its result could not land on its parent's branch", child.session_id
+            )
+            posted = True  # logged with its cause: not counted twice
+            self.unlanded += 1
+        if not posted:
+            self.unlanded += 1
+            log.warning(
+                "session %s: its result did not land on its parent's branch (the "
+                "conversation is reloading after a failed write)",
+                child.session_id,
+            )
+
+    def forget(self, session_id: uuid.UUID) -> None:
+        """Drop a session's branch handle (it ended without a parent to land on)."""
+        with self._lock:
+            self._views.pop(session_id, None)
+
+
+def result_text(child: SessionInfo, result: SessionResult) -> str:
+    """What a child's result says on its parent's branch."""
+    head = f"[{child.kind.value} {child.skill} {result.status.value}]"
+    said = result.summary
+    if result.error is not None:
+        said = f"{result.error.code.value}: {result.error.message}" + (
+            f" (partial: {said})" if said else ""
+        )
+    return f"{head} {said}".rstrip()
+
+
+def _root_of(info: SessionInfo) -> uuid.UUID | None:
+    return info.session_id if info.kind is SessionKind.MAIN else info.conversation
+
+
+def _with_fork(spec: SpawnSpec, tip: uuid.UUID) -> SpawnSpec:
+    return msgspec.structs.replace(spec, fork_at=tip)

@@ -1,0 +1,475 @@
+"""One context (issue 25): a spawned session's context is a branch of its root
+Main's conversation, its result lands on its parent's branch, and continuing
+it forks from the tip of its branch.
+
+Model calls go to the chat-completions stand-in on 127.0.0.1 through the
+``openai`` SDK; what each child's model saw is read from the requests the
+server received. The node runs on the test's virtual clock."""
+
+from __future__ import annotations
+
+import pathlib
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+
+from sessiontree.actors import AsyncSession, Session, VirtualClock
+from sessiontree.cli._standin import StandinServer
+from sessiontree.protocol import (
+    ContextScope,
+    ConversationError,
+    ErrorCode,
+    Message,
+    NotAllowedError,
+    RejectedInputError,
+    SessionResult,
+    SessionState,
+    SpawnSpec,
+)
+from sessiontree.supervision import Agent, Node, NodeConfig, Provider
+from sessiontree.supervision._continuation import continuation_token, parse_continuation
+from tests.conftest import WAIT, settle
+
+MODELS = {"small": "m-small", "large": "m-large"}
+
+
+@pytest.fixture
+def server() -> Iterator[StandinServer]:
+    with StandinServer() as standin:
+        yield standin
+
+
+@pytest.fixture
+def store_path(tmp_path: pathlib.Path) -> pathlib.Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def open_node(clock: VirtualClock) -> Iterator[Callable[..., Node]]:
+    """Open a node on a store directory, on the test's virtual clock; every
+    node is shut down after the test."""
+    nodes: list[Node] = []
+
+    def open_(path: pathlib.Path, agent: Agent, **config: Any) -> Node:
+        node = Node([agent], NodeConfig(**config), clock=clock, store=path)
+        nodes.append(node)
+        return node
+
+    yield open_
+    for node in nodes:
+        node.shutdown(grace=0, timeout=5.0)
+
+
+def research(session: Session) -> str:
+    """Two model calls on the session's own context branch."""
+    session.complete(session.task)
+    return session.complete("and then?").text or ""
+
+
+async def aresearch(session: AsyncSession) -> str:
+    await session.complete(session.task)
+    return (await session.complete("and then?")).text or ""
+
+
+def notes(session: Session) -> str:
+    session.add_message("assistant", f"notes on {session.task}")
+    return f"noted {session.task}"
+
+
+def silent(session: Session) -> str:
+    return "nothing said"
+
+
+def lead(session: Session) -> None:
+    return None
+
+
+def make_agent(**skills: Callable[..., Any]) -> Agent:
+    base: dict[str, Callable[..., Any]] = {
+        "lead": lead,
+        "research": research,
+        "aresearch": aresearch,
+        "notes": notes,
+        "silent": silent,
+    }
+    base.update(skills)
+    return Agent("agent", base, main_skill="lead", models=MODELS)
+
+
+def standin(server: StandinServer) -> Provider:
+    return Provider(base_url=server.url, retry_wait=0.01, retry_wait_max=0.05)
+
+
+def sent_for(server: StandinServer, task: str) -> list[list[dict[str, Any]]]:
+    """The messages of every request whose conversation carries ``task`` as a prompt."""
+    return [
+        r["messages"]
+        for r in server.requests
+        if any(m.get("role") == "user" and m.get("content") == task for m in r["messages"])
+    ]
+
+
+def ended(node: Node, child: uuid.UUID) -> SessionResult:
+    result = node.wait(child, WAIT)
+    assert result is not None, f"session {child} did not end"
+    return result
+
+
+def lands(node: Node, main: uuid.UUID, children: set[uuid.UUID]) -> list[Message]:
+    """The result messages of ``children`` on the Main's branch, once written."""
+    settle(node)
+    conversation = node.conversation(main)
+    return [m for m in conversation.context(100) if m.session_id in children]
+
+
+# -- the fork-spawn-continue scenario -------------------------------------------------------
+
+
+@pytest.mark.parametrize("skill", ["research", "aresearch"])
+def test_two_children_forked_from_one_message_each_write_on_their_own_branch(
+    make_node: Callable[..., Node], server: StandinServer, skill: str
+) -> None:
+    node = make_node(make_agent(), providers=(standin(server),))
+    main = node.main("agent")
+    conversation = node.conversation(main.session_id)
+    question = conversation.append("user", "Plan a trip to Lisbon")
+    conversation.append("assistant", "I will split it up.")
+
+    own = main.spawn(
+        kind="branch",
+        skill=skill,
+        task="find flights",
+        context_summary="Flights only.",
+        fork_at=question.id,
+    ).ref
+    path = main.spawn(
+        kind="branch", skill=skill, task="find hotels", fork_at=question.id, context="path"
+    ).ref
+    assert own is not None
+    assert path is not None
+    for child in (own, path):
+        assert ended(node, child.session_id).ok
+
+    # each wrote on its own branch, forked at the message, named after it
+    by_session = {b.session_id: b for b in conversation.branches() if b.session_id}
+    assert set(by_session) == {own.session_id, path.session_id}
+    for child in (own, path):
+        branch = by_session[child.session_id]
+        assert branch.base_id == question.id
+        assert branch.own_messages == 4  # two prompts, two replies
+        assert not branch.current  # the people's current branch did not move
+
+    # the default context holds no message of the parent ...
+    (first_own, second_own) = sent_for(server, "find flights")
+    assert first_own == [
+        {"role": "system", "content": "Flights only."},
+        {"role": "user", "content": "find flights"},
+    ]
+    assert [m["content"] for m in second_own] == [
+        "Flights only.",
+        "find flights",
+        "echo find flights",
+        "and then?",
+    ]
+    # ... with context="path" it holds exactly the path up to the fork point
+    (first_path, _) = sent_for(server, "find hotels")
+    assert first_path == [
+        {"role": "user", "content": "Plan a trip to Lisbon"},
+        {"role": "user", "content": "find hotels"},
+    ]
+
+    # both results landed on the Main's branch, linking to their branches
+    landed = lands(node, main.session_id, {own.session_id, path.session_id})
+    assert {m.session_id: m.link for m in landed} == {
+        own.session_id: by_session[own.session_id].id,
+        path.session_id: by_session[path.session_id].id,
+    }
+    assert all(m.content.endswith("echo and then?") for m in landed)
+    assert conversation.current_branch.name == "main"
+
+
+def test_a_child_forks_at_its_parents_tip_by_default(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    node = make_node(make_agent(), providers=(standin(server),))
+    main = node.main("agent")
+    conversation = node.conversation(main.session_id)
+    conversation.append("user", "first")
+    tip = conversation.append("user", "second")
+    child = main.spawn(kind="branch", skill="notes", task="x").ref
+    assert child is not None
+    assert child.info().fork_at == tip.id
+    assert ended(node, child.session_id).ok
+    (branch,) = [b for b in conversation.branches() if b.session_id == child.session_id]
+    assert branch.base_id == tip.id
+
+
+def test_a_grandchild_forks_at_its_branch_parents_tip(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def parent(session: Session) -> str:
+        session.add_message("assistant", "my own step")
+        tip = session.conversation.active_leaf
+        (spawned,) = session.spawn_many([SpawnSpec(kind="worker", skill="notes", task="leaf")])
+        seen["tip"] = tip
+        seen["child"] = spawned.ref.session_id if spawned.ref else None
+        (_found,) = session.collect(timeout=60)
+        seen["context"] = [m.content for m in session.conversation.context()]
+        return "parent done"
+
+    node = make_node(make_agent(parent=parent), providers=(standin(server),))
+    main = node.main("agent")
+    ref = main.spawn(kind="branch", skill="parent").ref
+    assert ref is not None
+    assert ended(node, ref.session_id).ok
+    assert node.get(seen["child"]).fork_at == seen["tip"]
+    # the worker's result landed on its parent's branch (no link: a worker's
+    # branch lived in memory only); the parent's own context shows it
+    assert seen["context"][0] == "my own step"
+    assert seen["context"][1] == "[worker notes completed] noted leaf"
+    settle(node)
+    landed = [m for m in node.conversation(main.session_id).context(100) if m.session_id]
+    assert [(m.session_id, m.link) for m in landed] == [
+        (ref.session_id, f"session_{ref.session_id.hex}")
+    ]
+
+
+def test_a_child_that_never_used_its_context_writes_nothing(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    node = make_node(make_agent(), providers=(standin(server),))
+    main = node.main("agent")
+    conversation = node.conversation(main.session_id)
+    conversation.append("user", "hello")
+    before = len(conversation)
+    for kind in ("branch", "worker"):
+        result = main.run(kind=kind, skill="silent", timeout=WAIT)
+        assert result is not None
+        assert result.ok
+    settle(node)
+    assert len(conversation) == before
+    assert [b.name for b in conversation.branches()] == ["main"]
+
+
+# -- persistence by kind --------------------------------------------------------------------
+
+
+def test_a_workers_branch_lives_in_memory_and_only_its_result_is_stored(
+    open_node: Callable[..., Node], store_path: pathlib.Path, server: StandinServer
+) -> None:
+    seen: list[list[str]] = []
+
+    def worker(session: Session) -> str:
+        session.complete("what is 2+2")
+        session.add_message("assistant", "checked twice")
+        seen.append([m.content for m in session.conversation.context()])
+        return "four"
+
+    node = open_node(store_path, make_agent(worker=worker), providers=(standin(server),))
+    main = node.main("agent")
+    result = main.run(kind="worker", skill="worker", timeout=WAIT)
+    assert result is not None
+    assert result.ok
+    assert seen == [["what is 2+2", "echo what is 2+2", "checked twice"]]
+    settle(node)
+    assert node.store is not None
+    node.store.flush()
+    messages = list(node.store.messages(main.session_id))
+    assert [(m.content, m.session_id, m.link) for m in messages] == [
+        ("[worker worker completed] four", result.session_id, None)
+    ]
+
+
+def test_continuing_a_branch_after_a_restart_sees_its_whole_branch(
+    open_node: Callable[..., Node], store_path: pathlib.Path, server: StandinServer
+) -> None:
+    agent = make_agent()
+    node = open_node(store_path, agent, providers=(standin(server),))
+    main = node.main("agent")
+    first = main.run(kind="branch", skill="research", task="draft the plan", timeout=WAIT)
+    assert first is not None
+    assert first.ok
+    assert first.context_leaf is not None
+    node.shutdown(grace=0, timeout=5.0)
+
+    node = open_node(store_path, agent, providers=(standin(server),))
+    main = node.main("agent")
+    again = main.run(
+        kind="branch",
+        skill="research",
+        task="refine it",
+        fork_at=first.context_leaf,
+        context=ContextScope.BRANCH,
+        timeout=WAIT,
+    )
+    assert again is not None
+    assert again.ok, again
+    (sent, _) = sent_for(server, "refine it")
+    assert [m["content"] for m in sent] == [
+        "draft the plan",
+        "echo draft the plan",
+        "and then?",
+        "echo and then?",
+        "refine it",
+    ]
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+def test_a_fork_point_from_another_conversation_is_refused_and_nothing_spawned(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    node = make_node(make_agent(), providers=(standin(server),))
+    here = node.main("agent", "internal:main:here")
+    there = node.main("agent", "internal:main:there")
+    foreign = node.conversation(there.session_id).append("user", "elsewhere")
+    before = len(node.sessions())
+    with pytest.raises(ConversationError) as caught:
+        here.spawn(kind="branch", skill="notes", fork_at=foreign.id)
+    assert caught.value.field == "fork_at"
+    assert caught.value.code is ErrorCode.UNKNOWN_MESSAGE
+    assert str(here.session_id) in str(caught.value)
+    assert len(node.sessions()) == before
+
+
+def test_a_fork_point_on_a_deleted_branch_is_refused_inside_a_skill(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    caught: list[BaseException] = []
+
+    def spawner(session: Session) -> str:
+        try:
+            session.spawn(SpawnSpec(kind="worker", skill="notes", fork_at=session.input["at"]))
+        except ConversationError as exc:
+            caught.append(exc)
+        return f"{len(session.children)} children"
+
+    node = make_node(make_agent(spawner=spawner), providers=(standin(server),))
+    main = node.main("agent")
+    conversation = node.conversation(main.session_id)
+    root = conversation.append("user", "root")
+    side = conversation.fork(root.id, "side")
+    gone = conversation.append("user", "on the side")
+    conversation.checkout("main")
+    plan = conversation.delete_branch(side.number)
+    conversation.confirm_delete(plan.token)
+    result = main.run(kind="branch", skill="spawner", input={"at": str(gone.id)}, timeout=WAIT)
+    assert result is not None
+    assert result.summary == "0 children"
+    (error,) = caught
+    assert isinstance(error, ConversationError)
+    assert error.field == "fork_at"
+
+
+def test_a_bad_context_scope_is_refused_naming_the_field(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    node = make_node(make_agent(), providers=(standin(server),))
+    main = node.main("agent")
+    with pytest.raises(RejectedInputError) as caught:
+        main.spawn(kind="branch", skill="notes", context="everything")
+    assert caught.value.field == "context"
+    with pytest.raises(RejectedInputError) as caught:
+        main.spawn(kind="branch", skill="notes", fork_at="not-a-message")
+    assert caught.value.field == "fork_at"
+
+
+def test_a_sub_agent_may_not_rearrange_the_tree(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    refused: list[str] = []
+
+    def meddler(session: Session) -> str:
+        tip = session.add_message("assistant", "mine") or session.conversation.active_leaf
+        for attempt in (
+            lambda: session.conversation.fork(tip),
+            lambda: session.conversation.checkout("main"),
+            lambda: session.conversation.merge("main"),
+            lambda: session.conversation.append("user", "x", platform_id="p1"),
+        ):
+            try:
+                attempt()
+            except (NotAllowedError, RejectedInputError) as exc:
+                refused.append(type(exc).__name__)
+        return "tried"
+
+    node = make_node(make_agent(meddler=meddler), providers=(standin(server),))
+    result = node.main("agent").run(kind="branch", skill="meddler", timeout=WAIT)
+    assert result is not None
+    assert result.status is SessionState.COMPLETED
+    assert refused == ["NotAllowedError"] * 3 + ["RejectedInputError"]
+
+
+def test_a_continuation_token_forks_at_the_tip_of_the_old_branch(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    tokens: list[str] = []
+
+    def planner(session: Session) -> str:
+        (report,) = session.fan_out(
+            [SpawnSpec(kind="branch", skill="research", task="draft")]
+        ).reports
+        assert report.continuation is not None
+        tokens.append(report.continuation)
+        (again,) = session.continue_run(report.continuation, "go on").reports
+        assert again.result is not None
+        return again.result.summary
+
+    node = make_node(make_agent(planner=planner), providers=(standin(server),))
+    result = node.main("agent").run(kind="branch", skill="planner", timeout=WAIT)
+    assert result is not None
+    assert result.ok, result
+    body = parse_continuation(tokens[0])
+    assert (body.v, body.conversation) == (2, node.main("agent").session_id)
+    continued = server.requests[-2]["messages"]  # the continuation's first call
+    assert [m["content"] for m in continued[1:]] == [
+        "draft",
+        "echo draft",
+        "and then?",
+        "echo and then?",
+        "draft",
+    ]
+    assert continued[0]["content"].startswith("go on")
+
+
+def test_continuing_with_a_forged_or_stale_token_is_refused_and_nothing_spawned(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    errors: list[BaseException] = []
+
+    def continuer(session: Session) -> str:
+        try:
+            session.continue_run(session.input["token"], "go on")
+        except (ConversationError, RejectedInputError) as exc:
+            errors.append(exc)
+        return f"{len(session.children)} children"
+
+    node = make_node(make_agent(continuer=continuer), providers=(standin(server),))
+    main = node.main("agent")
+    first = main.run(kind="branch", skill="research", task="draft", timeout=WAIT)
+    assert first is not None
+    assert first.context_leaf is not None
+    spec = SpawnSpec(kind="branch", skill="research", task="draft")
+    stale = continuation_token(spec, first)
+    forged = continuation_token(spec, msgspec.structs.replace(first, context_leaf=uuid.uuid4()))
+    settle(node)
+    conversation = node.conversation(main.session_id)
+    (old,) = [b for b in conversation.branches() if b.session_id == first.session_id]
+    conversation.confirm_delete(conversation.delete_branch(old.number).token)
+
+    for token in ("not a token", forged, stale):
+        ran = main.run(kind="branch", skill="continuer", input={"token": token}, timeout=WAIT)
+        assert ran is not None
+        assert ran.summary == "0 children"
+    bad_text, bad_message, gone = errors
+    assert isinstance(bad_text, RejectedInputError)
+    assert bad_text.field == "token"
+    for error in (bad_message, gone):
+        assert isinstance(error, ConversationError)
+        assert (error.field, error.code) == ("fork_at", ErrorCode.UNKNOWN_MESSAGE)
