@@ -151,6 +151,10 @@ class Routed(msgspec.Struct, frozen=True, kw_only=True):
     ``duplicate``: a platform message id seen before (a gateway's retry): the
     message was neither appended nor handed over again. ``error``: the
     message is stored but the session could not take it (e.g. node closing).
+    ``continued``: the current branch was a sub-agent's context, so the
+    message went there and this fresh session continues that sub-agent's
+    work (forked at the message, seeing the sub-agent's branch); the Main
+    was not handed the message.
     """
 
     agent_id: str
@@ -160,6 +164,7 @@ class Routed(msgspec.Struct, frozen=True, kw_only=True):
     reply: ChatReply | None = None
     duplicate: bool = False
     error: ErrorInfo | None = None
+    continued: uuid.UUID | None = None
 
 
 def session_key_for(inbound: Inbound, dm_scope: DmScope | str) -> SessionKey:

@@ -11,7 +11,9 @@ exist, even a failed store write, is a reply with ``ok`` False and an
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -23,10 +25,14 @@ from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
     RejectedInputError,
+    SessionInfo,
     SessionTreeError,
 )
 
-__all__ = ["COMMANDS", "chat_command", "is_command"]
+__all__ = ["COMMANDS", "Sessions", "chat_command", "is_command"]
+
+#: How a chat finds the session a sub-agent's branch belongs to (None: unknown).
+Sessions = Callable[[uuid.UUID], SessionInfo | None]
 
 #: Each command with its usage line.
 COMMANDS = {
@@ -48,12 +54,18 @@ def is_command(text: str) -> bool:
 
 
 def chat_command(
-    conversation: Conversation, text: str, *, reply_to: str | None = None
+    conversation: Conversation,
+    text: str,
+    *,
+    reply_to: str | None = None,
+    sessions: Sessions | None = None,
 ) -> ChatReply:
     """Run one chat command on ``conversation`` and return the reply.
 
     ``reply_to`` is the chat platform's id of the message this command
-    replies to (``/fork`` needs it). Text that is not a command gets an
+    replies to (``/fork`` needs it). ``sessions`` finds the session a
+    sub-agent's branch belongs to (``/branches`` and ``/checkout`` show its
+    kind, skill and state). Text that is not a command gets an
     ``unknown_command`` reply.
     """
     match = _COMMAND.fullmatch(text.strip())
@@ -65,13 +77,14 @@ def chat_command(
     if handler is None:
         return _failed(name, ErrorCode.UNKNOWN_COMMAND, f"unknown command /{name}\n\n{_usage()}")
     try:
-        return handler(conversation, argument, reply_to)
+        return handler(conversation, argument, _Asked(reply_to, sessions or _nobody))
     except SessionTreeError as exc:  # unknown message or branch, bad name, store failure
         info = exc.to_info()
         return ChatReply(command=name, ok=False, text=f"⚠️ {_plain(exc)}", error=info)
 
 
-def _fork(conversation: Conversation, argument: str, reply_to: str | None) -> ChatReply:
+def _fork(conversation: Conversation, argument: str, asked: _Asked) -> ChatReply:
+    reply_to = asked.reply_to
     if reply_to is None:
         return _failed(
             "fork",
@@ -95,8 +108,7 @@ def _fork(conversation: Conversation, argument: str, reply_to: str | None) -> Ch
     return _ok("fork", text, branch=_branch_data(branch), from_message_id=str(message.id))
 
 
-def _branches(conversation: Conversation, argument: str, reply_to: str | None) -> ChatReply:
-    del reply_to
+def _branches(conversation: Conversation, argument: str, asked: _Asked) -> ChatReply:
     if argument:
         return _usage_error("branches")
     branches = conversation.branches()
@@ -104,16 +116,19 @@ def _branches(conversation: Conversation, argument: str, reply_to: str | None) -
     for branch in branches:
         last = branch.last_message
         lines.append(f"{branch.number}. {branch.name}{' (current)' if branch.current else ''}")
+        agent = _sub_agent(branch, asked.sessions)
+        if agent:
+            lines.append(f"   🤖 {agent}")
         lines.append(
             f'   Last message: "{preview_text(last.content, 60)}"' if last else "   (empty)"
         )
         lines.append(f"   {branch.message_count} messages, {_age(branch.age_s)}")
     lines += ["", "💡 Use /checkout <number> to switch branches"]
-    return _ok("branches", "\n".join(lines), branches=[_branch_data(b) for b in branches])
+    data = [_branch_data(b, asked.sessions) for b in branches]
+    return _ok("branches", "\n".join(lines), branches=data)
 
 
-def _checkout(conversation: Conversation, argument: str, reply_to: str | None) -> ChatReply:
-    del reply_to
+def _checkout(conversation: Conversation, argument: str, asked: _Asked) -> ChatReply:
     if not argument:
         return _usage_error("checkout")
     branch = conversation.checkout(argument)
@@ -121,11 +136,17 @@ def _checkout(conversation: Conversation, argument: str, reply_to: str | None) -
         f"🌿 Switched to branch: {branch.name}\n"
         "Context loaded from this branch. Work on the other branches is preserved."
     )
-    return _ok("checkout", text, branch=_branch_data(branch))
+    agent = _sub_agent(branch, asked.sessions)
+    if agent:
+        text += (
+            f"\n🤖 This is the context of a sub-agent ({agent}); a message here "
+            "continues its work in a fresh session."
+        )
+    return _ok("checkout", text, branch=_branch_data(branch, asked.sessions))
 
 
-def _tree(conversation: Conversation, argument: str, reply_to: str | None) -> ChatReply:
-    del reply_to
+def _tree(conversation: Conversation, argument: str, asked: _Asked) -> ChatReply:
+    del asked
     fmt = argument.lower() or "text"
     if fmt not in EXPORT_FORMATS:
         return _usage_error("tree")
@@ -134,8 +155,8 @@ def _tree(conversation: Conversation, argument: str, reply_to: str | None) -> Ch
     return _ok("tree", text, format=fmt, content=content)
 
 
-def _merge(conversation: Conversation, argument: str, reply_to: str | None) -> ChatReply:
-    del reply_to
+def _merge(conversation: Conversation, argument: str, asked: _Asked) -> ChatReply:
+    del asked
     if not argument:
         return _usage_error("merge")
     merged = conversation.merge(argument)
@@ -155,8 +176,8 @@ def _merge(conversation: Conversation, argument: str, reply_to: str | None) -> C
     )
 
 
-def _delete_branch(conversation: Conversation, argument: str, reply_to: str | None) -> ChatReply:
-    del reply_to
+def _delete_branch(conversation: Conversation, argument: str, asked: _Asked) -> ChatReply:
+    del asked
     if not argument:
         return _usage_error("delete-branch")
     plan = conversation.delete_branch(argument)
@@ -170,8 +191,8 @@ def _delete_branch(conversation: Conversation, argument: str, reply_to: str | No
     return _ok("delete-branch", text, plan=msgspec.to_builtins(plan))
 
 
-def _confirm_delete(conversation: Conversation, argument: str, reply_to: str | None) -> ChatReply:
-    del reply_to
+def _confirm_delete(conversation: Conversation, argument: str, asked: _Asked) -> ChatReply:
+    del asked
     if not re.fullmatch(r"[0-9]{1,9}", argument):
         return _usage_error("confirm-delete-branch")
     number = int(argument)
@@ -187,12 +208,20 @@ def _confirm_delete(conversation: Conversation, argument: str, reply_to: str | N
     return _ok("confirm-delete-branch", text, plan=msgspec.to_builtins(plan))
 
 
-def _help(conversation: Conversation, argument: str, reply_to: str | None) -> ChatReply:
-    del conversation, argument, reply_to
+def _help(conversation: Conversation, argument: str, asked: _Asked) -> ChatReply:
+    del conversation, argument, asked
     return _ok("help", _usage(), commands=sorted(COMMANDS))
 
 
-_HANDLERS: dict[str, Callable[[Conversation, str, str | None], ChatReply]] = {
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What a command was asked with besides its argument."""
+
+    reply_to: str | None  # the chat platform's id of the message it replies to
+    sessions: Sessions
+
+
+_HANDLERS: dict[str, Callable[[Conversation, str, _Asked], ChatReply]] = {
     "fork": _fork,
     "branches": _branches,
     "checkout": _checkout,
@@ -232,9 +261,30 @@ def _plain(exc: SessionTreeError) -> str:
     return text.split(": ", 1)[1] if text.startswith("session ") and ": " in text else text
 
 
-def _branch_data(branch: BranchInfo) -> dict[str, Any]:
+def _branch_data(branch: BranchInfo, sessions: Sessions | None = None) -> dict[str, Any]:
+    """A branch as a command's data; a sub-agent's with its ``session``
+    (kind, skill, state) when ``sessions`` knows it."""
     data: dict[str, Any] = msgspec.to_builtins(branch)
+    info = None if branch.session_id is None or sessions is None else sessions(branch.session_id)
+    if info is not None:
+        data["session"] = {"kind": info.kind.value, "skill": info.skill, "state": info.state.value}
     return data
+
+
+def _sub_agent(branch: BranchInfo, sessions: Sessions) -> str:
+    """How a chat names the sub-agent whose context ``branch`` is ('' for none)."""
+    if branch.session_id is None:
+        return ""
+    info = sessions(branch.session_id)
+    if info is None:
+        return f"sub-agent {branch.session_id}"
+    return f"{info.kind.value} {info.skill}, {info.state.value}"
+
+
+def _nobody(session_id: uuid.UUID) -> SessionInfo | None:
+    """``Sessions`` when the chat has no node to ask."""
+    del session_id
+    return None
 
 
 def _age(seconds: float) -> str:

@@ -19,12 +19,15 @@ import pytest
 from sessiontree.actors import AsyncSession, Session, VirtualClock
 from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
+    ChatMessage,
     ContextScope,
     ConversationError,
     ErrorCode,
+    Inbound,
     Message,
     NotAllowedError,
     RejectedInputError,
+    Routed,
     SessionResult,
     SessionState,
     SpawnSpec,
@@ -473,3 +476,56 @@ def test_continuing_with_a_forged_or_stale_token_is_refused_and_nothing_spawned(
     for error in (bad_message, gone):
         assert isinstance(error, ConversationError)
         assert (error.field, error.code) == ("fork_at", ErrorCode.UNKNOWN_MESSAGE)
+
+
+# -- chat: sub-agents' branches in /branches, and continuing one by checking it out --------
+
+
+def test_a_chat_lists_sub_agents_and_a_message_on_ones_branch_continues_it(
+    make_node: Callable[..., Node],
+) -> None:
+    cycles: list[str] = []
+
+    def reply(session: Session) -> None:
+        chat = ChatMessage.of(session.message)
+        if chat is None:  # a child's result: it landed on the branch already
+            return
+        cycles.append(chat.inbound.text)
+        session.spawn(SpawnSpec(kind="branch", skill="scribe", task=chat.inbound.text))
+
+    def scribe(session: Session) -> str:
+        seen = [m.content for m in session.conversation.context()]
+        session.add_message("assistant", f"drafted {session.task}")
+        return f"saw {seen}"
+
+    node = make_node(Agent("bot", {"reply": reply, "scribe": scribe}, main_skill="reply"))
+
+    def say(text: str) -> Routed:
+        routed = node.route(
+            Inbound(provider="telegram", chat_type="dm", chat_id="7", sender_id="7", text=text)
+        )
+        settle(node)
+        return routed
+
+    first = say("plan a week in Lisbon")
+    listed = say("/branches").reply
+    assert listed is not None
+    assert "🤖 branch scribe, completed" in listed.text
+    (sub,) = [b for b in listed.data["branches"] if "session" in b]
+    assert sub["session"] == {"kind": "branch", "skill": "scribe", "state": "completed"}
+    checked = say(f"/checkout {sub['number']}").reply
+    assert checked is not None
+    assert "continues its work" in checked.text
+
+    routed = say("add a day in Sintra")
+    assert routed.continued is not None
+    assert routed.error is None
+    assert cycles == ["plan a week in Lisbon"]  # the Main was not handed the message
+    again = ended(node, routed.continued)
+    assert again.summary == "saw ['drafted plan a week in Lisbon', 'add a day in Sintra']"
+    conversation = node.conversation(first.session_id)
+    assert [m.content for m in conversation.context(100)][-3:] == [
+        "drafted plan a week in Lisbon",
+        "add a day in Sintra",
+        "[branch scribe completed] saw ['drafted plan a week in Lisbon', 'add a day in Sintra']",
+    ]
