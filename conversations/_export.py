@@ -76,4 +76,4 @@ def _branch_spec(info: BranchInfo) -> dict[str, Any]:
         "messageCount": info.message_count,
         "ownMessages": info.own_messages,
         "current": info.current,
-    }
+    } | ({} if info.session_id is None else {"sessionId": str(info.session_id)})

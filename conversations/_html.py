@@ -89,7 +89,16 @@ aside h2 { font-size: 13px; text-transform: uppercase; letter-spacing: .04em; co
   border-radius: 4px; white-space: pre-wrap; overflow-wrap: anywhere;
   font: 12px/1.45 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
 #detail-hint { color: #5b6570; }
+#legend .agent::before { content: "\\1F916  "; }
 [hidden] { display: none !important; }
+@media print {
+  header button, #search, #match-count { display: none; }
+  body { height: auto; }
+  main { display: block; }
+  #canvas { height: 90vh; break-after: page; }
+  aside { width: auto; border: 0; }
+  #legend { max-height: none; }
+}
 """
 
 # Rules the drawing needs; the script puts them in a <style> inside the <svg>, so a
@@ -147,6 +156,7 @@ base-uri 'none'; form-action 'none'">
   <button id="zoom-reset" type="button" title="Reset the view">Reset</button>
   <button id="zoom-fit" type="button" title="Show the whole tree">Fit</button>
   <button id="download-svg" type="button">Download SVG</button>
+  <button id="print" type="button" title="Print, or save as PDF">Print / PDF</button>
 </header>
 <main>
   <div id="canvas">
@@ -167,6 +177,7 @@ base-uri 'none'; form-action 'none'">
           <dt>Branch</dt><dd id="detail-branch"></dd>
           <dt>Id</dt><dd id="detail-id"></dd>
           <dt>Parent</dt><dd id="detail-parent"></dd>
+          <dt>Session</dt><dd id="detail-session"></dd>
         </dl>
         <pre id="detail-content"></pre>
         <h2 id="detail-extra-title" hidden>More</h2>

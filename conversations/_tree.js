@@ -160,6 +160,7 @@
                                            b.id === tree.currentBranchId);
     legendItem(str(b.id), "#" + str(b.number) + " " + str(b.name) + count +
                (current ? " (current)" : ""), current, b.leafId);
+    if (b.sessionId) legend.lastChild.classList.add("agent");
   }
   for (const bid of colourOf.keys()) {
     if (!branchById.has(bid)) legendItem(bid, bid || "(no branch)", false, null);
@@ -180,6 +181,7 @@
     $("detail-id").textContent = str(m.id);
     $("detail-parent").textContent = m.parentId === null || m.parentId === undefined
       ? "(none: a root)" : str(m.parentId);
+    showSession(m);
     $("detail-content").textContent = pretty(m.content === undefined ? null : m.content);
     const extra = {};
     let any = false;
@@ -187,6 +189,28 @@
     $("detail-extra").textContent = any ? JSON.stringify(extra, null, 2) : "";
     $("detail-extra-title").hidden = !any;
     $("detail-extra").hidden = !any;
+  }
+
+  // A message a sub-agent wrote (its branch is the sub-agent's context) or one that
+  // reports a sub-agent's result names that session: kind, skill, state and a link.
+  const sessions = (tree.sessions && typeof tree.sessions === "object") ? tree.sessions : {};
+  const sessionOf = (m) => {
+    if (m.sessionId) return str(m.sessionId);
+    const b = branchById.get(str(m.branchId));
+    return b && b.sessionId ? str(b.sessionId) : "";
+  };
+  function showSession(m) {
+    const cell = $("detail-session");
+    cell.textContent = "";
+    const sid = sessionOf(m);
+    if (!sid) { cell.textContent = "(a person, or the Main)"; return; }
+    const s = sessions[sid];
+    const link = document.createElement("a");
+    link.id = "detail-session-link";
+    link.textContent = s ? str(s.kind) + " " + str(s.skill) + " \u2014 " + str(s.state) : sid;
+    link.title = sid;
+    if (s && s.url) link.href = str(s.url);
+    cell.appendChild(link);
   }
 
   // ---- zoom and pan ----------------------------------------------------------------------
@@ -313,6 +337,7 @@
   });
 
   // ---- download as a standalone SVG ------------------------------------------------------
+  $("print").addEventListener("click", () => window.print());
   $("download-svg").addEventListener("click", () => {
     const copy = svg.cloneNode(true);
     copy.removeAttribute("id");
@@ -345,6 +370,13 @@
   // ---- start -----------------------------------------------------------------------------
   if (nodes.length === 0) $("empty").hidden = false;
   resetView();
+  // "#session=<id>" (the session tree page links so): show that sub-agent's last message
+  const wanted = /^#session=([0-9a-f-]{36})$/i.exec(location.hash);
+  for (const b of branchById.values()) {
+    if (!wanted || str(b.sessionId) !== wanted[1].toLowerCase()) continue;
+    const i = byId.get(str(b.leafId));
+    if (i !== undefined) { select(i); centreOn(i); }
+  }
   window.addEventListener("resize", () => fit());
   document.body.dataset.ready = "true";
 })();

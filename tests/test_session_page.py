@@ -1,6 +1,7 @@
 """The session tree's pages (issue 25's pages): ``tree.html`` opened in headless
 Chromium (filter, links into the conversation, print to PDF read back with
-pypdf) and ``tree.svg`` parsed as XML, served by a real node on 127.0.0.1."""
+pypdf) and ``tree.svg`` parsed as XML, served by a real node on 127.0.0.1;
+and the conversation's page, where a sub-agent's message names its session."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ async def inbox(session: AsyncSession) -> None:
 
 
 async def lead(session: AsyncSession) -> str:
+    await session.add_message("assistant", "two papers to review")
     await session.spawn_many(
         [
             SpawnSpec(kind=SessionKind.WORKER, skill="ok", task="read the paper"),
@@ -39,6 +41,7 @@ async def lead(session: AsyncSession) -> str:
 
 
 async def ok(session: AsyncSession) -> str:
+    await session.add_message("assistant", "the paper reads well")
     return "read it"
 
 
@@ -131,3 +134,59 @@ def test_a_page_for_an_unknown_session_is_a_404_naming_it(
         answer = node.http.get(f"/v1/sessions/{unknown}/{page}")
         assert answer.status_code == 404
         assert str(unknown) in answer.text
+
+
+# -- the conversation's page ------------------------------------------------------------------
+
+
+def test_a_sub_agents_message_on_the_conversation_page_names_its_session(
+    served: tuple[ServedNode, uuid.UUID],
+    browser: Any,  # noqa: F811
+) -> None:
+    node, main_id = served
+    conversation = node.node.conversation(main_id)
+    (landed,) = [m for m in conversation.context(10) if m.session_id is not None]
+    lead = node.node.get(landed.session_id)
+    page = browser.new_page()
+    try:
+        response = page.goto(f"{node.url}/v1/sessions/{main_id}/conversation/tree.html")
+        assert response is not None
+        assert response.status == 200
+        page.wait_for_selector("body[data-ready='true']")
+        assert page.locator("#legend li.agent").count() == 1  # the lead's branch
+        page.locator(f'g.node[data-id="{landed.id}"]').click()
+        link = page.locator("#detail-session-link")
+        assert link.inner_text() == "branch lead \u2014 completed"
+        link.click()
+        page.wait_for_load_state()
+        assert page.url.endswith(f"/v1/sessions/{lead.session_id}/tree.html")
+        assert "review the papers" in page.inner_text("body")
+
+        # the lead's own page links back to its message in the conversation
+        page.goto(f"{node.url}/v1/sessions/{main_id}/tree.html")
+        own = page.locator("details.session", has_text="review the papers").last  # not the Main
+        own.locator("a.conversation").first.click()
+        page.wait_for_selector("body[data-ready='true']")
+        assert f"#session={lead.session_id}" in page.url
+        assert page.inner_text("#detail-branch").startswith("branch:lead-")  # its last message
+    finally:
+        page.close()
+
+
+def test_the_conversation_page_prints_to_a_pdf(
+    served: tuple[ServedNode, uuid.UUID],
+    browser: Any,  # noqa: F811
+) -> None:
+    node, main_id = served
+    page = browser.new_page()
+    try:
+        page.goto(f"{node.url}/v1/sessions/{main_id}/conversation/tree.html")
+        page.wait_for_selector("body[data-ready='true']")
+        assert page.locator("#print").is_visible()
+        pdf = page.pdf()
+    finally:
+        page.close()
+    assert pdf.startswith(b"%PDF")
+    text = "".join(p.extract_text() for p in pypdf.PdfReader(io.BytesIO(pdf)).pages)
+    assert "lead" in text  # the legend names the sub-agent's branch
+    assert "Print / PDF" not in text  # the print stylesheet drops the controls

@@ -21,7 +21,9 @@ from litestar.params import JSONBody, QueryParameter
 from sessiontree.cli._api._errors import ERRORS
 from sessiontree.cli._api._shared import Sid, node_of
 from sessiontree.cli._wire import BranchRequest, ConfirmDeleteRequest, ForkRequest
-from sessiontree.protocol import BranchInfo, DeletePlan, Merged, Message
+from sessiontree.conversations import render_html
+from sessiontree.protocol import BranchInfo, DeletePlan, Merged, Message, SessionTreeError
+from sessiontree.supervision import Node
 
 __all__ = ["CONVERSATION_ROUTES"]
 
@@ -156,9 +158,39 @@ def conversation_tree_text(state: State, session_id: Sid) -> Response[str]:
     sync_to_thread=True,
 )
 def conversation_tree_html(state: State, session_id: Sid) -> Response[str]:
-    """The message tree as one self-contained interactive HTML page."""
-    content = node_of(state).conversation(session_id).export_tree("html")
+    """The message tree as one self-contained interactive HTML page; a message a
+    sub-agent wrote, or one reporting its result, names that session (kind,
+    skill, state) and links to its page."""
+    node = node_of(state)
+    tree = node.conversation(session_id).tree()
+    tree["sessions"] = _sessions_in(node, tree)
+    content = render_html(tree, title=f"Conversation {tree['sessionId']}")
     return Response(content, media_type="text/html")
+
+
+def _sessions_in(node: Node, tree: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The sub-agents ``tree`` names (its branches' and its result messages'),
+    as the page shows them; one the node no longer knows is left out."""
+    named = {b["sessionId"] for b in tree["branches"] if "sessionId" in b}
+    stack = list(tree["root"]["children"])
+    while stack:  # without recursion: a conversation may be deep
+        message = stack.pop()
+        if "sessionId" in message:
+            named.add(message["sessionId"])
+        stack.extend(message["children"])
+    sessions = {}
+    for sid in sorted(named):
+        try:
+            info = node.get(sid)
+        except SessionTreeError:
+            continue
+        sessions[sid] = {
+            "kind": info.kind.value,
+            "skill": info.skill,
+            "state": info.state.value,
+            "url": f"../../{sid}/tree.html",
+        }
+    return sessions
 
 
 @get(

@@ -63,7 +63,8 @@ def _node_html(node: TreeView, now: float) -> str:
     if subtree and subtree != own:
         parts.append(f'<span class="usage">Σ {html.escape(subtree)}</span>')
     links = (
-        f'<a class="conversation" href="../{sid}/conversation/tree.html">conversation</a> '
+        f'<a class="conversation" href="../{sid}/conversation/tree.html#session={sid}">'
+        "conversation</a> "
         f'<a class="subtree" href="../{sid}/tree.html">subtree</a>'
     )
     detail = ""
