@@ -52,11 +52,16 @@ class Contexts:
         """``info``'s context branch (a spawned session of a tree with a Main).
 
         Its guard becomes ``guard`` (the running skill's checkpoint)."""
+        view = self._view(info)
+        view.guard = guard
+        return view
+
+    def _view(self, info: SessionInfo) -> SessionBranch:
+        """``info``'s branch handle, made and kept on first use."""
         with self._lock:
             view = self._views.get(info.session_id)
             if view is None:
                 view = self._views[info.session_id] = self._made(info)
-        view.guard = guard
         return view
 
     def _made(self, info: SessionInfo) -> SessionBranch:
@@ -64,8 +69,10 @@ class Contexts:
         assert root is not None
         shared = self.conversations.shared(root)
         fork_at = info.fork_at
-        with shared.lock:
-            made = [b for b in shared.tip().branches if b.session_id == info.session_id]
+        made = []
+        if info.kind is SessionKind.BRANCH:  # only a Branch's branch is ever stored
+            with shared.lock:
+                made = [b for b in shared.tip().branches if b.session_id == info.session_id]
         if made:  # a run after a restart: the branch it wrote before
             fork_at = made[0].base_id
         elif fork_at is None and info.parent_id == root:
@@ -162,11 +169,15 @@ class Contexts:
             view = self._views.get(info.session_id)
         return None if view is None else view.leaf()
 
-    def landed(self, child: SessionInfo, parent: SessionInfo, result: SessionResult) -> None:
+    def landed(
+        self, child: SessionInfo, parent: SessionInfo, result: SessionResult, *, live: bool
+    ) -> None:
         """``child`` ended: if it used its context, write its result on
         ``parent``'s branch (queued, never waited for; runs on the Cortex
-        thread). A write that cannot be queued is counted and logged, never
-        raised: the result itself was delivered already."""
+        thread). ``live``: the parent has not ended (then its branch handle is
+        kept for its own end; else it is not kept). A write that cannot be
+        queued is counted and logged, never raised: the result itself was
+        delivered already."""
         with self._lock:
             view = self._views.pop(child.session_id, None)
         if view is None:
@@ -186,15 +197,17 @@ class Contexts:
             target: Conversation | SessionBranch
             if parent.kind is SessionKind.MAIN:
                 target = self.conversations.get(parent.session_id)
+            elif live:
+                target = self._view(parent)
             else:
-                target = self.branch(parent)
+                target = self._views.get(parent.session_id) or self._made(parent)
             posted = target.post(message)
         except Exception:
             log.exception(
                 "session %s: its result could not land on its parent's branch", child.session_id
             )
-            posted = True  # logged with its cause: not counted twice
             self.unlanded += 1
+            return
         if not posted:
             self.unlanded += 1
             log.warning(
@@ -202,11 +215,6 @@ class Contexts:
                 "conversation is reloading after a failed write)",
                 child.session_id,
             )
-
-    def forget(self, session_id: uuid.UUID) -> None:
-        """Drop a session's branch handle (it ended without a parent to land on)."""
-        with self._lock:
-            self._views.pop(session_id, None)
 
 
 def result_text(child: SessionInfo, result: SessionResult) -> str:

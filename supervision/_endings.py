@@ -282,11 +282,11 @@ class Endings:
     ) -> None:
         """File ``entry``'s result on ``parent`` and say so (a RESULT_DELIVERED event)."""
         tree = self.tree
-        contexts = tree.rt.contexts
-        if contexts is not None:  # first: a Main's cycle for it appends after it
-            contexts.landed(entry.info, parent.info, result)
         parent_core = parent.core
         parent_live = parent_core.state not in TERMINAL_STATES
+        contexts = tree.rt.contexts
+        if contexts is not None:  # first: a Main's cycle for it appends after it
+            contexts.landed(entry.info, parent.info, result, live=parent_live)
         if parent_live and tree.store is not None:
             parent.receipts.append(result)  # its next snapshot records the receipt
         parent.live_children -= 1
