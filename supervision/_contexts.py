@@ -144,16 +144,22 @@ class Contexts:
 
     def tip(self, info: SessionInfo) -> uuid.UUID | None:
         """Where ``info``'s next message hangs: a Main's active leaf, a spawned
-        session's branch tip (its fork point while it has written nothing)."""
+        session's branch tip (its fork point while it has written nothing).
+
+        Cheap for a session whose conversation nothing here has touched (a
+        spawn pays two dict lookups): then a Main's tip is left to its
+        child's first use of its context (see ``_made``), and a Branch that
+        resumed after a restart and has not touched its context yet gives
+        its own fork point."""
+        root = _root_of(info)
+        shared = None if root is None else self.conversations.loaded(root)
+        if shared is None:
+            return None if info.kind is SessionKind.MAIN else info.fork_at
         if info.kind is SessionKind.MAIN:
-            return self.conversations.get(info.session_id).active_leaf
-        with self._lock:
-            view = self._views.get(info.session_id)
+            return Conversation(shared).active_leaf
+        view = self._views.get(info.session_id)  # one dict read: atomic
         if view is not None:
             return view.tip()
-        if info.conversation is None:
-            return None
-        shared = self.conversations.shared(info.conversation)
         with shared.lock:
             for branch in reversed(shared.tip().branches):
                 if branch.session_id == info.session_id:
@@ -165,8 +171,7 @@ class Contexts:
         its result names for a continuation); None for the other kinds."""
         if info.kind is not SessionKind.BRANCH:
             return None
-        with self._lock:
-            view = self._views.get(info.session_id)
+        view = self._views.get(info.session_id)  # one dict read: atomic
         return None if view is None else view.leaf()
 
     def landed(
@@ -178,8 +183,7 @@ class Contexts:
         kept for its own end; else it is not kept). A write that cannot be
         queued is counted and logged, never raised: the result itself was
         delivered already."""
-        with self._lock:
-            view = self._views.pop(child.session_id, None)
+        view = self._views.pop(child.session_id, None)  # atomic; made under the lock
         if view is None:
             return
         made = view.durable and len(view) > 0
