@@ -16,6 +16,7 @@ Where a skill runs (``inline``, ``process``, ``ray``) is
 """
 
 from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
+from sessiontree.actors._compaction import Compaction
 from sessiontree.actors._conversing import ConversationLike
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext
 from sessiontree.actors._mailbox import ACTOR_TYPES, AskTimeoutError
@@ -27,6 +28,7 @@ __all__ = [
     "AsyncSession",
     "Cancelled",
     "Clock",
+    "Compaction",
     "ContextMessage",
     "ConversationLike",
     "RealClock",

@@ -25,7 +25,23 @@ ContextEntry = tuple[Role, Any, list[Any] | None, str | None, str | None]
 
 class LinkedContext(Protocol):
     """A spawned session's context as its model calls use it: a branch of its
-    root Main's conversation (``sessiontree.conversations.SessionBranch``)."""
+    root Main's conversation (``sessiontree.conversations.SessionBranch``).
+    ``compact_due``: its last model call was long enough to compact before
+    the next (see ``Compaction``)."""
+
+    compact_due: bool
+
+    def compactable(self, keep: int) -> list[Message]:
+        """The context's messages a summary would replace: all but the last ``keep``."""
+        ...
+
+    def compact(self, summary: str, upto: uuid.UUID) -> Message:
+        """Write ``summary`` as the message that stands for everything up to ``upto``."""
+        ...
+
+    async def acompact(self, summary: str, upto: uuid.UUID) -> Message:
+        """Awaitable ``compact``."""
+        ...
 
     def history(self) -> list[dict[str, Any]]:
         """The messages its model sees, as chat-completions messages, oldest first."""

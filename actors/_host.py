@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import concurrent.futures
     from collections.abc import Callable, Sequence
 
+    from sessiontree.actors._compaction import Compaction
     from sessiontree.actors._conversing import ConversationLike, LinkedContext
     from sessiontree.actors._core import SessionCore
     from sessiontree.protocol import Completion
@@ -140,6 +141,10 @@ class SessionHost(Protocol):
 
     def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> ConversationLike:
         """The session's conversation tree; ``guard(what)`` runs before every call on it."""
+        ...
+
+    def compaction(self, core: SessionCore) -> Compaction | None:
+        """The session's agent's ``Compaction`` (None: contexts are not compacted)."""
         ...
 
     def linked_context(

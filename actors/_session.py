@@ -16,6 +16,7 @@ from typing import Any, cast
 import msgspec
 
 from sessiontree.actors._clock import Clock
+from sessiontree.actors._compaction import summary_call
 from sessiontree.actors._completing import as_entries, exchanged, model_call, tool_result
 from sessiontree.actors._conversing import ConversationLike, LinkedContext
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
@@ -159,6 +160,12 @@ class _Base:
     def _linked(self) -> LinkedContext | None:
         """A spawned session's context branch (None for a Main)."""
         return self._host.linked_context(self._core, self._conversation_guard)
+
+    def _note_length(self, linked: LinkedContext, completion: Completion) -> None:
+        """Mark the context for compaction before the next call when this one was long."""
+        rule = self._host.compaction(self._core)
+        if rule is not None and rule.due(completion):
+            linked.compact_due = True
 
     def _conversation_guard(self, what: str) -> None:
         if self._raise_if_cancelled(what):  # a suspension parks at the next awaited checkpoint
@@ -521,6 +528,8 @@ class Session(_Base):
         """
         linked = self._linked() if messages is None or record else None
         history = linked if messages is None else None
+        if history is not None and history.compact_due:
+            self._compact(history)
         call = model_call(self._core, prompt, messages, max_tokens, model, stream, options, history)
         self._checkpoint("complete")
         pending = self._host.model_call(self._core, call)
@@ -544,7 +553,25 @@ class Session(_Base):
                 self._core.context.messages.extend(said)
             elif said:
                 linked.write(as_entries(said), _usage_of(completion))
+        if history is not None:
+            self._note_length(history, completion)
         return completion
+
+    def _compact(self, linked: LinkedContext) -> None:
+        """Replace the context's oldest messages by one summary (see ``Compaction``)."""
+        linked.compact_due = False
+        rule = self._host.compaction(self._core)
+        old = [] if rule is None else linked.compactable(rule.keep)
+        if rule is None or not old:
+            return
+        chat = [message.as_chat() for message in old]
+        text: str | None
+        if rule.summarise is not None:
+            text = rule.summarise(chat)
+        else:
+            text = self.complete(messages=summary_call(chat), record=False).text
+        if text:
+            linked.compact(text, old[-1].id)
 
     def add_tool_result(self, tool_call_id: str, content: Any, name: str | None = None) -> None:
         """Append a tool's result for the tool call ``tool_call_id`` of the last
@@ -761,6 +788,8 @@ class AsyncSession(_Base):
         history = linked if messages is None else None
         if history is not None:
             await history.settled()
+            if history.compact_due:
+                await self._compact(history)
         call = model_call(self._core, prompt, messages, max_tokens, model, stream, options, history)
         await self._checkpoint("complete")
         pending = self._host.amodel_call(self._core, call)
@@ -784,7 +813,25 @@ class AsyncSession(_Base):
                 self._core.context.messages.extend(said)
             elif said:
                 await linked.awrite(as_entries(said), _usage_of(completion))
+        if history is not None:
+            self._note_length(history, completion)
         return completion
+
+    async def _compact(self, linked: LinkedContext) -> None:
+        """Replace the context's oldest messages by one summary; see ``Session._compact``."""
+        linked.compact_due = False
+        rule = self._host.compaction(self._core)
+        old = [] if rule is None else linked.compactable(rule.keep)
+        if rule is None or not old:
+            return
+        chat = [message.as_chat() for message in old]
+        text: str | None
+        if rule.summarise is not None:
+            text = rule.summarise(chat)
+        else:
+            text = (await self.complete(messages=summary_call(chat), record=False)).text
+        if text:
+            await linked.acompact(text, old[-1].id)
 
     async def add_tool_result(
         self, tool_call_id: str, content: Any, name: str | None = None

@@ -89,6 +89,7 @@ class SessionBranch:
         self.continues = continues
         self.durable = durable
         self.guard = guard
+        self.compact_due = False  # see Compaction: the last call was long
         self._memory: list[Message] = []  # a worker's own messages, oldest first
         self._base_depth: int | None = None  # depth of the fork point (a worker's)
 
@@ -192,8 +193,23 @@ class SessionBranch:
                     break
                 out.extend(backend.walk(root, base, limit - len(out), old.id))
                 followed, base = old.continues, old.base_id
+        out = _from_summary(out)
         out.reverse()
         return out
+
+    def compactable(self, keep: int) -> list[Message]:
+        """The context's messages a summary would replace: all but the last ``keep``."""
+        context = self.messages()
+        return context[: len(context) - keep] if len(context) > keep else []
+
+    def compact(self, summary: str, upto: uuid.UUID) -> Message:
+        """Write ``summary`` as the message that stands for everything up to
+        ``upto`` (the context then starts at it; the originals stay)."""
+        return self.write([_summary(summary)], compacts=upto)[0]
+
+    async def acompact(self, summary: str, upto: uuid.UUID) -> Message:
+        """Awaitable ``compact``."""
+        return (await self.awrite([_summary(summary)], compacts=upto))[0]
 
     def history(self) -> list[dict[str, Any]]:
         """The context as chat-completions messages (what ``complete`` sends)."""
@@ -289,33 +305,42 @@ class SessionBranch:
         self._check("append")
         return (await self.awrite([entry], usage=usage))[0]
 
-    def write(self, entries: list[Entry], usage: dict[str, Any] | None = None) -> list[Message]:
-        """Append ``entries`` in one write (no checkpoint); durable when it returns."""
+    def write(
+        self,
+        entries: list[Entry],
+        usage: dict[str, Any] | None = None,
+        compacts: uuid.UUID | None = None,
+    ) -> list[Message]:
+        """Append ``entries`` in one write (no checkpoint); durable when it
+        returns. ``usage`` and ``compacts`` go on the last message."""
         if not self.durable:
-            return self._remember(entries, usage)
+            return self._remember(entries, usage, compacts)
         shared = self._shared
         with shared.lock:
-            state, messages = self.grown(shared.tip(), entries, usage)
+            state, messages = self.grown(shared.tip(), entries, usage, compacts)
             state, future = shared.submit(state, messages, ())
         shared.wait(future, state)
         return messages
 
     async def awrite(
-        self, entries: list[Entry], usage: dict[str, Any] | None = None
+        self,
+        entries: list[Entry],
+        usage: dict[str, Any] | None = None,
+        compacts: uuid.UUID | None = None,
     ) -> list[Message]:
         """``write`` from a coroutine; a caller cancelled while it waits stops
         waiting, and the write goes on (it lands or fails like any other)."""
         if not self.durable:
-            return self._remember(entries, usage)
+            return self._remember(entries, usage, compacts)
         shared = self._shared
         with shared.lock:
             if not shared.can_queue():  # a reload after a failure waits: not on the loop
                 future = None
             else:
-                state, messages = self.grown(shared.tip(), entries, usage)
+                state, messages = self.grown(shared.tip(), entries, usage, compacts)
                 state, future = shared.submit_awaitable(state, messages, ())
         if future is None:
-            return await asyncio.to_thread(self.write, entries, usage)
+            return await asyncio.to_thread(self.write, entries, usage, compacts)
         try:
             await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -352,7 +377,11 @@ class SessionBranch:
         return True
 
     def grown(
-        self, state: ConversationState, entries: list[Entry], usage: dict[str, Any] | None
+        self,
+        state: ConversationState,
+        entries: list[Entry],
+        usage: dict[str, Any] | None,
+        compacts: uuid.UUID | None = None,
     ) -> tuple[ConversationState, list[Message]]:
         """``state`` with ``entries`` on this session's branch, made by the first
         write (lock held); ``ConversationError`` naming ``fork_at`` if the fork
@@ -392,6 +421,7 @@ class SessionBranch:
                 usage=usage if len(messages) == len(entries) - 1 else None,
                 name=name,
                 tool_call_id=call_id,
+                compacts=compacts if len(messages) == len(entries) - 1 else None,
             )
             messages.append(message)
             tip, seq = message.id, seq + 1
@@ -404,7 +434,12 @@ class SessionBranch:
         )
         return ops.with_branch(state, grown, next_seq=seq, updated_at=now), messages
 
-    def _remember(self, entries: list[Entry], usage: dict[str, Any] | None) -> list[Message]:
+    def _remember(
+        self,
+        entries: list[Entry],
+        usage: dict[str, Any] | None,
+        compacts: uuid.UUID | None = None,
+    ) -> list[Message]:
         """A worker's write: in memory only."""
         with self._shared.lock:
             now = self._shared.clock.time()
@@ -425,6 +460,7 @@ class SessionBranch:
                     usage=usage if i == len(entries) - 1 else None,
                     name=name,
                     tool_call_id=call_id,
+                    compacts=compacts if i == len(entries) - 1 else None,
                 )
                 self._memory.append(message)
                 messages.append(message)
@@ -496,6 +532,24 @@ class SessionBranch:
             f"linear branch ({self.branch_id}) of conversation {self.session_id}"
         )
         return NotAllowedError(msg, session_id=self.owner)
+
+
+def _summary(text: str) -> Entry:
+    return (Role.SYSTEM, f"Summary of the earlier conversation: {text}", None, None, None)
+
+
+def _from_summary(newest_first: list[Message]) -> list[Message]:
+    """A context (newest first) from its newest summary on: what came after
+    the summary's last message, then the summary in its place; unchanged when
+    it has none, or when what it stands for lies beyond the walk's limit."""
+    for i, message in enumerate(newest_first):
+        if message.compacts is None:
+            continue
+        for j in range(i + 1, len(newest_first)):
+            if newest_first[j].id == message.compacts:
+                return [*newest_first[:i], *newest_first[i + 1 : j], message]
+        return newest_first
+    return newest_first
 
 
 def _check_limit(limit: object) -> None:

@@ -69,6 +69,8 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     branch: the sub-agent it reports; ``link`` is that sub-agent's branch id
     (None for a worker, whose branch lived in memory only). ``name`` and
     ``tool_call_id`` are a chat message's own (a tool's answer to one call).
+    ``compacts`` is set on a summary that compaction wrote: the newest message
+    it stands for (a context walk starts at the summary).
     """
 
     id: uuid.UUID
@@ -87,6 +89,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     link: str | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    compacts: uuid.UUID | None = None
 
     def as_chat(self) -> dict[str, Any]:
         """This message as a chat-completions request has it (content that is
@@ -129,6 +132,8 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             out["name"] = self.name
         if self.tool_call_id is not None:
             out["toolCallId"] = self.tool_call_id
+        if self.compacts is not None:
+            out["compacts"] = str(self.compacts)
         return out
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from sessiontree.actors import ACTOR_TYPES
+from sessiontree.actors import ACTOR_TYPES, Compaction
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.actors.runtime import is_async_skill
 from sessiontree.protocol import Budget, DmScope, SessionKind
@@ -303,7 +303,8 @@ class Agent:
     narrows what the parent has left. ``models`` maps each of the
     ``model_tiers`` to the model name ``session.complete`` calls (all of
     them, or none for an agent that calls no model), on the node's provider
-    named ``provider`` (default: the node's first).
+    named ``provider`` (default: the node's first). ``compaction`` says when
+    a Branch's or Worker's context is summarised (``Compaction``; None: never).
     """
 
     agent_id: str
@@ -317,6 +318,7 @@ class Agent:
     budget: Budget | None = None
     models: Mapping[str, str] = field(default_factory=dict)
     provider: str | None = None
+    compaction: Compaction | None = None
     _async_skills: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -342,6 +344,11 @@ class Agent:
                 f"or call it {MAIN_SKILL!r}"
             )
             raise ValueError(msg)
+        if self.compaction is not None and not isinstance(self.compaction, Compaction):
+            msg = (
+                f"agent {self.agent_id!r}: compaction must be a Compaction, got {self.compaction!r}"
+            )
+            raise TypeError(msg)
         if not isinstance(self.max_children, int) or self.max_children < 1:
             msg = f"agent {self.agent_id!r}: max_children must be >= 1, got {self.max_children!r}"
             raise ValueError(msg)

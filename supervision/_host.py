@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from sessiontree.actors import Compaction
 from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore
 from sessiontree.conversations import Conversation, SessionBranch
 from sessiontree.protocol import (
@@ -136,6 +137,9 @@ class NodeHost:
             return linked
         writable = core.info.kind is not SessionKind.WORKER
         return self.node.conversations.get(core.session_id, guard=guard, writable=writable)
+
+    def compaction(self, core: SessionCore) -> Compaction | None:
+        return self.node._runtime.agents[core.info.agent_id].compaction
 
     def linked_context(
         self, core: SessionCore, guard: Callable[[str], None]

@@ -8,6 +8,8 @@ server received. The node runs on the test's virtual clock."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import pathlib
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,7 +18,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from sessiontree.actors import AsyncSession, Session, VirtualClock
+from sessiontree.actors import AsyncSession, Compaction, Session, VirtualClock
+from sessiontree.actors._compaction import SUMMARY_REQUEST
 from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
     ChatMessage,
@@ -529,3 +532,109 @@ def test_a_chat_lists_sub_agents_and_a_message_on_ones_branch_continues_it(
         "add a day in Sintra",
         "[branch scribe completed] saw ['drafted plan a week in Lisbon', 'add a day in Sintra']",
     ]
+
+
+# -- compaction -----------------------------------------------------------------------------
+
+
+def _words(messages: list[dict[str, Any]]) -> int:
+    return sum(len(str(m.get("content") or "").split()) for m in messages)
+
+
+LONG = " ".join(["detail"] * 40)
+
+
+def steps(session: Session) -> str:
+    """Five model calls on one context, each prompt 42 words long."""
+    for i in range(5):
+        session.complete(f"step {i}: {LONG}")
+    return "stepped"
+
+
+async def asteps(session: AsyncSession) -> str:
+    for i in range(5):
+        await session.complete(f"step {i}: {LONG}")
+    return "stepped"
+
+
+@pytest.mark.parametrize("skill", ["steps", "asteps"])
+def test_a_long_context_is_compacted_and_the_originals_stay_in_the_tree(
+    make_node: Callable[..., Node], server: StandinServer, skill: str
+) -> None:
+    agent = dataclasses.replace(
+        make_agent(steps=steps, asteps=asteps), compaction=Compaction(at_tokens=100, keep=2)
+    )
+    node = make_node(agent, providers=(standin(server),))
+    main = node.main("agent")
+    result = main.run(kind="branch", skill=skill, timeout=WAIT)
+    assert result is not None
+    assert result.ok, result
+    summaries = [r for r in server.requests if r["messages"][-1]["content"] == SUMMARY_REQUEST]
+    calls = [r["messages"] for r in server.requests if r not in summaries]
+    assert len(calls) == 5
+    assert len(summaries) == 3  # the second call sent 130 tokens, and each after over 100
+    assert result.usage is not None
+    assert result.usage.calls == 8  # each summary is a model call, budgeted like any
+    # the call after the first summary is shorter than the whole context would be
+    first_summary = summaries[0]["messages"][:-1]
+    assert [m["content"] for m in first_summary] == [f"step 0: {LONG}", f"echo step 0: {LONG}"]
+    third = calls[2]
+    assert third[0]["content"].startswith("Summary of the earlier conversation: echo")
+    uncompacted = first_summary + third[1:]
+    assert _words(third) < _words(uncompacted)
+    assert [m["content"] for m in third[1:]] == [
+        f"step 1: {LONG}",
+        f"echo step 1: {LONG}",
+        f"step 2: {LONG}",
+    ]
+    # the summaries are messages of the tree; every original is still exported
+    settle(node)
+    conversation = node.conversation(main.session_id)
+    lines = [json.loads(line) for line in conversation.transcript()]
+    assert sum(1 for line in lines if "compacts" in line) == 3
+    for i in range(5):
+        assert any(line["content"] == f"step {i}: {LONG}" for line in lines)
+
+
+def test_a_compactor_of_the_agents_own_makes_no_model_call(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    seen: list[int] = []
+
+    def count(messages: list[dict[str, Any]]) -> str:
+        seen.append(len(messages))
+        return f"{len(messages)} messages so far"
+
+    def worker(session: Session) -> str:
+        for i in range(3):
+            session.complete(f"step {i}: " + "detail " * 10)
+        return " / ".join(m.content for m in session.conversation.context())
+
+    rule = Compaction(at_tokens=40, keep=1, summarise=count)
+    agent = dataclasses.replace(make_agent(worker=worker), compaction=rule)
+    node = make_node(agent, providers=(standin(server),))
+    result = node.main("agent").run(kind="worker", skill="worker", timeout=WAIT)
+    assert result is not None
+    assert result.ok, result
+    assert len(server.requests) == 3  # no summary call
+    assert seen == [3]  # once, before the third call: all but the last message
+    assert result.summary.startswith("Summary of the earlier conversation: 3 messages so far / ")
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"at_tokens": 0}, "at_tokens"),
+        ({"at_tokens": 10, "keep": -1}, "keep"),
+        ({"at_tokens": True}, "at_tokens"),
+        ({"at_tokens": 5, "summarise": "no"}, "summarise"),
+    ],
+)
+def test_a_bad_compaction_is_refused_naming_the_field(fields: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=f"Compaction.{field}"):
+        Compaction(**fields)
+
+
+def test_an_agent_refuses_a_compaction_that_is_not_one() -> None:
+    with pytest.raises(TypeError, match="compaction must be a Compaction"):
+        Agent("agent", {"lead": lead}, compaction={"at_tokens": 10})  # type: ignore[arg-type]

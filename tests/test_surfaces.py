@@ -19,6 +19,7 @@ ACTORS = [
     "AsyncSession",
     "Cancelled",
     "Clock",
+    "Compaction",
     "ContextMessage",
     "ConversationLike",
     "RealClock",
