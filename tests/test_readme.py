@@ -25,13 +25,14 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
 
 @pytest.mark.parametrize(
     "number",
-    [0, 1, 2, 3, 4, 5, 6],
+    [0, 1, 2, 3, 4, 5, 6, 7],
     ids=[
         "embedding",
         "shared-client",
         "application-loop",
         "scaling-out",
         "conversations",
+        "one-context",
         "patterns",
         "model-calls",
     ],
@@ -39,7 +40,7 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
 @pytest.mark.timeout(120)  # the example's own bound (90 s, for process pools under load) first
 def test_readme_example_prints_what_it_promises(tmp_path: Path, number: int) -> None:
     blocks = python_blocks()
-    assert len(blocks) == 7
+    assert len(blocks) == 8
     example = blocks[number]
     promised = [line.split("# -> ", 1)[1] for line in example.splitlines() if "# -> " in line]
     script = tmp_path / "example.py"
