@@ -11,6 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import select
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +41,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision import Agent, Node, NodeConfig, Provider
 from sessiontree.supervision._continuation import continuation_token, parse_continuation
+from tests import context_crash_node
 from tests.conftest import WAIT, settle
 
 MODELS = {"small": "m-small", "large": "m-large"}
@@ -291,34 +296,44 @@ def test_a_workers_branch_lives_in_memory_and_only_its_result_is_stored(
     ]
 
 
-def test_continuing_a_branch_after_a_restart_sees_its_whole_branch(
-    open_node: Callable[..., Node], store_path: pathlib.Path, server: StandinServer
+def test_continuing_a_branch_after_a_kill_9_sees_its_whole_branch(
+    tmp_path: pathlib.Path, server: StandinServer
 ) -> None:
-    agent = make_agent()
-    node = open_node(store_path, agent, providers=(standin(server),))
-    main = node.main("agent")
-    first = main.run(kind="branch", skill="research", task="draft the plan", timeout=WAIT)
-    assert first is not None
-    assert first.ok
-    assert first.context_leaf is not None
-    node.shutdown(grace=0, timeout=5.0)
+    store = tmp_path / "store"
+    command = [sys.executable, "-m", "tests.context_crash_node", str(store), server.url]
+    root = pathlib.Path(__file__).resolve().parent.parent
+    with subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, text=True) as child:
+        try:
+            assert child.stdout is not None
+            ready, _, _ = select.select([child.stdout], [], [], 60.0)
+            assert ready, "the branch never ended"
+            leaf = uuid.UUID(child.stdout.readline().strip())  # durable when printed
+            child.send_signal(signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait(30)
+    assert child.returncode == -signal.SIGKILL
 
-    node = open_node(store_path, agent, providers=(standin(server),))
-    main = node.main("agent")
-    again = main.run(
-        kind="branch",
-        skill="research",
-        task="refine it",
-        fork_at=first.context_leaf,
-        context=ContextScope.BRANCH,
-        timeout=WAIT,
+    node = Node(
+        [context_crash_node.make_agent()], context_crash_node.config(server.url), store=store
     )
+    try:
+        again = node.main("agent").run(
+            kind="branch",
+            skill="research",
+            task="refine it",
+            fork_at=leaf,
+            context=ContextScope.BRANCH,
+            timeout=WAIT,
+        )
+    finally:
+        node.shutdown(grace=0, timeout=5.0)
     assert again is not None
     assert again.ok, again
     (sent, _) = sent_for(server, "refine it")
     assert [m["content"] for m in sent] == [
-        "draft the plan",
-        "echo draft the plan",
+        "draft",
+        "echo draft",
         "and then?",
         "echo and then?",
         "refine it",
