@@ -36,6 +36,21 @@ What it measures (the keys of the last stdout line, one JSON object):
   writer made in the window (``commits``: appends per commit shows the
   sharing). ``single_conversation_appends_per_s``: one conversation, one
   thread, sequential appends (one fsync'd commit each).
+* ``append_ratio_to_store``: durable appends per second from 64 sessions
+  writing on their own context branches of one Main's conversation (64
+  threads calling ``SessionBranch.write``, or 64 coroutines awaiting
+  ``awrite``: the better kind), as a ratio to the store's own group-commit
+  rate in the same run (64 threads, each submitting one message record of
+  the same sizes per batch and waiting for it): ``linked_appends_per_s`` ÷
+  ``store_group_commit_per_s``. ``unlinked_append_ratio_to_store`` is the
+  same ratio for ``durable_appends_per_s`` (64 conversations).
+* ``linked_spawn_ratio``: spawns per second of workers whose contexts are
+  linked (each writes one message on its context branch and its result
+  lands on the Main's branch as a durable message) as a ratio to workers
+  that never use their context (so nothing is linked), counted from the
+  first ``spawn_many`` (500 a batch) until every worker ended and the store
+  flushed; each round on a fresh node and synced store, alternated
+  (``linked_spawns_per_s``, ``unlinked_spawns_per_s``: the medians).
 * Extras: ``context_load_ms_1k_messages`` (``context(100)`` on a linear
   1,000-message conversation in the same store: the size should not
   matter) and ``big_conversation_appends_per_s`` (one thread's sequential
@@ -47,9 +62,9 @@ Stores live in a temporary directory on the real disk (``/tmp`` unless
 disk's median pwrite+fdatasync latency there, for context.
 
 ``--quick`` cuts the conversation to 5,000 messages (fork every 250; the
-JSON says ``"quick_sizes": true``), the context rounds, and the append
-windows (one of 0.75 s per mode; full: three of 2 s); it keeps 64
-conversations.
+JSON says ``"quick_sizes": true``), the context rounds, the append windows
+(one of 0.75 s per mode; full: three of 2 s) and the spawn rounds (two of
+2,000 workers; full: four of 10,000); it keeps 64 conversations.
 """
 
 from __future__ import annotations
@@ -81,10 +96,12 @@ from _common import (
     thread_window,
 )
 
-from sessiontree.actors import RealClock
-from sessiontree.conversations import Conversation, Conversations, MemoryBackend
+from sessiontree.actors import AsyncSession, RealClock
+from sessiontree.conversations import Conversation, Conversations, MemoryBackend, SessionBranch
+from sessiontree.conversations._session_branch import Entry
+from sessiontree.protocol import Message, Role, SpawnSpec
 from sessiontree.store import Store
-from sessiontree.supervision import StoreConversations
+from sessiontree.supervision import Agent, Node, NodeConfig, StoreConversations
 
 CONTEXT_LIMIT = 100
 CONVERSATIONS = 64
@@ -464,6 +481,170 @@ def appends_bench(base: str, reps: int, warmup: float, window: float) -> dict[st
     }
 
 
+# -- linked contexts ----------------------------------------------------------------------
+
+
+def _linked_steps(store: Store, producers: int) -> list[SessionBranch]:
+    """``producers`` sessions' context branches of one Main's conversation, forked
+    at its first message (what 64 Branch sessions of one tree write on)."""
+    shared = conversations_on(store).shared(uuid.uuid4())
+    start = Conversation(shared).append("user", "the task")
+    return [
+        SessionBranch(shared, owner=uuid.uuid4(), name=f"branch:s-{i}", fork_at=start.id)
+        for i in range(producers)
+    ]
+
+
+def _entries() -> list[Entry]:
+    return [(Role(role), body, None, None, None) for role, body in _turns()]
+
+
+def run_linked_threads(
+    store: Store, producers: int, warmup: float, window: float
+) -> dict[str, Any]:
+    """``producers`` threads, each appending to its own session branch of one conversation."""
+    entries = _entries()
+
+    def step_for(view: SessionBranch) -> Callable[[], object]:
+        cycle = itertools.cycle(entries)
+        return lambda: view.write([next(cycle)])
+
+    steps = [step_for(view) for view in _linked_steps(store, producers)]
+    return thread_window(store, steps, warmup, window, "append")
+
+
+def run_linked_async(store: Store, producers: int, warmup: float, window: float) -> dict[str, Any]:
+    """``producers`` coroutines on one loop, each awaiting ``awrite`` on its own branch."""
+    entries = _entries()
+
+    def step_for(view: SessionBranch) -> Callable[[], Awaitable[object]]:
+        cycle = itertools.cycle(entries)
+        return lambda: view.awrite([next(cycle)])
+
+    steps = [step_for(view) for view in _linked_steps(store, producers)]
+    return async_window(store, steps, warmup, window, "append")
+
+
+def run_store_records(store: Store, producers: int, warmup: float, window: float) -> dict[str, Any]:
+    """The store's own group-commit rate: ``producers`` threads, each writing one
+    message record of the appends' sizes per batch and waiting for it."""
+    turns = _turns()
+
+    def step_for(sid: uuid.UUID) -> Callable[[], object]:
+        records = itertools.cycle(
+            Message(
+                id=uuid.uuid4(),
+                parent_id=uuid.uuid4(),
+                role=Role(role),
+                content=body,
+                timestamp=time.time(),
+                branch_id=f"session_{uuid.uuid4().hex}",
+            )
+            for role, body in turns
+        )
+        return lambda: store.submit(store.batch().message(sid, next(records))).result(60.0)
+
+    steps = [step_for(uuid.uuid4()) for _ in range(producers)]
+    return thread_window(store, steps, warmup, window, "record")
+
+
+def linked_appends_bench(base: str, reps: int, warmup: float, window: float) -> dict[str, Any]:
+    """Linked appends (64 sessions' branches of one conversation, threads and
+    coroutines) beside the store's own group-commit rate for one-record
+    writes of the same sizes, alternated, each on a fresh synced store."""
+    runners = {
+        "linked_threads": run_linked_threads,
+        "linked_async": run_linked_async,
+        "store_records": run_store_records,
+    }
+    runs: dict[str, list[float]] = {name: [] for name in runners}
+    for rep in range(reps):
+        order = list(runners) if rep % 2 == 0 else list(runners)[::-1]
+        for name in order:
+            run = functools.partial(
+                runners[name], producers=CONVERSATIONS, warmup=warmup, window=window
+            )
+            figures = on_fresh_store(base, f"{name}-", run)
+            rate = figures.get("appends_per_s", figures.get("records_per_s", 0.0))
+            runs[name].append(rate)
+            log(f"  rep {rep + 1}/{reps} {name:14s} x {CONVERSATIONS}: {rate:8.0f}/s")
+    median = {name: statistics.median(rates) for name, rates in runs.items()}
+    linked = max(median["linked_threads"], median["linked_async"])
+    return {
+        "linked_appends_per_s": round(linked, 1),
+        "linked_appends_per_s_threads": round(median["linked_threads"], 1),
+        "linked_appends_per_s_async": round(median["linked_async"], 1),
+        "store_group_commit_per_s": round(median["store_records"], 1),
+        "append_ratio_to_store": round(linked / median["store_records"], 3),
+    }
+
+
+async def plain(session: AsyncSession) -> str:
+    """The same sub-agent, its context never used (so nothing is linked)."""
+    return f"done {session.task}"
+
+
+async def noting(session: AsyncSession) -> str:
+    await session.add_message("assistant", f"found {session.task}")
+    return f"done {session.task}"
+
+
+def spawn_round(base: str, skill: str, children: int, batch: int) -> float:
+    """Spawns per second of ``children`` workers of one Main (``batch`` a
+    ``spawn_many``) on a fresh synced store, until all ended and every write
+    (their result messages too) is durable."""
+    path = tempfile.mkdtemp(prefix=f"spawns-{skill}-", dir=base)
+    agent = Agent(
+        "bench",
+        {"main": plain, "plain": plain, "noting": noting},
+        main_skill="main",
+        max_children=children,
+    )
+    store = open_synced(path)
+    node = Node([agent], NodeConfig(max_sessions=children * 2), store=store)
+    try:
+        main = node.main("bench")
+        node.conversation(main.session_id).append("user", "split this up")
+        specs = [SpawnSpec(kind="worker", skill=skill, task=str(i)) for i in range(children)]
+        gc.collect()
+        t0 = time.perf_counter()
+        for i in range(0, children, batch):
+            for spawned in node.spawn_many(main, specs[i : i + batch]):
+                if spawned.error is not None:
+                    raise AssertionError(f"a spawn was refused: {spawned.error}")
+        if not node.wait_idle(300.0):
+            raise AssertionError("the tree did not settle")
+        store.flush()
+        elapsed = time.perf_counter() - t0
+        landed = sum(1 for m in store.messages(main.session_id) if m.session_id is not None)
+        wanted = children if skill == "noting" else 0
+        if landed != wanted:
+            raise AssertionError(f"{landed} results landed on the Main's branch, wanted {wanted}")
+    finally:
+        node.shutdown(grace=0, timeout=30.0)
+        store.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return children / elapsed
+
+
+def linked_spawn_bench(base: str, reps: int, children: int, batch: int) -> dict[str, Any]:
+    """``linked_spawn_ratio``: workers that write on their context branch (their
+    results landing on the Main's branch) against workers that never use their
+    context, alternated, each round on a fresh node and store."""
+    rates: dict[str, list[float]] = {"noting": [], "plain": []}
+    for rep in range(reps):
+        for skill in ("noting", "plain") if rep % 2 == 0 else ("plain", "noting"):
+            rate = spawn_round(base, skill, children, batch)
+            rates[skill].append(rate)
+            log(f"  rep {rep + 1}/{reps} {skill:6s}: {children:,} workers at {rate:8.0f} spawns/s")
+    linked, unlinked = statistics.median(rates["noting"]), statistics.median(rates["plain"])
+    return {
+        "linked_spawns_per_s": round(linked, 1),
+        "unlinked_spawns_per_s": round(unlinked, 1),
+        "linked_spawn_ratio": round(linked / unlinked, 3),
+    }
+
+
 # -- main --------------------------------------------------------------------------------
 
 
@@ -476,9 +657,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         messages, fork_every, rounds, calls, baseline_runs = 5_000, 250, 3, 300, 3
         reps, warmup, window = 1, 0.25, 0.75
+        spawned, spawn_reps = 2_000, 2
     else:
         messages, fork_every, rounds, calls, baseline_runs = 100_000, 1_000, 4, 500, 1
         reps, warmup, window = 3, 0.5, 2.0
+        spawned, spawn_reps = 10_000, 4
     started = time.perf_counter()
     where = real_disk_dir("bench_conversation", args.dir)
     if where is None:
@@ -496,6 +679,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         log(f"durable appends: {reps} x {window} s per mode (after {warmup} s warm-up)")
         app = appends_bench(base, reps, warmup, window)
+        log(f"linked appends: {CONVERSATIONS} sessions' branches of one conversation")
+        linked = linked_appends_bench(base, reps, warmup, window)
+        log(f"linked spawns: {spawned:,} workers a round")
+        spawns = linked_spawn_bench(base, spawn_reps, spawned, 500)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -534,6 +721,11 @@ def main(argv: list[str] | None = None) -> int:
         "quick_sizes": args.quick,
         "cpus": os.cpu_count(),
     }
+    summary.update(linked)
+    summary.update(spawns)
+    summary["unlinked_append_ratio_to_store"] = round(
+        head["appends_per_s"] / linked["store_group_commit_per_s"], 3
+    )
     summary.update({k: v for k, v in ctx.items() if k not in summary})
     summary["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(summary))
