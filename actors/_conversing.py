@@ -32,14 +32,15 @@ class LinkedContext(Protocol):
     compact_due: bool
 
     def compactable(self, keep: int) -> list[Message]:
-        """The context's messages a summary would replace: all but the last ``keep``."""
+        """The context's messages a summary would replace: all but the last ``keep``
+        (and the answers of a tool call they end on); none if only a summary."""
         ...
 
-    def compact(self, summary: str, upto: uuid.UUID) -> Message:
-        """Write ``summary`` as the message that stands for everything up to ``upto``."""
+    def compact(self, summary: str, old: list[Message]) -> Message:
+        """Write ``summary`` as the message that stands for ``old``."""
         ...
 
-    async def acompact(self, summary: str, upto: uuid.UUID) -> Message:
+    async def acompact(self, summary: str, old: list[Message]) -> Message:
         """Awaitable ``compact``."""
         ...
 

@@ -524,13 +524,18 @@ class Session(_Base):
         ``Cancelled``), unless the grace ends first.
         A call the budgets refuse, or the provider fails after its retries,
         answers with ``error`` set (``budget_exhausted``, ``model_error``…),
-        never by raising; ``RejectedInputError`` names a bad argument.
+        never by raising; ``RejectedInputError`` names a bad argument. On a
+        Branch's context branch the exchange is recorded durably: a failed
+        store write raises ``StoreError`` after the reply came (the call was
+        made and is counted).
         """
         linked = self._linked() if messages is None or record else None
         history = linked if messages is None else None
+        args = (prompt, messages, max_tokens, model, stream)
+        call = model_call(self._core, *args, dict(options), history)  # checked first
         if history is not None and history.compact_due:
             self._compact(history)
-        call = model_call(self._core, prompt, messages, max_tokens, model, stream, options, history)
+            call = model_call(self._core, *args, options, history)  # the shorter context
         self._checkpoint("complete")
         pending = self._host.model_call(self._core, call)
         self._wake_when_done(pending)
@@ -571,7 +576,7 @@ class Session(_Base):
         else:
             text = self.complete(messages=summary_call(chat), record=False).text
         if text:
-            linked.compact(text, old[-1].id)
+            linked.compact(text, old)
 
     def add_tool_result(self, tool_call_id: str, content: Any, name: str | None = None) -> None:
         """Append a tool's result for the tool call ``tool_call_id`` of the last
@@ -788,9 +793,11 @@ class AsyncSession(_Base):
         history = linked if messages is None else None
         if history is not None:
             await history.settled()
-            if history.compact_due:
-                await self._compact(history)
-        call = model_call(self._core, prompt, messages, max_tokens, model, stream, options, history)
+        args = (prompt, messages, max_tokens, model, stream)
+        call = model_call(self._core, *args, dict(options), history)  # checked first
+        if history is not None and history.compact_due:
+            await self._compact(history)
+            call = model_call(self._core, *args, options, history)  # the shorter context
         await self._checkpoint("complete")
         pending = self._host.amodel_call(self._core, call)
         self._wake_when_done(pending)
@@ -831,7 +838,7 @@ class AsyncSession(_Base):
         else:
             text = (await self.complete(messages=summary_call(chat), record=False)).text
         if text:
-            await linked.acompact(text, old[-1].id)
+            await linked.acompact(text, old)
 
     async def add_tool_result(
         self, tool_call_id: str, content: Any, name: str | None = None

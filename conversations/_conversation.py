@@ -337,10 +337,11 @@ class Conversation:
         return ops.with_branch(state, grown, next_seq=state.next_seq + 1, updated_at=now), message
 
     def post(self, message: Message) -> bool:
-        """Queue ``message`` (made by ``posted``) at the tip of the current branch
-        without waiting for it to be durable; False (nothing queued) while the
+        """Queue ``message``'s role, content and links as a new message at the tip
+        of the current branch without waiting for it to be durable (a read of
+        the context waits for it); False (nothing queued) while the
         conversation must first reload after a failed write. Never blocks on
-        the store: the Cortex lands its children's results this way."""
+        the store: the Cortex lands a Main's children's results this way."""
         shared = self._shared
         with shared.lock:
             if not shared.can_queue():

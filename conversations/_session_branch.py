@@ -23,6 +23,7 @@ browsing the conversation: here they raise ``NotAllowedError``.
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -92,6 +93,11 @@ class SessionBranch:
         self.compact_due = False  # see Compaction: the last call was long
         self._memory: list[Message] = []  # a worker's own messages, oldest first
         self._base_depth: int | None = None  # depth of the fork point (a worker's)
+        # children's results that arrived and are not written yet: the session's
+        # next write puts them in (after the answers of a tool call it ends),
+        # so they never split a turn of its own
+        self._arrived: list[Message] = []
+        self._arrivals = threading.Lock()
 
     # -- what the session reads ---------------------------------------------------------
 
@@ -140,12 +146,19 @@ class SessionBranch:
         return self.fork_at if branch is None else branch.tip
 
     def leaf(self) -> uuid.UUID | None:
-        """The last message of this (durable) branch, or None while it has none."""
+        """The last written message of this (durable) branch, or None while it has none."""
         if not self.durable:
             return None
         with self._shared.lock:
-            branch = self.stored(self._shared.tip())
+            branch = self.stored(self._shared.state())  # acknowledged: never waits
         return None if branch is None else branch.leaf_id
+
+    def made(self) -> bool:
+        """Whether its (durable) branch exists: written, or its first write queued."""
+        if not self.durable:
+            return False
+        with self._shared.lock:
+            return self.stored(self._shared.latest()) is not None
 
     def stored(self, state: ConversationState) -> Branch | None:
         """This session's branch in ``state``, if it has been made (lock held)."""
@@ -163,30 +176,37 @@ class SessionBranch:
         return self.messages(limit)
 
     def messages(self, limit: int = MAX_CONTEXT) -> list[Message]:
-        """``context`` without the checkpoint (what a model call sends). Waits
-        first for the results of its children that landed on its branch."""
-        self._shared.posts_settled()
-        out: list[Message] = list(reversed(self._memory[-limit:])) if limit else []
+        """``context`` without the checkpoint (what a model call sends): from the
+        newest summary on when compaction wrote one, and the children's results
+        that arrived since its last write at the end. With ``path`` it first
+        waits (bounded) for results landing on the Main's branch."""
+        with self._arrivals:
+            out: list[Message] = self._arrived[::-1][:limit]
+        if limit > len(out):
+            out.extend(reversed(self._memory[len(out) - limit :]))
         backend, root = self._shared.backend, self._shared.session_id
+        base = self.fork_at
+        branches: dict[str, Branch] = {}
         if self.durable:
             with self._shared.lock:
                 state = self._shared.state()
                 mine = self.stored(state)
-                branches = {b.id: b for b in state.branches} if self.continues else {}
-            start, on = (self.fork_at, None) if mine is None else (mine.tip, self.branch_id)
+                if self.continues:
+                    branches = {b.id: b for b in state.branches}
+            start, on = (base, None) if mine is None else (mine.tip, self.branch_id)
+            base = base if mine is None else mine.base_id
         else:
-            state, branches = None, {}
-            start, on = self.fork_at, None
+            start, on = base, None
             if self.continues:
                 with self._shared.lock:
                     branches = {b.id: b for b in self._shared.state().branches}
         if self.scope is ContextScope.PATH:
+            self._shared.posts_settled()
             out.extend(backend.walk(root, start, limit - len(out), None))
         else:
             if on is not None:
                 out.extend(backend.walk(root, start, limit - len(out), on))
             followed = self.continues
-            base = self.fork_at
             while followed is not None and len(out) < limit:
                 old = branches.get(followed)
                 if old is None:
@@ -198,27 +218,34 @@ class SessionBranch:
         return out
 
     def compactable(self, keep: int) -> list[Message]:
-        """The context's messages a summary would replace: all but the last ``keep``."""
+        """The context's messages a summary would replace: all but the last
+        ``keep``, and with them the answers of a tool call they end on; none
+        when that would replace only an earlier summary."""
         context = self.messages()
-        return context[: len(context) - keep] if len(context) > keep else []
+        cut = len(context) - keep
+        while 0 < cut < len(context) and context[cut].role is Role.TOOL:
+            cut += 1  # a tool call's answers go with the call
+        old = context[:cut] if cut > 0 else []
+        return old if any(m.compacts is None for m in old) else []
 
-    def compact(self, summary: str, upto: uuid.UUID) -> Message:
-        """Write ``summary`` as the message that stands for everything up to
-        ``upto`` (the context then starts at it; the originals stay)."""
-        return self.write([_summary(summary)], compacts=upto)[0]
+    def compact(self, summary: str, old: list[Message]) -> Message:
+        """Write ``summary`` as the message that stands for ``old`` (what
+        ``compactable`` gave): the context then starts at it; the originals stay."""
+        return self.write([_summary(summary)], compacts=_newest_original(old))[-1]
 
-    async def acompact(self, summary: str, upto: uuid.UUID) -> Message:
+    async def acompact(self, summary: str, old: list[Message]) -> Message:
         """Awaitable ``compact``."""
-        return (await self.awrite([_summary(summary)], compacts=upto))[0]
+        return (await self.awrite([_summary(summary)], compacts=_newest_original(old)))[-1]
 
     def history(self) -> list[dict[str, Any]]:
         """The context as chat-completions messages (what ``complete`` sends)."""
         return [message.as_chat() for message in self.messages()]
 
     async def settled(self) -> None:
-        """Wait, without blocking the loop, for its children's results that
-        landed on its branch (so ``history`` then reads without waiting)."""
-        await self._shared.aposts_settled()
+        """Wait, without blocking the loop, for what ``history`` reads that is
+        still being written (with ``path``: results landing on the Main's branch)."""
+        if self.scope is ContextScope.PATH:
+            await self._shared.aposts_settled()
 
     def message(self, message_id: uuid.UUID | str) -> Message:
         """One message of the conversation (or of a worker's own branch)."""
@@ -311,16 +338,22 @@ class SessionBranch:
         usage: dict[str, Any] | None = None,
         compacts: uuid.UUID | None = None,
     ) -> list[Message]:
-        """Append ``entries`` in one write (no checkpoint); durable when it
-        returns. ``usage`` and ``compacts`` go on the last message."""
+        """Append ``entries`` in one write (no checkpoint), with the children's
+        results that arrived since the last; durable when it returns. ``usage``
+        and ``compacts`` go on the last entry. Returns the entries' messages."""
         if not self.durable:
             return self._remember(entries, usage, compacts)
         shared = self._shared
-        with shared.lock:
-            state, messages = self.grown(shared.tip(), entries, usage, compacts)
-            state, future = shared.submit(state, messages, ())
-        shared.wait(future, state)
-        return messages
+        rows = self._rows(entries)
+        try:
+            with shared.lock:
+                state, messages = self.grown(shared.tip(), rows, usage, compacts)
+                state, future = shared.submit(state, messages, ())
+            shared.wait(future, state)
+        except BaseException:
+            self._put_back(rows)
+            raise
+        return _own(rows, messages)
 
     async def awrite(
         self,
@@ -337,55 +370,86 @@ class SessionBranch:
             if not shared.can_queue():  # a reload after a failure waits: not on the loop
                 future = None
             else:
-                state, messages = self.grown(shared.tip(), entries, usage, compacts)
-                state, future = shared.submit_awaitable(state, messages, ())
+                rows = self._rows(entries)
+                try:
+                    state, messages = self.grown(shared.tip(), rows, usage, compacts)
+                    state, future = shared.submit_awaitable(state, messages, ())
+                except BaseException:
+                    self._put_back(rows)
+                    raise
         if future is None:
             return await asyncio.to_thread(self.write, entries, usage, compacts)
         try:
             await asyncio.shield(future)
         except asyncio.CancelledError:
-            shared.book_later(future, state)
+            shared.book_later(future, state)  # the write goes on: what arrived is in it
             raise
         except Exception:
             shared.failed()
+            self._put_back(rows)
             raise
         shared.acknowledged(state)
-        return messages
+        return _own(rows, messages)
 
-    def post(self, message: Message) -> bool:
-        """Queue ``message``'s role, content and links at this branch's tip
-        without waiting for it to be durable (a child's result landing); False
-        (nothing queued) while the conversation must first reload after a
-        failed write. Never blocks on the store."""
-        entry: Entry = (message.role, message.content, None, None, None)
-        if not self.durable:
-            placed = self._remember([entry], None)[0]
-            self._memory[-1] = msgspec.structs.replace(
-                placed, session_id=message.session_id, link=message.link
-            )
+    def arrive(self, message: Message) -> None:
+        """A child's result (its role, content and links) arrived: it is in the
+        context now and goes to the store with the session's next write, or
+        with ``flush`` at its end. Never blocks."""
+        with self._arrivals:
+            self._arrived.append(message)
+
+    def flush(self) -> bool:
+        """Queue what arrived and was not written (the session ended) without
+        waiting for it to be durable; False (nothing queued) while the
+        conversation must first reload after a failed write."""
+        rows: list[Entry | Message] = list(self._take_arrived())
+        if not rows:
             return True
         shared = self._shared
         with shared.lock:
             if not shared.can_queue():
                 return False
-            state, (placed,) = self.grown(shared.tip(), [entry], None)
-            placed = msgspec.structs.replace(
-                placed, session_id=message.session_id, link=message.link
-            )
-            state, future = shared.submit(state, (placed,), ())
+            state, messages = self.grown(shared.tip(), rows, None)
+            state, future = shared.submit(state, messages, ())
             shared.posted_write(future, state)
         return True
+
+    def _take_arrived(self) -> list[Message]:
+        with self._arrivals:
+            arrived, self._arrived = self._arrived, []
+        return arrived
+
+    def _rows(self, entries: list[Entry]) -> list[Entry | Message]:
+        """What one write puts on the branch: ``entries`` with what arrived
+        before them, or after the tool answers they start with (the answers
+        belong to the call before)."""
+        arrived = self._take_arrived()
+        if not arrived:
+            return list(entries)
+        answers = 0
+        while answers < len(entries) and entries[answers][0] is Role.TOOL:
+            answers += 1
+        return [*entries[:answers], *arrived, *entries[answers:]]
+
+    def _put_back(self, rows: list[Entry | Message]) -> None:
+        """A write failed: what arrived is kept for the next one."""
+        arrived = [row for row in rows if isinstance(row, Message)]
+        if arrived:
+            with self._arrivals:
+                self._arrived[:0] = arrived
 
     def grown(
         self,
         state: ConversationState,
-        entries: list[Entry],
+        rows: list[Entry | Message],
         usage: dict[str, Any] | None,
         compacts: uuid.UUID | None = None,
     ) -> tuple[ConversationState, list[Message]]:
-        """``state`` with ``entries`` on this session's branch, made by the first
-        write (lock held); ``ConversationError`` naming ``fork_at`` if the fork
-        point is gone."""
+        """``state`` with ``rows`` on this session's branch, made by the first
+        write (lock held): each entry a new message, each arrived result a new
+        message with its content and links; ``usage`` and ``compacts`` on the
+        last entry. ``ConversationError`` naming ``fork_at`` if the fork point
+        is gone."""
         now = self._shared.clock.time()
         branch = self.stored(state)
         if branch is None:
@@ -406,29 +470,42 @@ class SessionBranch:
             )
         messages: list[Message] = []
         tip, depth, seq = branch.tip, branch.depth, state.next_seq
-        for role, content, calls, name, call_id in entries:
+        last = max((i for i, row in enumerate(rows) if not isinstance(row, Message)), default=-1)
+        for i, row in enumerate(rows):
             depth += 1
-            message = Message(
-                id=new_id(),
-                parent_id=tip,
-                role=role,
-                content=content,
-                timestamp=now,
-                branch_id=branch.id,
-                seq=seq,
-                depth=depth,
-                tool_calls=calls,
-                usage=usage if len(messages) == len(entries) - 1 else None,
-                name=name,
-                tool_call_id=call_id,
-                compacts=compacts if len(messages) == len(entries) - 1 else None,
-            )
+            if isinstance(row, Message):
+                message = msgspec.structs.replace(
+                    row,
+                    id=new_id(),
+                    parent_id=tip,
+                    timestamp=now,
+                    branch_id=branch.id,
+                    seq=seq,
+                    depth=depth,
+                )
+            else:
+                role, content, calls, name, call_id = row
+                message = Message(
+                    id=new_id(),
+                    parent_id=tip,
+                    role=role,
+                    content=content,
+                    timestamp=now,
+                    branch_id=branch.id,
+                    seq=seq,
+                    depth=depth,
+                    tool_calls=calls,
+                    usage=usage if i == last else None,
+                    name=name,
+                    tool_call_id=call_id,
+                    compacts=compacts if i == last else None,
+                )
             messages.append(message)
             tip, seq = message.id, seq + 1
         grown = msgspec.structs.replace(
             branch,
             leaf_id=tip,
-            count=branch.count + len(entries),
+            count=branch.count + len(rows),
             depth=depth,
             updated_at=now,
         )
@@ -539,17 +616,32 @@ def _summary(text: str) -> Entry:
 
 
 def _from_summary(newest_first: list[Message]) -> list[Message]:
-    """A context (newest first) from its newest summary on: what came after
-    the summary's last message, then the summary in its place; unchanged when
-    it has none, or when what it stands for lies beyond the walk's limit."""
-    for i, message in enumerate(newest_first):
-        if message.compacts is None:
-            continue
-        for j in range(i + 1, len(newest_first)):
-            if newest_first[j].id == message.compacts:
-                return [*newest_first[:i], *newest_first[i + 1 : j], message]
+    """A context (newest first) from its newest summary on: the messages on the
+    path after the newest one it stands for, but no summary (an older one is
+    part of what the newest stands for), then the summary in the place of what
+    it replaced. Unchanged when it has none, or when what it stands for lies
+    beyond the walk's limit."""
+    summary = next((m for m in newest_first if m.compacts is not None), None)
+    if summary is None:
         return newest_first
+    kept: list[Message] = []
+    for message in newest_first:
+        if message.id == summary.compacts:
+            return [*kept, summary]
+        if message.compacts is None:
+            kept.append(message)
     return newest_first
+
+
+def _newest_original(old: list[Message]) -> uuid.UUID:
+    """The newest message of ``old`` that is not a summary (what a new summary
+    stands for, up to and including it)."""
+    return next(m.id for m in reversed(old) if m.compacts is None)
+
+
+def _own(rows: list[Entry | Message], messages: list[Message]) -> list[Message]:
+    """The messages a write made of its entries (not of what arrived)."""
+    return [m for row, m in zip(rows, messages, strict=True) if not isinstance(row, Message)]
 
 
 def _check_limit(limit: object) -> None:

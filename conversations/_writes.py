@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import threading
 import uuid
@@ -53,9 +52,9 @@ class SharedConversation:
         self._tip: ConversationState | None = None
         # platform id -> (message, rev of its write): queued, not yet acknowledged
         self.pending_platform: dict[str, tuple[Message, int]] = {}
-        # writes queued by ``post`` (children's results landing), not waited for
-        # by anyone: a read of a context first waits for them to settle
-        self.posted: collections.deque[concurrent.futures.Future[None]] = collections.deque()
+        # writes queued by ``post`` (children's results landing) that nobody waits
+        # for and that are not booked yet: a read of a context first waits for them
+        self.unbooked = 0
 
     def state(self) -> ConversationState:
         """The acknowledged state (loaded on first use, when nothing is in flight)."""
@@ -72,6 +71,12 @@ class SharedConversation:
                 self._load()
             assert self._tip is not None
             return self._tip
+
+    def latest(self) -> ConversationState:
+        """The last state submitted if it is still good, else the acknowledged one
+        (never waits for the store: after a failed write, no reload happens here)."""
+        with self.lock:
+            return self._tip if self._tip is not None else self.state()
 
     def settle(self) -> ConversationState:
         """Wait (lock held) until no write of this conversation is in flight; the state."""
@@ -202,26 +207,30 @@ class SharedConversation:
     ) -> None:
         """A write nobody waits for was queued (lock held): booked when it
         settles, and waited for by the next read of a context."""
-        self.book_later(future, state)
-        posted = self.posted
-        while posted and posted[0].done():  # they settle in the order queued, mostly
-            posted.popleft()
-        posted.append(future)
+        self.unbooked += 1
+
+        def booked(done: concurrent.futures.Future[None]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                self.failed()
+            else:
+                self.acknowledged(state)
+            with self.lock:
+                self.unbooked -= 1
+                self.settled.notify_all()
+
+        future.add_done_callback(booked)
 
     def posts_settled(self) -> None:
-        """Wait (bounded) until every posted write settled, so a read sees what
-        they wrote (a failed one is simply not there)."""
+        """Wait (bounded) until every posted write is booked, so a read sees
+        what they wrote (a failed one is simply not there)."""
         with self.lock:
-            pending = [f for f in self.posted if not f.done()]
-        if pending:
-            concurrent.futures.wait(pending, timeout=_SETTLE_TIMEOUT)
+            if self.unbooked:
+                self.settled.wait_for(lambda: self.unbooked == 0, timeout=_SETTLE_TIMEOUT)
 
     async def aposts_settled(self) -> None:
         """``posts_settled`` without blocking the event loop."""
-        with self.lock:
-            pending = [asyncio.wrap_future(f) for f in self.posted if not f.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=_SETTLE_TIMEOUT)
+        if self.unbooked:  # a stale read only costs a hop to a thread
+            await asyncio.to_thread(self.posts_settled)
 
     def stored_platform_id(self, platform_id: str) -> Message | None:
         """The stored message recorded for a chat platform's id."""

@@ -49,8 +49,10 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     The child's context is a branch of its root Main's conversation, forked at
     ``fork_at`` (a message of that conversation; ``None``: the spawning
     session's own tip at the spawn). ``context`` says what its model sees
-    of the conversation above the fork: nothing (``own``, the default) or
-    the path from the root (``path``).
+    of the conversation above the fork: nothing (``own``, the default), the
+    branch it forks from (``branch``: continuing a sub-agent) or the path
+    from the root (``path``). A skill on the ``process`` or ``ray`` backend
+    keeps its own context for its step.
     """
 
     kind: SessionKind

@@ -21,6 +21,7 @@ import msgspec
 
 from sessiontree.conversations import Conversation, Conversations, SessionBranch
 from sessiontree.protocol import (
+    Branch,
     ContextScope,
     Message,
     Role,
@@ -43,8 +44,10 @@ class Contexts:
     def __init__(self, conversations: Conversations) -> None:
         self.conversations = conversations
         self._views: dict[uuid.UUID, SessionBranch] = {}
+        # results for a live Branch that has no handle yet (it has not used its
+        # context): its handle takes them when made; they go with its end
+        self._early: dict[uuid.UUID, list[Message]] = {}
         self._lock = threading.Lock()
-        self.unlanded = 0  # results that could not be written to their parent's branch
 
     def branch(
         self, info: SessionInfo, guard: Callable[[str], None] | None = None
@@ -56,12 +59,27 @@ class Contexts:
         view.guard = guard
         return view
 
+    def detached(
+        self, info: SessionInfo, guard: Callable[[str], None] | None = None
+    ) -> SessionBranch:
+        """A handle on ``info``'s branch that is not kept (for a session that
+        already ended: a thread it abandoned makes none that lingers)."""
+        view = self._made(info)
+        view.guard = guard
+        return view
+
     def _view(self, info: SessionInfo) -> SessionBranch:
-        """``info``'s branch handle, made and kept on first use."""
+        """``info``'s branch handle, made and kept on first use (made outside the
+        lock: it may read the store)."""
+        view = self._views.get(info.session_id)  # one dict read: atomic
+        if view is not None:
+            return view
+        made = self._made(info)
         with self._lock:
-            view = self._views.get(info.session_id)
-            if view is None:
-                view = self._views[info.session_id] = self._made(info)
+            view = self._views.setdefault(info.session_id, made)
+            early = self._early.pop(info.session_id, ())
+        for message in early:
+            view.arrive(message)
         return view
 
     def _made(self, info: SessionInfo) -> SessionBranch:
@@ -172,53 +190,82 @@ class Contexts:
         if info.kind is not SessionKind.BRANCH:
             return None
         view = self._views.get(info.session_id)  # one dict read: atomic
-        return None if view is None else view.leaf()
+        if view is not None:
+            return view.leaf()
+        stored = self._stored(info)  # resumed after a restart, its context untouched since
+        return None if stored is None else stored.leaf_id
+
+    def _stored(self, info: SessionInfo) -> Branch | None:
+        """A Branch's stored branch, if its conversation is loaded here (never
+        reads the store: this runs on the Cortex thread)."""
+        shared = None if info.conversation is None else self.conversations.loaded(info.conversation)
+        if shared is None:
+            return None
+        with shared.lock:
+            for branch in reversed(shared.latest().branches):
+                if branch.session_id == info.session_id:
+                    return branch
+        return None
 
     def landed(
         self, child: SessionInfo, parent: SessionInfo, result: SessionResult, *, live: bool
     ) -> None:
-        """``child`` ended: if it used its context, write its result on
-        ``parent``'s branch (queued, never waited for; runs on the Cortex
-        thread). ``live``: the parent has not ended (then its branch handle is
-        kept for its own end; else it is not kept). A write that cannot be
-        queued is counted and logged, never raised: the result itself was
-        delivered already."""
+        """``child`` ended (runs on the Cortex thread, never waits for the store):
+        what arrived for it and was not written is queued on its branch; if it
+        used its context, its result goes to ``parent``'s branch: a Main's at
+        once (queued), a Branch's into its context at once and to the store
+        with its next write or its end. ``live``: the parent has not ended (one
+        without a branch handle yet gets the result when it makes one; an
+        ended parent's is dropped). A failure is logged, never raised: the
+        result itself was delivered already."""
         view = self._views.pop(child.session_id, None)  # atomic; made under the lock
-        if view is None:
-            return
-        made = view.durable and len(view) > 0
-        message = Message(
-            id=_NO_ID,
-            parent_id=None,
-            role=Role.SYSTEM,  # as chat models take a note between turns
-            content=result_text(child, result),
-            timestamp=0.0,
-            branch_id="",
-            session_id=child.session_id,
-            link=view.branch_id if made else None,
-        )
+        with self._lock:
+            self._early.pop(child.session_id, None)  # it never used its context
+        link = None
         try:
-            target: Conversation | SessionBranch
-            if parent.kind is SessionKind.MAIN:
-                target = self.conversations.get(parent.session_id)
-            elif live:
-                target = self._view(parent)
+            if view is not None:
+                link = view.branch_id if view.made() else None
+                if not view.flush():  # what arrived for it and was not written yet
+                    _not_written(child.session_id, "its children's results")
+            elif child.kind is SessionKind.BRANCH:
+                stored = self._stored(child)
+                if stored is None:
+                    return  # it did not use its context: nothing lands
+                link = stored.id
             else:
-                target = self._views.get(parent.session_id) or self._made(parent)
-            posted = target.post(message)
+                return
+            message = Message(
+                id=_NO_ID,
+                parent_id=None,
+                role=Role.SYSTEM,  # as chat models take a note between turns
+                content=result_text(child, result),
+                timestamp=0.0,
+                branch_id="",
+                session_id=child.session_id,
+                link=link,
+            )
+            if parent.kind is SessionKind.MAIN:
+                if not self.conversations.get(parent.session_id).post(message):
+                    _not_written(child.session_id, "its result")
+                return
+            with self._lock:
+                target = self._views.get(parent.session_id)
+                if target is None and live:
+                    self._early.setdefault(parent.session_id, []).append(message)
+            if target is not None:
+                target.arrive(message)
         except Exception:
             log.exception(
                 "session %s: its result could not land on its parent's branch", child.session_id
             )
-            self.unlanded += 1
-            return
-        if not posted:
-            self.unlanded += 1
-            log.warning(
-                "session %s: its result did not land on its parent's branch (the "
-                "conversation is reloading after a failed write)",
-                child.session_id,
-            )
+
+
+def _not_written(session_id: uuid.UUID, what: str) -> None:
+    log.warning(
+        "session %s: %s did not reach its branch (the conversation reloads after a failed write)",
+        session_id,
+        what,
+    )
 
 
 def result_text(child: SessionInfo, result: SessionResult) -> str:

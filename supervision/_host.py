@@ -21,6 +21,7 @@ from sessiontree.actors import Compaction
 from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore
 from sessiontree.conversations import Conversation, SessionBranch
 from sessiontree.protocol import (
+    TERMINAL_STATES,
     Completion,
     ErrorInfo,
     NodeClosedError,
@@ -147,6 +148,8 @@ class NodeHost:
         info = core.info
         if info.kind is SessionKind.MAIN or info.conversation is None:
             return None
+        if core.fenced or core.state in TERMINAL_STATES:  # its result landed: keep nothing
+            return self.parts.contexts.detached(info, guard)
         return self.parts.contexts.branch(info, guard)
 
     def parked(self, core: SessionCore) -> None:

@@ -322,7 +322,7 @@ class NodeSessions(NodeBase):
     def _forked(self, parent: uuid.UUID, specs: tuple[SpawnSpec, ...]) -> tuple[SpawnSpec, ...]:
         """``specs`` with their fork points: each one named is checked against
         ``parent``'s conversation (``ConversationError`` naming ``fork_at``:
-        nothing is spawned); see ``Contexts.outside_fork_point`` for the rest."""
+        nothing is spawned); see ``Contexts.outside_fork_points`` for the rest."""
         if any(spec.fork_at is not None for spec in specs):
             self._check_forks(self.get(parent), specs)
         return self._outside(parent, specs)

@@ -7,8 +7,10 @@ handed to it as a ``ChatMessage`` — or, for a chat command, answered in
 ``Routed.reply`` instead. When a person checked out a sub-agent's branch,
 a message there continues that sub-agent instead: it is appended to the
 branch and a fresh session of the same skill forks at it, seeing the
-branch (``Routed.continued``). Bad input raises ``RejectedInputError``
-naming the field, counted in the node's ``rejected_input``.
+branch (``Routed.continued``); while that sub-agent still runs, the message
+is refused (``Routed.error``: ``invalid_transition``) and nothing is
+appended. Bad input raises ``RejectedInputError`` naming the field, counted
+in the node's ``rejected_input``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ import uuid
 import msgspec
 
 from sessiontree.protocol import (
+    TERMINAL_STATES,
     ChatMessage,
     ContextScope,
+    ErrorCode,
+    ErrorInfo,
     RejectedInputError,
     Routed,
     SessionInfo,
@@ -61,6 +66,14 @@ def route_inbound(node: NodeSessions, inbound: object, agent_id: str | None) -> 
         )
         return msgspec.structs.replace(routed, reply=reply)
     owner = conversation.current_branch.session_id  # a sub-agent's branch checked out
+    sub_agent = None if owner is None else session_or_none(node, owner)
+    if sub_agent is not None and sub_agent.state not in TERMINAL_STATES:
+        text = (
+            f"sub-agent {owner} ({sub_agent.skill}) is still {sub_agent.state.value}: wait "
+            "for it to end, or /checkout another branch"
+        )
+        busy = ErrorInfo(code=ErrorCode.INVALID_TRANSITION, message=text)
+        return msgspec.structs.replace(routed, error=busy)
     try:
         if message.message_id is None:
             appended, fresh = conversation.append("user", message.text), True
@@ -74,7 +87,6 @@ def route_inbound(node: NodeSessions, inbound: object, agent_id: str | None) -> 
         raise RejectedInputError(str(exc), field=field) from None
     if not fresh:  # a gateway's retry: stored and handed over once already
         return msgspec.structs.replace(routed, message_id=appended.id, duplicate=True)
-    sub_agent = None if owner is None else session_or_none(node, owner)
     if sub_agent is not None and sub_agent.kind is not SessionKind.MAIN:
         return _continue(node, routed, appended.id, message.text, sub_agent)
     chat = ChatMessage(key=key, message_id=appended.id, inbound=message)

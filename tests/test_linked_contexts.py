@@ -15,6 +15,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,7 +25,9 @@ import pytest
 
 from sessiontree.actors import AsyncSession, Compaction, Session, VirtualClock
 from sessiontree.actors._compaction import SUMMARY_REQUEST
-from sessiontree.cli._standin import StandinServer
+from sessiontree.cli._standin import Reply, StandinServer, ToolCall
+from sessiontree.conversations import Conversations, MemoryBackend, SessionBranch
+from sessiontree.conversations._session_branch import Entry
 from sessiontree.protocol import (
     ChatMessage,
     ContextScope,
@@ -34,6 +37,7 @@ from sessiontree.protocol import (
     Message,
     NotAllowedError,
     RejectedInputError,
+    Role,
     Routed,
     SessionResult,
     SessionState,
@@ -653,3 +657,98 @@ def test_a_bad_compaction_is_refused_naming_the_field(fields: dict[str, Any], fi
 def test_an_agent_refuses_a_compaction_that_is_not_one() -> None:
     with pytest.raises(TypeError, match="compaction must be a Compaction"):
         Agent("agent", {"lead": lead}, compaction={"at_tokens": 10})  # type: ignore[arg-type]
+
+
+def test_a_childs_result_never_splits_a_tool_call_from_its_answer(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    tools = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}]
+
+    def tooling(session: Session) -> str:
+        (call,) = session.complete("look it up", tools=tools).tool_calls
+        session.spawn(SpawnSpec(kind="worker", skill="notes", task="the lookup"))
+        session.collect(timeout=60)  # the worker used its context: its result arrives
+        session.add_tool_result(call["id"], {"found": "it"})
+        return session.complete(tools=tools).text or ""
+
+    server.script(Reply("", (ToolCall("look", {"q": "x"}),)), "found it")
+    node = make_node(make_agent(tooling=tooling), providers=(standin(server),))
+    result = node.main("agent").run(kind="branch", skill="tooling", timeout=WAIT)
+    assert result is not None
+    assert result.ok, result
+    sent = server.requests[-1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "system"]
+    assert sent[3]["content"] == "[worker notes completed] noted the lookup"
+
+
+def test_compaction_keeps_the_newest_messages_in_order_round_after_round() -> None:
+    shared = Conversations(MemoryBackend(), VirtualClock()).shared(uuid.uuid4())
+    view = SessionBranch(shared, owner=uuid.uuid4(), name="branch:s", fork_at=None)
+
+    def said() -> list[str]:
+        return [m.content for m in view.messages()]
+
+    def entry(role: Role, text: str, **extra: Any) -> Entry:
+        return (role, text, extra.get("calls"), None, extra.get("call_id"))
+
+    view.write([entry(Role.USER, f"m{i}") for i in range(6)])
+    view.compact("S1", view.compactable(4))  # m0 and m1
+    assert said() == ["Summary of the earlier conversation: S1", "m2", "m3", "m4", "m5"]
+    assert view.compactable(4) == []  # only the summary would go
+    view.write([entry(Role.USER, "u"), entry(Role.ASSISTANT, "a")])
+    view.compact("S2", view.compactable(4))  # S1, m2, m3: S2 stands for them
+    assert said() == ["Summary of the earlier conversation: S2", "m4", "m5", "u", "a"]
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    view.write(
+        [
+            entry(Role.ASSISTANT, "calling", calls=call),
+            entry(Role.TOOL, "answer", call_id="c1"),
+            entry(Role.USER, "next"),
+        ]
+    )
+    old = view.compactable(2)  # "answer" would be kept without its call: it goes too
+    assert [m.content for m in old][-2:] == ["calling", "answer"]
+    view.compact("S3", old)
+    assert said() == ["Summary of the earlier conversation: S3", "next"]
+    assert len(list(shared.backend.messages(shared.session_id))) == 14  # originals all stay
+
+
+def test_a_message_on_a_sub_agents_branch_is_refused_while_it_runs(
+    make_node: Callable[..., Node],
+) -> None:
+    wrote, release = threading.Event(), threading.Event()
+
+    def slow(session: Session) -> str:
+        session.add_message("assistant", "working on it")
+        wrote.set()
+        release.wait(WAIT)
+        return "finished"
+
+    def reply(session: Session) -> None:
+        if ChatMessage.of(session.message) is not None:
+            session.spawn(SpawnSpec(kind="branch", skill="slow"))
+
+    node = make_node(Agent("bot", {"reply": reply, "slow": slow}, main_skill="reply"))
+
+    def say(text: str) -> Routed:
+        inbound = Inbound(
+            provider="telegram", chat_type="dm", chat_id="9", sender_id="9", text=text
+        )
+        return node.route(inbound)
+
+    first = say("start")
+    conversation = node.conversation(first.session_id)
+    try:
+        assert wrote.wait(WAIT)
+        (sub,) = [b for b in conversation.branches() if b.session_id is not None]
+        assert sub.own_messages == 1
+        conversation.checkout(sub.number)
+        refused = say("are you done?")
+        assert refused.error is not None
+        assert refused.error.code is ErrorCode.INVALID_TRANSITION
+        assert refused.continued is None
+        assert str(sub.session_id) in refused.error.message
+        (again,) = [b for b in conversation.branches() if b.session_id is not None]
+        assert again.own_messages == 1  # nothing appended
+    finally:
+        release.set()
