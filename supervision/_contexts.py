@@ -219,8 +219,9 @@ class Contexts:
         ended parent's is dropped). A failure is logged, never raised: the
         result itself was delivered already."""
         view = self._views.pop(child.session_id, None)  # atomic; made under the lock
-        with self._lock:
-            self._early.pop(child.session_id, None)  # it never used its context
+        if self._early:  # only the Cortex thread adds, and it is this one
+            with self._lock:
+                self._early.pop(child.session_id, None)  # it never used its context
         link = None
         try:
             if view is not None:
