@@ -225,9 +225,9 @@ class Contexts:
         link = None
         try:
             if view is not None:
-                link = view.branch_id if view.made() else None
                 if not view.flush():  # what arrived for it and was not written yet
                     _not_written(child.session_id, "its children's results")
+                link = view.branch_id if view.made() else None
             elif child.kind is SessionKind.BRANCH:
                 stored = self._stored(child)
                 if stored is None:
