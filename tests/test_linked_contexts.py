@@ -752,3 +752,26 @@ def test_a_message_on_a_sub_agents_branch_is_refused_while_it_runs(
         assert again.own_messages == 1  # nothing appended
     finally:
         release.set()
+
+
+def test_a_branch_holding_only_its_childrens_results_is_linked_from_its_parent(
+    make_node: Callable[..., Node], server: StandinServer
+) -> None:
+    def delegate(session: Session) -> str:
+        session.conversation.context()  # it uses its context, and writes nothing itself
+        session.spawn(SpawnSpec(kind="worker", skill="notes", task="the detail"))
+        session.collect(timeout=60)
+        return "delegated"
+
+    node = make_node(make_agent(delegate=delegate), providers=(standin(server),))
+    main = node.main("agent")
+    result = main.run(kind="branch", skill="delegate", timeout=WAIT)
+    assert result is not None
+    assert result.ok, result
+    settle(node)
+    conversation = node.conversation(main.session_id)
+    (landed,) = [m for m in conversation.context(10) if m.session_id == result.session_id]
+    assert landed.link == f"session_{result.session_id.hex}"
+    (branch,) = [b for b in conversation.branches() if b.session_id == result.session_id]
+    assert branch.last_message is not None
+    assert branch.last_message.content == "[worker notes completed] noted the detail"
