@@ -152,8 +152,9 @@ class _Base:
         where its spawn said (``SpawnSpec.fork_at``): what ``complete`` sends
         and records, what ``add_message`` writes; a Branch's is durable, a
         Worker's lives in memory only. Every call on it is a checkpoint.
-        Async skills await the write twins (``aappend``…); reads are short
-        and local.
+        Async skills await the write twins (``aappend``…); reads are local,
+        and a read of a Main's context first waits (briefly, bounded) for the
+        children's results being written to it.
         """
         return self._host.conversation(self._core, self._conversation_guard)
 
