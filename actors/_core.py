@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._clock import Clock
 from sessiontree.actors._slots import ComputeSlots
-from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult
+from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult, chat_message
 
 if TYPE_CHECKING:
     from sessiontree.actors.backends._protocol import ExecutionBackend
@@ -78,14 +78,13 @@ class ContextMessage:
 
     def as_chat(self) -> dict[str, Any]:
         """This message in the chat-completions format."""
-        chat: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.name is not None:
-            chat["name"] = self.name
-        if self.tool_calls is not None:
-            chat["tool_calls"] = self.tool_calls
-        if self.tool_call_id is not None:
-            chat["tool_call_id"] = self.tool_call_id
-        return chat
+        return chat_message(
+            self.role,
+            self.content,
+            name=self.name,
+            tool_calls=self.tool_calls,
+            tool_call_id=self.tool_call_id,
+        )
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any, cast
 import msgspec
 
 from sessiontree.actors._clock import Clock
-from sessiontree.actors._compaction import summary_call
+from sessiontree.actors._compaction import Compaction, summary_call
 from sessiontree.actors._completing import as_entries, exchanged, model_call, tool_result
 from sessiontree.actors._conversing import ConversationLike, LinkedContext
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
@@ -27,6 +27,7 @@ from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
     Gathered,
+    Message,
     NotAllowedError,
     RejectedInputError,
     SessionInfo,
@@ -161,6 +162,18 @@ class _Base:
     def _linked(self) -> LinkedContext | None:
         """A spawned session's context branch (None for a Main)."""
         return self._host.linked_context(self._core, self._conversation_guard)
+
+    def _compaction(
+        self, linked: LinkedContext
+    ) -> tuple[Compaction, list[Message], list[dict[str, Any]]] | None:
+        """What a due compaction replaces: the agent's rule, the old messages and
+        them as chat messages; None when there is nothing to replace."""
+        linked.compact_due = False
+        rule = self._host.compaction(self._core)
+        old = [] if rule is None else linked.compactable(rule.keep)
+        if rule is None or not old:
+            return None
+        return rule, old, [message.as_chat() for message in old]
 
     def _note_length(self, linked: LinkedContext, completion: Completion) -> None:
         """Mark the context for compaction before the next call when this one was long."""
@@ -565,12 +578,10 @@ class Session(_Base):
 
     def _compact(self, linked: LinkedContext) -> None:
         """Replace the context's oldest messages by one summary (see ``Compaction``)."""
-        linked.compact_due = False
-        rule = self._host.compaction(self._core)
-        old = [] if rule is None else linked.compactable(rule.keep)
-        if rule is None or not old:
+        planned = self._compaction(linked)
+        if planned is None:
             return
-        chat = [message.as_chat() for message in old]
+        rule, old, chat = planned
         text: str | None
         if rule.summarise is not None:
             text = rule.summarise(chat)
@@ -827,12 +838,10 @@ class AsyncSession(_Base):
 
     async def _compact(self, linked: LinkedContext) -> None:
         """Replace the context's oldest messages by one summary; see ``Session._compact``."""
-        linked.compact_due = False
-        rule = self._host.compaction(self._core)
-        old = [] if rule is None else linked.compactable(rule.keep)
-        if rule is None or not old:
+        planned = self._compaction(linked)
+        if planned is None:
             return
-        chat = [message.as_chat() for message in old]
+        rule, old, chat = planned
         text: str | None
         if rule.summarise is not None:
             text = rule.summarise(chat)

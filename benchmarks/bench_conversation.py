@@ -98,7 +98,6 @@ from _common import (
 
 from sessiontree.actors import AsyncSession, RealClock
 from sessiontree.conversations import Conversation, Conversations, MemoryBackend, SessionBranch
-from sessiontree.conversations._session_branch import Entry
 from sessiontree.protocol import Message, Role, SpawnSpec
 from sessiontree.store import Store
 from sessiontree.supervision import Agent, Node, NodeConfig, StoreConversations
@@ -495,7 +494,7 @@ def _linked_steps(store: Store, producers: int) -> list[SessionBranch]:
     ]
 
 
-def _entries() -> list[Entry]:
+def _entries() -> list[tuple[Role, str, None, None, None]]:
     return [(Role(role), body, None, None, None) for role, body in _turns()]
 
 

@@ -13,8 +13,13 @@ from sessiontree.conversations._conversation import Conversation, Conversations
 from sessiontree.conversations._export import EXPORT_FORMATS
 from sessiontree.conversations._html import render_html
 from sessiontree.conversations._memory import MemoryBackend
-from sessiontree.conversations._session_branch import SessionBranch, session_branch_id
+from sessiontree.conversations._session_branch import (
+    SessionBranch,
+    session_branch,
+    session_branch_id,
+)
 from sessiontree.conversations._text import nested_json, preview_text, text_tree
+from sessiontree.conversations._values import draft as draft_message
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -24,9 +29,11 @@ __all__ = [
     "MemoryBackend",
     "SessionBranch",
     "TimeSource",
+    "draft_message",
     "nested_json",
     "preview_text",
     "render_html",
+    "session_branch",
     "session_branch_id",
     "text_tree",
 ]

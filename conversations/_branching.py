@@ -16,6 +16,7 @@ from sessiontree.conversations._text import preview_text
 from sessiontree.conversations._values import (
     BranchRef,
     check_branch_name,
+    draft,
     maybe_uuid,
     new_branch_id,
     new_id,
@@ -34,6 +35,7 @@ from sessiontree.protocol import (
 
 __all__ = [
     "branch_info",
+    "chain",
     "checkout",
     "confirm_delete",
     "current",
@@ -41,6 +43,7 @@ __all__ = [
     "fork",
     "merge",
     "own_messages",
+    "placed",
     "plan_delete",
     "with_branch",
 ]
@@ -114,6 +117,55 @@ def with_branch(
     )
 
 
+def placed(
+    drafts: list[Message],
+    *,
+    tip: uuid.UUID | None,
+    depth: int,
+    seq: int,
+    branch_id: str,
+    now: float,
+) -> list[Message]:
+    """``drafts`` as the messages after ``tip`` (at ``depth``, numbered from
+    ``seq``) on ``branch_id``: each with a new id, its parent, place and time."""
+    out: list[Message] = []
+    for message in drafts:
+        depth += 1
+        message = msgspec.structs.replace(  # noqa: PLW2901 - the draft, placed
+            message,
+            id=new_id(),
+            parent_id=tip,
+            timestamp=now,
+            branch_id=branch_id,
+            seq=seq,
+            depth=depth,
+        )
+        out.append(message)
+        tip, seq = message.id, seq + 1
+    return out
+
+
+def chain(
+    state: ConversationState, branch: Branch, drafts: list[Message], now: float
+) -> tuple[ConversationState, list[Message]]:
+    """``drafts`` placed at the tip of ``branch`` (see ``placed``), and the state
+    after them (``state`` itself when there are none)."""
+    messages = placed(
+        drafts, tip=branch.tip, depth=branch.depth, seq=state.next_seq, branch_id=branch.id, now=now
+    )
+    if not messages:
+        return state, messages
+    last = messages[-1]
+    grown = msgspec.structs.replace(
+        branch,
+        leaf_id=last.id,
+        count=branch.count + len(messages),
+        depth=last.depth,
+        updated_at=now,
+    )
+    return with_branch(state, grown, next_seq=last.seq + 1, updated_at=now), messages
+
+
 def fork(
     shared: SharedConversation, state: ConversationState, base: Message, name: str | None
 ) -> BranchInfo:
@@ -181,30 +233,13 @@ def merge(shared: SharedConversation, state: ConversationState, source: BranchRe
         )
     own = own_messages(shared, src)
     own.reverse()
-    now = shared.clock.time()
-    copies: list[Message] = []
-    tip, depth, seq = into.tip, into.depth, state.next_seq
-    for original in own:
-        copy = Message(
-            id=new_id(),
-            parent_id=tip,
-            role=original.role,
-            content=original.content,
-            timestamp=now,
-            branch_id=into.id,
-            seq=seq,
-            depth=depth + 1,
-            tool_calls=original.tool_calls,
-            usage=original.usage,
-            merged_from=original.id,
-        )
-        copies.append(copy)
-        tip, depth, seq = copy.id, copy.depth, seq + 1
+    drafts = [
+        draft(m.role, m.content, tool_calls=m.tool_calls, usage=m.usage, merged_from=m.id)
+        for m in own
+    ]
+    merged, copies = chain(state, into, drafts, shared.clock.time())
     if copies:
-        grown = msgspec.structs.replace(
-            into, leaf_id=tip, count=into.count + len(copies), depth=depth, updated_at=now
-        )
-        shared.commit_now(with_branch(state, grown, next_seq=seq, updated_at=now), copies)
+        shared.commit_now(merged, copies)
     return Merged(
         source_number=src.number,
         source_name=src.name,

@@ -44,7 +44,7 @@ from sessiontree.conversations._values import (
     BranchRef,
     as_uuid,
     check_platform_id,
-    new_id,
+    draft,
     role_of,
 )
 from sessiontree.conversations._writes import SharedConversation
@@ -315,41 +315,30 @@ class Conversation:
     def _appended(self, fields: _Fields) -> tuple[ConversationState, Message]:
         """The message at the tip of the current branch, and the state after it (lock held)."""
         role, content, tool_calls, usage, platform_id = fields
+        return self._placed(
+            draft(role, content, tool_calls=tool_calls, usage=usage, platform_id=platform_id)
+        )
+
+    def _placed(self, message: Message) -> tuple[ConversationState, Message]:
+        """``message`` (a draft) at the tip of the current branch, and the state
+        after it (lock held)."""
         state = self._shared.tip()
-        branch = ops.current(state)
-        now = self._shared.clock.time()
-        message = Message(
-            id=new_id(),
-            parent_id=branch.tip,
-            role=role,
-            content=content,
-            timestamp=now,
-            branch_id=branch.id,
-            seq=state.next_seq,
-            depth=branch.depth + 1,
-            tool_calls=tool_calls,
-            usage=usage,
-            platform_id=platform_id,
+        state, (placed,) = ops.chain(
+            state, ops.current(state), [message], self._shared.clock.time()
         )
-        grown = msgspec.structs.replace(
-            branch, leaf_id=message.id, count=branch.count + 1, depth=message.depth, updated_at=now
-        )
-        return ops.with_branch(state, grown, next_seq=state.next_seq + 1, updated_at=now), message
+        return state, placed
 
     def post(self, message: Message) -> bool:
-        """Queue ``message``'s role, content and links as a new message at the tip
-        of the current branch without waiting for it to be durable (a read of
-        the context waits for it); False (nothing queued) while the
-        conversation must first reload after a failed write. Never blocks on
-        the store: the Cortex lands a Main's children's results this way."""
+        """Queue ``message`` (a ``draft``) at the tip of the current branch
+        without waiting for it to be durable (a read of the context waits for
+        it); False (nothing queued) while the conversation must first reload
+        after a failed write. Never blocks on the store: the Cortex lands a
+        Main's children's results this way."""
         shared = self._shared
         with shared.lock:
             if not shared.can_queue():
                 return False
-            state, placed = self._appended((message.role, message.content, None, None, None))
-            placed = msgspec.structs.replace(
-                placed, session_id=message.session_id, link=message.link
-            )
+            state, placed = self._placed(message)
             state, future = shared.submit(state, (placed,), ())
             shared.posted_write(future, state)
         return True

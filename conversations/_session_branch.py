@@ -33,7 +33,7 @@ import msgspec
 from sessiontree.conversations import _branching as ops
 from sessiontree.conversations._conversation import MAX_CONTEXT, Conversation
 from sessiontree.conversations._export import check_format, render
-from sessiontree.conversations._values import as_uuid, new_id, role_of
+from sessiontree.conversations._values import as_uuid, draft, role_of
 from sessiontree.conversations._writes import SharedConversation
 from sessiontree.protocol import (
     Branch,
@@ -49,7 +49,7 @@ from sessiontree.protocol import (
     as_json,
 )
 
-__all__ = ["Entry", "SessionBranch", "session_branch_id"]
+__all__ = ["Entry", "SessionBranch", "session_branch", "session_branch_id"]
 
 #: One message to write: role, content, tool calls, name, tool call id.
 Entry = tuple[Role, Any, list[Any] | None, str | None, str | None]
@@ -58,6 +58,15 @@ Entry = tuple[Role, Any, list[Any] | None, str | None, str | None]
 def session_branch_id(session_id: uuid.UUID) -> str:
     """The id of the branch a spawned session writes on."""
     return f"session_{session_id.hex}"
+
+
+def session_branch(state: ConversationState, session_id: uuid.UUID) -> Branch | None:
+    """The branch ``session_id`` writes on in ``state``, if it has been made."""
+    wanted = session_branch_id(session_id)
+    for branch in reversed(state.branches):  # new branches are at the end
+        if branch.id == wanted:
+            return branch
+    return None
 
 
 class SessionBranch:
@@ -162,10 +171,7 @@ class SessionBranch:
 
     def stored(self, state: ConversationState) -> Branch | None:
         """This session's branch in ``state``, if it has been made (lock held)."""
-        for branch in reversed(state.branches):  # new branches are at the end
-            if branch.id == self.branch_id:
-                return branch
-        return None
+        return session_branch(state, self.owner)
 
     def context(self, limit: int = 100) -> list[Message]:
         """The last ``limit`` messages this session's model sees, oldest first:
@@ -185,21 +191,14 @@ class SessionBranch:
         if limit > len(out):
             out.extend(reversed(self._memory[len(out) - limit :]))
         backend, root = self._shared.backend, self._shared.session_id
-        base = self.fork_at
-        branches: dict[str, Branch] = {}
-        if self.durable:
-            with self._shared.lock:
-                state = self._shared.state()
-                mine = self.stored(state)
-                if self.continues:
-                    branches = {b.id: b for b in state.branches}
-            start, on = (base, None) if mine is None else (mine.tip, self.branch_id)
-            base = base if mine is None else mine.base_id
+        with self._shared.lock:
+            state = self._shared.state()
+            mine = self.stored(state) if self.durable else None
+            branches = {b.id: b for b in state.branches} if self.continues else {}
+        if mine is None:  # a worker's, or a branch not written yet: from the fork point
+            start, on, base = self.fork_at, None, self.fork_at
         else:
-            start, on = base, None
-            if self.continues:
-                with self._shared.lock:
-                    branches = {b.id: b for b in self._shared.state().branches}
+            start, on, base = mine.tip, self.branch_id, mine.base_id
         if self.scope is ContextScope.PATH:
             self._shared.posts_settled()
             out.extend(backend.walk(root, start, limit - len(out), None))
@@ -468,48 +467,7 @@ class SessionBranch:
             state = msgspec.structs.replace(
                 state, branches=[*state.branches, branch], next_number=state.next_number + 1
             )
-        messages: list[Message] = []
-        tip, depth, seq = branch.tip, branch.depth, state.next_seq
-        last = max((i for i, row in enumerate(rows) if not isinstance(row, Message)), default=-1)
-        for i, row in enumerate(rows):
-            depth += 1
-            if isinstance(row, Message):
-                message = msgspec.structs.replace(
-                    row,
-                    id=new_id(),
-                    parent_id=tip,
-                    timestamp=now,
-                    branch_id=branch.id,
-                    seq=seq,
-                    depth=depth,
-                )
-            else:
-                role, content, calls, name, call_id = row
-                message = Message(
-                    id=new_id(),
-                    parent_id=tip,
-                    role=role,
-                    content=content,
-                    timestamp=now,
-                    branch_id=branch.id,
-                    seq=seq,
-                    depth=depth,
-                    tool_calls=calls,
-                    usage=usage if i == last else None,
-                    name=name,
-                    tool_call_id=call_id,
-                    compacts=compacts if i == last else None,
-                )
-            messages.append(message)
-            tip, seq = message.id, seq + 1
-        grown = msgspec.structs.replace(
-            branch,
-            leaf_id=tip,
-            count=branch.count + len(rows),
-            depth=depth,
-            updated_at=now,
-        )
-        return ops.with_branch(state, grown, next_seq=seq, updated_at=now), messages
+        return ops.chain(state, branch, _drafts(rows, usage, compacts), now)
 
     def _remember(
         self,
@@ -519,29 +477,15 @@ class SessionBranch:
     ) -> list[Message]:
         """A worker's write: in memory only."""
         with self._shared.lock:
-            now = self._shared.clock.time()
-            tip = self.tip()
-            depth = self._depth_of_base() + len(self._memory)
-            messages: list[Message] = []
-            for i, (role, content, calls, name, call_id) in enumerate(entries):
-                message = Message(
-                    id=new_id(),
-                    parent_id=tip,
-                    role=role,
-                    content=content,
-                    timestamp=now,
-                    branch_id=self.branch_id,
-                    seq=len(self._memory),
-                    depth=depth + 1 + i,
-                    tool_calls=calls,
-                    usage=usage if i == len(entries) - 1 else None,
-                    name=name,
-                    tool_call_id=call_id,
-                    compacts=compacts if i == len(entries) - 1 else None,
-                )
-                self._memory.append(message)
-                messages.append(message)
-                tip = message.id
+            messages = ops.placed(
+                _drafts(list(entries), usage, compacts),
+                tip=self.tip(),
+                depth=self._depth_of_base() + len(self._memory),
+                seq=len(self._memory),
+                branch_id=self.branch_id,
+                now=self._shared.clock.time(),
+            )
+            self._memory.extend(messages)
             return messages
 
     def _depth_of_base(self) -> int:
@@ -637,6 +581,33 @@ def _newest_original(old: list[Message]) -> uuid.UUID:
     """The newest message of ``old`` that is not a summary (what a new summary
     stands for, up to and including it)."""
     return next(m.id for m in reversed(old) if m.compacts is None)
+
+
+def _drafts(
+    rows: list[Entry | Message], usage: dict[str, Any] | None, compacts: uuid.UUID | None
+) -> list[Message]:
+    """The messages a write places: each entry a draft, ``usage`` and
+    ``compacts`` on the last entry; an arrived result as it is (its content
+    and links)."""
+    last = max((i for i, row in enumerate(rows) if not isinstance(row, Message)), default=-1)
+    drafts: list[Message] = []
+    for i, row in enumerate(rows):
+        if isinstance(row, Message):
+            drafts.append(row)
+            continue
+        role, content, calls, name, call_id = row
+        drafts.append(
+            draft(
+                role,
+                content,
+                tool_calls=calls,
+                name=name,
+                tool_call_id=call_id,
+                usage=usage if i == last else None,
+                compacts=compacts if i == last else None,
+            )
+        )
+    return drafts
 
 
 def _own(rows: list[Entry | Message], messages: list[Message]) -> list[Message]:

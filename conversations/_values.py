@@ -6,14 +6,22 @@ import os
 import random
 import re
 import uuid
+from typing import Any
 
-from sessiontree.protocol import MAX_BRANCH_NAME_CHARS, RejectedInputError, Role, check_text
+from sessiontree.protocol import (
+    MAX_BRANCH_NAME_CHARS,
+    Message,
+    RejectedInputError,
+    Role,
+    check_text,
+)
 
 __all__ = [
     "BranchRef",
     "as_uuid",
     "check_branch_name",
     "check_platform_id",
+    "draft",
     "maybe_uuid",
     "new_branch_id",
     "new_id",
@@ -33,6 +41,23 @@ _RANDOM = random.Random(os.urandom(32))  # noqa: S311
 def new_id() -> uuid.UUID:
     """A new message id."""
     return uuid.UUID(int=_RANDOM.getrandbits(128), version=4)
+
+
+_UNPLACED = uuid.UUID(int=0)
+
+
+def draft(role: Role, content: Any, **fields: Any) -> Message:
+    """A message not yet placed on a branch: its id, parent, place, branch and
+    time are given when it is (``_branching.chain`` or ``placed``)."""
+    return Message(
+        id=_UNPLACED,
+        parent_id=None,
+        role=role,
+        content=content,
+        timestamp=0.0,
+        branch_id="",
+        **fields,
+    )
 
 
 def new_branch_id() -> str:

@@ -37,6 +37,7 @@ from sessiontree.protocol._conversation import (
     Merged,
     Message,
     Role,
+    chat_message,
     iso_timestamp,
 )
 from sessiontree.protocol._coordination import (
@@ -183,6 +184,7 @@ __all__ = [
     "UnknownSessionError",
     "Usage",
     "as_json",
+    "chat_message",
     "check_text",
     "child_traceparent",
     "decode_control",

@@ -27,6 +27,7 @@ __all__ = [
     "Merged",
     "Message",
     "Role",
+    "chat_message",
     "iso_timestamp",
 ]
 
@@ -97,14 +98,13 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         content = self.content
         if content is not None and not isinstance(content, str):
             content = msgspec.json.encode(content).decode()
-        chat: dict[str, Any] = {"role": self.role.value, "content": content}
-        if self.name is not None:
-            chat["name"] = self.name
-        if self.tool_calls is not None:
-            chat["tool_calls"] = self.tool_calls
-        if self.tool_call_id is not None:
-            chat["tool_call_id"] = self.tool_call_id
-        return chat
+        return chat_message(
+            self.role.value,
+            content,
+            name=self.name,
+            tool_calls=self.tool_calls,
+            tool_call_id=self.tool_call_id,
+        )
 
     def to_spec(self) -> dict[str, Any]:
         """This message in the specification's JSON keys (``parentId``, ``branchId``…)."""
@@ -234,6 +234,26 @@ class Merged(msgspec.Struct, frozen=True, kw_only=True):
     into_number: int
     into_name: str
     messages: list[Message]
+
+
+def chat_message(
+    role: str,
+    content: Any,
+    *,
+    name: str | None = None,
+    tool_calls: list[Any] | None = None,
+    tool_call_id: str | None = None,
+) -> dict[str, Any]:
+    """A chat-completions message: its role and content, and each other field
+    that is set."""
+    chat: dict[str, Any] = {"role": role, "content": content}
+    if name is not None:
+        chat["name"] = name
+    if tool_calls is not None:
+        chat["tool_calls"] = tool_calls
+    if tool_call_id is not None:
+        chat["tool_call_id"] = tool_call_id
+    return chat
 
 
 def iso_timestamp(seconds: float) -> str:

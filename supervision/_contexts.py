@@ -19,7 +19,13 @@ from collections.abc import Callable
 
 import msgspec
 
-from sessiontree.conversations import Conversation, Conversations, SessionBranch
+from sessiontree.conversations import (
+    Conversation,
+    Conversations,
+    SessionBranch,
+    draft_message,
+    session_branch,
+)
 from sessiontree.protocol import (
     Branch,
     ContextScope,
@@ -34,8 +40,6 @@ from sessiontree.protocol import (
 __all__ = ["Contexts", "result_text"]
 
 log = logging.getLogger("sessiontree.contexts")
-
-_NO_ID = uuid.UUID(int=0)
 
 
 class Contexts:
@@ -87,12 +91,12 @@ class Contexts:
         assert root is not None
         shared = self.conversations.shared(root)
         fork_at = info.fork_at
-        made = []
+        made = None
         if info.kind is SessionKind.BRANCH:  # only a Branch's branch is ever stored
             with shared.lock:
-                made = [b for b in shared.tip().branches if b.session_id == info.session_id]
-        if made:  # a run after a restart: the branch it wrote before
-            fork_at = made[0].base_id
+                made = session_branch(shared.tip(), info.session_id)
+        if made is not None:  # a run after a restart: the branch it wrote before
+            fork_at = made.base_id
         elif fork_at is None and info.parent_id == root:
             # spawned from outside a skill with no fork point: the Main's tip now
             fork_at = self.conversations.get(root).active_leaf
@@ -179,10 +183,8 @@ class Contexts:
         if view is not None:
             return view.tip()
         with shared.lock:
-            for branch in reversed(shared.tip().branches):
-                if branch.session_id == info.session_id:
-                    return branch.tip
-        return info.fork_at
+            made = session_branch(shared.latest(), info.session_id)
+        return info.fork_at if made is None else made.tip
 
     def leaf(self, info: SessionInfo) -> uuid.UUID | None:
         """The last message of a Branch's context branch, if it wrote any (what
@@ -202,10 +204,7 @@ class Contexts:
         if shared is None:
             return None
         with shared.lock:
-            for branch in reversed(shared.latest().branches):
-                if branch.session_id == info.session_id:
-                    return branch
-        return None
+            return session_branch(shared.latest(), info.session_id)
 
     def landed(
         self, child: SessionInfo, parent: SessionInfo, result: SessionResult, *, live: bool
@@ -235,13 +234,9 @@ class Contexts:
                 link = stored.id
             else:
                 return
-            message = Message(
-                id=_NO_ID,
-                parent_id=None,
-                role=Role.SYSTEM,  # as chat models take a note between turns
-                content=result_text(child, result),
-                timestamp=0.0,
-                branch_id="",
+            message = draft_message(
+                Role.SYSTEM,  # as chat models take a note between turns
+                result_text(child, result),
                 session_id=child.session_id,
                 link=link,
             )

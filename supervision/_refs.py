@@ -325,16 +325,13 @@ class NodeSessions(NodeBase):
         nothing is spawned); see ``Contexts.outside_fork_points`` for the rest."""
         if any(spec.fork_at is not None for spec in specs):
             self._check_forks(self.get(parent), specs)
-        return self._outside(parent, specs)
+        return self._parts.contexts.outside_fork_points(parent, specs)
 
     async def _aforked(
         self, parent: uuid.UUID, specs: tuple[SpawnSpec, ...]
     ) -> tuple[SpawnSpec, ...]:
         if any(spec.fork_at is not None for spec in specs):
             self._check_forks(await self._acall(GetInfo(parent), check=False), specs)
-        return self._outside(parent, specs)
-
-    def _outside(self, parent: uuid.UUID, specs: tuple[SpawnSpec, ...]) -> tuple[SpawnSpec, ...]:
         return self._parts.contexts.outside_fork_points(parent, specs)
 
     def _check_forks(self, info: SessionInfo, specs: tuple[SpawnSpec, ...]) -> None:

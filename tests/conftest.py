@@ -111,6 +111,21 @@ def make_node(clock: VirtualClock) -> Iterator[Callable[..., Node]]:
         node.shutdown(grace=0, timeout=5.0)
 
 
+@pytest.fixture
+def open_node(clock: VirtualClock) -> Iterator[Callable[..., Node]]:
+    """Nodes on the test's virtual clock (and a store directory); all shut down after."""
+    nodes: list[Node] = []
+
+    def open_(store: Path | None, *agents: Agent, **config: Any) -> Node:
+        node = Node(list(agents), NodeConfig(**config), clock=clock, store=store)
+        nodes.append(node)
+        return node
+
+    yield open_
+    for node in nodes:
+        node.shutdown(grace=0, timeout=5.0)
+
+
 def settle(node: Node) -> None:
     """Wait (bounded) until the node's tree is idle; fail the test if it never is."""
     assert node.wait_idle(WAIT), f"node did not settle: {node.activity.busy} in flight"

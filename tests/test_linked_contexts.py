@@ -43,7 +43,7 @@ from sessiontree.protocol import (
     SessionState,
     SpawnSpec,
 )
-from sessiontree.supervision import Agent, Node, NodeConfig, Provider
+from sessiontree.supervision import Agent, Node, Provider
 from sessiontree.supervision._continuation import continuation_token, parse_continuation
 from tests import context_crash_node
 from tests.conftest import WAIT, settle
@@ -55,27 +55,6 @@ MODELS = {"small": "m-small", "large": "m-large"}
 def server() -> Iterator[StandinServer]:
     with StandinServer() as standin:
         yield standin
-
-
-@pytest.fixture
-def store_path(tmp_path: pathlib.Path) -> pathlib.Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
-def open_node(clock: VirtualClock) -> Iterator[Callable[..., Node]]:
-    """Open a node on a store directory, on the test's virtual clock; every
-    node is shut down after the test."""
-    nodes: list[Node] = []
-
-    def open_(path: pathlib.Path, agent: Agent, **config: Any) -> Node:
-        node = Node([agent], NodeConfig(**config), clock=clock, store=path)
-        nodes.append(node)
-        return node
-
-    yield open_
-    for node in nodes:
-        node.shutdown(grace=0, timeout=5.0)
 
 
 def research(session: Session) -> str:
@@ -275,7 +254,7 @@ def test_a_child_that_never_used_its_context_writes_nothing(
 
 
 def test_a_workers_branch_lives_in_memory_and_only_its_result_is_stored(
-    open_node: Callable[..., Node], store_path: pathlib.Path, server: StandinServer
+    open_node: Callable[..., Node], tmp_path: pathlib.Path, server: StandinServer
 ) -> None:
     seen: list[list[str]] = []
 
@@ -285,7 +264,7 @@ def test_a_workers_branch_lives_in_memory_and_only_its_result_is_stored(
         seen.append([m.content for m in session.conversation.context()])
         return "four"
 
-    node = open_node(store_path, make_agent(worker=worker), providers=(standin(server),))
+    node = open_node(tmp_path / "store", make_agent(worker=worker), providers=(standin(server),))
     main = node.main("agent")
     result = main.run(kind="worker", skill="worker", timeout=WAIT)
     assert result is not None

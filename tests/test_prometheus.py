@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests._processes import stop
 from tests._running_node import RunningNode
 
 pytestmark = pytest.mark.timeout(180)
@@ -71,12 +72,7 @@ def prometheus(prometheus_binary: str, node: RunningNode, tmp_path: Path) -> Ite
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc, 30)
         log.close()
 
 

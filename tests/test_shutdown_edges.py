@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,23 +23,8 @@ from sessiontree.protocol import (
     SpawnSpec,
 )
 from sessiontree.store import Store
-from sessiontree.supervision import Agent, Event, Node, NodeConfig
+from sessiontree.supervision import Agent, Event, Node
 from tests.conftest import WAIT, settle
-
-
-@pytest.fixture
-def open_node(clock: VirtualClock) -> Iterator[Callable[..., Node]]:
-    """Nodes on the test's virtual clock (and a store directory); all shut down after."""
-    nodes: list[Node] = []
-
-    def open_(store: pathlib.Path | None, *agents: Agent, **config: Any) -> Node:
-        node = Node(list(agents), NodeConfig(**config), clock=clock, store=store)
-        nodes.append(node)
-        return node
-
-    yield open_
-    for node in nodes:
-        node.shutdown(grace=0, timeout=5.0)
 
 
 def quiet_main(session: Any) -> None:

@@ -51,6 +51,7 @@ from sessiontree.supervision import (
     TraceIds,
     Tracing,
 )
+from tests._processes import stop
 from tests._served import ServedNode
 from tests.conftest import WAIT
 
@@ -166,12 +167,7 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.25)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop(process, 15)
         log.close()
 
 
