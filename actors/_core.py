@@ -7,7 +7,7 @@ import asyncio
 import collections
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +17,7 @@ from sessiontree.actors._slots import ComputeSlots
 from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult, chat_message
 
 if TYPE_CHECKING:
+    from sessiontree.actors._tape import Tape
     from sessiontree.actors.backends._protocol import ExecutionBackend
 
 __all__ = [
@@ -166,6 +167,8 @@ class SessionCore:
     # every session's dict became one of its own, 296 -> 1,584 bytes, and
     # spawns ran 7 % slower; tests/test_traces.py guards the count).
     cycle_trace: str | None = None
+    # Set only on a session of a recorded or replayed run (see ``_tape``).
+    tape: Tape | None = None
 
     def __init__(
         self,
@@ -332,17 +335,30 @@ class SessionCore:
             self.wake()
 
     def request_cancel(self, code: ErrorCode, batch: list[AsyncWaiter] | None = None) -> None:
-        """Mark cancellation as requested (the first reason stays) and wake the skill."""
+        """Mark cancellation as requested (the first reason stays) and wake the
+        skill; a replay's tape may keep it back until its recorded place."""
+        tape = self.tape
+        if tape is not None and tape.defer_cancel(code):
+            return
         with self.cond:
             if self.cancel_code is None:
                 self.cancel_code = code
             self.wake(batch)
 
     def add_result(self, result: SessionResult) -> None:
-        """File a child's result and wake the skill if it waits for it."""
+        """File a child's result and wake the skill if it waits for it (a
+        replay's tape may keep it back until its recorded turn: ``file_results``)."""
+        tape = self.tape
+        if tape is not None and tape.holds(result):
+            return
+        self.file_results((result,))
+
+    def file_results(self, results: Sequence[SessionResult]) -> None:
+        """File children's results now, together, and wake the skill once."""
         with self.cond:
-            self.received.append(result)
-            self.unclaimed[result.session_id] = result
+            for result in results:
+                self.received.append(result)
+                self.unclaimed[result.session_id] = result
             self.wake()
 
     def add_update(self, child_id: uuid.UUID, message: Any) -> None:

@@ -9,6 +9,7 @@ force or expired) gets ``Cancelled`` every time.
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
@@ -21,6 +22,7 @@ from sessiontree.actors._completing import as_entries, exchanged, model_call, to
 from sessiontree.actors._conversing import ConversationLike, LinkedContext
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
+from sessiontree.actors._tape import TapedClock
 from sessiontree.protocol import (
     Collected,
     Completion,
@@ -52,6 +54,7 @@ class _Base:
         self._host = host
         self._spawned: dict[uuid.UUID, None] = {}  # in spawn order
         self._taken: set[uuid.UUID] = set()
+        self._random: random.Random | None = None
         self.message = message
         """For a Main: the inbound message (or child ``SessionResult``) of this cycle."""
         self.cycle = cycle
@@ -100,8 +103,23 @@ class _Base:
 
     @property
     def clock(self) -> Clock:
-        """The node's clock (``monotonic()`` for deadlines; tests advance a virtual one)."""
-        return self._core.clock
+        """The node's clock (``monotonic()`` for deadlines; tests advance a virtual
+        one). In a recorded run its readings are recorded, and replayed."""
+        core = self._core
+        tape = core.tape
+        return core.clock if tape is None else TapedClock(core.clock, tape)
+
+    @property
+    def random(self) -> random.Random:
+        """This run's random numbers: draw them here (not from the ``random``
+        module) and a recorded run replays with the same ones. Seeded from the
+        system's entropy, or in a recorded run by a seed its tape keeps."""
+        drawn = self._random
+        if drawn is None:
+            tape = self._core.tape
+            seed = None if tape is None else tape.seed()
+            drawn = self._random = random.Random(seed)  # noqa: S311 (a skill's, not secrets)
+        return drawn
 
     @property
     def resumed(self) -> bool:
@@ -199,12 +217,17 @@ class _Base:
         """
         core = self._core
         core.touch()
+        tape = core.tape
+        if tape is not None:
+            tape.checkpoint()
         fence_code = core.fence_code
         if fence_code is None and core.release_code is not None:  # the node closes
             core.fence(core.release_code)
             fence_code = core.fence_code
         if fence_code is not None:
             self._host.refused(core, what)
+            if tape is not None:
+                tape.interrupted(fence_code)
             raise Cancelled(fence_code, core.session_id)
         with core.cond:
             code = core.cancel_code
@@ -216,6 +239,8 @@ class _Base:
             if core.cancel_raised:
                 return False
             core.cancel_raised = True
+        if tape is not None:
+            tape.interrupted(code)
         raise Cancelled(code, core.session_id)  # raised with the lock released
 
     def _unpark(self) -> None:
@@ -229,6 +254,13 @@ class _Base:
             self._taken.add(child)
         return result
 
+    def _taped(self, taken: Sequence[Collected]) -> list[Collected]:
+        """``taken`` (a take's entries), told to a recorded run's tape."""
+        tape = self._core.tape
+        if tape is not None:
+            tape.took([c.session_id for c in taken if c.result is not None])
+        return list(taken)
+
     def _claim_ready(self, wanted: Sequence[uuid.UUID]) -> bool:
         return all(c in self._core.unclaimed for c in wanted)
 
@@ -241,12 +273,16 @@ class _Base:
             for child in order:
                 result = self._claim(child)
                 done.append(Collected(session_id=child, result=result, timed_out=result is None))
-        return done
+        return self._taped(done)
 
-    def _remember(self, answers: list[SpawnedLike]) -> None:
+    def _remember(self, specs: Sequence[SpawnSpec], answers: list[SpawnedLike]) -> None:
+        """Note the children a spawn call made (and tell a recorded run's tape)."""
         for spawned in answers:
             if spawned.session_id is not None:
                 self._spawned[spawned.session_id] = None
+        tape = self._core.tape
+        if tape is not None:
+            tape.spawned(specs, [a.session_id for a in answers], [a.error for a in answers])
 
     def _wanted(self, children: Iterable[uuid.UUID] | None) -> list[uuid.UUID]:
         if children is None:  # every child of this run whose result it has not taken
@@ -270,16 +306,20 @@ class _Base:
         with self._core.cond:
             wanted_set = set(wanted)
             arrived = [c for c in self._core.unclaimed if c in wanted_set]
-            return [
+            taken = [
                 Collected(session_id=c, result=self._claim(c), timed_out=False) for c in arrived
             ]
+        return self._taped(taken)
 
     def _take_first(self, wanted: Sequence[uuid.UUID]) -> Collected | None:
         with self._core.cond:
             child = self._first_arrived(wanted)
             if child is None:
-                return None
-            return Collected(session_id=child, result=self._claim(child), timed_out=False)
+                taken = []
+            else:
+                taken = [Collected(session_id=child, result=self._claim(child), timed_out=False)]
+        got = self._taped(taken)
+        return got[0] if got else None
 
     def _check_child(self, child: uuid.UUID) -> None:
         if child not in self._spawned:
@@ -327,7 +367,7 @@ class Session(_Base):
         spec = make_spec(spec, **fields)
         self._checkpoint("spawn")
         spawned = self._host.spawn(self._core, spec)
-        self._remember([spawned])
+        self._remember([spec], [spawned])
         return spawned
 
     def spawn_many(self, specs: Iterable[SpawnSpec]) -> list[SpawnedLike]:
@@ -338,7 +378,7 @@ class Session(_Base):
         batch = spawn_batch(specs)
         self._checkpoint("spawn")
         answers = list(self._host.spawn_many(self._core, batch))
-        self._remember(answers)
+        self._remember(batch, answers)
         return answers
 
     def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> None:
@@ -362,7 +402,9 @@ class Session(_Base):
         core = self._core
         self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
-            return self._claim(child)
+            result = self._claim(child)
+        self._taped([Collected(session_id=child, result=result, timed_out=result is None)])
+        return result
 
     def collect(
         self,
@@ -644,7 +686,7 @@ class AsyncSession(_Base):
         spec = make_spec(spec, **fields)
         await self._checkpoint("spawn")
         spawned = await self._host.spawn_async(self._core, spec)
-        self._remember([spawned])
+        self._remember([spec], [spawned])
         return spawned
 
     async def spawn_many(self, specs: Iterable[SpawnSpec]) -> list[SpawnedLike]:
@@ -652,7 +694,7 @@ class AsyncSession(_Base):
         batch = spawn_batch(specs)
         await self._checkpoint("spawn")
         answers = list(await self._host.spawn_many_async(self._core, batch))
-        self._remember(answers)
+        self._remember(batch, answers)
         return answers
 
     async def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> None:
@@ -676,7 +718,9 @@ class AsyncSession(_Base):
         core = self._core
         await self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
-            return self._claim(child)
+            result = self._claim(child)
+        self._taped([Collected(session_id=child, result=result, timed_out=result is None)])
+        return result
 
     async def collect(
         self,

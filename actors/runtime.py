@@ -49,6 +49,7 @@ from sessiontree.actors._session_actor import (
     start_run,
 )
 from sessiontree.actors._slots import ComputeSlots
+from sessiontree.actors._tape import Tape, TapedClock
 from sessiontree.actors._trace_scope import span_context_of
 from sessiontree.actors.backends._registry import Backends
 
@@ -80,6 +81,8 @@ __all__ = [
     "SpawnedLike",
     "StepExecutor",
     "StopSession",
+    "Tape",
+    "TapedClock",
     "actor_class",
     "crash_info",
     "drain_inbox",

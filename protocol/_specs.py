@@ -53,6 +53,9 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     branch it forks from (``branch``: continuing a sub-agent) or the path
     from the root (``path``). A skill on the ``process`` or ``ray`` backend
     keeps its own context for its step.
+
+    ``record``: record the run of the child's subtree (every input that is
+    not a pure function of its code) so ``Node.replay`` can run it again.
     """
 
     kind: SessionKind
@@ -69,6 +72,7 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     trace: TraceParent | None = None
     fork_at: uuid.UUID | None = None
     context: ContextScope = ContextScope.OWN
+    record: bool = False
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -42,6 +42,7 @@ from sessiontree.store._records import (
     OutboxRecord,
     QuarantineRecord,
     ReceivedRecord,
+    RecordingRecord,
     SessionRecord,
     StartsRecord,
     UsageRecord,
@@ -224,6 +225,10 @@ class WriteBatch:
 
     def unwedge(self, wedged_id: uuid.UUID) -> WriteBatch:
         self._delete("wedged", wedged_id.bytes)
+        return self
+
+    def recording(self, record: RecordingRecord) -> WriteBatch:
+        self._put("recordings", record.recording_id.bytes, record)
         return self
 
     def starts(self, record: StartsRecord) -> WriteBatch:

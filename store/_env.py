@@ -58,6 +58,7 @@ DATABASES = (
     "usage",  # session id -> UsageRecord (what it and its subtree spent)
     "cycles",  # main id -> CycleRecord (the cycle it started and has not yet snapshotted)
     "wedged",  # wedged id -> WedgedRecord (what recovery held back after repeated crashes)
+    "recordings",  # root session id -> RecordingRecord (a recorded subtree's run)
 )
 
 _LOCK_FILE = "writer.lock"

@@ -26,6 +26,7 @@ quarantine      quarantine    ``record`` (a ``QuarantineRecord``)
 usage           usage         ``record`` (a ``UsageRecord``)
 cycles          cycle         ``record`` (a ``CycleRecord``)
 wedged          wedged        ``record`` (a ``WedgedRecord``)
+recording       recordings    ``record`` (a ``RecordingRecord``)
 any             opaque        ``db``, ``key``, ``value`` (base64), ``reason``
 ==============  ============  ==========================================================
 
@@ -78,6 +79,7 @@ from sessiontree.store._records import (
     OutboxRecord,
     QuarantineRecord,
     ReceivedRecord,
+    RecordingRecord,
     SessionRecord,
     UsageRecord,
     WedgedRecord,
@@ -111,6 +113,7 @@ __all__ = [
     "ReceivedLine",
     "RecordDb",
     "RecordLine",
+    "RecordingLine",
     "SessionLine",
     "UsageLine",
     "WedgedLine",
@@ -120,10 +123,10 @@ __all__ = [
 
 EXPORT_FORMAT = "sessiontree-export"
 """The ``format`` of the header line."""
-EXPORT_VERSION = 4
+EXPORT_VERSION = 5
 """The version of this line format (not the records' schema version); 2 made
 ``message`` a record line and added ``conversation``, ``branch`` and
-``platform_id``; 3 added ``usage``."""
+``platform_id``; 3 added ``usage``; 5 added ``recording``."""
 
 #: Line types in the order their databases are exported (``meta`` first, ``end`` last).
 LINE_TYPES = (
@@ -144,6 +147,7 @@ LINE_TYPES = (
     "usage",
     "cycle",
     "wedged",
+    "recording",
     "opaque",
     "end",
 )
@@ -244,6 +248,11 @@ class WedgedLine(Line, tag="wedged"):
     raw: bytes | None = None
 
 
+class RecordingLine(Line, tag="recording"):
+    record: RecordingRecord
+    raw: bytes | None = None
+
+
 class QuarantineLine(Line, tag="quarantine"):
     record: QuarantineRecord
     raw: bytes | None = None
@@ -278,6 +287,7 @@ AnyLine: TypeAlias = (
     | UsageLine
     | CycleLine
     | WedgedLine
+    | RecordingLine
     | OpaqueLine
     | EndLine
 )
@@ -295,6 +305,7 @@ RecordLine: TypeAlias = (
     | UsageLine
     | CycleLine
     | WedgedLine
+    | RecordingLine
 )
 
 ENCODER = msgspec.json.Encoder()
@@ -341,6 +352,10 @@ def _cycle_key(line: CycleLine) -> bytes:
 
 def _wedged_key(line: WedgedLine) -> bytes:
     return line.record.wedged_id.bytes
+
+
+def _recording_key(line: RecordingLine) -> bytes:
+    return line.record.recording_id.bytes
 
 
 def _inbox_key(line: InboxLine) -> bytes:
@@ -407,6 +422,9 @@ RECORD_DBS: dict[str, RecordDb] = {
     "usage": RecordDb(UsageRecord, lambda _k, r, raw: UsageLine(record=r, raw=raw), _usage_key),
     "cycles": RecordDb(CycleRecord, lambda _k, r, raw: CycleLine(record=r, raw=raw), _cycle_key),
     "wedged": RecordDb(WedgedRecord, lambda _k, r, raw: WedgedLine(record=r, raw=raw), _wedged_key),
+    "recordings": RecordDb(
+        RecordingRecord, lambda _k, r, raw: RecordingLine(record=r, raw=raw), _recording_key
+    ),
 }
 LINE_DB: dict[type[Line], str] = {
     SessionLine: "sessions",
@@ -422,6 +440,7 @@ LINE_DB: dict[type[Line], str] = {
     UsageLine: "usage",
     CycleLine: "cycles",
     WedgedLine: "wedged",
+    RecordingLine: "recordings",
 }
 
 

@@ -201,7 +201,7 @@ def _decode_line(number: int, data: bytes) -> AnyLine:
 def _check_meta(number: int, line: MetaLine) -> MetaRecord | None:
     if line.format != EXPORT_FORMAT:
         _reject(number, f"format {line.format!r}, not {EXPORT_FORMAT!r}", "format")
-    if not 2 <= line.version <= EXPORT_VERSION:  # 3 and 4 only added line types
+    if not 2 <= line.version <= EXPORT_VERSION:  # 3, 4 and 5 only added line types
         problem = f"export format version {line.version}; this code reads 2..{EXPORT_VERSION}"
         _reject(number, problem, "version")
     if not 1 <= line.schema <= SCHEMA_VERSION:

@@ -42,6 +42,7 @@ __all__ = [
     "OutboxRecord",
     "QuarantineRecord",
     "ReceivedRecord",
+    "RecordingRecord",
     "SessionRecord",
     "StartsRecord",
     "UsageRecord",
@@ -153,6 +154,20 @@ class WedgedRecord(msgspec.Struct, kw_only=True):
     message: Any = None
     received_at: float | None = None
     result: SessionResult | None = None
+
+
+class RecordingRecord(msgspec.Struct, kw_only=True):
+    """A recorded subtree's run (``sessiontree.protocol.Recording``, as its
+    file's bytes in ``data``, so a recording of another format is told apart
+    from a damaged record), under its root's id; ``complete`` once every
+    session of it ended."""
+
+    v: int = SCHEMA_VERSION
+    recording_id: uuid.UUID
+    agent_id: str
+    started_at: float
+    complete: bool
+    data: bytes
 
 
 class StartsRecord(msgspec.Struct, kw_only=True):

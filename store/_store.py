@@ -53,6 +53,7 @@ from sessiontree.store._records import (
     OutboxRecord,
     QuarantineRecord,
     ReceivedRecord,
+    RecordingRecord,
     SessionRecord,
     StartsRecord,
     UsageRecord,
@@ -343,6 +344,20 @@ class Store:
             if not isinstance(item, CorruptRecordError)
         ]
         return sorted(found, key=lambda w: w.at)
+
+    def recording(self, recording_id: uuid.UUID) -> RecordingRecord | None:
+        """A recorded subtree's run under its root's id, or None;
+        ``CorruptRecordError`` if unreadable."""
+        return self._reads.get(RecordingRecord, "recordings", recording_id.bytes)
+
+    def recordings(self) -> list[RecordingRecord]:
+        """Every recording, oldest first (unreadable ones left out)."""
+        found = [
+            item
+            for item in self._reads.decoded(RecordingRecord, "recordings")
+            if not isinstance(item, CorruptRecordError)
+        ]
+        return sorted(found, key=lambda r: r.started_at)
 
     def starts(self) -> StartsRecord | None:
         """The node's recent starts (None before the first); ``CorruptRecordError``

@@ -18,6 +18,7 @@ from sessiontree.supervision._memory_probe import MemoryProbe, MemoryReading
 from sessiontree.supervision._metrics import MAX_MODEL_SERIES, REJECT_REASONS, NodeMetrics
 from sessiontree.supervision._node import Node
 from sessiontree.supervision._node_recovery import Requeued
+from sessiontree.supervision._node_replay import load_recording
 from sessiontree.supervision._providers import Price, Provider
 from sessiontree.supervision._recovery import RecoveryDecision
 from sessiontree.supervision._recovery_rules import Decision, classify
@@ -68,6 +69,7 @@ __all__ = [
     "continuation_token",
     "extractive_summary",
     "is_command",
+    "load_recording",
     "normalise_answer",
     "parse_continuation",
     "recovery_summary",

@@ -50,6 +50,7 @@ from sessiontree.supervision._housekeeping import Housekeeper
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
 from sessiontree.supervision._models import Models
 from sessiontree.supervision._persist import Persister
+from sessiontree.supervision._recording import Recorder
 from sessiontree.supervision._recovery import Recovered, recover
 from sessiontree.supervision._runtime import Runtime
 
@@ -225,6 +226,7 @@ class NodeParts:
             backends=self.backends,
             models=models,
             contexts=self.contexts,
+            tapes=Recorder(self.store, events, self.config.grace, self.config.providers),
         )
 
     def start_housekeeping(self) -> None:

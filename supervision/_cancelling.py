@@ -58,6 +58,20 @@ class Cancelling:
         self.cancel_group(group, ErrorCode.CANCELLED, first=entry, grace=grace)
         return None
 
+    def interrupt(self, session_id: uuid.UUID, code: ErrorCode) -> None:
+        """End a live session as a recording says it was interrupted (see
+        ``Interrupt``); nothing for one that ended or is cancelled already."""
+        entry = self.tree.entry(session_id)
+        if entry is None or entry.state.is_terminal:
+            return
+        if code is ErrorCode.TTL_EXPIRED:
+            self.expire(session_id)
+        elif code is ErrorCode.TERMINATED_BY_FORCE:
+            self.deadline((session_id,))
+        elif entry.cancel_code is None:
+            group = [entry, *self.tree.uncancelled_descendants(entry)]
+            self.cancel_group(group, code, first=entry)
+
     def _shorten(self, entry: TreeEntry, grace: float) -> None:
         """``entry`` is stopping already: the live sessions of its subtree whose
         deadline lies past now + ``grace`` get that deadline instead."""

@@ -75,6 +75,7 @@ from sessiontree.supervision._requests import (
     GetSpending,
     GetStats,
     GetTree,
+    Interrupt,
     ListSessions,
     ListStuck,
     OpenMain,
@@ -282,6 +283,9 @@ class Cortex:
                 return self.starting.release_replay()
             case Cancel(session_id=sid, grace=grace):
                 return self.cancelling.cancel(sid, grace)
+            case Interrupt(session_id=sid, code=code):
+                self.cancelling.interrupt(sid, code)
+                return None
             case Suspend(session_id=sid):
                 return self.suspension.suspend(sid)
             case Resume(session_id=sid):

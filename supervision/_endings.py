@@ -12,6 +12,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -35,6 +36,9 @@ from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import RunEnded
 from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
 from sessiontree.supervision._tree import Tree
+
+if TYPE_CHECKING:
+    from sessiontree.supervision._recording import SessionTape
 
 __all__ = ["Endings"]
 
@@ -156,7 +160,6 @@ class Endings:
         if now is None:
             now = tree.now()
         core = entry.core
-        info = core.info
         if code is not None and error is None:
             error = ErrorInfo(
                 code=code, message=message or ENDING_MESSAGES[code].format(id_text(entry))
@@ -173,12 +176,49 @@ class Endings:
         tree.live -= 1
         if not entry.is_async:
             self._thread_ended(entry)
+        result = self._result_of(entry, state, error, outcome, now)
+        entry.result = result
+        write = entry.final_write = tree.persist.ended(entry, result, now)
+        if write is not None:
+            self.commits.count_failures(write)
+        if entry.waiters:
+            for reply in entry.waiters:
+                answer_durable(entry, reply)
+            entry.waiters.clear()
+        if entry.parent is not None:
+            self._deliver(entry, entry.parent, result, now)
+        if entry.ref is not None:
+            tree.to_stop.append(entry.ref)
+            entry.ref = None  # its actor is done: not kept by the retained record
+        tree.terminal.append(core.session_id)
+        if evict:
+            self.evict(EVICT_TRIES)
+        # A session that was itself cancelled had its whole subtree marked then
+        # (and could spawn nothing since), so there is nothing left to walk.
+        if entry.live_children and entry.cancel_code is None:
+            self.on_orphans(entry)
+        if core.tape is not None:  # last: its events so far are on its tape
+            cast("SessionTape", core.tape).ended(result)
+        if tree.shutdown_waiters:
+            tree.check_shutdown()
+
+    def _result_of(
+        self,
+        entry: TreeEntry,
+        state: SessionState,
+        error: ErrorInfo | None,
+        outcome: Outcome | None,
+        now: float,
+    ) -> SessionResult:
+        """The one result of ``entry``, ending ``state`` at ``now``."""
+        core = entry.core
+        info = core.info
         timings = Timings(created_at=info.created_at, started_at=entry.started_at, ended_at=now)
         ledger = entry.ledger
         own = subtree = None
         if ledger is not None:
             own, subtree = ledger.own, ledger.subtree
-        contexts = tree.rt.contexts
+        contexts = self.tree.rt.contexts
         leaf = None if contexts is None else contexts.leaf(info)
         conversation = None if leaf is None else info.conversation
         if outcome is None:  # the defaults: no summary, artifacts or memory ids
@@ -210,28 +250,7 @@ class Endings:
                 context_leaf=leaf,
                 conversation=conversation,
             )
-        entry.result = result
-        write = entry.final_write = tree.persist.ended(entry, result, now)
-        if write is not None:
-            self.commits.count_failures(write)
-        if entry.waiters:
-            for reply in entry.waiters:
-                answer_durable(entry, reply)
-            entry.waiters.clear()
-        if entry.parent is not None:
-            self._deliver(entry, entry.parent, result, now)
-        if entry.ref is not None:
-            tree.to_stop.append(entry.ref)
-            entry.ref = None  # its actor is done: not kept by the retained record
-        tree.terminal.append(core.session_id)
-        if evict:
-            self.evict(EVICT_TRIES)
-        # A session that was itself cancelled had its whole subtree marked then
-        # (and could spawn nothing since), so there is nothing left to walk.
-        if entry.live_children and entry.cancel_code is None:
-            self.on_orphans(entry)
-        if tree.shutdown_waiters:
-            tree.check_shutdown()
+        return result
 
     def _thread_ended(self, entry: TreeEntry) -> None:
         """A sync session ended: a Branch's or Worker's step thread is no longer

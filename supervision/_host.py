@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -42,6 +43,9 @@ from sessiontree.supervision._reports import (
     RunsEnded,
 )
 from sessiontree.supervision._requests import Call, Cancel, Spawn, SpawnMany
+
+if TYPE_CHECKING:
+    from sessiontree.supervision._recording import SessionTape
 
 __all__ = ["NodeHost"]
 
@@ -156,6 +160,10 @@ class NodeHost:
         self.node._tell(Parked(core.session_id))
 
     def run_ended(self, core: SessionCore, end: RunEnd) -> None:
+        tape = cast("SessionTape | None", core.tape)
+        if tape is not None and tape.replaying:  # it ends in its recorded turn
+            tape.end_run(functools.partial(self.node._tell, RunEnded(core.session_id, end)))
+            return
         loop = self.parts.loop
         if loop is None or not loop.is_current():
             self.node._tell(RunEnded(core.session_id, end))

@@ -32,7 +32,7 @@ import functools
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -43,6 +43,9 @@ from sessiontree.supervision._ledger import Reserved, priced
 from sessiontree.supervision._models import Models, Reply, Route
 from sessiontree.supervision._reports import Streamed
 from sessiontree.supervision._requests import Call, Request, Reserve, Settle
+
+if TYPE_CHECKING:
+    from sessiontree.supervision._recording import SessionTape
 
 __all__ = ["ModelCalls", "Spent", "estimate_tokens"]
 
@@ -183,7 +186,12 @@ class ModelCalls:
         clock = self.clock
         started = 0.0 if clock is None else clock()
         try:
-            reply = await self.models.call(route, request, on_delta)
+            tape = cast("SessionTape | None", core.tape)
+            if tape is None:
+                reply = await self.models.call(route, request, on_delta)
+            else:  # a recorded run's reply is taped (a replay's comes off its tape)
+                send = functools.partial(self.models.call, route, request, on_delta)
+                reply = await tape.model(route.model, request, on_delta, send)
         except BaseException:  # cancelled (the request is closed): settled all the same
             cut = priced(Usage(prompt_tokens=estimate, calls=1), route.price)
             self._tally(core, route, cut, None)  # the metrics count what the budgets do

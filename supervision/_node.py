@@ -51,6 +51,7 @@ from sessiontree.supervision._model_calls import ModelCalls
 from sessiontree.supervision._models import Models
 from sessiontree.supervision._node_patterns import NodePatterns
 from sessiontree.supervision._node_recovery import NodeRecovery
+from sessiontree.supervision._node_replay import NodeReplay
 from sessiontree.supervision._refs import SessionIdLike, SessionRef, as_session_id
 from sessiontree.supervision._requests import (
     BringBack,
@@ -69,7 +70,8 @@ from sessiontree.supervision._routing import route_inbound
 __all__ = ["Node"]
 
 
-class Node(NodePatterns, NodeRecovery):  # on NodeSessions on NodeBase (Cortex, lifecycle)
+# on NodeSessions on NodeBase (Cortex, lifecycle)
+class Node(NodePatterns, NodeRecovery, NodeReplay):
     """One supervision node, embedded: agents, a Cortex, and the sessions it owns.
 
     Use it as a context manager (``with Node(agents) as node:``) or call

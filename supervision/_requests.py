@@ -26,6 +26,7 @@ import pykka
 from sessiontree.actors.runtime import Reply, SessionCore
 from sessiontree.protocol import (
     ControlMessage,
+    ErrorCode,
     ErrorInfo,
     SessionInfo,
     SessionKind,
@@ -56,6 +57,7 @@ __all__ = [
     "GetSpending",
     "GetStats",
     "GetTree",
+    "Interrupt",
     "ListSessions",
     "ListStuck",
     "OpenMain",
@@ -141,6 +143,16 @@ class Cancel(Request[ErrorInfo | None], frozen=True):
 
     session_id: uuid.UUID
     grace: float | None = None
+
+
+class Interrupt(Request[None], frozen=True):
+    """A replay reached the place where its recording was interrupted: end
+    the session as it was then (``ttl_expired``: it expires;
+    ``terminated_by_force``: it is forced; otherwise it and its subtree are
+    cancelled with that code and the node's grace)."""
+
+    session_id: uuid.UUID
+    code: ErrorCode
 
 
 class Suspend(Request[ErrorInfo | None], frozen=True):

@@ -295,7 +295,13 @@ class Spawning:
                 context=spec.context,
             )
             entry = self.tree.register(
-                admitted.agent, info, parent, ttl, remote=admitted.remote, ttl_share=share
+                admitted.agent,
+                info,
+                parent,
+                ttl,
+                remote=admitted.remote,
+                ttl_share=share,
+                record=spec.record,
             )
         admitted.last = entry.info
         parent.children[entry.session_id] = None
@@ -351,7 +357,9 @@ class Spawning:
             fork_at=spec.fork_at,
             context=spec.context,
         )
-        return self.tree.register(agent, info, parent, ttl, remote=remote, ttl_share=ttl_share)
+        return self.tree.register(
+            agent, info, parent, ttl, remote=remote, ttl_share=ttl_share, record=spec.record
+        )
 
     def _persist_children(self, created: list[tuple[int, TreeEntry]], waiting: _Gather) -> None:
         """Write the records of a batch's new children; once durable, each starts

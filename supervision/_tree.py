@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import functools
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import pykka
@@ -49,6 +49,9 @@ from sessiontree.supervision._entry import Ledger, SharedTtl, TreeEntry, with_st
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._persist import context_from_record
 from sessiontree.supervision._runtime import Runtime
+
+if TYPE_CHECKING:
+    from sessiontree.supervision._recording import SessionTape
 
 __all__ = ["Tree"]
 
@@ -275,11 +278,13 @@ class Tree:
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
         cut_off: str | None = None,
+        record: bool = False,
     ) -> TreeEntry:
         """Index a session and start its actor (its first TTL timer: ``ttl`` s,
         on ``ttl_share`` if given); ``restored``: it comes back from the store
         (its event says so); ``remote``: its skill runs on that backend;
-        ``cut_off``: the span of its run before a restart (its new span links to it)."""
+        ``cut_off``: the span of its run before a restart (its new span links to it);
+        ``record``: its run's subtree is recorded (under a recorded parent it is anyway)."""
         skill = agent.skills[info.skill]
         kind = info.kind
         rt = self.rt
@@ -291,6 +296,11 @@ class Tree:
             max_results=rt.config.max_retained_results,
         )
         core.remote = remote
+        tape: SessionTape | None = None
+        if parent is not None and parent.core.tape is not None:
+            tape = core.tape = cast("SessionTape", parent.core.tape).child(core)
+        elif record and rt.tapes is not None:
+            tape = core.tape = rt.tapes.root(core)
         # A remote step is awaited on the loop: it holds no step thread and is
         # killed, never abandoned, so it is never a zombie.
         is_async = remote is not None or agent.is_async(info.skill)
@@ -304,7 +314,7 @@ class Tree:
         self.live += 1
         if entry.needs_thread:
             self.sync_threads += 1
-        if ttl is not None:
+        if ttl is not None and (tape is None or not tape.replaying):  # a replay tapes expiry
             self.arm_ttl(entry, max(ttl, 0.0), ttl_share)
         if rt.events.observed:
             data: dict[str, Any] = {"kind": kind._value_, "skill": info.skill}

@@ -1,0 +1,420 @@
+"""Recording a subtree's run (issue 26).
+
+A spawn with ``record=True`` starts a recording: its session and every
+descendant get a tape (``SessionTape``) that their handles and the node
+write to as inputs arrive — clock readings and the random seed on the
+skill's thread, model replies on the event loop where the call goes out,
+spawns and takes of children's results on the skill's thread — and each
+session's compared events and its result on the Cortex's thread. Once
+every session of it has ended, the recording is complete and goes to the
+store in one write (a header goes there when it starts, so a run the node
+never finished is known as ``incomplete``). Without a store, the node keeps
+its last ``KEPT`` recordings in memory.
+
+The cost of a recorded session is an append per input; a session outside
+a recording pays one attribute read at each hook.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import secrets
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from sessiontree.protocol import (
+    ErrorCode,
+    ErrorInfo,
+    Recording,
+    RecordingError,
+    SessionResult,
+    SpawnSpec,
+    TapeClock,
+    TapedEvent,
+    TapedSession,
+    TapeInterrupt,
+    TapeModel,
+    TapeSeed,
+    TapeSpawn,
+    TapeTake,
+)
+from sessiontree.store import RecordingRecord
+from sessiontree.supervision._events import Event, EventBus, EventKind
+from sessiontree.supervision._models import Reply
+
+if TYPE_CHECKING:
+    from sessiontree.actors.runtime import SessionCore
+    from sessiontree.store import Store
+    from sessiontree.supervision._providers import Provider
+
+__all__ = [
+    "COMPARED_EVENTS",
+    "Recorder",
+    "Reel",
+    "SessionTape",
+    "reply_of",
+    "request_digest",
+    "said_of",
+    "taped_event",
+]
+
+#: The events of a session a replay compares (those a session's run decides;
+#: not its timing, zombies or refused calls after its end).
+COMPARED_EVENTS = frozenset(
+    {
+        EventKind.SPAWNED,
+        EventKind.TRANSITION,
+        EventKind.CANCEL_REQUESTED,
+        EventKind.PROGRESS,
+        EventKind.CHILD_UPDATE,
+        EventKind.RESULT_DELIVERED,
+        EventKind.BUDGET_EXHAUSTED,
+    }
+)
+
+KEPT = 64
+"""Complete recordings a node without a store keeps in memory (oldest dropped)."""
+
+_SAID_CHARS = 120
+
+
+def taped_event(event: Event) -> TapedEvent:
+    note = event.data.get("note") if event.kind is EventKind.PROGRESS else None
+    return TapedEvent(event.kind.value, event.state, event.code, note)
+
+
+def request_digest(model: str, request: Mapping[str, Any]) -> str:
+    """A hash of what one model request sends (its model, messages and options)."""
+    body = dict(request, model=model)
+    try:
+        raw = msgspec.json.encode(body, order="sorted")
+    except (TypeError, msgspec.EncodeError):  # an SDK object among the options
+        raw = repr(sorted(body.items(), key=lambda kv: kv[0])).encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def said_of(request: Mapping[str, Any]) -> str:
+    """The start of a request's last message, to name it in a report."""
+    messages = request.get("messages") or [{}]
+    content = messages[-1].get("content") if isinstance(messages[-1], dict) else None
+    text = content if isinstance(content, str) else repr(content)
+    return text[:_SAID_CHARS]
+
+
+def reply_of(entry: TapeModel) -> Reply | ErrorInfo:
+    """The reply a tape's model entry recorded."""
+    if entry.error is not None:
+        return entry.error
+    return Reply(
+        text=entry.text,
+        tool_calls=tuple(entry.tool_calls),
+        finish_reason=entry.finish_reason,
+        model=entry.reply_model,
+        usage=entry.usage,
+    )
+
+
+def _tape_model(model: str, request: Mapping[str, Any], reply: Reply | ErrorInfo) -> TapeModel:
+    digest, said = request_digest(model, request), said_of(request)
+    if isinstance(reply, ErrorInfo):
+        return TapeModel(model=model, digest=digest, said=said, error=reply)
+    return TapeModel(
+        model=model,
+        digest=digest,
+        said=said,
+        text=reply.text,
+        tool_calls=list(reply.tool_calls),
+        finish_reason=reply.finish_reason,
+        reply_model=reply.model,
+        usage=reply.usage,
+    )
+
+
+class Reel:
+    """One recording being made: the ``Recording`` and how many of its
+    sessions are still live; ``done`` is set once it is complete and written."""
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+        self.live = 0
+        self.done = threading.Event()
+        self.error: BaseException | None = None  # the store's, if the write failed
+
+
+class SessionTape:
+    """A recorded session's tape (see ``sessiontree.actors.runtime.Tape``):
+    every input is appended as the skill meets it."""
+
+    replaying = False
+    __slots__ = ("children", "number", "parent", "reel", "taped", "tapes")
+
+    def __init__(self, tapes: Recorder, reel: Reel, taped: TapedSession, number: int) -> None:
+        self.tapes = tapes
+        self.reel = reel
+        self.taped = taped
+        self.number = number  # its place among its parent's children
+        self.children = 0  # children made so far (Cortex thread)
+        self.parent: SessionTape | None = None
+
+    # -- what the handle tells ----------------------------------------------------------
+
+    def read(self, which: str, value: Callable[[], float]) -> float:
+        reading = value()
+        self.taped.tape.append(TapeClock(which, reading))
+        return reading
+
+    def at(self, when: float) -> float:
+        return when
+
+    def seed(self) -> int:
+        drawn = secrets.randbits(63)
+        self.taped.tape.append(TapeSeed(drawn))
+        return drawn
+
+    def checkpoint(self) -> None:
+        return None
+
+    def defer_cancel(self, code: ErrorCode) -> bool:
+        return False
+
+    def interrupted(self, code: ErrorCode) -> None:
+        self.taped.tape.append(TapeInterrupt(code.value))
+
+    def spawned(
+        self,
+        specs: Sequence[SpawnSpec],
+        children: Sequence[uuid.UUID | None],
+        refused: Sequence[ErrorInfo | None],
+    ) -> None:
+        self.taped.tape.append(self.tapes.spawn_entry(specs, children, refused))
+
+    def took(self, children: Sequence[uuid.UUID]) -> None:
+        self.taped.tape.append(TapeTake(self.tapes.numbers(children)))
+
+    def holds(self, result: SessionResult) -> bool:
+        self.taped.arrivals.extend(self.tapes.numbers([result.session_id]))
+        return False
+
+    def end_run(self, report: Callable[[], None]) -> None:
+        """The skill's run ended: ``report`` it (a replay's tape may hold it back)."""
+        report()
+
+    # -- what the node tells ------------------------------------------------------------
+
+    async def model(
+        self,
+        model: str,
+        request: Mapping[str, Any],
+        on_delta: Callable[[str], None] | None,
+        send: Callable[[], Awaitable[Reply | ErrorInfo]],
+    ) -> Reply | ErrorInfo:
+        """Send a model request (``send``) and tape its reply, or that it was cut off."""
+        try:
+            reply = await send()
+        except BaseException:
+            cut = ErrorInfo(code=ErrorCode.CANCELLED, message="the call was closed")
+            entry = TapeModel(
+                model=model,
+                digest=request_digest(model, request),
+                said=said_of(request),
+                error=cut,
+                cut=True,
+            )
+            self.taped.tape.append(entry)
+            raise
+        self.taped.tape.append(_tape_model(model, request, reply))
+        return reply
+
+    def child(self, core: SessionCore) -> SessionTape:
+        """The tape of a child this session's run just made (Cortex thread)."""
+        number = self.children
+        self.children += 1
+        tape = self.tapes.attach(self.reel, core, f"{self.taped.path}.{number}", number)
+        tape.parent = self
+        return tape
+
+    def ended(self, result: SessionResult) -> None:
+        """The session ended with ``result`` (Cortex thread)."""
+        self.taped.result = result
+        self.tapes.ended(self)
+
+
+class Recorder:
+    """A node's recordings (see the module's docstring). ``tell`` posts to
+    the Cortex; every method but ``recording`` runs on the Cortex's thread."""
+
+    def __init__(
+        self, store: Store | None, events: EventBus, grace: float, providers: Sequence[Provider]
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.grace = grace
+        self.prices = {
+            p.name: {m: (price.prompt, price.completion) for m, price in p.prices.items()}
+            for p in providers
+            if p.prices
+        }
+        self.by_id: dict[uuid.UUID, SessionTape] = {}
+        self.reels: collections.OrderedDict[uuid.UUID, Reel] = collections.OrderedDict()
+        self._live = 0
+        self._unsubscribe: Callable[[], None] | None = None
+        self._lock = threading.Lock()  # reels is read by callers of ``recording``
+
+    def root(self, core: SessionCore) -> SessionTape:
+        """Start a recording at ``core`` (a spawn asked for one)."""
+        info = core.info
+        spec = SpawnSpec(
+            kind=info.kind,
+            task=info.task,
+            context_summary=info.context_summary,
+            skill=info.skill,
+            ttl=info.ttl,
+            model_tier=info.model_tier,
+            metadata=dict(info.metadata),
+            budget=info.budget,
+            input=info.input,
+            context=info.context,
+            record=True,
+        )
+        recording = Recording(
+            recording_id=info.session_id,
+            agent_id=info.agent_id,
+            depth=info.depth,
+            spec=spec,
+            started_at=info.created_at,
+            grace=self.grace,
+            prices=self.prices,
+        )
+        reel = Reel(recording)
+        with self._lock:
+            self.reels[info.session_id] = reel
+        self._write(reel)  # the header: a run cut off by a crash is known as incomplete
+        if self._unsubscribe is None:
+            self._unsubscribe = self.events.subscribe(self.observe)
+        return self.attach(reel, core, "0", 0)
+
+    def attach(self, reel: Reel, core: SessionCore, path: str, number: int) -> SessionTape:
+        info = core.info
+        taped = TapedSession(
+            path=path, session_id=info.session_id, kind=info.kind.value, skill=info.skill
+        )
+        reel.recording.sessions.append(taped)
+        reel.live += 1
+        tape = self.make_tape(reel, taped, number, core)
+        self.by_id[info.session_id] = tape
+        return tape
+
+    def make_tape(
+        self, reel: Reel, taped: TapedSession, number: int, core: SessionCore
+    ) -> SessionTape:
+        return SessionTape(self, reel, taped, number)
+
+    def observe(self, event: Event) -> None:
+        """An event: kept on its session's tape if it is one a replay compares."""
+        tape = self.by_id.get(event.session_id) if event.session_id is not None else None
+        if tape is not None and event.kind in COMPARED_EVENTS:
+            tape.taped.events.append(taped_event(event))
+
+    def numbers(self, children: Sequence[uuid.UUID]) -> list[int]:
+        """Children's places under their parent (-1 for one outside the recording)."""
+        by_id = self.by_id
+        return [t.number if (t := by_id.get(c)) is not None else -1 for c in children]
+
+    def spawn_entry(
+        self,
+        specs: Sequence[SpawnSpec],
+        children: Sequence[uuid.UUID | None],
+        refused: Sequence[ErrorInfo | None],
+    ) -> TapeSpawn:
+        return TapeSpawn(
+            skills=[s.skill or "" for s in specs],
+            tasks=[s.task for s in specs],
+            children=[None if c is None else self.numbers([c])[0] for c in children],
+            refused=[None if e is None else e.code.value for e in refused],
+        )
+
+    def ended(self, tape: SessionTape) -> None:
+        reel = tape.reel
+        reel.live -= 1
+        if reel.live == 0:
+            self.complete(reel)
+
+    def complete(self, reel: Reel) -> None:
+        """Every session of ``reel`` ended: write it whole, forget its tapes."""
+        recording = reel.recording
+        recording.complete = True
+        for taped in recording.sessions:
+            self.by_id.pop(taped.session_id, None)
+        if not self.by_id and self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self._write(reel)
+        with self._lock:
+            if self.store is None:
+                while len(self.reels) > KEPT:
+                    self.reels.popitem(last=False)
+            else:  # the store keeps it: only runs still recording stay here
+                self.reels.pop(recording.recording_id, None)
+
+    def _write(self, reel: Reel) -> None:
+        recording = reel.recording
+        if self.store is None:
+            if recording.complete:
+                reel.done.set()
+            return
+        record = RecordingRecord(
+            recording_id=recording.recording_id,
+            agent_id=recording.agent_id,
+            started_at=recording.started_at,
+            complete=recording.complete,
+            data=recording.encode(),
+        )
+        batch = self.store.batch().recording(record)
+        future = self.store.submit(batch)
+        if recording.complete:
+
+            def written(done: Any) -> None:
+                reel.error = done.exception()
+                reel.done.set()
+
+            future.add_done_callback(written)
+
+    def recording(self, recording_id: uuid.UUID, timeout: float | None) -> Recording:
+        """The complete recording of the run rooted at ``recording_id``, once
+        written (waiting up to ``timeout`` real seconds for a run still
+        recording). ``RecordingError``: ``not_recorded`` (no such recording),
+        ``incomplete`` (still running at the timeout, or cut off by a crash),
+        or what decoding a stored one raises; ``StoreError`` if its write failed."""
+        with self._lock:
+            reel = self.reels.get(recording_id)
+        if reel is not None:
+            if not reel.done.wait(timeout):
+                msg = f"the run of {recording_id} is still recording"
+                raise RecordingError(msg, reason="incomplete", session_id=recording_id)
+            if reel.error is not None:
+                raise reel.error
+            if self.store is None:
+                return reel.recording
+        if self.store is None:
+            msg = f"session {recording_id} was not recorded (or no longer kept in memory)"
+            raise RecordingError(msg, reason="not_recorded", session_id=recording_id)
+        return stored_recording(self.store, recording_id)
+
+
+def stored_recording(store: Store, recording_id: uuid.UUID) -> Recording:
+    """The complete recording ``recording_id`` in ``store``; ``RecordingError``
+    (``not_recorded``, ``incomplete``, or a decoding's reason)."""
+    record = store.recording(recording_id)
+    if record is None:
+        msg = f"session {recording_id} was not recorded"
+        raise RecordingError(msg, reason="not_recorded", session_id=recording_id)
+    recording = Recording.decode(record.data)
+    if not recording.complete:
+        msg = f"the recording of {recording_id} is incomplete: its node stopped first"
+        raise RecordingError(msg, reason="incomplete", session_id=recording_id)
+    return recording

@@ -1,0 +1,569 @@
+"""Replaying a recorded subtree (issue 26).
+
+``replay_recording`` runs the recorded root's spawn again on a node of its
+own: in this process, on a virtual clock, with no store and no network.
+Every session gets a ``PlayTape`` that hands its skill what the recording
+says it met — clock readings, the random seed, model replies (the provider
+is never called) — keeps its children's results back until the turn at
+which the recording took them, and keeps a cancellation from the skill
+until the place where it reached it then (one that came from outside the
+subtree, an operator's cancel or a TTL, is made there). The clock moves
+only when every skill waits: it jumps to the next timer, so sleeps,
+timeouts and grace periods pass as they did, in no real time.
+
+The first thing a session does that its tape does not hold is the
+divergence: the replay stops there (the subtree is ended by force) and
+reports the session, the step, what was recorded and what happened. A
+replay that ran through compares each session's events and result with the
+recording; the first difference is the divergence.
+
+On failure: ``RecordingError`` (``incomplete``: the run never finished;
+``unknown_agent``: no agent of the recording's id was given) before
+anything runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from sessiontree.actors import RealClock, Session, VirtualClock
+from sessiontree.protocol import (
+    Divergence,
+    ErrorCode,
+    ErrorInfo,
+    Recording,
+    RecordingError,
+    ReplayReport,
+    SessionKind,
+    SessionResult,
+    SpawnSpec,
+    TapeClock,
+    TapedSession,
+    TapeEntry,
+    TapeInterrupt,
+    TapeModel,
+    TapeSeed,
+    TapeSpawn,
+    TapeTake,
+)
+from sessiontree.supervision._config import Agent, NodeConfig
+from sessiontree.supervision._models import Reply
+from sessiontree.supervision._providers import Price, Provider
+from sessiontree.supervision._recording import (
+    Recorder,
+    Reel,
+    SessionTape,
+    reply_of,
+    request_digest,
+    said_of,
+)
+from sessiontree.supervision._requests import Call, Cancel, Interrupt
+
+if TYPE_CHECKING:
+    from sessiontree.actors.runtime import SessionCore
+
+__all__ = ["replay_recording"]
+
+_MAIN = "__replay_main__"  # the replay's Main takes the root's result and does nothing
+_HOLD = "__replay_hold__"  # a Branch standing in for an ancestor of a deeper root
+_FENCES = frozenset({ErrorCode.TTL_EXPIRED, ErrorCode.TERMINATED_BY_FORCE})
+_NOWHERE = "http://127.0.0.1:9/v1"  # a replay's provider: never called (its tape answers)
+_SLACK = 3600.0  # clock seconds a replay may run past the recorded run before it stalls
+_IDLE_WAIT = 5.0  # real seconds of one wait for the replay's skills to settle
+
+
+def describe(entry: TapeEntry) -> str:
+    """One tape entry in words, for a report."""
+    match entry:
+        case TapeClock(which=which, value=value):
+            return f"a {which} clock reading ({value!r})"
+        case TapeSeed():
+            return "a random seed drawn"
+        case TapeModel(model=model, said=said, cut=cut):
+            return f"a call to {model}: {said!r}" + (" (closed before its reply)" if cut else "")
+        case TapeSpawn(skills=skills, tasks=tasks, children=children, refused=refused):
+            parts = [
+                f"{skill or 'default'}({task!r}) -> {child if code is None else code}"
+                for skill, task, child, code in zip(skills, tasks, children, refused, strict=True)
+            ]
+            return "a spawn of " + ", ".join(parts)
+        case TapeTake(children=children):
+            return f"taking the results of children {children}" if children else "a take: none"
+        case TapeInterrupt(code=code):
+            return f"Cancelled({code}) raised into the skill"
+    return repr(entry)  # pragma: no cover - the union is closed
+
+
+class PlayTape(SessionTape):
+    """A replayed session's tape: what its recorded namesake met, handed out
+    in order (see the module's docstring)."""
+
+    replaying = True
+    __slots__ = (
+        "arrived",
+        "core",
+        "deferred",
+        "ending",
+        "group",
+        "groups",
+        "held",
+        "last_read",
+        "lock",
+        "pos",
+        "recorded",
+        "released",
+    )
+
+    def __init__(
+        self,
+        tapes: Player,
+        reel: Reel,
+        taped: TapedSession,
+        number: int,
+        core: SessionCore,
+        recorded: TapedSession | None,
+    ) -> None:
+        super().__init__(tapes, reel, taped, number)
+        self.core = core
+        self.recorded = recorded
+        self.pos = 0
+        self.deferred: ErrorCode | None = None
+        tape = recorded.tape if recorded is not None else []
+        self.groups = [e.children for e in tape if isinstance(e, TapeTake) and e.children]
+        self.group = 0
+        self.released = False
+        self.held: dict[int, SessionResult] = {}
+        self.arrived: set[int] = set()  # children whose results arrived
+        self.ending: dict[int, Callable[[], None]] = {}  # children's run ends held back
+        self.lock = threading.Lock()
+        self.last_read = 0.0
+
+    @property
+    def player(self) -> Player:
+        assert isinstance(self.tapes, Player)
+        return self.tapes
+
+    def _next(self, kind: type[Any], happened: str) -> Any:
+        """The next entry if it is a ``kind``; else the divergence (None)."""
+        player = self.player
+        if player.divergence is not None:
+            return None
+        tape = self.recorded.tape if self.recorded is not None else []
+        step = self.pos
+        if step >= len(tape):
+            player.diverge(self, str(step), "the end of its run", happened)
+            return None
+        entry = tape[step]
+        if not isinstance(entry, kind):
+            player.diverge(self, str(step), describe(entry), happened)
+            return None
+        self.pos = step + 1
+        return entry
+
+    def _due_interrupt(self) -> ErrorCode | None:
+        tape = self.recorded.tape if self.recorded is not None else []
+        entry = tape[self.pos] if self.pos < len(tape) else None
+        return ErrorCode(entry.code) if isinstance(entry, TapeInterrupt) else None
+
+    def _apply_interrupt(self) -> None:
+        """A cancellation recorded at this place reaches the skill now: the one
+        the node asked for meanwhile, or (none came) the recorded one, made."""
+        code = self._due_interrupt()
+        core = self.core
+        if code is None or core.fence_code is not None or self.player.divergence is not None:
+            return
+        if code in _FENCES:
+            core.fence(code)
+        else:
+            with core.cond:
+                if core.cancel_code is not None:
+                    return  # already through
+                deferred = self.deferred
+                core.cancel_code = code if deferred is None else deferred
+                core.wake()
+            if deferred is not None:
+                return
+        self.player.tell(Call(Interrupt(core.session_id, code)))
+
+    # -- what the handle asks ------------------------------------------------------------
+
+    def read(self, which: str, value: Callable[[], float]) -> float:
+        entry = self._next(TapeClock, f"a {which} clock reading")
+        if entry is None:
+            return value()
+        if entry.which != which:
+            self.player.diverge(self, str(self.pos - 1), describe(entry), f"a {which} reading")
+            return value()
+        if which == "monotonic":
+            self.last_read = entry.value
+        return float(entry.value)
+
+    def at(self, when: float) -> float:
+        return when - self.last_read + self.player.clock.monotonic()
+
+    def seed(self) -> int:
+        entry = self._next(TapeSeed, "a random seed drawn")
+        return 0 if entry is None else int(entry.seed)
+
+    def checkpoint(self) -> None:
+        self._apply_interrupt()
+
+    def defer_cancel(self, code: ErrorCode) -> bool:
+        if self.core.cancel_code is not None:
+            return False  # through already: the first reason stays
+        if self.deferred is None:
+            self.deferred = code
+        return True
+
+    def interrupted(self, code: ErrorCode) -> None:
+        happened = describe(TapeInterrupt(code.value))
+        entry = self._next(TapeInterrupt, happened)
+        if entry is not None and entry.code != code.value:
+            self.player.diverge(self, str(self.pos - 1), describe(entry), happened)
+
+    def spawned(
+        self,
+        specs: Sequence[SpawnSpec],
+        children: Sequence[uuid.UUID | None],
+        refused: Sequence[ErrorInfo | None],
+    ) -> None:
+        made = self.player.spawn_entry(specs, children, refused)
+        entry = self._next(TapeSpawn, describe(made))
+        if entry is not None and entry != made:
+            self.player.diverge(self, str(self.pos - 1), describe(entry), describe(made))
+
+    def took(self, children: Sequence[uuid.UUID]) -> None:
+        made = TapeTake(self.player.numbers(children))
+        entry = self._next(TapeTake, describe(made))
+        if entry is None:
+            return
+        if entry != made:
+            self.player.diverge(self, str(self.pos - 1), describe(entry), describe(made))
+            return
+        if made.children:
+            with self.lock:
+                self.group += 1
+                self.released = False
+            self._release()
+
+    def holds(self, result: SessionResult) -> bool:
+        (number,) = self.player.numbers([result.session_id])
+        with self.lock:
+            self.held[number] = result
+            self.arrived.add(number)
+            due = [n for n in self.ending if self._in_turn(n)]
+            reports = [self.ending.pop(n) for n in due]
+        for report in reports:
+            report()
+        self._release()
+        return True
+
+    def _in_turn(self, number: int) -> bool:
+        """Whether child ``number`` may end: every child whose result arrived
+        before its own in the recording has arrived (call with ``lock`` held)."""
+        order = self.recorded.arrivals if self.recorded is not None else []
+        if number not in order:
+            return True
+        return all(n in self.arrived for n in order[: order.index(number)])
+
+    def end_run(self, report: Callable[[], None]) -> None:
+        """``report`` the run's end in its recorded turn among its siblings (so
+        their results land on the parent as they did)."""
+        parent = self.parent
+        if not isinstance(parent, PlayTape):
+            report()
+            return
+        with parent.lock:
+            if not parent._in_turn(self.number):
+                parent.ending[self.number] = report
+                return
+        report()
+
+    def _release(self) -> None:
+        """File the results of the next take the recording made, once all are here."""
+        with self.lock:
+            if self.released or self.group >= len(self.groups):
+                return
+            wanted = self.groups[self.group]
+            if not all(n in self.held for n in wanted):
+                return
+            results = [self.held.pop(n) for n in wanted]
+            self.released = True
+        self.core.file_results(results)
+
+    # -- what the node asks --------------------------------------------------------------
+
+    async def model(
+        self,
+        model: str,
+        request: Mapping[str, Any],
+        on_delta: Callable[[str], None] | None,
+        send: Callable[[], Awaitable[Reply | ErrorInfo]],
+    ) -> Reply | ErrorInfo:
+        said = said_of(request)
+        happened = f"a call to {model}: {said!r}"
+        entry = self._next(TapeModel, happened)
+        if entry is not None and entry.digest != request_digest(model, request):
+            self.player.diverge(self, str(self.pos - 1), describe(entry), happened)
+            entry = None
+        if entry is None:
+            return ErrorInfo(code=ErrorCode.MODEL_ERROR, message="the replay diverged")
+        if entry.cut:  # closed by the cancellation recorded next: wait for it
+            self._apply_interrupt()
+            await asyncio.Event().wait()
+        if on_delta is not None and entry.text:
+            on_delta(entry.text)
+        return reply_of(entry)
+
+
+class Player(Recorder):
+    """The tapes of one replay (in place of a node's ``Recorder``)."""
+
+    def __init__(self, recording: Recording, node: Any, clock: VirtualClock) -> None:
+        super().__init__(None, node.events, recording.grace, ())
+        self.run = recording
+        self.clock = clock
+        self.node = node
+        self.recorded = {s.path: s for s in recording.sessions}
+        self.played: dict[str, PlayTape] = {}
+        self.divergence: Divergence | None = None
+        self.root_id: uuid.UUID | None = None
+        self.stopped = threading.Event()
+        self._diverging = threading.Lock()
+
+    def tell(self, message: object) -> None:
+        self.node._tell(message)
+
+    def root(self, core: SessionCore) -> SessionTape:
+        self.root_id = core.session_id
+        return super().root(core)
+
+    def _write(self, reel: Reel) -> None:  # a replay keeps nothing
+        if reel.recording.complete:
+            reel.done.set()
+            self.stopped.set()
+
+    def make_tape(
+        self, reel: Reel, taped: TapedSession, number: int, core: SessionCore
+    ) -> SessionTape:
+        tape = PlayTape(self, reel, taped, number, core, self.recorded.get(taped.path))
+        self.played[taped.path] = tape
+        return tape
+
+    def diverge(self, tape: PlayTape, step: str, recorded: str, happened: str) -> None:
+        """Report the first divergence and end the replay's subtree by force."""
+        with self._diverging:
+            if self.divergence is not None:
+                return
+            namesake = tape.recorded
+            self.divergence = Divergence(
+                session=tape.taped.path,
+                session_id=None if namesake is None else namesake.session_id,
+                skill=tape.taped.skill,
+                step=step,
+                recorded=recorded,
+                happened=happened,
+            )
+        if self.root_id is not None:
+            self.tell(Call(Cancel(self.root_id, grace=0.0)))
+        self.stopped.set()
+
+    def stall(self, why: str) -> None:
+        """Nothing left to wait for, and sessions of the recording still live."""
+        live = [t for t in self.played.values() if t.taped.result is None]
+        if not live:
+            root = self.played.get("0")
+            if root is None:  # the root was never made (a refused spawn)
+                self.divergence = Divergence(
+                    session="0",
+                    session_id=self.run.recording_id,
+                    skill=self.run.spec.skill or "",
+                    step="spawn",
+                    recorded="it ran",
+                    happened=why,
+                )
+                self.stopped.set()
+                return
+            live = [root]
+        tape = live[0]
+        self.diverge(tape, str(tape.pos), "its run going on", why)
+
+    def report(self) -> ReplayReport:
+        """What the replay found (see ``ReplayReport``)."""
+        divergence = self.divergence or self._compare()
+        root = self.played.get("0")
+        return ReplayReport(
+            recording_id=self.run.recording_id,
+            identical=divergence is None,
+            divergence=divergence,
+            sessions=len(self.played),
+            steps=sum(t.pos for t in self.played.values()),
+            result=None if root is None else root.taped.result,
+        )
+
+    def _compare(self) -> Divergence | None:
+        names = {str(s.session_id): s.path for s in self.run.sessions}
+        names.update((str(t.core.session_id), path) for path, t in self.played.items())
+        for recorded in self.run.sessions:
+            tape = self.played.get(recorded.path)
+            if tape is None:
+                return _divergence(recorded, "spawn", "it ran", "it was never spawned")
+            if tape.pos < len(recorded.tape):
+                entry = describe(recorded.tape[tape.pos])
+                return _divergence(recorded, str(tape.pos), entry, "its run ended before it")
+            events = tape.taped.events
+            for i, (was, now) in enumerate(zip(recorded.events, events, strict=False)):
+                if was != now:
+                    return _divergence(recorded, f"event {i}", _said(was), _said(now))
+            if len(events) != len(recorded.events):
+                i = min(len(events), len(recorded.events))
+                more = [
+                    _said(e[i]) if i < len(e) else "no more events"
+                    for e in (recorded.events, events)
+                ]
+                return _divergence(recorded, f"event {i}", *more)
+            was_result = _outcome(recorded.result, names)
+            now_result = _outcome(tape.taped.result, names)
+            if was_result != now_result:
+                return _divergence(recorded, "result", was_result, now_result)
+        return None
+
+
+def _divergence(recorded: TapedSession, step: str, was: str, now: str) -> Divergence:
+    return Divergence(
+        session=recorded.path,
+        session_id=recorded.session_id,
+        skill=recorded.skill,
+        step=step,
+        recorded=was,
+        happened=now,
+    )
+
+
+def _said(event: Any) -> str:
+    return " ".join(str(part) for part in msgspec.structs.astuple(event) if part is not None)
+
+
+def _outcome(result: SessionResult | None, names: Mapping[str, str]) -> str:
+    """A result as a replay compares it: without ids and timings, each session
+    id named by its place."""
+    if result is None:
+        return "no result"
+    data = msgspec.to_builtins(result)
+    for key in ("session_id", "parent_id", "timings", "context_leaf", "conversation"):
+        data.pop(key, None)
+    text = msgspec.json.encode(data, order="sorted").decode()
+    for sid, path in names.items():
+        text = text.replace(sid, f"<session {path}>")
+    return text
+
+
+def _absorb(session: Session) -> None:
+    """The replay's Main: it takes the root's result and does nothing more."""
+
+
+def _hold(session: Session) -> None:
+    """An ancestor of a deeper root: it waits while the replay runs."""
+    session.sleep(_SLACK * 1000)
+
+
+def _replay_agent(agent: Agent) -> Agent:
+    skills = {**agent.skills, _MAIN: _absorb, _HOLD: _hold}
+    return dataclasses.replace(agent, skills=skills, main_skill=_MAIN)
+
+
+def _providers(recording: Recording, agent: Agent) -> tuple[Provider, ...]:
+    """Providers named as the recording's were, with its prices; never called."""
+    names = set(recording.prices)
+    if agent.models:
+        names.add(agent.provider or "default")
+    return tuple(
+        Provider(
+            base_url=_NOWHERE,
+            name=name,
+            prices={m: Price(*p) for m, p in recording.prices.get(name, {}).items()},
+        )
+        for name in sorted(names)
+    )
+
+
+def _span(recording: Recording) -> float:
+    """How long the recorded run took, in clock seconds."""
+    ends = [
+        s.result.timings.ended_at
+        for s in recording.sessions
+        if s.result is not None
+        and s.result.timings is not None
+        and s.result.timings.ended_at is not None
+    ]
+    return max(ends, default=recording.started_at) - recording.started_at
+
+
+def replay_recording(
+    make_node: Callable[..., Any],
+    recording: Recording,
+    agents: Iterable[Agent],
+    *,
+    timeout: float = 60.0,
+) -> ReplayReport:
+    """Run ``recording`` again with ``agents``' code on a node ``make_node``
+    makes (``Node``; see the module's docstring); ``timeout``: real seconds
+    it may take at most (past it, it is reported as a divergence: the run
+    did not end). ``RecordingError`` for an incomplete recording or a
+    missing agent."""
+    if not recording.complete:
+        msg = f"the recording of {recording.recording_id} is incomplete"
+        raise RecordingError(msg, reason="incomplete", session_id=recording.recording_id)
+    agent = next((a for a in agents if a.agent_id == recording.agent_id), None)
+    if agent is None:
+        msg = f"no agent {recording.agent_id!r} to replay {recording.recording_id} with"
+        raise RecordingError(msg, reason="unknown_agent", session_id=recording.recording_id)
+    clock = VirtualClock(start=recording.started_at)
+    config = NodeConfig(grace=recording.grace, providers=_providers(recording, agent))
+    node = make_node([_replay_agent(agent)], config, clock=clock)
+    player = Player(recording, node, clock)
+    node._runtime.tapes = player
+    try:
+        key = f"replay:main:{recording.recording_id.hex}"
+        parent = node.main(agent.agent_id, key).session_id
+        for _ in range(recording.depth - 1):
+            holder = node.spawn(parent, kind=SessionKind.BRANCH, skill=_HOLD, ttl=config.max_ttl)
+            assert holder.session_id is not None, holder.error
+            parent = holder.session_id
+        spawned = node.spawn(parent, recording.spec)
+        if spawned.error is not None:
+            player.stall(f"its spawn was refused: {spawned.error.message}")
+        else:
+            _drive(node, clock, player, _span(recording) + 2 * recording.grace + _SLACK, timeout)
+    finally:
+        node.shutdown(grace=0.0)
+    return player.report()
+
+
+def _drive(node: Any, clock: VirtualClock, player: Player, span: float, timeout: float) -> None:
+    """Let the replay run; whenever every skill waits, jump to the next timer."""
+    real = RealClock()
+    give_up = real.monotonic() + timeout
+    limit = clock.monotonic() + span
+    while not player.stopped.is_set():
+        left = give_up - real.monotonic()
+        if left <= 0:
+            player.stall(f"the replay did not end in {timeout} s")
+            return
+        idle = node.wait_idle(min(left, _IDLE_WAIT))
+        if player.stopped.is_set():
+            return
+        if not idle:
+            continue
+        due = clock.next_timer
+        if due is None or due > limit:
+            player.stall("it waited for ever: nothing was left to wait for")
+            return
+        clock.advance(max(0.0, due - clock.monotonic()))
