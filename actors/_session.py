@@ -210,16 +210,18 @@ class _Base:
 
     # -- checkpoint logic -------------------------------------------------------
 
-    def _raise_if_cancelled(self, what: str = "checkpoint") -> bool:
+    def _raise_if_cancelled(self, what: str = "checkpoint", again: bool = False) -> bool:
         """Raise ``Cancelled`` if due; return True if a suspension is pending.
 
         A fenced session's call (``what``) is refused and counted every time.
+        ``again``: the same call checks again (it waited), so a recorded run's
+        tape counts it once.
         """
         core = self._core
         core.touch()
         tape = core.tape
         if tape is not None:
-            tape.checkpoint()
+            tape.checkpoint(again)
         fence_code = core.fence_code
         if fence_code is None and core.release_code is not None:  # the node closes
             core.fence(core.release_code)
@@ -352,11 +354,12 @@ class Session(_Base):
         """Raise ``Cancelled`` if cancellation is pending; park if suspension is."""
         self._checkpoint("checkpoint")
 
-    def _checkpoint(self, what: str) -> None:
-        while self._raise_if_cancelled(what):  # parked again if suspended again
+    def _checkpoint(self, what: str, again: bool = False) -> None:
+        while self._raise_if_cancelled(what, again):  # parked again if suspended again
             self._host.parked(self._core)
             self._core.block_until(lambda: not self._core.suspend_requested, None, parking=True)
             self._unpark()
+            again = True
 
     def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SpawnedLike:
         """Spawn a child (a ``SpawnSpec`` or its fields as keywords).
@@ -388,8 +391,10 @@ class Session(_Base):
         """
         core = self._core
         deadline = None if timeout is None else core.clock.monotonic() + timeout
+        again = False
         while True:
-            self.checkpoint()
+            self._checkpoint("checkpoint", again)
+            again = True
             if ready():
                 return
             remaining = None if deadline is None else deadline - core.clock.monotonic()
@@ -529,7 +534,7 @@ class Session(_Base):
         parks the skill and the wait goes on after resume.
         """
         self._wait_for(_never, seconds)
-        self.checkpoint()
+        self._checkpoint("checkpoint", again=True)
 
     def memory_put(self, key: str, value: Any) -> str:
         """Write shared memory; returns a memory id for ``Outcome.memory_ids``.
@@ -600,7 +605,7 @@ class Session(_Base):
             while True:
                 landing = _landing(core)
                 if not landing:
-                    self.checkpoint()
+                    self._checkpoint("complete", again=True)
                 if pending.done():
                     break
                 core.block_until(pending.done, None, landing=landing)
@@ -666,8 +671,8 @@ class AsyncSession(_Base):
         """Raise ``Cancelled`` if cancellation is pending; park if suspension is."""
         await self._checkpoint("checkpoint")
 
-    async def _checkpoint(self, what: str) -> None:
-        if self._raise_if_cancelled(what):
+    async def _checkpoint(self, what: str, again: bool = False) -> None:
+        if self._raise_if_cancelled(what, again):
             await self._park(what)
 
     async def _park(self, what: str) -> None:
@@ -678,7 +683,7 @@ class AsyncSession(_Base):
             self._host.parked(core)
             await core.block_until_async(lambda: not core.suspend_requested, None, parking=True)
             self._unpark()
-            if not self._raise_if_cancelled(what):
+            if not self._raise_if_cancelled(what, again=True):
                 return
 
     async def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SpawnedLike:
@@ -701,11 +706,13 @@ class AsyncSession(_Base):
         """``Session._wait_for`` without holding a thread."""
         core = self._core
         deadline = None if timeout is None else core.clock.monotonic() + timeout
+        again = False
         while True:
             # the checkpoint, inline: a coroutine (and a frame for Cancelled to
             # unwind through) only when it parks
-            if self._raise_if_cancelled("checkpoint"):
+            if self._raise_if_cancelled("checkpoint", again):
                 await self._park("checkpoint")
+            again = True
             if ready():
                 return
             remaining = None if deadline is None else deadline - core.clock.monotonic()
@@ -815,7 +822,7 @@ class AsyncSession(_Base):
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the session's clock; see ``Session.sleep``."""
         await self._wait_for(_never, seconds)
-        await self._checkpoint("checkpoint")
+        await self._checkpoint("checkpoint", again=True)
 
     async def memory_put(self, key: str, value: Any) -> str:
         """Write shared memory; see ``Session.memory_put``."""
@@ -862,7 +869,7 @@ class AsyncSession(_Base):
             while True:
                 landing = _landing(core)
                 if not landing:
-                    await self._checkpoint("checkpoint")
+                    await self._checkpoint("complete", again=True)
                 if pending.done():
                     break
                 await core.block_until_async(pending.done, None, landing=landing)

@@ -39,8 +39,9 @@ class Tape(Protocol):
         """The seed of the session's random numbers: drawn and recorded, or replayed."""
         ...
 
-    def checkpoint(self) -> None:
-        """A checkpoint: in a replay, a cancellation recorded here is applied now."""
+    def checkpoint(self, again: bool) -> None:
+        """A checkpoint (``again``: of a call that checked already, after a
+        wait): in a replay, a cancellation recorded at this call is applied now."""
         ...
 
     def defer_cancel(self, code: ErrorCode) -> bool:

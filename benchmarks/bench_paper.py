@@ -97,8 +97,15 @@ The heavy-tail variant (``benchmarks/_heavy_tail.py``): paired fan-outs of
 virtual clock, plain and with ``fan_out(hedge=Hedge(after=p95))``;
 ``hedged_p99_ratio`` = the hedged makespans' 99th percentile / the plain
 ones' (``heavy_tail`` holds the figures; 500 pairs with ``--quick``, 2,000
-in full). ``recording_cpu_ratio`` is null: recording and replay are not
-built yet.
+in full).
+
+``recording_cpu_ratio`` — the four tasks run with ``record=True`` (every
+sub-agent's spawns, takes and ends on tapes, the recording kept in memory)
+against the same tasks unrecorded, on the headline variant, alternated
+``max(reps, 3)`` times: recorded CPU / unrecorded CPU inside the run
+windows. ``recording_runtime_cpu_ratio`` is the same with the hashing
+(the sub-agents' own work) taken out of both: what recording adds to the
+runtime's own share.
 
 ``--quick``: one repetition at 1 min -> 20 ms (``"quick_sizes": true``): a
 fixed few ms of spawn round trips weigh five times more against the
@@ -377,15 +384,24 @@ def run_sequential(plans: Sequence[Plan], out: dict[str, Measure]) -> float:
     return cpu_total
 
 
-def run_node(plans: Sequence[Plan], variant: str, out: dict[str, Measure]) -> tuple[float, float]:
-    """All task types on one fresh node; (CPU inside the run windows, CPU with node lifecycle)."""
+def run_node(
+    plans: Sequence[Plan], variant: str, out: dict[str, Measure], *, record: bool = False
+) -> tuple[float, float]:
+    """All task types on one fresh node (``record``: each task's tree recorded);
+    (CPU inside the run windows, CPU with node lifecycle)."""
     cpu_runs = 0.0
     life0 = time.process_time()
     with Node([make_agent(variant)], NodeConfig()) as node:
         main = node.main("paper")
         for plan in plans:
             c0, t0 = time.process_time(), time.perf_counter()
-            result = main.run(kind="branch", skill="lead", task=plan.kind.name, timeout=RUN_TIMEOUT)
+            result = main.run(
+                kind="branch",
+                skill="lead",
+                task=plan.kind.name,
+                record=record,
+                timeout=RUN_TIMEOUT,
+            )
             t1, c1 = time.perf_counter(), time.process_time()
             if result is None or not result.ok:
                 msg = f"{variant} {plan.kind.name}: {result}"
@@ -485,6 +501,28 @@ def measure_memory(part: str, scale: float, rate: float) -> dict[str, Any]:
 
 
 # -- main ------------------------------------------------------------------------------
+
+
+def measure_recording(plans: Sequence[Plan], variant: str, rounds: int) -> dict[str, Any]:
+    """The tasks on ``variant`` recorded and not, alternated ``rounds`` times."""
+    assert BURNER is not None
+    cpu = {"plain": 0.0, "recorded": 0.0}
+    hashing = dict.fromkeys(cpu, 0.0)
+    for _ in range(rounds):
+        for part in ("plain", "recorded"):
+            sink = {p.kind.name: Measure([]) for p in plans}
+            BURNER.take_hash_cpu()
+            runs, _life = run_node(plans, variant, sink, record=part == "recorded")
+            cpu[part] += runs
+            hashing[part] += BURNER.take_hash_cpu()
+    own = {part: cpu[part] - hashing[part] for part in cpu}
+    return {
+        "recording_cpu_ratio": round(cpu["recorded"] / cpu["plain"], 4),
+        "recording_runtime_cpu_ratio": round(own["recorded"] / own["plain"], 4),
+        "rounds": rounds,
+        "cpu_s": {part: round(value, 4) for part, value in cpu.items()},
+        "runtime_cpu_s": {part: round(value, 4) for part, value in own.items()},
+    }
 
 
 def overrun_ms(values: list[float]) -> dict[str, float]:
@@ -662,6 +700,12 @@ def main() -> None:
     )
     best = min(("sync", "async"), key=lambda v: cpu[v])
     chosen = variants[best]
+    log(f"recording: {best} tasks recorded and not, alternated")
+    recording = measure_recording(plans, best, max(reps, 3))
+    log(
+        f"  CPU recorded / unrecorded {recording['recording_cpu_ratio']}, "
+        f"runtime's share alone {recording['recording_runtime_cpu_ratio']}"
+    )
     seq_rss = mem["sequential"]["peak_rss_bytes"]
     elapsed = time.perf_counter() - started
     log(f"\nheadline variant: {best} (lower compute overhead); {elapsed:.1f} s in all")
@@ -674,8 +718,8 @@ def main() -> None:
         "overhead_pct": chosen["overhead_pct"],
         "peak_memory_ratio": round(mem[best]["peak_rss_bytes"] / seq_rss, 4),
         "hedged_p99_ratio": tail["hedged_p99_ratio"],
-        # recording and replay (issue 26) are not built yet: nothing to measure
-        "recording_cpu_ratio": None,
+        "recording_cpu_ratio": recording["recording_cpu_ratio"],
+        "recording": recording,
         "heavy_tail": tail,
         "variant": best,
         "average_speedup": round(avg_speedup, 3),

@@ -37,6 +37,7 @@ from sessiontree.cli._events_cmds import events_cmd
 from sessiontree.cli._node_cmds import node
 from sessiontree.cli._recovery_cmds import recovery, wedged
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
+from sessiontree.cli._replay_cmds import replay_cmd
 from sessiontree.cli._session_cmds import sessions
 from sessiontree.cli._store_cmds import export_cmd, import_cmd, store
 from sessiontree.cli._token import TOKEN_META
@@ -213,4 +214,5 @@ main.add_command(store)
 main.add_command(top)
 main.add_command(wedged)
 main.add_command(recovery)
+main.add_command(replay_cmd)
 main.add_command(events_cmd)

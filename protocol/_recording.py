@@ -113,9 +113,11 @@ class TapeTake(_Tape, frozen=True, tag="take"):
 
 
 class TapeInterrupt(_Tape, frozen=True, tag="interrupt"):
-    """A cancellation (its code) reached the skill here."""
+    """A cancellation (its code) reached the skill here, in its ``call``-th
+    call of the session (a checkpoint: spawn, wait, complete, progress…)."""
 
     code: str
+    call: int
 
 
 TapeEntry = TapeSeed | TapeClock | TapeModel | TapeSpawn | TapeTake | TapeInterrupt

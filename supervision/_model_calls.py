@@ -106,11 +106,24 @@ class ModelCalls:
 
     def start(self, core: SessionCore, call: ModelCall) -> concurrent.futures.Future[Completion]:
         """Start ``call`` on the node's loop from a skill thread."""
-        return asyncio.run_coroutine_threadsafe(self.complete(core, call), self.loop())
+        started = asyncio.run_coroutine_threadsafe(self.complete(core, call), self.loop())
+        if core.tape is not None:
+            self._replayed(core, started)
+        return started
 
     def start_here(self, core: SessionCore, call: ModelCall) -> asyncio.Future[Completion]:
         """Start ``call`` on the running loop (an async skill's)."""
-        return asyncio.ensure_future(self.complete(core, call))
+        started = asyncio.ensure_future(self.complete(core, call))
+        if core.tape is not None:
+            self._replayed(core, started)
+        return started
+
+    def _replayed(self, core: SessionCore, started: Any) -> None:
+        """A replay's clock moves only when nothing runs: a call answered off
+        its tape counts as running until it ends."""
+        if cast("SessionTape", core.tape).replaying:
+            self.activity.begin()
+            started.add_done_callback(lambda _done: self.activity.end())
 
     async def complete(self, core: SessionCore, call: ModelCall) -> Completion:
         """Reserve, send and settle one call (a hedged one: see ``_hedged``);

@@ -151,7 +151,7 @@ class SessionTape:
     every input is appended as the skill meets it."""
 
     replaying = False
-    __slots__ = ("children", "number", "parent", "reel", "taped", "tapes")
+    __slots__ = ("calls", "children", "number", "parent", "reel", "taped", "tapes")
 
     def __init__(self, tapes: Recorder, reel: Reel, taped: TapedSession, number: int) -> None:
         self.tapes = tapes
@@ -159,6 +159,7 @@ class SessionTape:
         self.taped = taped
         self.number = number  # its place among its parent's children
         self.children = 0  # children made so far (Cortex thread)
+        self.calls = 0  # calls of the session its skill made (its thread)
         self.parent: SessionTape | None = None
 
     # -- what the handle tells ----------------------------------------------------------
@@ -176,14 +177,15 @@ class SessionTape:
         self.taped.tape.append(TapeSeed(drawn))
         return drawn
 
-    def checkpoint(self) -> None:
-        return None
+    def checkpoint(self, again: bool) -> None:
+        if not again:
+            self.calls += 1
 
     def defer_cancel(self, code: ErrorCode) -> bool:
         return False
 
     def interrupted(self, code: ErrorCode) -> None:
-        self.taped.tape.append(TapeInterrupt(code.value))
+        self.taped.tape.append(TapeInterrupt(code.value, self.calls))
 
     def spawned(
         self,

@@ -96,8 +96,8 @@ def describe(entry: TapeEntry) -> str:
             return "a spawn of " + ", ".join(parts)
         case TapeTake(children=children):
             return f"taking the results of children {children}" if children else "a take: none"
-        case TapeInterrupt(code=code):
-            return f"Cancelled({code}) raised into the skill"
+        case TapeInterrupt(code=code, call=call):
+            return f"Cancelled({code}) raised into the skill at its call {call}"
     return repr(entry)  # pragma: no cover - the union is closed
 
 
@@ -168,9 +168,12 @@ class PlayTape(SessionTape):
         return entry
 
     def _due_interrupt(self) -> ErrorCode | None:
+        """The code of a cancellation recorded at the skill's present call."""
         tape = self.recorded.tape if self.recorded is not None else []
         entry = tape[self.pos] if self.pos < len(tape) else None
-        return ErrorCode(entry.code) if isinstance(entry, TapeInterrupt) else None
+        if isinstance(entry, TapeInterrupt) and entry.call == self.calls:
+            return ErrorCode(entry.code)
+        return None
 
     def _apply_interrupt(self) -> None:
         """A cancellation recorded at this place reaches the skill now: the one
@@ -212,7 +215,9 @@ class PlayTape(SessionTape):
         entry = self._next(TapeSeed, "a random seed drawn")
         return 0 if entry is None else int(entry.seed)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, again: bool) -> None:
+        if not again:
+            self.calls += 1
         self._apply_interrupt()
 
     def defer_cancel(self, code: ErrorCode) -> bool:
@@ -223,9 +228,9 @@ class PlayTape(SessionTape):
         return True
 
     def interrupted(self, code: ErrorCode) -> None:
-        happened = describe(TapeInterrupt(code.value))
+        happened = describe(TapeInterrupt(code.value, self.calls))
         entry = self._next(TapeInterrupt, happened)
-        if entry is not None and entry.code != code.value:
+        if entry is not None and (entry.code, entry.call) != (code.value, self.calls):
             self.player.diverge(self, str(self.pos - 1), describe(entry), happened)
 
     def spawned(
