@@ -229,7 +229,7 @@ class _Base:
         if fence_code is not None:
             self._host.refused(core, what)
             if tape is not None:
-                tape.interrupted(fence_code)
+                tape.interrupted(fence_code, fenced=True)
             raise Cancelled(fence_code, core.session_id)
         with core.cond:
             code = core.cancel_code
@@ -242,7 +242,7 @@ class _Base:
                 return False
             core.cancel_raised = True
         if tape is not None:
-            tape.interrupted(code)
+            tape.interrupted(code, fenced=False)
         raise Cancelled(code, core.session_id)  # raised with the lock released
 
     def _unpark(self) -> None:
@@ -256,12 +256,12 @@ class _Base:
             self._taken.add(child)
         return result
 
-    def _taped(self, taken: Sequence[Collected]) -> list[Collected]:
+    def _taped(self, taken: list[Collected]) -> list[Collected]:
         """``taken`` (a take's entries), told to a recorded run's tape."""
         tape = self._core.tape
         if tape is not None:
             tape.took([c.session_id for c in taken if c.result is not None])
-        return list(taken)
+        return taken
 
     def _claim_ready(self, wanted: Sequence[uuid.UUID]) -> bool:
         return all(c in self._core.unclaimed for c in wanted)
@@ -316,12 +316,13 @@ class _Base:
     def _take_first(self, wanted: Sequence[uuid.UUID]) -> Collected | None:
         with self._core.cond:
             child = self._first_arrived(wanted)
-            if child is None:
-                taken = []
-            else:
-                taken = [Collected(session_id=child, result=self._claim(child), timed_out=False)]
-        got = self._taped(taken)
-        return got[0] if got else None
+            got = None
+            if child is not None:
+                got = Collected(session_id=child, result=self._claim(child), timed_out=False)
+        tape = self._core.tape
+        if tape is not None:
+            tape.took([] if got is None else [got.session_id])
+        return got
 
     def _check_child(self, child: uuid.UUID) -> None:
         if child not in self._spawned:
@@ -408,7 +409,9 @@ class Session(_Base):
         self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
             result = self._claim(child)
-        self._taped([Collected(session_id=child, result=result, timed_out=result is None)])
+        tape = core.tape
+        if tape is not None:
+            tape.took([] if result is None else [child])
         return result
 
     def collect(
@@ -487,6 +490,8 @@ class Session(_Base):
         """Cancel a child of this run and its subtree (grace, then force); None when accepted."""
         self._checkpoint("cancel_child")
         self._check_child(child)
+        if self._core.tape is not None:
+            self._core.tape.cancelled_child(child)
         return self._host.cancel(self._core, child)
 
     def send_to_parent(self, message: Any) -> None:
@@ -726,7 +731,9 @@ class AsyncSession(_Base):
         await self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
             result = self._claim(child)
-        self._taped([Collected(session_id=child, result=result, timed_out=result is None)])
+        tape = core.tape
+        if tape is not None:
+            tape.took([] if result is None else [child])
         return result
 
     async def collect(
@@ -786,6 +793,8 @@ class AsyncSession(_Base):
         """Cancel a child of this run; see ``Session.cancel_child``."""
         await self._checkpoint("cancel_child")
         self._check_child(child)
+        if self._core.tape is not None:
+            self._core.tape.cancelled_child(child)
         return self._host.cancel(self._core, child)
 
     async def send_to_parent(self, message: Any) -> None:

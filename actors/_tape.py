@@ -49,8 +49,9 @@ class Tape(Protocol):
         (a replay), False to let it through."""
         ...
 
-    def interrupted(self, code: ErrorCode) -> None:
-        """``Cancelled(code)`` is raised into the skill here."""
+    def interrupted(self, code: ErrorCode, *, fenced: bool) -> None:
+        """``Cancelled(code)`` is raised into the skill here (``fenced``: the
+        session has ended under it, and every later call raises too)."""
         ...
 
     def spawned(
@@ -64,6 +65,10 @@ class Tape(Protocol):
 
     def took(self, children: Sequence[uuid.UUID]) -> None:
         """The skill took these children's results, in this order."""
+        ...
+
+    def cancelled_child(self, child: uuid.UUID) -> None:
+        """The skill cancelled this child."""
         ...
 
     def holds(self, result: SessionResult) -> bool:

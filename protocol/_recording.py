@@ -12,9 +12,9 @@ makes new ones): the recorded root is ``"0"``, its third child ``"0.2"``.
 
 On failure: ``load_recording`` and ``Recording.decode`` raise
 ``RecordingError`` with ``reason`` ``version`` (another format),
-``truncated`` or ``malformed``; ``Node.replay`` raises it with
-``not_recorded`` or ``incomplete`` (the run never finished recording: the
-node stopped first).
+``truncated`` or ``malformed`` (naming the field); ``Node.replay`` raises
+it with ``not_recorded``, ``incomplete`` (the run never finished
+recording: the node stopped first) or ``unknown_agent``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from sessiontree.protocol._errors import ErrorInfo, SessionTreeError
+from sessiontree.protocol._errors import ErrorCode, ErrorInfo, SessionTreeError
 from sessiontree.protocol._results import SessionResult
 from sessiontree.protocol._specs import SpawnSpec
 
@@ -34,6 +34,7 @@ __all__ = [
     "Recording",
     "RecordingError",
     "ReplayReport",
+    "TapeCancel",
     "TapeClock",
     "TapeEntry",
     "TapeInterrupt",
@@ -53,7 +54,8 @@ _MAGIC = b"sessiontree-recording\n"
 
 class RecordingError(SessionTreeError):
     """A recording cannot be replayed or read; ``reason`` says why
-    (``not_recorded``, ``incomplete``, ``version``, ``truncated``, ``malformed``)."""
+    (``not_recorded``, ``incomplete``, ``version``, ``truncated``, ``malformed``,
+    ``unknown_agent``)."""
 
     def __init__(self, message: str, *, reason: str, session_id: uuid.UUID | None = None) -> None:
         super().__init__(message, session_id=session_id)
@@ -81,7 +83,8 @@ class TapeModel(_Tape, frozen=True, tag="model"):
     """A model's reply to one request (``digest``: a hash of what was sent,
     ``said``: the start of its last message, for a report); ``error`` when
     the provider answered with one; ``cut``: the call was closed before its
-    reply came (a cancellation reached the skill while it waited)."""
+    reply came (a cancellation reached the skill while it waited);
+    ``pieces``: a streamed reply's text as it arrived."""
 
     model: str
     digest: str
@@ -93,6 +96,7 @@ class TapeModel(_Tape, frozen=True, tag="model"):
     usage: tuple[int, int] | None = None
     error: ErrorInfo | None = None
     cut: bool = False
+    pieces: list[str] = msgspec.field(default_factory=list)
 
 
 class TapeSpawn(_Tape, frozen=True, tag="spawn"):
@@ -112,6 +116,12 @@ class TapeTake(_Tape, frozen=True, tag="take"):
     children: list[int]
 
 
+class TapeCancel(_Tape, frozen=True, tag="cancel"):
+    """The skill cancelled a child (its number under this session)."""
+
+    child: int
+
+
 class TapeInterrupt(_Tape, frozen=True, tag="interrupt"):
     """A cancellation (its code) reached the skill here, in its ``call``-th
     call of the session (a checkpoint: spawn, wait, complete, progress…)."""
@@ -120,7 +130,7 @@ class TapeInterrupt(_Tape, frozen=True, tag="interrupt"):
     call: int
 
 
-TapeEntry = TapeSeed | TapeClock | TapeModel | TapeSpawn | TapeTake | TapeInterrupt
+TapeEntry = TapeSeed | TapeClock | TapeModel | TapeSpawn | TapeTake | TapeCancel | TapeInterrupt
 
 
 class TapedEvent(msgspec.Struct, frozen=True, array_like=True):
@@ -185,13 +195,39 @@ class Recording(msgspec.Struct, kw_only=True):
             msg = f"a recording of format {version}; this code reads {RECORDING_FORMAT}"
             raise RecordingError(msg, reason="version")
         try:
-            return msgspec.msgpack.decode(body, type=Recording)
+            recording = msgspec.msgpack.decode(body, type=Recording)
         except msgspec.DecodeError as exc:
             raise _unreadable(exc) from None
+        _check(recording)
+        return recording
 
 
 class _Version(msgspec.Struct):
     format: int
+
+
+_CODES = frozenset(code.value for code in ErrorCode)
+
+
+def _check(recording: Recording) -> None:
+    """What decoding cannot check: ``RecordingError`` (``malformed``) naming the field."""
+    problem = None
+    if recording.depth < 1:
+        problem = f"depth {recording.depth} (a recorded root is spawned: 1 or more)"
+    for i, taped in enumerate(recording.sessions):
+        for j, entry in enumerate(taped.tape):
+            where = f"sessions[{i}].tape[{j}]"
+            if isinstance(entry, TapeInterrupt) and entry.code not in _CODES:
+                problem = f"{where}.code {entry.code!r} is not an error code"
+            lengths = (
+                {len(entry.skills), len(entry.tasks), len(entry.children), len(entry.refused)}
+                if isinstance(entry, TapeSpawn)
+                else set()
+            )
+            if len(lengths) > 1:
+                problem = f"{where}: its lists differ in length"
+    if problem is not None:
+        raise RecordingError(f"the recording is malformed: {problem}", reason="malformed")
 
 
 def _unreadable(exc: msgspec.DecodeError) -> RecordingError:

@@ -203,7 +203,7 @@ class ModelCalls:
             if tape is None:
                 reply = await self.models.call(route, request, on_delta)
             else:  # a recorded run's reply is taped (a replay's comes off its tape)
-                send = functools.partial(self.models.call, route, request, on_delta)
+                send = functools.partial(self.models.call, route, request)
                 reply = await tape.model(route.model, request, on_delta, send)
         except BaseException:  # cancelled (the request is closed): settled all the same
             cut = priced(Usage(prompt_tokens=estimate, calls=1), route.price)

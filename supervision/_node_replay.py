@@ -56,12 +56,13 @@ class NodeReplay(NodeSessions):
         no store and no network, its inputs from the recording. Returns whether
         the results and events were identical, or where it first diverged (see
         ``ReplayReport``). ``recording``: the recorded root's id (read as
-        ``recording`` reads it) or a ``Recording`` (``load_recording``).
+        ``recording`` reads it: a run still going is waited for up to 10 s)
+        or a ``Recording`` (``load_recording``).
         ``timeout``: real seconds the replay may take. Raises ``RecordingError``
         as ``recording`` does, and ``unknown_agent`` when this node has no
         agent of the recording's."""
         if not isinstance(recording, Recording):
-            recording = self.recording(recording, timeout=0.0)
+            recording = self.recording(recording)
         return self.replay_recording(recording, self._runtime.agents.values(), timeout=timeout)
 
     @classmethod

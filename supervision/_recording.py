@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import secrets
 import threading
 import uuid
@@ -32,11 +33,16 @@ from sessiontree.protocol import (
     ErrorInfo,
     Recording,
     RecordingError,
+    SessionInfo,
     SessionResult,
+    SessionState,
     SpawnSpec,
+    StoreError,
+    TapeCancel,
     TapeClock,
     TapedEvent,
     TapedSession,
+    TapeEntry,
     TapeInterrupt,
     TapeModel,
     TapeSeed,
@@ -44,7 +50,7 @@ from sessiontree.protocol import (
     TapeTake,
 )
 from sessiontree.store import RecordingRecord
-from sessiontree.supervision._events import Event, EventBus, EventKind
+from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._models import Reply
 
 if TYPE_CHECKING:
@@ -60,19 +66,21 @@ __all__ = [
     "reply_of",
     "request_digest",
     "said_of",
-    "taped_event",
+    "spec_of",
 ]
+
+log = logging.getLogger("sessiontree.recording")
 
 #: The events of a session a replay compares (those a session's run decides;
 #: not its timing, zombies or refused calls after its end).
+# A spawn and a delivery are on the parent's tape (its spawn, its results'
+# arrival and takes), so their events add nothing to compare.
 COMPARED_EVENTS = frozenset(
     {
-        EventKind.SPAWNED,
         EventKind.TRANSITION,
         EventKind.CANCEL_REQUESTED,
         EventKind.PROGRESS,
         EventKind.CHILD_UPDATE,
-        EventKind.RESULT_DELIVERED,
         EventKind.BUDGET_EXHAUSTED,
     }
 )
@@ -81,11 +89,6 @@ KEPT = 64
 """Complete recordings a node without a store keeps in memory (oldest dropped)."""
 
 _SAID_CHARS = 120
-
-
-def taped_event(event: Event) -> TapedEvent:
-    note = event.data.get("note") if event.kind is EventKind.PROGRESS else None
-    return TapedEvent(event.kind.value, event.state, event.code, note)
 
 
 def request_digest(model: str, request: Mapping[str, Any]) -> str:
@@ -119,10 +122,18 @@ def reply_of(entry: TapeModel) -> Reply | ErrorInfo:
     )
 
 
-def _tape_model(model: str, request: Mapping[str, Any], reply: Reply | ErrorInfo) -> TapeModel:
+def _tape_model(
+    model: str, request: Mapping[str, Any], reply: Reply | ErrorInfo | None, pieces: list[str]
+) -> TapeModel:
+    """A reply on a tape (None: the call was closed before it came)."""
     digest, said = request_digest(model, request), said_of(request)
+    if reply is None:
+        closed = ErrorInfo(code=ErrorCode.CANCELLED, message="the call was closed")
+        return TapeModel(
+            model=model, digest=digest, said=said, error=closed, cut=True, pieces=pieces
+        )
     if isinstance(reply, ErrorInfo):
-        return TapeModel(model=model, digest=digest, said=said, error=reply)
+        return TapeModel(model=model, digest=digest, said=said, error=reply, pieces=pieces)
     return TapeModel(
         model=model,
         digest=digest,
@@ -132,6 +143,7 @@ def _tape_model(model: str, request: Mapping[str, Any], reply: Reply | ErrorInfo
         finish_reason=reply.finish_reason,
         reply_model=reply.model,
         usage=reply.usage,
+        pieces=pieces,
     )
 
 
@@ -148,10 +160,21 @@ class Reel:
 
 class SessionTape:
     """A recorded session's tape (see ``sessiontree.actors.runtime.Tape``):
-    every input is appended as the skill meets it."""
+    every input is appended as the skill meets it, until the session ends
+    (what a fenced skill does after that is not its run's)."""
 
     replaying = False
-    __slots__ = ("calls", "children", "number", "parent", "reel", "taped", "tapes")
+    __slots__ = (
+        "calls",
+        "children",
+        "done",
+        "fence_taped",
+        "number",
+        "parent",
+        "reel",
+        "taped",
+        "tapes",
+    )
 
     def __init__(self, tapes: Recorder, reel: Reel, taped: TapedSession, number: int) -> None:
         self.tapes = tapes
@@ -161,12 +184,18 @@ class SessionTape:
         self.children = 0  # children made so far (Cortex thread)
         self.calls = 0  # calls of the session its skill made (its thread)
         self.parent: SessionTape | None = None
+        self.done = False
+        self.fence_taped = False  # the node fenced it: taped then, not when the skill sees it
+
+    def _put(self, entry: TapeEntry) -> None:
+        if not self.done:
+            self.taped.tape.append(entry)
 
     # -- what the handle tells ----------------------------------------------------------
 
     def read(self, which: str, value: Callable[[], float]) -> float:
         reading = value()
-        self.taped.tape.append(TapeClock(which, reading))
+        self._put(TapeClock(which, reading))
         return reading
 
     def at(self, when: float) -> float:
@@ -174,7 +203,7 @@ class SessionTape:
 
     def seed(self) -> int:
         drawn = secrets.randbits(63)
-        self.taped.tape.append(TapeSeed(drawn))
+        self._put(TapeSeed(drawn))
         return drawn
 
     def checkpoint(self, again: bool) -> None:
@@ -184,8 +213,17 @@ class SessionTape:
     def defer_cancel(self, code: ErrorCode) -> bool:
         return False
 
-    def interrupted(self, code: ErrorCode) -> None:
-        self.taped.tape.append(TapeInterrupt(code.value, self.calls))
+    def interrupted(self, code: ErrorCode, *, fenced: bool) -> None:
+        if not self.fence_taped:  # a fenced skill meets it at every call: taped once
+            self._put(TapeInterrupt(code.value, self.calls))
+            self.fence_taped = fenced
+
+    def fenced(self, code: ErrorCode, inside: bool) -> None:
+        """The node ended the session under its skill (expired, forced; Cortex
+        thread): the skill meets it in the call it waits ``inside``, or in its
+        next one. Taped now, as the session ends before its skill wakes."""
+        self._put(TapeInterrupt(code.value, self.calls if inside else self.calls + 1))
+        self.fence_taped = True
 
     def spawned(
         self,
@@ -193,13 +231,17 @@ class SessionTape:
         children: Sequence[uuid.UUID | None],
         refused: Sequence[ErrorInfo | None],
     ) -> None:
-        self.taped.tape.append(self.tapes.spawn_entry(specs, children, refused))
+        self._put(self.tapes.spawn_entry(specs, children, refused))
 
     def took(self, children: Sequence[uuid.UUID]) -> None:
-        self.taped.tape.append(TapeTake(self.tapes.numbers(children)))
+        self._put(TapeTake(self.tapes.numbers(children)))
+
+    def cancelled_child(self, child: uuid.UUID) -> None:
+        self._put(TapeCancel(self.tapes.numbers([child])[0]))
 
     def holds(self, result: SessionResult) -> bool:
-        self.taped.arrivals.extend(self.tapes.numbers([result.session_id]))
+        if not self.done:
+            self.taped.arrivals.extend(self.tapes.numbers([result.session_id]))
         return False
 
     def end_run(self, report: Callable[[], None]) -> None:
@@ -208,29 +250,68 @@ class SessionTape:
 
     # -- what the node tells ------------------------------------------------------------
 
+    def event(
+        self, kind: EventKind, state: SessionState, code: ErrorCode | None, data: Any
+    ) -> None:
+        """One of the session's events (Cortex thread): kept if a replay compares it."""
+        if kind in COMPARED_EVENTS and not self.done:
+            note = data.get("note") if kind is EventKind.PROGRESS and data else None
+            taped = TapedEvent(
+                kind.value,
+                state.value,
+                None if code is None else code.value,
+                None if note is None else str(note),
+            )
+            self.taped.events.append(taped)
+
     async def model(
         self,
         model: str,
         request: Mapping[str, Any],
         on_delta: Callable[[str], None] | None,
-        send: Callable[[], Awaitable[Reply | ErrorInfo]],
+        send: Callable[[Callable[[str], None] | None], Awaitable[Reply | ErrorInfo]],
     ) -> Reply | ErrorInfo:
-        """Send a model request (``send``) and tape its reply, or that it was cut off."""
-        try:
-            reply = await send()
-        except BaseException:
-            cut = ErrorInfo(code=ErrorCode.CANCELLED, message="the call was closed")
-            entry = TapeModel(
-                model=model,
-                digest=request_digest(model, request),
-                said=said_of(request),
-                error=cut,
-                cut=True,
-            )
-            self.taped.tape.append(entry)
-            raise
-        self.taped.tape.append(_tape_model(model, request, reply))
+        """Send a model request (``send``, given what takes its streamed text)
+        and tape its reply. Its place on the tape is taken as it goes out (so
+        calls in flight at once keep their order), marked closed until the
+        reply comes: a call a cancellation closes stays so."""
+        pieces: list[str] = []
+        taking = None
+        if on_delta is not None:
+            delta = on_delta
+
+            def taking(text: str) -> None:
+                pieces.append(text)
+                delta(text)
+
+        held = self._hold_place(_tape_model(model, request, None, pieces))
+        reply = await send(taking)  # a cancellation leaves the place marked closed
+        self._fill(held, _tape_model(model, request, reply, pieces))
         return reply
+
+    def _hold_place(self, entry: TapeModel) -> TapeModel | None:
+        """Put ``entry`` on the tape (None once the session ended): before a
+        cancellation the skill taped at this call already, since the call
+        went out before the skill met it."""
+        if self.done:
+            return None
+        tape = self.taped.tape
+        last = tape[-1] if tape else None
+        if isinstance(last, TapeInterrupt) and last.call == self.calls:
+            tape.insert(len(tape) - 1, entry)
+        else:
+            tape.append(entry)
+        return entry
+
+    def _fill(self, held: TapeModel | None, entry: TapeModel) -> None:
+        """Replace the place ``held`` by the reply's ``entry``."""
+        if held is None or self.done:
+            return
+        tape = self.taped.tape
+        for i in range(len(tape) - 1, -1, -1):
+            if tape[i] is held:
+                tape[i] = entry
+                return
 
     def child(self, core: SessionCore) -> SessionTape:
         """The tape of a child this session's run just made (Cortex thread)."""
@@ -243,18 +324,24 @@ class SessionTape:
     def ended(self, result: SessionResult) -> None:
         """The session ended with ``result`` (Cortex thread)."""
         self.taped.result = result
+        self.done = True
+        self.tapes.ended(self)
+
+    def discarded(self) -> None:
+        """The session was taken out as never made (its record could not be
+        written): it leaves the recording (Cortex thread)."""
+        self.done = True
+        self.reel.recording.sessions.remove(self.taped)
         self.tapes.ended(self)
 
 
 class Recorder:
-    """A node's recordings (see the module's docstring). ``tell`` posts to
-    the Cortex; every method but ``recording`` runs on the Cortex's thread."""
+    """A node's recordings (see the module's docstring). ``root``, ``attach``,
+    ``ended`` and ``complete`` run on the Cortex's thread, ``numbers`` and
+    ``spawn_entry`` on a skill's, ``recording`` on its caller's."""
 
-    def __init__(
-        self, store: Store | None, events: EventBus, grace: float, providers: Sequence[Provider]
-    ) -> None:
+    def __init__(self, store: Store | None, grace: float, providers: Sequence[Provider]) -> None:
         self.store = store
-        self.events = events
         self.grace = grace
         self.prices = {
             p.name: {m: (price.prompt, price.completion) for m, price in p.prices.items()}
@@ -262,32 +349,18 @@ class Recorder:
             if p.prices
         }
         self.by_id: dict[uuid.UUID, SessionTape] = {}
+        # runs still recording, and (without a store) the last KEPT complete ones
         self.reels: collections.OrderedDict[uuid.UUID, Reel] = collections.OrderedDict()
-        self._live = 0
-        self._unsubscribe: Callable[[], None] | None = None
         self._lock = threading.Lock()  # reels is read by callers of ``recording``
 
     def root(self, core: SessionCore) -> SessionTape:
         """Start a recording at ``core`` (a spawn asked for one)."""
         info = core.info
-        spec = SpawnSpec(
-            kind=info.kind,
-            task=info.task,
-            context_summary=info.context_summary,
-            skill=info.skill,
-            ttl=info.ttl,
-            model_tier=info.model_tier,
-            metadata=dict(info.metadata),
-            budget=info.budget,
-            input=info.input,
-            context=info.context,
-            record=True,
-        )
         recording = Recording(
             recording_id=info.session_id,
             agent_id=info.agent_id,
             depth=info.depth,
-            spec=spec,
+            spec=spec_of(info, record=True),
             started_at=info.created_at,
             grace=self.grace,
             prices=self.prices,
@@ -296,8 +369,6 @@ class Recorder:
         with self._lock:
             self.reels[info.session_id] = reel
         self._write(reel)  # the header: a run cut off by a crash is known as incomplete
-        if self._unsubscribe is None:
-            self._unsubscribe = self.events.subscribe(self.observe)
         return self.attach(reel, core, "0", 0)
 
     def attach(self, reel: Reel, core: SessionCore, path: str, number: int) -> SessionTape:
@@ -315,12 +386,6 @@ class Recorder:
         self, reel: Reel, taped: TapedSession, number: int, core: SessionCore
     ) -> SessionTape:
         return SessionTape(self, reel, taped, number)
-
-    def observe(self, event: Event) -> None:
-        """An event: kept on its session's tape if it is one a replay compares."""
-        tape = self.by_id.get(event.session_id) if event.session_id is not None else None
-        if tape is not None and event.kind in COMPARED_EVENTS:
-            tape.taped.events.append(taped_event(event))
 
     def numbers(self, children: Sequence[uuid.UUID]) -> list[int]:
         """Children's places under their parent (-1 for one outside the recording)."""
@@ -352,46 +417,54 @@ class Recorder:
         recording.complete = True
         for taped in recording.sessions:
             self.by_id.pop(taped.session_id, None)
-        if not self.by_id and self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
         self._write(reel)
-        with self._lock:
-            if self.store is None:
-                while len(self.reels) > KEPT:
-                    self.reels.popitem(last=False)
-            else:  # the store keeps it: only runs still recording stay here
-                self.reels.pop(recording.recording_id, None)
 
     def _write(self, reel: Reel) -> None:
+        """Write ``reel`` (once complete, ``done`` is set when it is durable and
+        it leaves ``reels``, or stays among the last ``KEPT`` without a store).
+        A write that fails is the reel's ``error``, never the Cortex's."""
         recording = reel.recording
         if self.store is None:
             if recording.complete:
                 reel.done.set()
+                self._kept()
             return
-        record = RecordingRecord(
-            recording_id=recording.recording_id,
-            agent_id=recording.agent_id,
-            started_at=recording.started_at,
-            complete=recording.complete,
-            data=recording.encode(),
-        )
-        batch = self.store.batch().recording(record)
-        future = self.store.submit(batch)
+        try:
+            record = RecordingRecord(
+                recording_id=recording.recording_id,
+                agent_id=recording.agent_id,
+                started_at=recording.started_at,
+                complete=recording.complete,
+                data=recording.encode(),
+            )
+            future = self.store.submit(self.store.batch().recording(record))
+        except Exception as exc:  # noqa: BLE001 - a closed store, an unencodable value
+            log.warning("recording %s not written: %s", recording.recording_id, exc)
+            if recording.complete:
+                self._written(reel, exc)
+            return
         if recording.complete:
+            future.add_done_callback(lambda done: self._written(reel, done.exception()))
 
-            def written(done: Any) -> None:
-                reel.error = done.exception()
-                reel.done.set()
+    def _written(self, reel: Reel, error: BaseException | None) -> None:
+        reel.error = error
+        reel.done.set()
+        with self._lock:
+            self.reels.pop(reel.recording.recording_id, None)
 
-            future.add_done_callback(written)
+    def _kept(self) -> None:
+        with self._lock:
+            done = [rid for rid, reel in self.reels.items() if reel.done.is_set()]
+            for rid in done[: max(0, len(done) - KEPT)]:
+                del self.reels[rid]
 
     def recording(self, recording_id: uuid.UUID, timeout: float | None) -> Recording:
         """The complete recording of the run rooted at ``recording_id``, once
         written (waiting up to ``timeout`` real seconds for a run still
         recording). ``RecordingError``: ``not_recorded`` (no such recording),
         ``incomplete`` (still running at the timeout, or cut off by a crash),
-        or what decoding a stored one raises; ``StoreError`` if its write failed."""
+        or what decoding a stored one raises; ``StoreError`` if its write failed
+        (the reason of one that could not be encoded: ``RecordingError``)."""
         with self._lock:
             reel = self.reels.get(recording_id)
         if reel is not None:
@@ -399,13 +472,38 @@ class Recorder:
                 msg = f"the run of {recording_id} is still recording"
                 raise RecordingError(msg, reason="incomplete", session_id=recording_id)
             if reel.error is not None:
-                raise reel.error
+                raise _unwritten(recording_id, reel.error)
             if self.store is None:
                 return reel.recording
         if self.store is None:
             msg = f"session {recording_id} was not recorded (or no longer kept in memory)"
             raise RecordingError(msg, reason="not_recorded", session_id=recording_id)
         return stored_recording(self.store, recording_id)
+
+
+def _unwritten(recording_id: uuid.UUID, error: BaseException) -> BaseException:
+    if isinstance(error, StoreError):
+        return error
+    msg = f"the recording of {recording_id} could not be written: {error}"
+    return RecordingError(msg, reason="malformed", session_id=recording_id)
+
+
+def spec_of(info: SessionInfo, *, record: bool = False) -> SpawnSpec:
+    """The spawn that makes a session like ``info`` again: its kind, skill,
+    work and the tier, TTL and budget it got."""
+    return SpawnSpec(
+        kind=info.kind,
+        task=info.task,
+        context_summary=info.context_summary,
+        skill=info.skill,
+        ttl=info.ttl,
+        model_tier=info.model_tier,
+        metadata=dict(info.metadata),
+        budget=info.budget,
+        input=info.input,
+        context=info.context,
+        record=record,
+    )
 
 
 def stored_recording(store: Store, recording_id: uuid.UUID) -> Recording:

@@ -44,6 +44,7 @@ from sessiontree.protocol import (
     SessionKind,
     SessionResult,
     SpawnSpec,
+    TapeCancel,
     TapeClock,
     TapedSession,
     TapeEntry,
@@ -96,6 +97,8 @@ def describe(entry: TapeEntry) -> str:
             return "a spawn of " + ", ".join(parts)
         case TapeTake(children=children):
             return f"taking the results of children {children}" if children else "a take: none"
+        case TapeCancel(child=child):
+            return f"cancelling child {child}"
         case TapeInterrupt(code=code, call=call):
             return f"Cancelled({code}) raised into the skill at its call {call}"
     return repr(entry)  # pragma: no cover - the union is closed
@@ -114,11 +117,13 @@ class PlayTape(SessionTape):
         "group",
         "groups",
         "held",
-        "last_read",
         "lock",
+        "offset",
         "pos",
+        "rank",
         "recorded",
         "released",
+        "steps",
     )
 
     def __init__(
@@ -133,17 +138,19 @@ class PlayTape(SessionTape):
         super().__init__(tapes, reel, taped, number)
         self.core = core
         self.recorded = recorded
+        self.steps: list[TapeEntry] = [] if recorded is None else recorded.tape
         self.pos = 0
         self.deferred: ErrorCode | None = None
-        tape = recorded.tape if recorded is not None else []
-        self.groups = [e.children for e in tape if isinstance(e, TapeTake) and e.children]
+        self.groups = [e.children for e in self.steps if isinstance(e, TapeTake)]
         self.group = 0
         self.released = False
         self.held: dict[int, SessionResult] = {}
-        self.arrived: set[int] = set()  # children whose results arrived
+        arrivals = [] if recorded is None else recorded.arrivals
+        self.rank = {n: i for i, n in enumerate(arrivals)}  # a child's place among arrivals
+        self.arrived = 0  # how many of the recorded arrivals have come, in order
         self.ending: dict[int, Callable[[], None]] = {}  # children's run ends held back
         self.lock = threading.Lock()
-        self.last_read = 0.0
+        self.offset = 0.0  # the replay's clock less the recorded one, at the last reading
 
     @property
     def player(self) -> Player:
@@ -153,47 +160,55 @@ class PlayTape(SessionTape):
     def _next(self, kind: type[Any], happened: str) -> Any:
         """The next entry if it is a ``kind``; else the divergence (None)."""
         player = self.player
-        if player.divergence is not None:
-            return None
-        tape = self.recorded.tape if self.recorded is not None else []
-        step = self.pos
-        if step >= len(tape):
-            player.diverge(self, str(step), "the end of its run", happened)
-            return None
-        entry = tape[step]
-        if not isinstance(entry, kind):
-            player.diverge(self, str(step), describe(entry), happened)
-            return None
-        self.pos = step + 1
-        return entry
+        with self.lock:
+            if player.divergence is not None:
+                return None
+            step = self.pos
+            entry = self.steps[step] if step < len(self.steps) else None
+            if entry is not None and isinstance(entry, kind):
+                self.pos = step + 1
+                return entry
+        was = "the end of its run" if entry is None else describe(entry)
+        player.diverge(self, str(step), was, happened)
+        return None
+
+    def _unlike(self, entry: TapeEntry, happened: str) -> None:
+        """The entry just taken is not what happened: the divergence."""
+        self.player.diverge(self, str(self.pos - 1), describe(entry), happened)
 
     def _due_interrupt(self) -> ErrorCode | None:
         """The code of a cancellation recorded at the skill's present call."""
-        tape = self.recorded.tape if self.recorded is not None else []
-        entry = tape[self.pos] if self.pos < len(tape) else None
+        entry = self.steps[self.pos] if self.pos < len(self.steps) else None
         if isinstance(entry, TapeInterrupt) and entry.call == self.calls:
             return ErrorCode(entry.code)
         return None
 
-    def _apply_interrupt(self) -> None:
-        """A cancellation recorded at this place reaches the skill now: the one
-        the node asked for meanwhile, or (none came) the recorded one, made."""
+    def _apply_interrupt(self) -> bool:
+        """A cancellation recorded at this call reaches the skill now: the one
+        the node asked for meanwhile or, when none came, the recorded one
+        made now (a parent's end is never made: it comes as the parent ends).
+        False when none is due here."""
         code = self._due_interrupt()
         core = self.core
-        if code is None or core.fence_code is not None or self.player.divergence is not None:
-            return
+        if code is None:
+            return False
+        if core.fence_code is not None or self.player.divergence is not None:
+            return True
         if code in _FENCES:
             core.fence(code)
         else:
             with core.cond:
                 if core.cancel_code is not None:
-                    return  # already through
+                    return True  # already through
                 deferred = self.deferred
+                if deferred is None and code is ErrorCode.PARENT_TERMINATED:
+                    return True  # it is on its way
                 core.cancel_code = code if deferred is None else deferred
                 core.wake()
             if deferred is not None:
-                return
+                return True
         self.player.tell(Call(Interrupt(core.session_id, code)))
+        return True
 
     # -- what the handle asks ------------------------------------------------------------
 
@@ -202,14 +217,14 @@ class PlayTape(SessionTape):
         if entry is None:
             return value()
         if entry.which != which:
-            self.player.diverge(self, str(self.pos - 1), describe(entry), f"a {which} reading")
+            self._unlike(entry, f"a {which} clock reading")
             return value()
         if which == "monotonic":
-            self.last_read = entry.value
+            self.offset = self.player.clock.monotonic() - entry.value
         return float(entry.value)
 
     def at(self, when: float) -> float:
-        return when - self.last_read + self.player.clock.monotonic()
+        return when + self.offset
 
     def seed(self) -> int:
         entry = self._next(TapeSeed, "a random seed drawn")
@@ -227,11 +242,17 @@ class PlayTape(SessionTape):
             self.deferred = code
         return True
 
-    def interrupted(self, code: ErrorCode) -> None:
+    def interrupted(self, code: ErrorCode, *, fenced: bool) -> None:
+        if self.fence_taped:
+            return
+        self.fence_taped = fenced
         happened = describe(TapeInterrupt(code.value, self.calls))
         entry = self._next(TapeInterrupt, happened)
         if entry is not None and (entry.code, entry.call) != (code.value, self.calls):
-            self.player.diverge(self, str(self.pos - 1), describe(entry), happened)
+            self._unlike(entry, happened)
+
+    def fenced(self, code: ErrorCode, inside: bool) -> None:
+        return None  # the skill meets it: ``interrupted`` takes it off the tape
 
     def spawned(
         self,
@@ -242,7 +263,13 @@ class PlayTape(SessionTape):
         made = self.player.spawn_entry(specs, children, refused)
         entry = self._next(TapeSpawn, describe(made))
         if entry is not None and entry != made:
-            self.player.diverge(self, str(self.pos - 1), describe(entry), describe(made))
+            self._unlike(entry, describe(made))
+
+    def cancelled_child(self, child: uuid.UUID) -> None:
+        made = TapeCancel(self.player.numbers([child])[0])
+        entry = self._next(TapeCancel, describe(made))
+        if entry is not None and entry != made:
+            self._unlike(entry, describe(made))
 
     def took(self, children: Sequence[uuid.UUID]) -> None:
         made = TapeTake(self.player.numbers(children))
@@ -250,19 +277,20 @@ class PlayTape(SessionTape):
         if entry is None:
             return
         if entry != made:
-            self.player.diverge(self, str(self.pos - 1), describe(entry), describe(made))
+            self._unlike(entry, describe(made))
             return
-        if made.children:
-            with self.lock:
-                self.group += 1
-                self.released = False
-            self._release()
+        with self.lock:
+            self.group += 1
+            self.released = False
+        self._release()
 
     def holds(self, result: SessionResult) -> bool:
         (number,) = self.player.numbers([result.session_id])
         with self.lock:
             self.held[number] = result
-            self.arrived.add(number)
+            order = self.recorded.arrivals if self.recorded is not None else []
+            while self.arrived < len(order) and order[self.arrived] in self.held:
+                self.arrived += 1
             due = [n for n in self.ending if self._in_turn(n)]
             reports = [self.ending.pop(n) for n in due]
         for report in reports:
@@ -273,10 +301,8 @@ class PlayTape(SessionTape):
     def _in_turn(self, number: int) -> bool:
         """Whether child ``number`` may end: every child whose result arrived
         before its own in the recording has arrived (call with ``lock`` held)."""
-        order = self.recorded.arrivals if self.recorded is not None else []
-        if number not in order:
-            return True
-        return all(n in self.arrived for n in order[: order.index(number)])
+        rank = self.rank.get(number)
+        return rank is None or rank <= self.arrived
 
     def end_run(self, report: Callable[[], None]) -> None:
         """``report`` the run's end in its recorded turn among its siblings (so
@@ -292,7 +318,8 @@ class PlayTape(SessionTape):
         report()
 
     def _release(self) -> None:
-        """File the results of the next take the recording made, once all are here."""
+        """File the results of the next take the recording made, once all are
+        here (none for a take that found nothing: the wait times out)."""
         with self.lock:
             if self.released or self.group >= len(self.groups):
                 return
@@ -301,7 +328,8 @@ class PlayTape(SessionTape):
                 return
             results = [self.held.pop(n) for n in wanted]
             self.released = True
-        self.core.file_results(results)
+        if results:
+            self.core.file_results(results)
 
     # -- what the node asks --------------------------------------------------------------
 
@@ -310,21 +338,24 @@ class PlayTape(SessionTape):
         model: str,
         request: Mapping[str, Any],
         on_delta: Callable[[str], None] | None,
-        send: Callable[[], Awaitable[Reply | ErrorInfo]],
+        send: Callable[[Callable[[str], None] | None], Awaitable[Reply | ErrorInfo]],
     ) -> Reply | ErrorInfo:
         said = said_of(request)
         happened = f"a call to {model}: {said!r}"
         entry = self._next(TapeModel, happened)
         if entry is not None and entry.digest != request_digest(model, request):
-            self.player.diverge(self, str(self.pos - 1), describe(entry), happened)
+            self._unlike(entry, happened)
+            entry = None
+        if entry is not None and on_delta is not None:
+            for piece in entry.pieces:
+                on_delta(piece)
+        if entry is not None and entry.cut:  # a cancellation recorded next closes it
+            if self._apply_interrupt():
+                await asyncio.Event().wait()
+            self._unlike(entry, f"{happened}, and no cancellation to close it")
             entry = None
         if entry is None:
             return ErrorInfo(code=ErrorCode.MODEL_ERROR, message="the replay diverged")
-        if entry.cut:  # closed by the cancellation recorded next: wait for it
-            self._apply_interrupt()
-            await asyncio.Event().wait()
-        if on_delta is not None and entry.text:
-            on_delta(entry.text)
         return reply_of(entry)
 
 
@@ -332,7 +363,7 @@ class Player(Recorder):
     """The tapes of one replay (in place of a node's ``Recorder``)."""
 
     def __init__(self, recording: Recording, node: Any, clock: VirtualClock) -> None:
-        super().__init__(None, node.events, recording.grace, ())
+        super().__init__(None, recording.grace, ())
         self.run = recording
         self.clock = clock
         self.node = node
@@ -364,18 +395,22 @@ class Player(Recorder):
 
     def diverge(self, tape: PlayTape, step: str, recorded: str, happened: str) -> None:
         """Report the first divergence and end the replay's subtree by force."""
+        namesake = tape.recorded
+        found = Divergence(
+            session=tape.taped.path,
+            session_id=None if namesake is None else namesake.session_id,
+            skill=tape.taped.skill,
+            step=step,
+            recorded=recorded,
+            happened=happened,
+        )
+        self._first(found)
+
+    def _first(self, divergence: Divergence) -> None:
         with self._diverging:
             if self.divergence is not None:
                 return
-            namesake = tape.recorded
-            self.divergence = Divergence(
-                session=tape.taped.path,
-                session_id=None if namesake is None else namesake.session_id,
-                skill=tape.taped.skill,
-                step=step,
-                recorded=recorded,
-                happened=happened,
-            )
+            self.divergence = divergence
         if self.root_id is not None:
             self.tell(Call(Cancel(self.root_id, grace=0.0)))
         self.stopped.set()
@@ -383,22 +418,13 @@ class Player(Recorder):
     def stall(self, why: str) -> None:
         """Nothing left to wait for, and sessions of the recording still live."""
         live = [t for t in self.played.values() if t.taped.result is None]
-        if not live:
-            root = self.played.get("0")
-            if root is None:  # the root was never made (a refused spawn)
-                self.divergence = Divergence(
-                    session="0",
-                    session_id=self.run.recording_id,
-                    skill=self.run.spec.skill or "",
-                    step="spawn",
-                    recorded="it ran",
-                    happened=why,
-                )
-                self.stopped.set()
-                return
-            live = [root]
-        tape = live[0]
-        self.diverge(tape, str(tape.pos), "its run going on", why)
+        if live:
+            self.diverge(live[0], str(live[0].pos), "its run going on", why)
+        elif "0" in self.played:
+            self.diverge(self.played["0"], str(self.played["0"].pos), "its run going on", why)
+        else:  # the root was never made (a refused spawn)
+            root = next(s for s in self.run.sessions if s.path == "0")
+            self._first(_divergence(root, "spawn", "it ran", why))
 
     def report(self) -> ReplayReport:
         """What the replay found (see ``ReplayReport``)."""
@@ -442,6 +468,7 @@ class Player(Recorder):
 
 
 def _divergence(recorded: TapedSession, step: str, was: str, now: str) -> Divergence:
+    """What ``recorded`` did at ``step`` (``was``) and what its replay did (``now``)."""
     return Divergence(
         session=recorded.path,
         session_id=recorded.session_id,
@@ -464,6 +491,7 @@ def _outcome(result: SessionResult | None, names: Mapping[str, str]) -> str:
     data = msgspec.to_builtins(result)
     for key in ("session_id", "parent_id", "timings", "context_leaf", "conversation"):
         data.pop(key, None)
+    data["memory_ids"] = len(data.get("memory_ids", ()))  # made fresh by every write
     text = msgspec.json.encode(data, order="sorted").decode()
     for sid, path in names.items():
         text = text.replace(sid, f"<session {path}>")
@@ -531,25 +559,38 @@ def replay_recording(
         msg = f"no agent {recording.agent_id!r} to replay {recording.recording_id} with"
         raise RecordingError(msg, reason="unknown_agent", session_id=recording.recording_id)
     clock = VirtualClock(start=recording.started_at)
-    config = NodeConfig(grace=recording.grace, providers=_providers(recording, agent))
+    config = NodeConfig(
+        grace=recording.grace,
+        providers=_providers(recording, agent),
+        memory_probe=False,  # this machine's memory pressure must not suspend a replayed branch
+    )
     node = make_node([_replay_agent(agent)], config, clock=clock)
-    player = Player(recording, node, clock)
-    node._runtime.tapes = player
     try:
-        key = f"replay:main:{recording.recording_id.hex}"
-        parent = node.main(agent.agent_id, key).session_id
-        for _ in range(recording.depth - 1):
-            holder = node.spawn(parent, kind=SessionKind.BRANCH, skill=_HOLD, ttl=config.max_ttl)
-            assert holder.session_id is not None, holder.error
-            parent = holder.session_id
-        spawned = node.spawn(parent, recording.spec)
-        if spawned.error is not None:
-            player.stall(f"its spawn was refused: {spawned.error.message}")
-        else:
+        player = Player(recording, node, clock)
+        node._runtime.tapes = player
+        _start(node, agent.agent_id, player, config.max_ttl)
+        if not player.stopped.is_set():
             _drive(node, clock, player, _span(recording) + 2 * recording.grace + _SLACK, timeout)
     finally:
         node.shutdown(grace=0.0)
     return player.report()
+
+
+def _start(node: Any, agent_id: str, player: Player, ttl: float) -> None:
+    """Spawn the recorded root at its depth: under the replay's Main, below a
+    stand-in Branch for each ancestor it had between (a refusal is the
+    divergence)."""
+    recording = player.run
+    parent = node.main(agent_id, f"replay:main:{recording.recording_id.hex}").session_id
+    for _ in range(recording.depth - 1):
+        holder = node.spawn(parent, kind=SessionKind.BRANCH, skill=_HOLD, ttl=ttl)
+        if holder.session_id is None:
+            player.stall(f"a stand-in for an ancestor was refused: {holder.error}")
+            return
+        parent = holder.session_id
+    spawned = node.spawn(parent, recording.spec)
+    if spawned.error is not None:
+        player.stall(f"its spawn was refused: {spawned.error.message}")
 
 
 def _drive(node: Any, clock: VirtualClock, player: Player, span: float, timeout: float) -> None:

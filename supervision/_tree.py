@@ -180,7 +180,9 @@ class Tree:
         at: float | None = None,
     ) -> None:
         """Emit an event about ``entry`` (or the node); nothing is built when
-        nobody listens."""
+        nobody listens (a recorded session's tape keeps what a replay compares)."""
+        if entry is not None and entry.core.tape is not None:
+            cast("SessionTape", entry.core.tape).event(kind, entry.core.state, code, data)
         events = self.rt.events
         if not events.observed:
             return
@@ -428,6 +430,8 @@ class Tree:
         entry.core.fence(ErrorCode.STORE_FAILED)
         entry.core.release_slot()
         self.emit(EventKind.DISCARDED, entry)
+        if entry.core.tape is not None:
+            cast("SessionTape", entry.core.tape).discarded()
         self.entries.pop(entry.session_id, None)
         self.live -= 1
         if entry.needs_thread:

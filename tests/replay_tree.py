@@ -108,6 +108,18 @@ def agents() -> list[Agent]:
     return [make_agent()]
 
 
+async def read_differently(session: AsyncSession) -> str:
+    """``read`` as changed since the recording: it asks for a summary."""
+    roll = session.random.random()
+    reply = await session.complete(f"a summary of {session.task} ({roll:.4f})")
+    return f"{session.task}: {reply.text}"
+
+
+def changed_agents() -> list[Agent]:
+    """The agents with ``read`` changed (``--agents tests.replay_tree:changed_agents``)."""
+    return [make_agent(read=read_differently)]
+
+
 def config(url: str) -> NodeConfig:
     provider = Provider(base_url=url, retry_wait=0.01, retry_wait_max=0.05)
     return NodeConfig(grace=GRACE, providers=(provider,))

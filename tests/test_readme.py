@@ -25,7 +25,7 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
 
 @pytest.mark.parametrize(
     "number",
-    [0, 1, 2, 3, 4, 5, 6, 7],
+    [0, 1, 2, 3, 4, 5, 6, 7, 8],
     ids=[
         "embedding",
         "shared-client",
@@ -34,13 +34,14 @@ def test_readme_quick_start_is_exactly_two_make_commands() -> None:
         "conversations",
         "one-context",
         "patterns",
+        "recording",
         "model-calls",
     ],
 )
 @pytest.mark.timeout(120)  # the example's own bound (90 s, for process pools under load) first
 def test_readme_example_prints_what_it_promises(tmp_path: Path, number: int) -> None:
     blocks = python_blocks()
-    assert len(blocks) == 8
+    assert len(blocks) == 9
     example = blocks[number]
     promised = [line.split("# -> ", 1)[1] for line in example.splitlines() if "# -> " in line]
     script = tmp_path / "example.py"

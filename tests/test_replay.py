@@ -10,19 +10,24 @@ survives a ``kill -9`` of its node; bad recordings are typed errors."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import select
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from click.testing import CliRunner, Result
 
-from sessiontree.actors import AsyncSession, Cancelled, Session, VirtualClock
+from sessiontree.actors import Cancelled, Session, VirtualClock
+from sessiontree.cli import main as cli_main
 from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
+    Outcome,
     Recording,
     RecordingError,
     RejectedInputError,
@@ -94,12 +99,6 @@ def test_a_recorded_tree_replays_identically_with_the_model_server_stopped() -> 
     assert report.result.session_id != result.session_id  # a fresh run of it
 
 
-async def read_differently(session: AsyncSession) -> str:
-    roll = session.random.random()
-    reply = await session.complete(f"a summary of {session.task} ({roll:.4f})")
-    return f"{session.task}: {reply.text}"
-
-
 def research_clock_first(session: Session) -> object:
     session.clock.monotonic()  # reads the clock before drawing its number
     return replay_tree.research(session)
@@ -116,7 +115,9 @@ def test_a_changed_skill_makes_the_replay_report_its_first_divergence(
         node.shutdown()
     ids = {s.path: s.session_id for s in recording.sessions}
 
-    asks_otherwise = Node.replay_recording(recording, [make_agent(read=read_differently)])
+    asks_otherwise = Node.replay_recording(
+        recording, [make_agent(read=replay_tree.read_differently)]
+    )
     found = asks_otherwise.divergence
     assert not asks_otherwise.identical
     assert found is not None
@@ -361,3 +362,188 @@ def test_a_subtree_recorded_below_a_branch_replays_at_its_depth(server: StandinS
     assert recording.depth == 2
     assert report.identical, report.divergence
     assert report.sessions == 9
+
+
+def test_the_cli_lists_replays_and_exports_a_stored_recording(
+    server: StandinServer, tmp_path: pathlib.Path
+) -> None:
+    store = tmp_path / "store"
+    node = Node([make_agent()], config(server.url), store=store)
+    try:
+        root = record(node).session_id
+        node.recording(root)  # complete and written
+    finally:
+        node.shutdown()
+    runner = CliRunner()
+
+    def cli(*args: str) -> Result:
+        return runner.invoke(cli_main, list(args), catch_exceptions=False)
+
+    listed = cli("replay", "--store", str(store), "--json")
+    assert listed.exit_code == 0, listed.output
+    (entry,) = json.loads(listed.output)
+    assert (entry["recording_id"], entry["complete"]) == (str(root), True)
+
+    agents = "tests.replay_tree:agents"
+    same = cli("replay", str(root)[:8], "--store", str(store), "--agents", agents)
+    assert same.exit_code == 0, same.output
+    assert same.output.startswith("identical: 9 sessions")
+
+    changed = cli(
+        "replay", str(root), "--store", str(store), "--agents", "tests.replay_tree:changed_agents"
+    )
+    assert changed.exit_code == 1
+    assert changed.output.startswith("diverged at session 0.")
+    assert "a summary of paper" in changed.output
+
+    path = tmp_path / "run.recording"
+    exported = cli("replay", str(root), "--store", str(store), "--export", str(path))
+    assert exported.exit_code == 0, exported.output
+    report = cli("replay", "--file", str(path), "--agents", agents, "--json")
+    assert report.exit_code == 0, report.output
+    assert json.loads(report.output)["identical"] is True
+
+    path.write_bytes(path.read_bytes()[:-5])
+    truncated = cli("replay", "--file", str(path), "--agents", agents)
+    assert truncated.exit_code == 1
+    assert "truncated" in truncated.output
+    never = uuid.uuid4()
+    unrecorded = cli("replay", str(never), "--store", str(store), "--agents", agents)
+    assert unrecorded.exit_code == 1
+    assert f"session {never} was not recorded" in unrecorded.output
+    prefix = "1" * 8 if str(root).startswith("0") else "0" * 8  # one the root's id does not have
+    no_prefix = cli("replay", prefix, "--store", str(store))
+    assert no_prefix.exit_code == 2  # no recording starts with it: a usage error
+    assert "no recording starts with" in no_prefix.output
+
+
+def ask(session: Session) -> str:
+    """Streams a reply, or waits on a slow one until it is cancelled."""
+    if session.task == "slow":
+        try:
+            session.complete("a slow question")
+        except Cancelled:
+            # wrap up in grace: the closed call settles first (a run that
+            # ended at once would race its settlement, recorded or not)
+            session.sleep(1.0)
+            return "gave up waiting"
+        return "answered"  # pragma: no cover - the server holds the reply
+    reply = session.complete("stream it", stream=True)
+    return reply.text or ""
+
+
+def asker(session: Session) -> Outcome:
+    noted = session.memory_put("asked", session.task)  # a fresh memory id every run
+    slow = session.spawn(kind=SessionKind.WORKER, skill="ask", task="slow")
+    session.sleep(1.0)  # the test lets it go once the slow question is out
+    streamed = session.spawn(kind=SessionKind.WORKER, skill="ask", task="stream")
+    assert streamed.session_id is not None
+    assert slow.session_id is not None
+    first = session.wait(streamed.session_id)
+    second = session.wait(slow.session_id)
+    assert first is not None
+    assert second is not None
+    return Outcome(summary=f"{first.summary} / {second.summary}", memory_ids=(noted,))
+
+
+def test_a_call_cut_by_a_cancel_a_streamed_call_and_a_memory_write_replay(
+    server: StandinServer,
+) -> None:
+    clock = VirtualClock()
+    node = Node([make_agent(asker=asker, ask=ask)], config(server.url), clock=clock)
+    try:
+        server.fail_next("slow", delay=30.0)  # the first request waits: the slow one's
+        spawned = node.spawn(
+            node.main("agent").session_id, kind="branch", skill="asker", task="q", record=True
+        )
+        assert spawned.session_id is not None
+        root = spawned.session_id
+        assert server.wait_for_requests(1, WAIT)  # the slow question is out
+        settle(node)
+        clock.advance(1.0)
+        assert server.wait_for_completions(1, WAIT)  # the streamed one answered
+        slow = next(
+            c["info"].session_id for c in node.tree(root)["children"] if c["info"].task == "slow"
+        )
+        assert node.cancel(slow) is None  # cut while its call waits
+        assert server.wait_for_disconnects(1, WAIT)  # the request closed
+        assert _settled(node, slow), "the closed call never settled"
+        clock.advance(1.0)
+        result = node.ref(root).wait(WAIT)
+        assert result is not None
+        recording = node.recording(root)
+        report = node.replay(root)
+    finally:
+        node.shutdown()
+    assert result.summary.endswith("/ gave up waiting"), result
+    tapes = {s.path: s for s in recording.sessions}
+    slow_tape = tapes["0.0"].tape
+    assert [type(e).__name__ for e in slow_tape] == ["TapeModel", "TapeInterrupt"]
+    assert isinstance(slow_tape[0], TapeModel)
+    assert slow_tape[0].cut  # taped before the cancellation that closed it
+    streamed = tapes["0.1"].tape[0]
+    assert isinstance(streamed, TapeModel)
+    assert len(streamed.pieces) > 1  # the stand-in streams a word a piece
+    assert report.identical, report.divergence
+
+
+def _settled(node: Node, session_id: uuid.UUID) -> bool:
+    """Whether the call ``session_id`` closed has been counted (bounded wait:
+    nothing tells the test when a closed request's settlement lands)."""
+    for _ in range(int(WAIT / 0.01)):
+        settle(node)
+        if node.tree(session_id)["spending"].usage.calls == 1:
+            return True
+        threading.Event().wait(0.01)
+    return False
+
+
+def canceller(session: Session) -> str:
+    _kept, dropped = session.spawn_many(
+        [
+            SpawnSpec(kind=SessionKind.WORKER, skill="waiter", task="kept"),
+            SpawnSpec(kind=SessionKind.WORKER, skill="waiter", task="dropped"),
+        ]
+    )
+    assert dropped.session_id is not None
+    session.sleep(1.0)  # both run by then
+    session.cancel_child(dropped.session_id)
+    return ", ".join(c.result.summary for c in session.collect() if c.result is not None)
+
+
+def keeps_both(session: Session) -> str:
+    session.spawn_many(
+        [
+            SpawnSpec(kind=SessionKind.WORKER, skill="waiter", task="kept"),
+            SpawnSpec(kind=SessionKind.WORKER, skill="waiter", task="dropped"),
+        ]
+    )
+    return ", ".join(c.result.summary for c in session.collect() if c.result is not None)
+
+
+def test_a_parent_that_no_longer_cancels_its_child_diverges_at_the_cancel() -> None:
+    clock = VirtualClock()
+    skills = {"lead": replay_tree.lead, "canceller": canceller, "waiter": waiter}
+    node = Node([Agent("agent", skills, main_skill="lead")], NodeConfig(grace=5.0), clock=clock)
+    try:
+        spawned = node.spawn(
+            node.main("agent").session_id, kind="branch", skill="canceller", task="c", record=True
+        )
+        assert spawned.session_id is not None
+        settle(node)
+        clock.advance(1.0)
+        settle(node)
+        clock.advance(60.0)  # the kept one sleeps its minute out
+        result = node.ref(spawned.session_id).wait(WAIT)
+        assert result is not None
+        recording = node.recording(spawned.session_id)
+        same = node.replay(spawned.session_id)
+    finally:
+        node.shutdown()
+    assert result.summary == "wrapped up, slept"
+    assert same.identical, same.divergence
+    changed = Agent("agent", {**skills, "canceller": keeps_both}, main_skill="lead")
+    found = Node.replay_recording(recording, [changed]).divergence
+    assert found is not None
+    assert (found.session, found.step) == ("0", "1")  # after its spawn: the cancel
+    assert found.recorded == "cancelling child 1"

@@ -166,6 +166,7 @@ PROTOCOL = [
     "StoreFullError",
     "StoreLockedError",
     "SuspendCmd",
+    "TapeCancel",
     "TapeClock",
     "TapeEntry",
     "TapeInterrupt",
