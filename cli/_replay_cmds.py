@@ -81,8 +81,9 @@ def _listing(store_dir: Path, as_json: bool) -> None:
 def _say(report: ReplayReport) -> str:
     if report.identical:
         return (
-            f"identical: {report.sessions} sessions, {report.steps} steps replayed "
-            f"(recording {report.recording_id})"
+            f"identical: {report.sessions} sessions, {report.steps} steps replayed in "
+            f"{report.replayed_s:.3f} clock seconds (recorded: {report.recorded_s:.3f}; "
+            f"recording {report.recording_id})"
         )
     found = report.divergence
     assert found is not None

@@ -84,7 +84,8 @@ class TapeModel(_Tape, frozen=True, tag="model"):
     ``said``: the start of its last message, for a report); ``error`` when
     the provider answered with one; ``cut``: the call was closed before its
     reply came (a cancellation reached the skill while it waited);
-    ``pieces``: a streamed reply's text as it arrived."""
+    ``pieces``: a streamed reply's text as it arrived; ``took``: clock
+    seconds from the request to the reply (a replay waits as long)."""
 
     model: str
     digest: str
@@ -97,6 +98,7 @@ class TapeModel(_Tape, frozen=True, tag="model"):
     error: ErrorInfo | None = None
     cut: bool = False
     pieces: list[str] = msgspec.field(default_factory=list)
+    took: float = 0.0
 
 
 class TapeSpawn(_Tape, frozen=True, tag="spawn"):
@@ -251,8 +253,10 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
 class ReplayReport(msgspec.Struct, frozen=True, kw_only=True):
     """What a replay found: ``identical`` (every input consumed as recorded,
     every session's events and result the same), or the first ``divergence``;
-    how many sessions and tape steps it replayed, and the replayed root's
-    result."""
+    how many sessions and tape steps it replayed, the replayed root's
+    result, and how long the root ran in clock seconds when recorded and in
+    the replay (model calls take there as long as they took, skills' own
+    work no time)."""
 
     recording_id: uuid.UUID
     identical: bool
@@ -260,3 +264,5 @@ class ReplayReport(msgspec.Struct, frozen=True, kw_only=True):
     sessions: int = 0
     steps: int = 0
     result: SessionResult | None = None
+    recorded_s: float | None = None
+    replayed_s: float | None = None

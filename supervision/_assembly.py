@@ -226,7 +226,7 @@ class NodeParts:
             backends=self.backends,
             models=models,
             contexts=self.contexts,
-            tapes=Recorder(self.store, self.config.grace, self.config.providers),
+            tapes=Recorder(self.store, self.clock, self.config.grace, self.config.providers),
         )
 
     def start_housekeeping(self) -> None:

@@ -54,6 +54,7 @@ from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._models import Reply
 
 if TYPE_CHECKING:
+    from sessiontree.actors import Clock
     from sessiontree.actors.runtime import SessionCore
     from sessiontree.store import Store
     from sessiontree.supervision._providers import Provider
@@ -123,9 +124,14 @@ def reply_of(entry: TapeModel) -> Reply | ErrorInfo:
 
 
 def _tape_model(
-    model: str, request: Mapping[str, Any], reply: Reply | ErrorInfo | None, pieces: list[str]
+    model: str,
+    request: Mapping[str, Any],
+    reply: Reply | ErrorInfo | None,
+    pieces: list[str],
+    took: float = 0.0,
 ) -> TapeModel:
-    """A reply on a tape (None: the call was closed before it came)."""
+    """A reply on a tape, ``took`` clock seconds after the request (None: the
+    call was closed before it came)."""
     digest, said = request_digest(model, request), said_of(request)
     if reply is None:
         closed = ErrorInfo(code=ErrorCode.CANCELLED, message="the call was closed")
@@ -133,7 +139,9 @@ def _tape_model(
             model=model, digest=digest, said=said, error=closed, cut=True, pieces=pieces
         )
     if isinstance(reply, ErrorInfo):
-        return TapeModel(model=model, digest=digest, said=said, error=reply, pieces=pieces)
+        return TapeModel(
+            model=model, digest=digest, said=said, error=reply, pieces=pieces, took=took
+        )
     return TapeModel(
         model=model,
         digest=digest,
@@ -144,6 +152,7 @@ def _tape_model(
         reply_model=reply.model,
         usage=reply.usage,
         pieces=pieces,
+        took=took,
     )
 
 
@@ -285,8 +294,11 @@ class SessionTape:
                 delta(text)
 
         held = self._hold_place(_tape_model(model, request, None, pieces))
+        clock = self.tapes.clock
+        sent = clock.monotonic()
         reply = await send(taking)  # a cancellation leaves the place marked closed
-        self._fill(held, _tape_model(model, request, reply, pieces))
+        took = clock.monotonic() - sent
+        self._fill(held, _tape_model(model, request, reply, pieces, took))
         return reply
 
     def _hold_place(self, entry: TapeModel) -> TapeModel | None:
@@ -340,8 +352,11 @@ class Recorder:
     ``ended`` and ``complete`` run on the Cortex's thread, ``numbers`` and
     ``spawn_entry`` on a skill's, ``recording`` on its caller's."""
 
-    def __init__(self, store: Store | None, grace: float, providers: Sequence[Provider]) -> None:
+    def __init__(
+        self, store: Store | None, clock: Clock, grace: float, providers: Sequence[Provider]
+    ) -> None:
         self.store = store
+        self.clock = clock  # the node's: how long model calls take
         self.grace = grace
         self.prices = {
             p.name: {m: (price.prompt, price.completion) for m, price in p.prices.items()}

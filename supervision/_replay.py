@@ -356,14 +356,40 @@ class PlayTape(SessionTape):
             entry = None
         if entry is None:
             return ErrorInfo(code=ErrorCode.MODEL_ERROR, message="the replay diverged")
+        if entry.took > 0:
+            await self._taking(entry.took)
         return reply_of(entry)
+
+    async def _taking(self, seconds: float) -> None:
+        """Wait ``seconds`` on the replay's clock, as long as the call took. The
+        call is idle meanwhile (the replay may move the clock), and running
+        again from the instant its timer fires until it has resumed."""
+        loop = asyncio.get_running_loop()
+        due: asyncio.Future[None] = loop.create_future()
+        activity = self.player.node.activity
+        fired = False
+
+        def fire() -> None:  # on the thread that advances the clock
+            nonlocal fired
+            fired = True
+            activity.begin()
+            loop.call_soon_threadsafe(_resolve, due)
+
+        timer = self.player.clock.call_later(seconds, fire)
+        activity.end()
+        try:
+            await due
+        finally:
+            timer.cancel()
+            if not fired:
+                activity.begin()
 
 
 class Player(Recorder):
     """The tapes of one replay (in place of a node's ``Recorder``)."""
 
     def __init__(self, recording: Recording, node: Any, clock: VirtualClock) -> None:
-        super().__init__(None, recording.grace, ())
+        super().__init__(None, clock, recording.grace, ())
         self.run = recording
         self.clock = clock
         self.node = node
@@ -430,13 +456,17 @@ class Player(Recorder):
         """What the replay found (see ``ReplayReport``)."""
         divergence = self.divergence or self._compare()
         root = self.played.get("0")
+        result = None if root is None else root.taped.result
+        recorded = next(s.result for s in self.run.sessions if s.path == "0")
         return ReplayReport(
             recording_id=self.run.recording_id,
             identical=divergence is None,
             divergence=divergence,
             sessions=len(self.played),
             steps=sum(t.pos for t in self.played.values()),
-            result=None if root is None else root.taped.result,
+            result=result,
+            recorded_s=_lasted(recorded),
+            replayed_s=_lasted(result),
         )
 
     def _compare(self) -> Divergence | None:
@@ -465,6 +495,18 @@ class Player(Recorder):
             if was_result != now_result:
                 return _divergence(recorded, "result", was_result, now_result)
         return None
+
+
+def _lasted(result: SessionResult | None) -> float | None:
+    timings = None if result is None else result.timings
+    if timings is None or timings.ended_at is None:
+        return None
+    return round(timings.ended_at - timings.created_at, 6)
+
+
+def _resolve(due: asyncio.Future[None]) -> None:
+    if not due.done():
+        due.set_result(None)
 
 
 def _divergence(recorded: TapedSession, step: str, was: str, now: str) -> Divergence:

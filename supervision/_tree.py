@@ -298,11 +298,10 @@ class Tree:
             max_results=rt.config.max_retained_results,
         )
         core.remote = remote
-        tape: SessionTape | None = None
         if parent is not None and parent.core.tape is not None:
-            tape = core.tape = cast("SessionTape", parent.core.tape).child(core)
+            core.tape = cast("SessionTape", parent.core.tape).child(core)
         elif record and rt.tapes is not None:
-            tape = core.tape = rt.tapes.root(core)
+            core.tape = rt.tapes.root(core)
         # A remote step is awaited on the loop: it holds no step thread and is
         # killed, never abandoned, so it is never a zombie.
         is_async = remote is not None or agent.is_async(info.skill)
@@ -316,7 +315,7 @@ class Tree:
         self.live += 1
         if entry.needs_thread:
             self.sync_threads += 1
-        if ttl is not None and (tape is None or not tape.replaying):  # a replay tapes expiry
+        if ttl is not None:
             self.arm_ttl(entry, max(ttl, 0.0), ttl_share)
         if rt.events.observed:
             data: dict[str, Any] = {"kind": kind._value_, "skill": info.skill}

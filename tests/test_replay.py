@@ -97,6 +97,12 @@ def test_a_recorded_tree_replays_identically_with_the_model_server_stopped() -> 
     assert report.result is not None
     assert report.result.artifacts == result.artifacts  # the draw, the clock, the replies
     assert report.result.session_id != result.session_id  # a fresh run of it
+    # the replay's clock: the model's recorded latencies, skills' own work in no time
+    took = sum(e.took for e in models)
+    assert report.recorded_s is not None
+    assert report.replayed_s is not None
+    assert 0 < report.replayed_s <= report.recorded_s
+    assert report.replayed_s <= took
 
 
 def research_clock_first(session: Session) -> object:
