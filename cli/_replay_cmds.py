@@ -32,8 +32,7 @@ from sessiontree.cli._exits import failure
 from sessiontree.cli._ids import from_ids, resolve_id
 from sessiontree.protocol import Recording, ReplayReport, SessionTreeError
 from sessiontree.store import RecordingRecord, Store
-from sessiontree.supervision import Node, load_recording
-from sessiontree.supervision._recording import stored_recording
+from sessiontree.supervision import Node, load_recording, stored_recording
 
 __all__ = ["replay_cmd"]
 

@@ -55,7 +55,7 @@ _MAGIC = b"sessiontree-recording\n"
 class RecordingError(SessionTreeError):
     """A recording cannot be replayed or read; ``reason`` says why
     (``not_recorded``, ``incomplete``, ``version``, ``truncated``, ``malformed``,
-    ``unknown_agent``)."""
+    ``too_large``, ``unknown_agent``)."""
 
     def __init__(self, message: str, *, reason: str, session_id: uuid.UUID | None = None) -> None:
         super().__init__(message, session_id=session_id)

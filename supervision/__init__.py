@@ -20,6 +20,7 @@ from sessiontree.supervision._node import Node
 from sessiontree.supervision._node_recovery import Requeued
 from sessiontree.supervision._node_replay import load_recording
 from sessiontree.supervision._providers import Price, Provider
+from sessiontree.supervision._recording import stored_recording
 from sessiontree.supervision._recovery import RecoveryDecision
 from sessiontree.supervision._recovery_rules import Decision, classify
 from sessiontree.supervision._recovery_summary import recovery_summary
@@ -73,5 +74,6 @@ __all__ = [
     "normalise_answer",
     "parse_continuation",
     "recovery_summary",
+    "stored_recording",
     "stored_spending",
 ]

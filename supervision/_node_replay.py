@@ -8,20 +8,30 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from sessiontree.protocol import Recording, ReplayReport
+from sessiontree.protocol import Recording, RecordingError, ReplayReport
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._recording import Recorder
 from sessiontree.supervision._refs import NodeSessions, SessionIdLike, as_session_id
 from sessiontree.supervision._replay import replay_recording
 
-__all__ = ["NodeReplay", "load_recording"]
+__all__ = ["MAX_RECORDING_BYTES", "NodeReplay", "load_recording"]
+
+
+MAX_RECORDING_BYTES = 1 << 30
+"""The largest recording file ``load_recording`` reads (1 GiB)."""
 
 
 def load_recording(path: str | os.PathLike[str]) -> Recording:
     """A recording from a file ``export_recording`` wrote. ``RecordingError``
-    (``version``, ``truncated``, ``malformed``) for a file that is not one
+    (``too_large``: past ``MAX_RECORDING_BYTES``, checked before reading;
+    ``version``, ``truncated``, ``malformed``) for a file that is not one
     this code reads; ``OSError`` if it cannot be read."""
-    return Recording.decode(Path(path).read_bytes())
+    file = Path(path)
+    size = file.stat().st_size
+    if size > MAX_RECORDING_BYTES:
+        msg = f"{file} holds {size} bytes; a recording is read up to {MAX_RECORDING_BYTES}"
+        raise RecordingError(msg, reason="too_large")
+    return Recording.decode(file.read_bytes())
 
 
 class NodeReplay(NodeSessions):

@@ -3,13 +3,15 @@
 ``replay_recording`` runs the recorded root's spawn again on a node of its
 own: in this process, on a virtual clock, with no store and no network.
 Every session gets a ``PlayTape`` that hands its skill what the recording
-says it met — clock readings, the random seed, model replies (the provider
-is never called) — keeps its children's results back until the turn at
-which the recording took them, and keeps a cancellation from the skill
-until the place where it reached it then (one that came from outside the
-subtree, an operator's cancel or a TTL, is made there). The clock moves
-only when every skill waits: it jumps to the next timer, so sleeps,
-timeouts and grace periods pass as they did, in no real time.
+says it met — clock readings, the random seed, model replies after the
+time they took (the provider is never called) — reports its children's
+run ends in the order their results arrived, files their results in the
+takes the recording made, and keeps a cancellation from the skill until
+the call where it reached it then (one that came from outside the
+subtree, an operator's cancel or a TTL, is made there; a parent's end is
+waited for). The clock moves only when every skill waits: it jumps to the
+next timer, so model latencies, sleeps, timeouts, TTLs and grace periods
+pass as they did, in no real time.
 
 The first thing a session does that its tape does not hold is the
 divergence: the replay stops there (the subtree is ended by force) and

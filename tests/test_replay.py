@@ -309,6 +309,18 @@ def test_a_truncated_or_malformed_recording_is_refused(tmp_path: pathlib.Path) -
         assert raised.value.reason == name.split()[0], name
 
 
+def test_a_recording_file_past_the_size_cap_is_refused_before_it_is_read(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "big.recording"
+    path.write_bytes(_small_recording().encode())
+    monkeypatch.setattr("sessiontree.supervision._node_replay.MAX_RECORDING_BYTES", 16)
+    with pytest.raises(RecordingError) as raised:
+        load_recording(path)
+    assert raised.value.reason == "too_large"
+    assert str(path) in str(raised.value)
+
+
 def test_replaying_without_the_recorded_agent_or_an_incomplete_recording_is_refused() -> None:
     with pytest.raises(RecordingError) as raised:
         Node.replay_recording(_small_recording(), [Agent("someone else", {"s": waiter})])

@@ -298,6 +298,7 @@ SUPERVISION = [
     "normalise_answer",
     "parse_continuation",
     "recovery_summary",
+    "stored_recording",
     "stored_spending",
 ]
 
