@@ -11,10 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import select
-import signal
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -46,6 +42,7 @@ from sessiontree.protocol import (
 from sessiontree.supervision import Agent, Node, Provider
 from sessiontree.supervision._continuation import continuation_token, parse_continuation
 from tests import context_crash_node
+from tests._processes import line_then_kill_9
 from tests.conftest import WAIT, settle
 
 MODELS = {"small": "m-small", "large": "m-large"}
@@ -283,19 +280,8 @@ def test_continuing_a_branch_after_a_kill_9_sees_its_whole_branch(
     tmp_path: pathlib.Path, server: StandinServer
 ) -> None:
     store = tmp_path / "store"
-    command = [sys.executable, "-m", "tests.context_crash_node", str(store), server.url]
-    root = pathlib.Path(__file__).resolve().parent.parent
-    with subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, text=True) as child:
-        try:
-            assert child.stdout is not None
-            ready, _, _ = select.select([child.stdout], [], [], 60.0)
-            assert ready, "the branch never ended"
-            leaf = uuid.UUID(child.stdout.readline().strip())  # durable when printed
-            child.send_signal(signal.SIGKILL)
-        finally:
-            child.kill()
-            child.wait(30)
-    assert child.returncode == -signal.SIGKILL
+    # the leaf is durable when printed
+    leaf = uuid.UUID(line_then_kill_9("tests.context_crash_node", str(store), server.url))
 
     node = Node(
         [context_crash_node.make_agent()], context_crash_node.config(server.url), store=store

@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import select
-import signal
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -41,6 +37,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision import Agent, Node, NodeConfig, load_recording
 from tests import replay_tree
+from tests._processes import line_then_kill_9
 from tests.conftest import WAIT, settle
 from tests.replay_tree import config, make_agent
 
@@ -53,6 +50,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def server() -> Iterator[StandinServer]:
     with StandinServer() as standin:
         yield standin
+
+
+def record_branch(node: Node, skill: str) -> uuid.UUID:
+    """Spawn a recorded Branch of ``skill`` under the agent's Main; its id."""
+    spawned = node.spawn(node.main("agent").session_id, kind="branch", skill=skill, record=True)
+    assert spawned.session_id is not None
+    return spawned.session_id
 
 
 def record(node: Node) -> SessionResult:
@@ -191,11 +195,7 @@ def test_a_cancel_from_outside_and_a_ttl_replay_where_they_reached_the_skills() 
     skills = {"lead": replay_tree.lead, "keeper": keeper, "waiter": waiter}
     node = Node([Agent("agent", skills, main_skill="lead")], NodeConfig(grace=5.0), clock=clock)
     try:
-        spawned = node.spawn(
-            node.main("agent").session_id, kind="branch", skill="keeper", task="t", record=True
-        )
-        assert spawned.session_id is not None
-        root = spawned.session_id
+        root = record_branch(node, "keeper")
         settle(node)
         children = node.tree(root)["children"]
         cancelled = next(c["info"].session_id for c in children if c["info"].task == "cancelled")
@@ -224,7 +224,7 @@ def test_a_recording_survives_a_kill_9_and_replays_from_the_store(
 ) -> None:
     store = tmp_path / "store"
     with StandinServer() as standin:
-        root = _run_and_kill(store, standin.url)
+        root = uuid.UUID(line_then_kill_9("tests.replay_tree", str(store), standin.url))
     node = Node([make_agent()], config("http://127.0.0.1:9/v1"), store=store)
     try:
         report = node.replay(root)  # the server is gone: the tape answers
@@ -237,7 +237,7 @@ def test_a_recording_survives_a_kill_9_and_replays_from_the_store(
 def test_a_run_cut_off_by_a_kill_9_is_an_incomplete_recording(tmp_path: pathlib.Path) -> None:
     store = tmp_path / "store"
     with StandinServer() as standin:
-        root = _run_and_kill(store, standin.url, "--cut")
+        root = uuid.UUID(line_then_kill_9("tests.replay_tree", str(store), standin.url, "--cut"))
     node = Node([make_agent()], config("http://127.0.0.1:9/v1"), store=store)
     try:
         with pytest.raises(RecordingError) as raised:
@@ -246,22 +246,6 @@ def test_a_run_cut_off_by_a_kill_9_is_an_incomplete_recording(tmp_path: pathlib.
         node.shutdown()
     assert raised.value.reason == "incomplete"
     assert raised.value.session_id == root
-
-
-def _run_and_kill(store: pathlib.Path, url: str, *flags: str) -> uuid.UUID:
-    command = [sys.executable, "-m", "tests.replay_tree", str(store), url, *flags]
-    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True) as child:
-        try:
-            assert child.stdout is not None
-            ready, _, _ = select.select([child.stdout], [], [], 60.0)
-            assert ready, "the recorded run never printed its id"
-            root = uuid.UUID(child.stdout.readline().strip())  # durable when printed
-            child.send_signal(signal.SIGKILL)
-        finally:
-            child.kill()
-            child.wait(30)
-    assert child.returncode == -signal.SIGKILL
-    return root
 
 
 # -- bad input ----------------------------------------------------------------------------
@@ -471,11 +455,7 @@ def test_a_call_cut_by_a_cancel_a_streamed_call_and_a_memory_write_replay(
     node = Node([make_agent(asker=asker, ask=ask)], config(server.url), clock=clock)
     try:
         server.fail_next("slow", delay=30.0)  # the first request waits: the slow one's
-        spawned = node.spawn(
-            node.main("agent").session_id, kind="branch", skill="asker", task="q", record=True
-        )
-        assert spawned.session_id is not None
-        root = spawned.session_id
+        root = record_branch(node, "asker")
         assert server.wait_for_requests(1, WAIT)  # the slow question is out
         settle(node)
         clock.advance(1.0)
@@ -544,18 +524,15 @@ def test_a_parent_that_no_longer_cancels_its_child_diverges_at_the_cancel() -> N
     skills = {"lead": replay_tree.lead, "canceller": canceller, "waiter": waiter}
     node = Node([Agent("agent", skills, main_skill="lead")], NodeConfig(grace=5.0), clock=clock)
     try:
-        spawned = node.spawn(
-            node.main("agent").session_id, kind="branch", skill="canceller", task="c", record=True
-        )
-        assert spawned.session_id is not None
+        root = record_branch(node, "canceller")
         settle(node)
         clock.advance(1.0)
         settle(node)
         clock.advance(60.0)  # the kept one sleeps its minute out
-        result = node.ref(spawned.session_id).wait(WAIT)
+        result = node.ref(root).wait(WAIT)
         assert result is not None
-        recording = node.recording(spawned.session_id)
-        same = node.replay(spawned.session_id)
+        recording = node.recording(root)
+        same = node.replay(root)
     finally:
         node.shutdown()
     assert result.summary == "wrapped up, slept"
