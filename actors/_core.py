@@ -347,11 +347,15 @@ class SessionCore:
 
     def add_result(self, result: SessionResult) -> None:
         """File a child's result and wake the skill if it waits for it (a
-        replay's tape may keep it back until its recorded turn: ``file_results``)."""
+        replay's tape may keep it back, to file it in its recorded turn with
+        ``file_results``)."""
         tape = self.tape
         if tape is not None and tape.holds(result):
             return
-        self.file_results((result,))
+        with self.cond:
+            self.received.append(result)
+            self.unclaimed[result.session_id] = result
+            self.wake()
 
     def file_results(self, results: Sequence[SessionResult]) -> None:
         """File children's results now, together, and wake the skill once."""

@@ -257,10 +257,11 @@ class _Base:
         return result
 
     def _taped(self, taken: list[Collected]) -> list[Collected]:
-        """``taken`` (a take's entries), told to a recorded run's tape."""
+        """``taken`` (a take's entries), told to a recorded run's tape (call
+        only when there is one)."""
         tape = self._core.tape
-        if tape is not None:
-            tape.took([c.session_id for c in taken if c.result is not None])
+        assert tape is not None
+        tape.took([c.session_id for c in taken if c.result is not None])
         return taken
 
     def _claim_ready(self, wanted: Sequence[uuid.UUID]) -> bool:
@@ -275,7 +276,7 @@ class _Base:
             for child in order:
                 result = self._claim(child)
                 done.append(Collected(session_id=child, result=result, timed_out=result is None))
-        return self._taped(done)
+        return done if core.tape is None else self._taped(done)
 
     def _remember(self, specs: Sequence[SpawnSpec], answers: list[SpawnedLike]) -> None:
         """Note the children a spawn call made (and tell a recorded run's tape)."""
@@ -311,7 +312,7 @@ class _Base:
             taken = [
                 Collected(session_id=c, result=self._claim(c), timed_out=False) for c in arrived
             ]
-        return self._taped(taken)
+        return taken if self._core.tape is None else self._taped(taken)
 
     def _take_first(self, wanted: Sequence[uuid.UUID]) -> Collected | None:
         with self._core.cond:
@@ -319,9 +320,8 @@ class _Base:
             got = None
             if child is not None:
                 got = Collected(session_id=child, result=self._claim(child), timed_out=False)
-        tape = self._core.tape
-        if tape is not None:
-            tape.took([] if got is None else [got.session_id])
+        if self._core.tape is not None:
+            self._taped([] if got is None else [got])
         return got
 
     def _check_child(self, child: uuid.UUID) -> None:
@@ -409,9 +409,8 @@ class Session(_Base):
         self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
             result = self._claim(child)
-        tape = core.tape
-        if tape is not None:
-            tape.took([] if result is None else [child])
+        if core.tape is not None:
+            self._taped([Collected(session_id=child, result=result, timed_out=result is None)])
         return result
 
     def collect(
@@ -731,9 +730,8 @@ class AsyncSession(_Base):
         await self._wait_for(lambda: child in core.unclaimed, timeout)
         with core.cond:
             result = self._claim(child)
-        tape = core.tape
-        if tape is not None:
-            tape.took([] if result is None else [child])
+        if core.tape is not None:
+            self._taped([Collected(session_id=child, result=result, timed_out=result is None)])
         return result
 
     async def collect(

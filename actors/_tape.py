@@ -24,7 +24,9 @@ class Tape(Protocol):
     skill's, the event loop's for an async skill, the Cortex's for
     ``defer_cancel`` and ``holds``) and never raises for what the skill does;
     in a replay that diverged, the tape has reported it and its session is
-    being ended by force."""
+    being ended by force. ``replaying``: the tape hands out a recording."""
+
+    replaying: bool
 
     def read(self, which: str, value: Callable[[], float]) -> float:
         """A clock reading (``which``: ``monotonic`` or ``time``): ``value()``,
@@ -73,6 +75,10 @@ class Tape(Protocol):
 
     def holds(self, result: SessionResult) -> bool:
         """True to keep a child's result back until its recorded turn (a replay)."""
+        ...
+
+    def end_run(self, report: Callable[[], None]) -> None:
+        """The skill's run ended: ``report`` it, now or in its recorded turn."""
         ...
 
 

@@ -12,9 +12,10 @@ makes new ones): the recorded root is ``"0"``, its third child ``"0.2"``.
 
 On failure: ``load_recording`` and ``Recording.decode`` raise
 ``RecordingError`` with ``reason`` ``version`` (another format),
-``truncated`` or ``malformed`` (naming the field); ``Node.replay`` raises
-it with ``not_recorded``, ``incomplete`` (the run never finished
-recording: the node stopped first) or ``unknown_agent``.
+``truncated`` or ``malformed`` (naming the field), and ``load_recording``
+with ``too_large`` too; ``Node.replay`` raises it with ``not_recorded``,
+``incomplete`` (the run never finished recording: the node stopped first)
+or ``unknown_agent``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ class TapeModel(_Tape, frozen=True, tag="model"):
     """A model's reply to one request (``digest``: a hash of what was sent,
     ``said``: the start of its last message, for a report); ``error`` when
     the provider answered with one; ``cut``: the call was closed before its
-    reply came (a cancellation reached the skill while it waited);
+    reply came (a cancellation reached the skill while it waited, or it was
+    a hedged call's losing duplicate);
     ``pieces``: a streamed reply's text as it arrived; ``took``: clock
     seconds from the request to the reply (a replay waits as long)."""
 

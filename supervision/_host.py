@@ -14,7 +14,7 @@ import concurrent.futures
 import functools
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import msgspec
 
@@ -43,9 +43,6 @@ from sessiontree.supervision._reports import (
     RunsEnded,
 )
 from sessiontree.supervision._requests import Call, Cancel, Spawn, SpawnMany
-
-if TYPE_CHECKING:
-    from sessiontree.supervision._recording import SessionTape
 
 __all__ = ["NodeHost"]
 
@@ -160,7 +157,7 @@ class NodeHost:
         self.node._tell(Parked(core.session_id))
 
     def run_ended(self, core: SessionCore, end: RunEnd) -> None:
-        tape = cast("SessionTape | None", core.tape)
+        tape = core.tape
         if tape is not None and tape.replaying:  # it ends in its recorded turn
             tape.end_run(functools.partial(self.node._tell, RunEnded(core.session_id, end)))
             return

@@ -41,6 +41,7 @@ from sessiontree.protocol import Completion, ErrorCode, ErrorInfo, NodeClosedErr
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._ledger import Reserved, priced
 from sessiontree.supervision._models import Models, Reply, Route
+from sessiontree.supervision._replay import HOLD, CallHold
 from sessiontree.supervision._reports import Streamed
 from sessiontree.supervision._requests import Call, Request, Reserve, Settle
 
@@ -106,24 +107,28 @@ class ModelCalls:
 
     def start(self, core: SessionCore, call: ModelCall) -> concurrent.futures.Future[Completion]:
         """Start ``call`` on the node's loop from a skill thread."""
-        started = asyncio.run_coroutine_threadsafe(self.complete(core, call), self.loop())
-        if core.tape is not None:
-            self._replayed(core, started)
-        return started
+        if core.tape is not None and core.tape.replaying:
+            hold = CallHold(self.activity)
+            started = asyncio.run_coroutine_threadsafe(self._held(core, call, hold), self.loop())
+            started.add_done_callback(hold.close)
+            return started
+        return asyncio.run_coroutine_threadsafe(self.complete(core, call), self.loop())
 
     def start_here(self, core: SessionCore, call: ModelCall) -> asyncio.Future[Completion]:
         """Start ``call`` on the running loop (an async skill's)."""
-        started = asyncio.ensure_future(self.complete(core, call))
-        if core.tape is not None:
-            self._replayed(core, started)
-        return started
+        if core.tape is not None and core.tape.replaying:
+            hold = CallHold(self.activity)
+            started = asyncio.ensure_future(self._held(core, call, hold))
+            started.add_done_callback(hold.close)
+            return started
+        return asyncio.ensure_future(self.complete(core, call))
 
-    def _replayed(self, core: SessionCore, started: Any) -> None:
-        """A replay's clock moves only when nothing runs: a call answered off
-        its tape counts as running until it ends."""
-        if cast("SessionTape", core.tape).replaying:
-            self.activity.begin()
-            started.add_done_callback(lambda _done: self.activity.end())
+    async def _held(self, core: SessionCore, call: ModelCall, hold: CallHold) -> Completion:
+        """``complete`` in a replay: the call counts as running (its ``hold``)
+        until it ends, but while it waits out its recorded latency, so the
+        replay's clock moves only when nothing runs (``PlayTape._idle``)."""
+        HOLD.set(hold)  # this task's context: the tape's model finds it there
+        return await self.complete(core, call)
 
     async def complete(self, core: SessionCore, call: ModelCall) -> Completion:
         """Reserve, send and settle one call (a hedged one: see ``_hedged``);

@@ -12,7 +12,7 @@ never finished is known as ``incomplete``). Without a store, the node keeps
 its last ``KEPT`` recordings in memory.
 
 The cost of a recorded session is an append per input; a session outside
-a recording pays one attribute read at each hook.
+a recording pays an attribute read (``core.tape``) at each hook.
 """
 
 from __future__ import annotations
@@ -169,8 +169,9 @@ class Reel:
 
 class SessionTape:
     """A recorded session's tape (see ``sessiontree.actors.runtime.Tape``):
-    every input is appended as the skill meets it, until the session ends
-    (what a fenced skill does after that is not its run's)."""
+    every input is appended as the skill meets it, a model reply at the
+    place its request took, a fence when the node fences; nothing once the
+    session ended or was fenced (what a fenced skill does is not its run's)."""
 
     replaying = False
     __slots__ = (
@@ -197,7 +198,7 @@ class SessionTape:
         self.fence_taped = False  # the node fenced it: taped then, not when the skill sees it
 
     def _put(self, entry: TapeEntry) -> None:
-        if not self.done:
+        if not (self.done or self.fence_taped):  # what a fenced skill does is not its run's
             self.taped.tape.append(entry)
 
     # -- what the handle tells ----------------------------------------------------------
@@ -223,9 +224,8 @@ class SessionTape:
         return False
 
     def interrupted(self, code: ErrorCode, *, fenced: bool) -> None:
-        if not self.fence_taped:  # a fenced skill meets it at every call: taped once
-            self._put(TapeInterrupt(code.value, self.calls))
-            self.fence_taped = fenced
+        self._put(TapeInterrupt(code.value, self.calls))  # once for a fence: see _put
+        self.fence_taped = self.fence_taped or fenced
 
     def fenced(self, code: ErrorCode, inside: bool) -> None:
         """The node ended the session under its skill (expired, forced; Cortex
@@ -305,7 +305,7 @@ class SessionTape:
         """Put ``entry`` on the tape (None once the session ended): before a
         cancellation the skill taped at this call already, since the call
         went out before the skill met it."""
-        if self.done:
+        if self.done or self.fence_taped:
             return None
         tape = self.taped.tape
         last = tape[-1] if tape else None
@@ -317,7 +317,7 @@ class SessionTape:
 
     def _fill(self, held: TapeModel | None, entry: TapeModel) -> None:
         """Replace the place ``held`` by the reply's ``entry``."""
-        if held is None or self.done:
+        if held is None or self.done or self.fence_taped:
             return
         tape = self.taped.tape
         for i in range(len(tape) - 1, -1, -1):

@@ -7,11 +7,12 @@ says it met — clock readings, the random seed, model replies after the
 time they took (the provider is never called) — reports its children's
 run ends in the order their results arrived, files their results in the
 takes the recording made, and keeps a cancellation from the skill until
-the call where it reached it then (one that came from outside the
-subtree, an operator's cancel or a TTL, is made there; a parent's end is
-waited for). The clock moves only when every skill waits: it jumps to the
-next timer, so model latencies, sleeps, timeouts, TTLs and grace periods
-pass as they did, in no real time.
+the call where it reached it then. One that has not come by then is made
+there (an operator's cancel, a TTL, a parent's ``cancel_child`` that the
+replay has not reached yet), except a parent's end, which is waited for:
+at that call a cancellation goes through. The clock moves only when every
+skill waits: it jumps to the next timer, so model latencies, sleeps,
+timeouts, TTLs and grace periods pass as they did, in no real time.
 
 The first thing a session does that its tape does not hold is the
 divergence: the replay stops there (the subtree is ended by force) and
@@ -27,6 +28,7 @@ anything runs.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import threading
 import uuid
@@ -70,9 +72,9 @@ from sessiontree.supervision._recording import (
 from sessiontree.supervision._requests import Call, Cancel, Interrupt
 
 if TYPE_CHECKING:
-    from sessiontree.actors.runtime import SessionCore
+    from sessiontree.actors.runtime import Activity, SessionCore
 
-__all__ = ["replay_recording"]
+__all__ = ["HOLD", "CallHold", "replay_recording"]
 
 _MAIN = "__replay_main__"  # the replay's Main takes the root's result and does nothing
 _HOLD = "__replay_hold__"  # a Branch standing in for an ancestor of a deeper root
@@ -106,6 +108,44 @@ def describe(entry: TapeEntry) -> str:
     return repr(entry)  # pragma: no cover - the union is closed
 
 
+class CallHold:
+    """A replayed model call's share of the node's activity: held while the
+    call runs, dropped while it waits out its recorded latency, and let go
+    for good when it ends (in whatever order those come from their threads)."""
+
+    __slots__ = ("_activity", "_closed", "_held", "_lock")
+
+    def __init__(self, activity: Activity) -> None:
+        self._activity = activity
+        self._lock = threading.Lock()
+        self._held = True
+        self._closed = False
+        activity.begin()
+
+    def take(self) -> None:
+        with self._lock:
+            if self._held or self._closed:
+                return
+            self._held = True
+        self._activity.begin()
+
+    def drop(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._activity.end()
+
+    def close(self, _done: object = None) -> None:
+        with self._lock:
+            self._closed = True
+        self.drop()
+
+
+HOLD: contextvars.ContextVar[CallHold | None] = contextvars.ContextVar("hold", default=None)
+"""The hold of the replayed model call the running task makes (``ModelCalls``)."""
+
+
 class PlayTape(SessionTape):
     """A replayed session's tape: what its recorded namesake met, handed out
     in order (see the module's docstring)."""
@@ -113,6 +153,7 @@ class PlayTape(SessionTape):
     replaying = True
     __slots__ = (
         "arrived",
+        "came",
         "core",
         "deferred",
         "ending",
@@ -149,6 +190,7 @@ class PlayTape(SessionTape):
         self.held: dict[int, SessionResult] = {}
         arrivals = [] if recorded is None else recorded.arrivals
         self.rank = {n: i for i, n in enumerate(arrivals)}  # a child's place among arrivals
+        self.came: set[int] = set()  # children whose results arrived
         self.arrived = 0  # how many of the recorded arrivals have come, in order
         self.ending: dict[int, Callable[[], None]] = {}  # children's run ends held back
         self.lock = threading.Lock()
@@ -160,19 +202,30 @@ class PlayTape(SessionTape):
         return self.tapes
 
     def _next(self, kind: type[Any], happened: str) -> Any:
-        """The next entry if it is a ``kind``; else the divergence (None)."""
+        """The next entry if it is a ``kind``; else the divergence (None). Past
+        a fence (the session ended under its skill) nothing was taped: None."""
         player = self.player
         with self.lock:
-            if player.divergence is not None:
+            if player.divergence is not None or self.fence_taped:
                 return None
             step = self.pos
             entry = self.steps[step] if step < len(self.steps) else None
             if entry is not None and isinstance(entry, kind):
                 self.pos = step + 1
                 return entry
+            if _is_fence(entry) and kind is not TapeInterrupt:
+                return None  # the node ended it between its calls: it meets that next
         was = "the end of its run" if entry is None else describe(entry)
         player.diverge(self, str(step), was, happened)
         return None
+
+    def _expect(self, made: TapeEntry) -> bool:
+        """Whether the next entry is ``made``, what the skill just did (else
+        the divergence)."""
+        entry = self._next(type(made), describe(made))
+        if entry is not None and entry != made:
+            self._unlike(entry, describe(made))
+        return bool(entry == made)
 
     def _unlike(self, entry: TapeEntry, happened: str) -> None:
         """The entry just taken is not what happened: the divergence."""
@@ -204,7 +257,7 @@ class PlayTape(SessionTape):
                     return True  # already through
                 deferred = self.deferred
                 if deferred is None and code is ErrorCode.PARENT_TERMINATED:
-                    return True  # it is on its way
+                    return True  # on its way: it goes through when the parent ends
                 core.cancel_code = code if deferred is None else deferred
                 core.wake()
             if deferred is not None:
@@ -238,20 +291,25 @@ class PlayTape(SessionTape):
         self._apply_interrupt()
 
     def defer_cancel(self, code: ErrorCode) -> bool:
-        if self.core.cancel_code is not None:
-            return False  # through already: the first reason stays
-        if self.deferred is None:
-            self.deferred = code
-        return True
+        """Keep ``code`` back, unless the skill is at the call where the
+        recording met a cancellation (or the replay diverged): then it goes
+        through and wakes the skill, as it did."""
+        core = self.core
+        with core.cond:
+            if core.cancel_code is not None:
+                return False  # through already: the first reason stays
+            if self._due_interrupt() is not None or self.player.divergence is not None:
+                return False
+            if self.deferred is None:
+                self.deferred = code
+            return True
 
     def interrupted(self, code: ErrorCode, *, fenced: bool) -> None:
-        if self.fence_taped:
-            return
-        self.fence_taped = fenced
         happened = describe(TapeInterrupt(code.value, self.calls))
-        entry = self._next(TapeInterrupt, happened)
+        entry = self._next(TapeInterrupt, happened)  # nothing once fenced: taped once
         if entry is not None and (entry.code, entry.call) != (code.value, self.calls):
             self._unlike(entry, happened)
+        self.fence_taped = self.fence_taped or fenced
 
     def fenced(self, code: ErrorCode, inside: bool) -> None:
         return None  # the skill meets it: ``interrupted`` takes it off the tape
@@ -262,24 +320,13 @@ class PlayTape(SessionTape):
         children: Sequence[uuid.UUID | None],
         refused: Sequence[ErrorInfo | None],
     ) -> None:
-        made = self.player.spawn_entry(specs, children, refused)
-        entry = self._next(TapeSpawn, describe(made))
-        if entry is not None and entry != made:
-            self._unlike(entry, describe(made))
+        self._expect(self.player.spawn_entry(specs, children, refused))
 
     def cancelled_child(self, child: uuid.UUID) -> None:
-        made = TapeCancel(self.player.numbers([child])[0])
-        entry = self._next(TapeCancel, describe(made))
-        if entry is not None and entry != made:
-            self._unlike(entry, describe(made))
+        self._expect(TapeCancel(self.player.numbers([child])[0]))
 
     def took(self, children: Sequence[uuid.UUID]) -> None:
-        made = TapeTake(self.player.numbers(children))
-        entry = self._next(TapeTake, describe(made))
-        if entry is None:
-            return
-        if entry != made:
-            self._unlike(entry, describe(made))
+        if not self._expect(TapeTake(self.player.numbers(children))):
             return
         with self.lock:
             self.group += 1
@@ -290,8 +337,9 @@ class PlayTape(SessionTape):
         (number,) = self.player.numbers([result.session_id])
         with self.lock:
             self.held[number] = result
+            self.came.add(number)
             order = self.recorded.arrivals if self.recorded is not None else []
-            while self.arrived < len(order) and order[self.arrived] in self.held:
+            while self.arrived < len(order) and order[self.arrived] in self.came:
                 self.arrived += 1
             due = [n for n in self.ending if self._in_turn(n)]
             reports = [self.ending.pop(n) for n in due]
@@ -353,38 +401,39 @@ class PlayTape(SessionTape):
                 on_delta(piece)
         if entry is not None and entry.cut:  # a cancellation recorded next closes it
             if self._apply_interrupt():
-                await asyncio.Event().wait()
+                await self._idle(None)  # until the cancellation closes it
             self._unlike(entry, f"{happened}, and no cancellation to close it")
             entry = None
         if entry is None:
             return ErrorInfo(code=ErrorCode.MODEL_ERROR, message="the replay diverged")
         if entry.took > 0:
-            await self._taking(entry.took)
+            await self._idle(entry.took)
         return reply_of(entry)
 
-    async def _taking(self, seconds: float) -> None:
-        """Wait ``seconds`` on the replay's clock, as long as the call took. The
-        call is idle meanwhile (the replay may move the clock), and running
-        again from the instant its timer fires until it has resumed."""
+    async def _idle(self, seconds: float | None) -> None:
+        """Wait ``seconds`` on the replay's clock, as long as the call took (None:
+        until the call is cancelled). The call is idle meanwhile, so the
+        replay may move the clock, and running again from the instant its
+        timer fires (on the thread that moves the clock) until it ends."""
         loop = asyncio.get_running_loop()
         due: asyncio.Future[None] = loop.create_future()
-        activity = self.player.node.activity
-        fired = False
+        hold = HOLD.get()
 
-        def fire() -> None:  # on the thread that advances the clock
-            nonlocal fired
-            fired = True
-            activity.begin()
+        def fire() -> None:
+            if hold is not None:
+                hold.take()
             loop.call_soon_threadsafe(_resolve, due)
 
-        timer = self.player.clock.call_later(seconds, fire)
-        activity.end()
+        timer = None if seconds is None else self.player.clock.call_later(seconds, fire)
+        if hold is not None:
+            hold.drop()
         try:
             await due
         finally:
-            timer.cancel()
-            if not fired:
-                activity.begin()
+            if timer is not None:
+                timer.cancel()
+            if hold is not None:
+                hold.take()
 
 
 class Player(Recorder):
@@ -444,12 +493,13 @@ class Player(Recorder):
         self.stopped.set()
 
     def stall(self, why: str) -> None:
-        """Nothing left to wait for, and sessions of the recording still live."""
+        """The replay cannot go on (``why``: nothing left to wait for, the real
+        time ran out, a spawn was refused): the divergence."""
         live = [t for t in self.played.values() if t.taped.result is None]
-        if live:
-            self.diverge(live[0], str(live[0].pos), "its run going on", why)
-        elif "0" in self.played:
-            self.diverge(self.played["0"], str(self.played["0"].pos), "its run going on", why)
+        live = live or [t for t in self.played.values() if t.taped.path == "0"]
+        if live:  # the deepest: what the rest wait for
+            tape = max(live, key=lambda t: t.taped.path.count("."))
+            self.diverge(tape, str(tape.pos), "its run going on", why)
         else:  # the root was never made (a refused spawn)
             root = next(s for s in self.run.sessions if s.path == "0")
             self._first(_divergence(root, "spawn", "it ran", why))
@@ -504,6 +554,10 @@ def _lasted(result: SessionResult | None) -> float | None:
     if timings is None or timings.ended_at is None:
         return None
     return round(timings.ended_at - timings.created_at, 6)
+
+
+def _is_fence(entry: TapeEntry | None) -> bool:
+    return isinstance(entry, TapeInterrupt) and ErrorCode(entry.code) in _FENCES
 
 
 def _resolve(due: asyncio.Future[None]) -> None:

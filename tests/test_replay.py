@@ -23,6 +23,7 @@ from sessiontree.actors import Cancelled, Session, VirtualClock
 from sessiontree.cli import main as cli_main
 from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
+    ErrorCode,
     Outcome,
     Recording,
     RecordingError,
@@ -31,6 +32,7 @@ from sessiontree.protocol import (
     SessionResult,
     SessionState,
     SpawnSpec,
+    TapeClock,
     TapeInterrupt,
     TapeModel,
     TapeSeed,
@@ -542,3 +544,71 @@ def test_a_parent_that_no_longer_cancels_its_child_diverges_at_the_cancel() -> N
     assert found is not None
     assert (found.session, found.step) == ("0", "1")  # after its spawn: the cancel
     assert found.recorded == "cancelling child 1"
+
+
+def patient(session: Session) -> str:
+    """Sleeps; a cancellation cuts it short (and it reads the clock as it goes)."""
+    try:
+        session.sleep(float(session.task))
+    except Cancelled:
+        session.clock.monotonic()  # taped after a cancel; after a fence (a TTL) not
+        if session.cancel_reason is ErrorCode.TTL_EXPIRED:
+            raise
+        return "cut"
+    return "slept"
+
+
+def leaves_early(session: Session) -> str:
+    session.spawn(kind=SessionKind.WORKER, skill="patient", task="60")
+    session.sleep(1.0)
+    return "left"  # the child is cancelled as its parent ends
+
+
+def waits_out_of_order(session: Session) -> str:
+    specs = [
+        SpawnSpec(kind=SessionKind.WORKER, skill="patient", task="1"),
+        SpawnSpec(kind=SessionKind.WORKER, skill="patient", task="60", ttl=5.0),
+        SpawnSpec(kind=SessionKind.WORKER, skill="patient", task="10"),
+    ]
+    x, y, z = session.spawn_many(specs)
+    got = [session.wait(c.session_id) for c in (y, x, z) if c.session_id is not None]
+    return ", ".join(f"{r.status.value} {r.summary}" for r in got if r is not None)
+
+
+@pytest.mark.parametrize(
+    ("skill", "steps", "summary"),
+    [
+        ("leaves_early", (1.0,), "left"),
+        ("waits_out_of_order", (1.0, 4.0, 5.0), "expired , completed slept, completed slept"),
+    ],
+)
+def test_a_parent_ending_and_an_expiry_between_takes_replay_identically(
+    skill: str, steps: tuple[float, ...], summary: str
+) -> None:
+    clock = VirtualClock()
+    skills = {
+        "lead": replay_tree.lead,
+        "patient": patient,
+        "leaves_early": leaves_early,
+        "waits_out_of_order": waits_out_of_order,
+    }
+    node = Node([Agent("agent", skills, main_skill="lead")], NodeConfig(grace=5.0), clock=clock)
+    try:
+        root = record_branch(node, skill)
+        for step in steps:
+            settle(node)
+            clock.advance(step)
+        result = node.ref(root).wait(WAIT)
+        assert result is not None
+        settle(node)
+        recording = node.recording(root)
+        report = node.replay(root)
+    finally:
+        node.shutdown()
+    assert result.summary == summary
+    assert report.identical, report.divergence
+    if skill == "leaves_early":
+        child = next(s for s in recording.sessions if s.path == "0.0")
+        assert child.tape == [TapeInterrupt("parent_terminated", 1), TapeClock("monotonic", 1.0)]
+        assert child.result is not None
+        assert child.result.summary == "cut"
