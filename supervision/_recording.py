@@ -132,26 +132,21 @@ def _tape_model(
 ) -> TapeModel:
     """A reply on a tape, ``took`` clock seconds after the request (None: the
     call was closed before it came)."""
-    digest, said = request_digest(model, request), said_of(request)
+    asked = TapeModel(
+        model=model, digest=request_digest(model, request), said=said_of(request), pieces=pieces
+    )
     if reply is None:
         closed = ErrorInfo(code=ErrorCode.CANCELLED, message="the call was closed")
-        return TapeModel(
-            model=model, digest=digest, said=said, error=closed, cut=True, pieces=pieces
-        )
+        return msgspec.structs.replace(asked, error=closed, cut=True)
     if isinstance(reply, ErrorInfo):
-        return TapeModel(
-            model=model, digest=digest, said=said, error=reply, pieces=pieces, took=took
-        )
-    return TapeModel(
-        model=model,
-        digest=digest,
-        said=said,
+        return msgspec.structs.replace(asked, error=reply, took=took)
+    return msgspec.structs.replace(
+        asked,
         text=reply.text,
         tool_calls=list(reply.tool_calls),
         finish_reason=reply.finish_reason,
         reply_model=reply.model,
         usage=reply.usage,
-        pieces=pieces,
         took=took,
     )
 
@@ -375,7 +370,7 @@ class Recorder:
             recording_id=info.session_id,
             agent_id=info.agent_id,
             depth=info.depth,
-            spec=spec_of(info, record=True),
+            spec=spec_of(info),
             started_at=info.created_at,
             grace=self.grace,
             prices=self.prices,
@@ -503,9 +498,9 @@ def _unwritten(recording_id: uuid.UUID, error: BaseException) -> BaseException:
     return RecordingError(msg, reason="malformed", session_id=recording_id)
 
 
-def spec_of(info: SessionInfo, *, record: bool = False) -> SpawnSpec:
-    """The spawn that makes a session like ``info`` again: its kind, skill,
-    work and the tier, TTL and budget it got."""
+def spec_of(info: SessionInfo) -> SpawnSpec:
+    """The recorded spawn that makes a session like ``info`` again: its kind,
+    skill, work and the tier, TTL and budget it got."""
     return SpawnSpec(
         kind=info.kind,
         task=info.task,
@@ -517,7 +512,7 @@ def spec_of(info: SessionInfo, *, record: bool = False) -> SpawnSpec:
         budget=info.budget,
         input=info.input,
         context=info.context,
-        record=record,
+        record=True,
     )
 
 

@@ -441,8 +441,8 @@ class Player(Recorder):
 
     def __init__(self, recording: Recording, node: Any, clock: VirtualClock) -> None:
         super().__init__(None, clock, recording.grace, ())
+        self.clock: VirtualClock = clock  # the Recorder's, as the replay moves it
         self.run = recording
-        self.clock = clock
         self.node = node
         self.recorded = {s.path: s for s in recording.sessions}
         self.played: dict[str, PlayTape] = {}

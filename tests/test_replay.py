@@ -14,7 +14,8 @@ import json
 import pathlib
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -59,6 +60,16 @@ def record_branch(node: Node, skill: str) -> uuid.UUID:
     spawned = node.spawn(node.main("agent").session_id, kind="branch", skill=skill, record=True)
     assert spawned.session_id is not None
     return spawned.session_id
+
+
+def clocked_agent(**skills: Callable[..., Any]) -> Agent:
+    """An agent of ``skills`` (and a Main that does nothing)."""
+    return Agent("agent", {"lead": replay_tree.lead, **skills}, main_skill="lead")
+
+
+def clocked_node(clock: VirtualClock, **skills: Callable[..., Any]) -> Node:
+    """A node on ``clock`` (grace 5 s) for an agent of ``skills``; the test shuts it down."""
+    return Node([clocked_agent(**skills)], NodeConfig(grace=5.0), clock=clock)
 
 
 def record(node: Node) -> SessionResult:
@@ -194,8 +205,7 @@ def keeper(session: Session) -> dict[str, object]:
 
 def test_a_cancel_from_outside_and_a_ttl_replay_where_they_reached_the_skills() -> None:
     clock = VirtualClock()
-    skills = {"lead": replay_tree.lead, "keeper": keeper, "waiter": waiter}
-    node = Node([Agent("agent", skills, main_skill="lead")], NodeConfig(grace=5.0), clock=clock)
+    node = clocked_node(clock, keeper=keeper, waiter=waiter)
     try:
         root = record_branch(node, "keeper")
         settle(node)
@@ -523,8 +533,8 @@ def keeps_both(session: Session) -> str:
 
 def test_a_parent_that_no_longer_cancels_its_child_diverges_at_the_cancel() -> None:
     clock = VirtualClock()
-    skills = {"lead": replay_tree.lead, "canceller": canceller, "waiter": waiter}
-    node = Node([Agent("agent", skills, main_skill="lead")], NodeConfig(grace=5.0), clock=clock)
+    skills = {"canceller": canceller, "waiter": waiter}
+    node = clocked_node(clock, **skills)
     try:
         root = record_branch(node, "canceller")
         settle(node)
@@ -539,7 +549,7 @@ def test_a_parent_that_no_longer_cancels_its_child_diverges_at_the_cancel() -> N
         node.shutdown()
     assert result.summary == "wrapped up, slept"
     assert same.identical, same.divergence
-    changed = Agent("agent", {**skills, "canceller": keeps_both}, main_skill="lead")
+    changed = clocked_agent(**{**skills, "canceller": keeps_both})
     found = Node.replay_recording(recording, [changed]).divergence
     assert found is not None
     assert (found.session, found.step) == ("0", "1")  # after its spawn: the cancel
@@ -586,13 +596,12 @@ def test_a_parent_ending_and_an_expiry_between_takes_replay_identically(
     skill: str, steps: tuple[float, ...], summary: str
 ) -> None:
     clock = VirtualClock()
-    skills = {
-        "lead": replay_tree.lead,
-        "patient": patient,
-        "leaves_early": leaves_early,
-        "waits_out_of_order": waits_out_of_order,
-    }
-    node = Node([Agent("agent", skills, main_skill="lead")], NodeConfig(grace=5.0), clock=clock)
+    node = clocked_node(
+        clock,
+        patient=patient,
+        leaves_early=leaves_early,
+        waits_out_of_order=waits_out_of_order,
+    )
     try:
         root = record_branch(node, skill)
         for step in steps:

@@ -27,7 +27,7 @@ from sessiontree.protocol import (
     spawn_batch,
 )
 from sessiontree.store import Store
-from sessiontree.supervision import Agent, Node, NodeConfig
+from sessiontree.supervision import Agent, Node
 from tests import _remote_skills as remote_skills
 from tests._served import ServedNode
 from tests.conftest import WAIT, settle
@@ -210,27 +210,13 @@ def test_a_control_spawn_checks_its_input_and_the_child_reads_it(make_node: Any)
 # -- stored ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def open_node(clock: Any) -> Iterator[Callable[..., Node]]:
-    nodes: list[Node] = []
-
-    def open_(store: pathlib.Path, *agents: Agent) -> Node:
-        node = Node(list(agents), NodeConfig(grace=5.0), clock=clock, store=store)
-        nodes.append(node)
-        return node
-
-    yield open_
-    for node in nodes:
-        node.shutdown(grace=0, timeout=5.0)
-
-
 def test_a_branch_resumed_after_a_restart_still_has_its_input(
     open_node: Callable[..., Node], tmp_path: pathlib.Path
 ) -> None:
     gate = threading.Event()
     restartable = agent(parks=parks(gate))
     store = tmp_path / "store"
-    node = open_node(store, restartable)
+    node = open_node(store, restartable, grace=5.0)
     main = node.main("agent")
     branch = main.spawn(kind="branch", skill="parks", input=INPUT, ttl=86_400.0).ref
     worker = main.spawn(kind="worker", skill="echo", input=INPUT).ref
@@ -250,7 +236,7 @@ def test_a_branch_resumed_after_a_restart_still_has_its_input(
         assert done.info.input is None  # a worker's record keeps identity and state only
         assert done.info.task == ""
 
-    node = open_node(store, restartable)
+    node = open_node(store, restartable, grace=5.0)
     result = node.wait(branch.session_id, WAIT)
     assert result is not None
     assert result.artifacts == {"input": PLAIN, "resumed": True}
