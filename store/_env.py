@@ -77,9 +77,18 @@ _open_paths: dict[str, int] = {}  # real path -> pid that opened it
 _open_lock = threading.Lock()
 _lock_fds: set[int] = set()  # writer-lock descriptors this process holds
 _open_at_fork: set[str] = set()  # in a forked child: paths its parent had open
+_pid = os.getpid()  # this process's, kept by the fork hook: a write checks it, and
+# getpid() is a system call each time
+
+
+def process_id() -> int:
+    """This process's id (``os.getpid()`` without a system call)."""
+    return _pid
 
 
 def _forget_after_fork() -> None:
+    global _pid  # noqa: PLW0603 - the one process-wide fact a fork changes
+    _pid = os.getpid()
     # The child inherits the parent's bookkeeping but must never use its
     # environments. Its copies of the writer-lock descriptors are closed: a
     # forked worker that outlives a killed parent would otherwise keep the
@@ -284,7 +293,7 @@ def _release(real: str, lock_fd: int | None) -> None:
 
 def close_env(opened: Opened) -> None:
     """Close the environment and release the directory (idempotent per ``Opened``)."""
-    if opened.pid == os.getpid():
+    if opened.pid == _pid:
         opened.env.close()
         _release(opened.path, opened.lock_fd)
     # After a fork the child must not touch the parent's environment or lock.

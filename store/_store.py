@@ -39,6 +39,7 @@ from sessiontree.store._env import (
     close_env,
     mark_committed,
     open_env,
+    process_id,
 )
 from sessiontree.store._io import StoreIO
 from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key
@@ -126,7 +127,7 @@ class Store:
     # -- lifecycle ------------------------------------------------------------------
 
     def _check_usable(self) -> None:
-        if self._opened.pid != os.getpid():
+        if self._opened.pid != process_id():
             msg = (
                 f"store {self.path} was opened in process {self._opened.pid}; after fork() "
                 "open a new Store in this process"
@@ -140,7 +141,7 @@ class Store:
         """Commit what is queued, stop the writer, close the environment (idempotent)."""
         if self._closed:
             return
-        if self._opened.pid != os.getpid():
+        if self._opened.pid != process_id():
             # A forked child: the writer, the reads and the environment are the
             # parent's (waiting on its reads here could only time out).
             self._closed = True

@@ -18,7 +18,7 @@ from sessiontree.protocol import (
     SessionKind,
     SessionState,
 )
-from sessiontree.supervision._commits import Commits
+from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._endings import Endings
 from sessiontree.supervision._entry import TreeEntry, id_text
 from sessiontree.supervision._events import EventKind
@@ -202,6 +202,17 @@ class Cancelling:
             self.tree.post(entry, ForceStop())
         else:  # a parked branch holds no actor
             entry.core.cancel_task()
+
+    def unstored(self, entry: TreeEntry, error: BaseException) -> None:
+        """A session that started before its record was durable, whose record the
+        store refused: it ends ``failed`` at once with the store's code
+        (``store_full``, ``store_failed``); its parent gets that result and its
+        subtree is cleaned up like any orphans. One that ended already keeps its end."""
+        if entry.state.is_terminal:
+            return
+        info = store_error(error, entry.session_id)
+        self.fence(entry, info.code)
+        self.endings.finish(entry, SessionState.FAILED, info.code, None, error=info)
 
     def expire(self, session_id: uuid.UUID) -> None:
         """The TTL of ``session_id`` ran out: it ends ``expired`` at once, with

@@ -127,7 +127,7 @@ class Cortex:
         self.cancelling = Cancelling(tree, self.commits, self.endings)
         self.endings.on_orphans = self.cancelling.orphans
         self.ledgers = Ledgers(tree, self.cancelling)
-        self.spawning = Spawning(tree, self.commits, self.starting, self.ledgers)
+        self.spawning = Spawning(tree, self.commits, self.starting, self.ledgers, self.cancelling)
         self.suspension = Suspension(tree, self.starting)
         self.messages = Messages(tree, self.commits)
         self.periodic = Periodic(tree, self.suspension)
@@ -268,13 +268,13 @@ class Cortex:
         it answers ``reply`` itself (after a store write, or once a session ends)."""
         tree = self.tree
         match request:
-            case Spawn(parent_id=parent_id, spec=spec):
-                return self.spawning.spawn(parent_id, spec, reply)
+            case Spawn(parent_id=parent_id, spec=spec, by_skill=by_skill):
+                return self.spawning.spawn(parent_id, spec, reply, early=by_skill)
             case Run(parent_id=parent_id, spec=spec):
                 assert reply is not None  # a run is its caller's waiter
                 return self.spawning.run(parent_id, spec, reply)
-            case SpawnMany(parent_id=parent_id, specs=specs):
-                return self.spawning.spawn_many(parent_id, specs, reply)
+            case SpawnMany(parent_id=parent_id, specs=specs, by_skill=by_skill):
+                return self.spawning.spawn_many(parent_id, specs, reply, early=by_skill)
             case Send(session_id=sid, message=message, unwedge=unwedge, trace=trace):
                 return self.messages.send(sid, message, reply, unwedge=unwedge, trace=trace)
             case Redeliver(session_id=sid, result=result, unwedge=unwedge):

@@ -61,7 +61,7 @@ class NodeHost:
     def spawn(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
         spec = self.parts.contexts.fork_point(parent.info, _in_cycle(parent, spec))
         try:
-            answer = self.node._call(Spawn(parent.session_id, spec), check=False)
+            answer = self.node._call(Spawn(parent.session_id, spec, by_skill=True), check=False)
         except NodeClosedError as exc:
             return Spawned(None, exc.to_info())
         return self.node._spawned(answer)
@@ -69,7 +69,9 @@ class NodeHost:
     async def spawn_async(self, parent: SessionCore, spec: SpawnSpec) -> Spawned:
         spec = self.parts.contexts.fork_point(parent.info, _in_cycle(parent, spec))
         try:
-            answer = await self.node._acall(Spawn(parent.session_id, spec), check=False)
+            answer = await self.node._acall(
+                Spawn(parent.session_id, spec, by_skill=True), check=False
+            )
         except NodeClosedError as exc:
             return Spawned(None, exc.to_info())
         return self.node._spawned(answer)
@@ -79,7 +81,9 @@ class NodeHost:
             specs = tuple(_in_cycle(parent, spec) for spec in specs)
         specs = self.parts.contexts.fork_points(parent.info, specs)
         try:
-            answers = self.node._call(SpawnMany(parent.session_id, specs), check=False)
+            answers = self.node._call(
+                SpawnMany(parent.session_id, specs, by_skill=True), check=False
+            )
         except NodeClosedError as exc:
             return [Spawned(None, exc.to_info()) for _ in specs]
         return self.node._all_spawned(answers)
@@ -91,7 +95,9 @@ class NodeHost:
             specs = tuple(_in_cycle(parent, spec) for spec in specs)
         specs = self.parts.contexts.fork_points(parent.info, specs)
         try:
-            answers = await self.node._acall(SpawnMany(parent.session_id, specs), check=False)
+            answers = await self.node._acall(
+                SpawnMany(parent.session_id, specs, by_skill=True), check=False
+            )
         except NodeClosedError as exc:
             return [Spawned(None, exc.to_info()) for _ in specs]
         return self.node._all_spawned(answers)

@@ -103,10 +103,13 @@ class OpenMain(Request[uuid.UUID], frozen=True):
 
 
 class Spawn(Request[SpawnAnswer], frozen=True):
-    """Validate and create a child of ``parent_id``."""
+    """Validate and create a child of ``parent_id``. ``by_skill``: the parent's
+    own skill asks, so the child starts and the answer goes before its record
+    is durable (nothing has left the node yet; see ``Spawning.spawn``)."""
 
     parent_id: uuid.UUID
     spec: SpawnSpec
+    by_skill: bool = False
 
 
 class Run(Request[SessionResult | ErrorInfo], frozen=True):
@@ -124,6 +127,7 @@ class SpawnMany(Request[list[SpawnAnswer]], frozen=True):
 
     parent_id: uuid.UUID
     specs: tuple[SpawnSpec, ...]
+    by_skill: bool = False
 
 
 class Send(Request[ErrorInfo | None], frozen=True):

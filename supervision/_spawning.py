@@ -2,8 +2,12 @@
 and created, a batch of children in one turn and one commit.
 
 A refused spawn is an answer (``SpawnAnswer`` with an ``ErrorInfo``), counted
-and emitted, never raised; with a store, a new session is answered (and its
-run starts) once its record is durable, and a failed write takes it out again.
+and emitted, never raised. With a store, a spawn is answered once the new
+session's record is durable, and a failed write takes the session out again.
+A spawn by the parent's own skill and a ``Run`` start the child at once
+(``early``), while the record commits: the writer commits in order, so the
+record is durable before anything the child writes, and a failed write ends
+the child ``failed`` with the store's code.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from sessiontree.protocol import (
     UnknownSessionError,
     new_session_id,
 )
+from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, SharedTtl, SpawnAnswer, TreeEntry
@@ -55,11 +60,19 @@ __all__ = ["Spawning"]
 class Spawning:
     """Creates sessions (Cortex thread)."""
 
-    def __init__(self, tree: Tree, commits: Commits, starting: Starting, ledgers: Ledgers) -> None:
+    def __init__(
+        self,
+        tree: Tree,
+        commits: Commits,
+        starting: Starting,
+        ledgers: Ledgers,
+        cancelling: Cancelling,
+    ) -> None:
         self.tree = tree
         self.commits = commits
         self.starting = starting
         self.ledgers = ledgers
+        self.cancelling = cancelling
 
     def open_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
         """Get or create the one Main of ``agent_id`` for session ``key`` (answered
@@ -91,10 +104,20 @@ class Spawning:
         tree.persist_new(entry)
         return _answer_when_persisted(entry, reply, entry.session_id)
 
-    def spawn(self, parent_id: uuid.UUID, spec: SpawnSpec, reply: Reply | None = None) -> object:
+    def spawn(
+        self,
+        parent_id: uuid.UUID,
+        spec: SpawnSpec,
+        reply: Reply | None = None,
+        *,
+        early: bool = False,
+    ) -> object:
         """Validate and create a child; never raises for a refused spawn. With a
         store, the child starts (and ``reply`` is answered) once its record is
-        durable; a failed write answers the store's error and leaves no child."""
+        durable; a failed write answers the store's error and leaves no child.
+        ``early`` (the parent's skill asks, or a ``Run``): it starts at once, and
+        a failed write ends it (``Cancelling.unstored``); the answer, the child,
+        still waits for the write."""
         tree = self.tree
         if tree.closing:
             closed = ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
@@ -116,12 +139,14 @@ class Spawning:
             return SpawnAnswer(None, admitted)
         assert parent is not None  # admitted: it exists
         entry = self._create_child(parent, admitted, spec)
-        if not tree.persist_new(entry):
+        if not tree.persist_new(entry, self.cancelling.unstored if early else None):
             self.starting.want_slot(entry)
             return _created(entry)
+        if early:
+            self.starting.want_slot(entry)
 
         def written(error: BaseException | None) -> None:
-            if error is None and entry.state is SessionState.PENDING:
+            if error is None and not early and entry.state is SessionState.PENDING:
                 self.starting.want_slot(entry)
             answer = _written_answer(entry, error)
             if answer.error is not None:  # the store refused it (store_full…): counted too
@@ -137,13 +162,18 @@ class Spawning:
         has one (``Run``): one turn of the Cortex and one wake-up of the caller
         where a spawn and a wait took two of each."""
         waiter = _RunWaiter(self.tree, reply)
-        value = self.spawn(parent_id, spec, reply=waiter)  # type: ignore[arg-type]
+        value = self.spawn(parent_id, spec, reply=waiter, early=True)  # type: ignore[arg-type]
         if isinstance(value, SpawnAnswer):
             waiter.set(value)
         return DEFERRED
 
     def spawn_many(
-        self, parent_id: uuid.UUID, specs: tuple[SpawnSpec, ...], reply: Reply | None = None
+        self,
+        parent_id: uuid.UUID,
+        specs: tuple[SpawnSpec, ...],
+        reply: Reply | None = None,
+        *,
+        early: bool = False,
     ) -> object:
         """``spawn`` for each spec, in order, in one turn of the Cortex (their
         records share one commit); answered with the list of answers once every
@@ -154,7 +184,8 @@ class Spawning:
         once; for the children after, only what a spawn changes is checked again (the
         parent's live children and the node's counters), and the first that no
         longer fits is validated in full, so it gets the answer ``spawn`` would
-        give. What waits for the records runs once for the batch.
+        give. What waits for the records runs once for the batch. ``early``:
+        as for ``spawn``.
         """
         answers: list[SpawnAnswer | None] = [None] * len(specs)
 
@@ -168,7 +199,7 @@ class Spawning:
         with self.commits.one_commit():
             for i, spec in enumerate(specs):
                 if parent is None or spec.request_id is not None:  # spawn answers those
-                    value = self.spawn(parent_id, spec, reply=waiting.slot(i))  # type: ignore[arg-type]
+                    value = self.spawn(parent_id, spec, reply=waiting.slot(i), early=early)  # type: ignore[arg-type]
                     if value is not DEFERRED:
                         waiting.answer(i, value)
                     continue
@@ -183,7 +214,7 @@ class Spawning:
                         continue
                 created.append((i, self._create_child(parent, admitted, spec)))
             if created:
-                self._persist_children(created, waiting)
+                self._persist_children(created, waiting, early)
         return DEFERRED if reply is not None else answers
 
     def _admit(
@@ -361,10 +392,13 @@ class Spawning:
             agent, info, parent, ttl, remote=remote, ttl_share=ttl_share, record=spec.record
         )
 
-    def _persist_children(self, created: list[tuple[int, TreeEntry]], waiting: _Gather) -> None:
+    def _persist_children(
+        self, created: list[tuple[int, TreeEntry]], waiting: _Gather, early: bool
+    ) -> None:
         """Write the records of a batch's new children; once durable, each starts
         (wants a slot) and its place in ``waiting`` is answered, in order, before
-        whoever else waits for it. A failed write takes every one out again."""
+        whoever else waits for it. A failed write takes every one out again.
+        ``early``: they start now, and a failed write ends them."""
         tree = self.tree
         future = None
         for _, entry in created:
@@ -377,14 +411,20 @@ class Spawning:
                 self.starting.want_slot(entry)
                 waiting.answer(i, _created(entry))
             return
+        if early:
+            for _, entry in created:
+                self.starting.want_slot(entry)
 
         def written(error: BaseException | None) -> None:
             for i, entry in created:
                 entry.persisted = True
                 if error is not None:
                     tree.store_failed(error)
-                    tree.discard(entry)
-                elif entry.state is SessionState.PENDING:
+                    if early:
+                        self.cancelling.unstored(entry, error)
+                    else:
+                        tree.discard(entry)
+                elif not early and entry.state is SessionState.PENDING:
                     self.starting.want_slot(entry)
                 answer = _written_answer(entry, error)
                 if answer.error is not None:

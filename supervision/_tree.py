@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import functools
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
@@ -390,10 +391,16 @@ class Tree:
             ledger.window = ledger.subtree
         return ledger
 
-    def persist_new(self, entry: TreeEntry) -> bool:
+    def persist_new(
+        self,
+        entry: TreeEntry,
+        unstored: Callable[[TreeEntry, BaseException], None] | None = None,
+    ) -> bool:
         """Write a new session's record; False when there is no store. Until the
         write is durable, ``entry.on_persisted`` collects who waits for it; if it
-        fails, the session is taken out again as if never created."""
+        fails, the session is taken out again as if never created, or, for one
+        that started before its record was durable, ``unstored(entry, error)``
+        ends it."""
         future = self.persist.created(entry, entry.info.created_at)
         if future is None:
             return False
@@ -403,7 +410,10 @@ class Tree:
             entry.persisted = True
             if error is not None:
                 self.store_failed(error)
-                self.discard(entry)
+                if unstored is None:
+                    self.discard(entry)
+                else:
+                    unstored(entry, error)
             waiting, entry.on_persisted = entry.on_persisted, []
             for then in waiting:
                 then(error)

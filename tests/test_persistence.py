@@ -1147,22 +1147,69 @@ def test_a_main_whose_record_cannot_be_written_is_not_created(
     assert store.main_of("agent", "internal:main:main") == main.session_id
 
 
-def test_a_skill_whose_spawn_cannot_be_written_gets_the_error_as_a_value(
+def test_a_skills_child_starts_while_its_record_commits(
     open_node: Callable[..., Node],
     store_path: pathlib.Path,
     make_store: Callable[..., Store],
     clock: VirtualClock,
 ) -> None:
+    # The record still commits before anything the child writes, and the spawn
+    # returns to the skill only once it is durable.
+    started = threading.Event()
     answers: list[Any] = []
+
+    def child(session: Any) -> str:
+        started.set()
+        return "ran"
 
     def spawner(session: Any) -> str:
         session.sleep(1.0)
-        answers.append(session.spawn(kind="worker", skill="finished"))
+        answers.append(session.spawn(kind="worker", skill="child"))
         return "went on"
 
     io = FailingIO()
     store = make_store(store_path, io=io)
-    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "finished": finished})
+    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "child": child})
+    node = open_node(store, agent)
+    ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
+    settle(node)
+    io.hold.set()  # commits wait: the child's record is queued, not durable
+    try:
+        clock.advance(1.0)
+        assert started.wait(WAIT), "the child did not start before its record was durable"
+        assert answers == []  # the spawn has not returned to the skill yet
+    finally:
+        io.release.set()
+    result = ref.wait(WAIT)
+    assert result is not None
+    assert result.summary == "went on"
+    (answer,) = answers
+    assert answer.ok, answer.error
+    assert stored(node, answer.session_id).info.state is SessionState.COMPLETED
+    assert store.children(ref.session_id) == [answer.session_id]
+
+
+def test_a_skills_child_whose_record_cannot_be_written_ends_failed_with_the_stores_code(
+    open_node: Callable[..., Node],
+    store_path: pathlib.Path,
+    make_store: Callable[..., Store],
+    clock: VirtualClock,
+) -> None:
+    got: list[Any] = []
+
+    def waits(session: Any) -> str:
+        session.sleep(60.0)
+        return "never"
+
+    def spawner(session: Any) -> str:
+        session.sleep(1.0)
+        got.append(session.spawn(kind="worker", skill="waits"))
+        got.extend(session.collect())
+        return "went on"
+
+    io = FailingIO()
+    store = make_store(store_path, io=io)
+    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "waits": waits})
     node = open_node(store, agent)
     ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
     settle(node)
@@ -1171,11 +1218,16 @@ def test_a_skill_whose_spawn_cannot_be_written_gets_the_error_as_a_value(
     result = ref.wait(WAIT)
     assert result is not None
     assert result.summary == "went on"
-    (answer,) = answers
-    assert answer.session_id is None
-    assert answer.error.code is ErrorCode.STORE_FAILED
-    assert node.tree(ref)["children"] == []
-    assert store.children(ref.session_id) == []
+    answer, collected = got
+    assert answer.ok, answer.error  # it ran: the spawn answers the child
+    child = collected.result
+    assert child is not None
+    assert child.status is SessionState.FAILED
+    assert child.error is not None
+    assert child.error.code is ErrorCode.STORE_FAILED
+    assert str(answer.session_id) in child.error.message
+    assert node.get(answer.session_id).state is SessionState.FAILED
+    assert node.stats()["store_write_errors"] >= 1
 
 
 def test_a_session_is_not_forgotten_before_its_ending_is_durable(
