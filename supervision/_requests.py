@@ -104,8 +104,8 @@ class OpenMain(Request[uuid.UUID], frozen=True):
 
 class Spawn(Request[SpawnAnswer], frozen=True):
     """Validate and create a child of ``parent_id``. ``by_skill``: the parent's
-    own skill asks, so the child starts and the answer goes before its record
-    is durable (nothing has left the node yet; see ``Spawning.spawn``)."""
+    own skill asks, so the child starts while its record commits (the answer
+    still waits for it; see ``Spawning.spawn``)."""
 
     parent_id: uuid.UUID
     spec: SpawnSpec
