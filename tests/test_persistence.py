@@ -1230,6 +1230,72 @@ def test_a_skills_child_whose_record_cannot_be_written_ends_failed_with_the_stor
     assert node.stats()["store_write_errors"] >= 1
 
 
+def test_a_skills_batch_whose_records_cannot_be_written_ends_each_child_failed(
+    open_node: Callable[..., Node],
+    store_path: pathlib.Path,
+    make_store: Callable[..., Store],
+    clock: VirtualClock,
+) -> None:
+    got: list[Any] = []
+
+    def waits(session: Any) -> str:
+        session.sleep(60.0)
+        return "never"
+
+    def spawner(session: Any) -> str:
+        session.sleep(1.0)
+        got.append(session.spawn_many([SpawnSpec(kind=SessionKind.WORKER, skill="waits")] * 3))
+        got.append(session.collect())
+        return "went on"
+
+    io = FailingIO()
+    store = make_store(store_path, io=io)
+    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "waits": waits})
+    node = open_node(store, agent)
+    ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
+    settle(node)
+    errors_before = node.stats()["store_write_errors"]
+    io.fail_next(1)  # the batch's records, in one commit
+    clock.advance(1.0)
+    result = ref.wait(WAIT)
+    assert result is not None
+    assert result.summary == "went on"
+    answers, collected = got
+    assert all(a.ok for a in answers)
+    assert {c.session_id for c in collected} == {a.session_id for a in answers}
+    for entry in collected:
+        assert entry.result is not None
+        assert entry.result.status is SessionState.FAILED
+        assert entry.result.error is not None
+        assert entry.result.error.code is ErrorCode.STORE_FAILED
+    assert node.stats()["store_write_errors"] >= errors_before + 3  # one per child
+
+
+def test_a_run_whose_record_cannot_be_written_ends_failed_with_the_stores_code(
+    open_node: Callable[..., Node],
+    store_path: pathlib.Path,
+    make_store: Callable[..., Store],
+    clock: VirtualClock,
+) -> None:
+    # A run's fresh session starts at once; its caller sees only its result.
+    def waits(session: Any) -> str:
+        session.sleep(60.0)
+        return "never"
+
+    io = FailingIO()
+    store = make_store(store_path, io=io)
+    node = open_node(store, Agent("agent", {"main": MainLog(), "waits": waits}))
+    main = node.main("agent")
+    settle(node)
+    io.fail_next(1)  # the run's record, and nothing else
+    result = main.run(kind="branch", skill="waits")
+    assert result is not None
+    assert result.status is SessionState.FAILED
+    assert result.error is not None
+    assert result.error.code is ErrorCode.STORE_FAILED
+    assert stored(node, result.session_id).info.state is SessionState.FAILED
+
+
 def test_a_session_is_not_forgotten_before_its_ending_is_durable(
     open_node: Callable[..., Node],
     store_path: pathlib.Path,
