@@ -212,7 +212,11 @@ class Cancelling:
             return
         info = store_error(error, entry.session_id)
         self.fence(entry, info.code)
-        self.endings.finish(entry, SessionState.FAILED, info.code, None, error=info)
+        with self.commits.one_commit():
+            # its record again, with its link under its parent: should its end
+            # commit where its start did not, the tree index still names it
+            self.tree.persist.created(entry, entry.info.created_at)
+            self.endings.finish(entry, SessionState.FAILED, info.code, None, error=info)
 
     def expire(self, session_id: uuid.UUID) -> None:
         """The TTL of ``session_id`` ran out: it ends ``expired`` at once, with

@@ -75,6 +75,9 @@ class SpawnAnswer:
     error: ErrorInfo | None
     existing: bool = False
     clamped: bool = False  # its budget was narrowed to what its parent had left
+    # a child that started before its record was durable, and whose record the
+    # store refused (it ended failed): why, for a run to answer as a refusal
+    unstored: ErrorInfo | None = None
 
 
 NOTHING = Usage()

@@ -4,10 +4,10 @@ and created, a batch of children in one turn and one commit.
 A refused spawn is an answer (``SpawnAnswer`` with an ``ErrorInfo``), counted
 and emitted, never raised. With a store, a spawn is answered once the new
 session's record is durable, and a failed write takes the session out again.
-A spawn by the parent's own skill and a ``Run`` start the child at once
-(``early``), while the record commits: the writer commits in order, so the
-record is durable before anything the child writes, and a failed write ends
-the child ``failed`` with the store's code.
+A spawn by the parent's own skill and a ``Run`` start the child as soon as
+its record is queued (``early``), while it commits: the writer commits in
+order, so the record is durable no later than anything the child writes,
+and a failed write ends the child ``failed`` with the store's code.
 """
 
 from __future__ import annotations
@@ -115,9 +115,9 @@ class Spawning:
         """Validate and create a child; never raises for a refused spawn. With a
         store, the child starts (and ``reply`` is answered) once its record is
         durable; a failed write answers the store's error and leaves no child.
-        ``early`` (the parent's skill asks, or a ``Run``): it starts at once, and
-        a failed write ends it (``Cancelling.unstored``); the answer, the child,
-        still waits for the write."""
+        ``early`` (the parent's skill asks, or a ``Run``): it starts once its
+        record is queued, and a failed write ends it (``Cancelling.unstored``);
+        the answer, the child, still waits for the write."""
         tree = self.tree
         if tree.closing:
             closed = ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
@@ -143,7 +143,7 @@ class Spawning:
             self.starting.want_slot(entry)
             return _created(entry)
         if early:
-            self.starting.want_slot(entry)
+            self._start_when_submitted([entry])
 
         def written(error: BaseException | None) -> None:
             if error is None and not early and entry.state is SessionState.PENDING:
@@ -412,8 +412,7 @@ class Spawning:
                 waiting.answer(i, _created(entry))
             return
         if early:
-            for _, entry in created:
-                self.starting.want_slot(entry)
+            self._start_when_submitted([entry for _, entry in created])
 
         def written(error: BaseException | None) -> None:
             for i, entry in created:
@@ -437,6 +436,19 @@ class Spawning:
 
         # Inside one commit every record shares its future: one callback for all.
         self.commits.when_written(future, written)
+
+    def _start_when_submitted(self, entries: list[TreeEntry]) -> None:
+        """Start children spawned ``early`` once their records are submitted to
+        the store (at once, or as the open ``one_commit`` ends), so that whatever
+        they write is queued, and commits, after them. One that ended meanwhile
+        stays ended."""
+
+        def start() -> None:
+            for entry in entries:
+                if entry.state is SessionState.PENDING:
+                    self.starting.want_slot(entry)
+
+        self.commits.when_submitted(start)
 
     def _remote_for(
         self, name: str, skill: Callable[[Any], Any], spec: SpawnSpec
@@ -517,7 +529,7 @@ def _answer_when_persisted(entry: TreeEntry, reply: Reply | None, value: object)
     def answer(error: BaseException | None) -> None:
         if reply is None:
             return
-        if error is None:
+        if error is None or entry.state.is_terminal:  # a child that ran stays the answer
             reply.set(value)
         else:
             reply.fail(error)
@@ -534,10 +546,16 @@ def _created(entry: TreeEntry) -> SpawnAnswer:
 
 def _written_answer(entry: TreeEntry, error: BaseException | None) -> SpawnAnswer:
     """A spawn's answer once its record's write finished: the child, or the
-    store's error (a child that already ended is still the answer)."""
-    if error is None or entry.state.is_terminal:
+    store's error (a child that already ended is still the answer, with the
+    error as ``unstored``)."""
+    if error is None:
         return _created(entry)
-    return SpawnAnswer(None, store_error(error, entry.session_id))
+    refused = store_error(error, entry.session_id)
+    if entry.state.is_terminal:
+        answer = _created(entry)
+        answer.unstored = refused
+        return answer
+    return SpawnAnswer(None, refused)
 
 
 class _Gather:
@@ -595,6 +613,9 @@ class _RunWaiter:
         reply = self.reply
         if answer.session_id is None:
             reply.set(answer.error)
+            return
+        if answer.unstored is not None:  # it ran, but its record was refused: so is its end
+            reply.set(answer.unstored)
             return
         try:
             value = await_result(self.tree, answer.session_id, reply)

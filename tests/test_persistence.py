@@ -23,6 +23,7 @@ import pytest
 
 from sessiontree.actors import Cancelled, SessionContext, VirtualClock
 from sessiontree.protocol import (
+    CorruptRecordError,
     ErrorCode,
     NotAllowedError,
     Outcome,
@@ -41,10 +42,12 @@ from sessiontree.store import (
     ContextEntry,
     ContextRecord,
     InboxRecord,
+    MemoryRecord,
     SessionRecord,
     Store,
     StoreIO,
     WriteBatch,
+    decode_record,
     encode_record,
 )
 from sessiontree.supervision import Agent, Event, Node, NodeConfig
@@ -1189,111 +1192,198 @@ def test_a_skills_child_starts_while_its_record_commits(
     assert store.children(ref.session_id) == [answer.session_id]
 
 
+class PutOrder(StoreIO):
+    """Records every put in the order the writer makes them (commit order)."""
+
+    def __init__(self) -> None:
+        self.puts: list[tuple[bytes, bytes]] = []
+
+    def put(self, txn: lmdb.Transaction, db: Any, key: bytes, value: bytes) -> None:
+        self.puts.append((bytes(key), bytes(value)))  # the writer thread only
+        super().put(txn, db, key, value)
+
+
+def test_what_an_early_child_writes_commits_after_its_record(
+    open_node: Callable[..., Node],
+    store_path: pathlib.Path,
+    make_store: Callable[..., Store],
+    clock: VirtualClock,
+) -> None:
+    # A skill's children start before their records are durable, but only once
+    # those are queued: a child's own write can never commit ahead of its record.
+    def writes(session: Any) -> str:
+        session.memory_put("k", session.session_id.hex)
+        return "wrote"
+
+    async def spawner(session: Any) -> str:
+        await session.spawn_many([SpawnSpec(kind=SessionKind.BRANCH, skill="writes")] * 16)
+        await session.collect()
+        return "done"
+
+    io = PutOrder()
+    store = make_store(store_path, io=io)
+    agent = Agent(
+        "agent", {"main": MainLog(), "writes": writes, "spawner": spawner}, max_children=32
+    )
+    node = open_node(store, agent)
+    ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
+    result = ref.wait(WAIT)
+    assert result is not None
+    assert result.summary == "done"
+    assert node.store is not None
+    node.store.flush()
+    children = {c["info"].session_id for c in node.tree(ref)["children"]}
+    assert len(children) == 16
+    first_record: dict[uuid.UUID, int] = {}
+    memory_writes: dict[uuid.UUID, int] = {}
+    for i, (key, value) in enumerate(io.puts):
+        if len(key) == 16 and uuid.UUID(bytes=key) in children:
+            first_record.setdefault(uuid.UUID(bytes=key), i)
+            continue
+        try:
+            memory = decode_record(MemoryRecord, value, db="memory", key=key)
+        except CorruptRecordError:
+            continue
+        if memory.session_id in children:
+            memory_writes[memory.session_id] = i
+    assert set(memory_writes) == children
+    for child, at in memory_writes.items():
+        assert first_record[child] < at, f"{child}'s memory write committed before its record"
+
+
+def waits_a_minute(session: Any) -> str:
+    session.sleep(60.0)
+    return "never"
+
+
+@pytest.mark.parametrize("how", ["spawn", "spawn_many"])
 def test_a_skills_child_whose_record_cannot_be_written_ends_failed_with_the_stores_code(
     open_node: Callable[..., Node],
     store_path: pathlib.Path,
     make_store: Callable[..., Store],
     clock: VirtualClock,
+    how: str,
 ) -> None:
-    got: list[Any] = []
-
-    def waits(session: Any) -> str:
-        session.sleep(60.0)
-        return "never"
+    answers: list[Any] = []
+    collected: list[Any] = []
 
     def spawner(session: Any) -> str:
         session.sleep(1.0)
-        got.append(session.spawn(kind="worker", skill="waits"))
-        got.extend(session.collect())
+        if how == "spawn":
+            answers.append(session.spawn(kind="worker", skill="waits"))
+        else:
+            answers.extend(
+                session.spawn_many([SpawnSpec(kind=SessionKind.WORKER, skill="waits")] * 3)
+            )
+        collected.extend(session.collect())
         return "went on"
 
     io = FailingIO()
     store = make_store(store_path, io=io)
-    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "waits": waits})
-    node = open_node(store, agent)
-    ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
-    settle(node)
-    io.fail_next(1)  # the child's record, and nothing else
-    clock.advance(1.0)
-    result = ref.wait(WAIT)
-    assert result is not None
-    assert result.summary == "went on"
-    answer, collected = got
-    assert answer.ok, answer.error  # it ran: the spawn answers the child
-    child = collected.result
-    assert child is not None
-    assert child.status is SessionState.FAILED
-    assert child.error is not None
-    assert child.error.code is ErrorCode.STORE_FAILED
-    assert str(answer.session_id) in child.error.message
-    assert node.get(answer.session_id).state is SessionState.FAILED
-    assert node.stats()["store_write_errors"] >= 1
-
-
-def test_a_skills_batch_whose_records_cannot_be_written_ends_each_child_failed(
-    open_node: Callable[..., Node],
-    store_path: pathlib.Path,
-    make_store: Callable[..., Store],
-    clock: VirtualClock,
-) -> None:
-    got: list[Any] = []
-
-    def waits(session: Any) -> str:
-        session.sleep(60.0)
-        return "never"
-
-    def spawner(session: Any) -> str:
-        session.sleep(1.0)
-        got.append(session.spawn_many([SpawnSpec(kind=SessionKind.WORKER, skill="waits")] * 3))
-        got.append(session.collect())
-        return "went on"
-
-    io = FailingIO()
-    store = make_store(store_path, io=io)
-    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "waits": waits})
+    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "waits": waits_a_minute})
     node = open_node(store, agent)
     ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
     settle(node)
     errors_before = node.stats()["store_write_errors"]
-    io.fail_next(1)  # the batch's records, in one commit
+    io.fail_next(1)  # the children's records (one commit), and nothing else
     clock.advance(1.0)
     result = ref.wait(WAIT)
     assert result is not None
     assert result.summary == "went on"
-    answers, collected = got
-    assert all(a.ok for a in answers)
+    assert all(a.ok for a in answers)  # they ran: the spawn answers the children
     assert {c.session_id for c in collected} == {a.session_id for a in answers}
     for entry in collected:
-        assert entry.result is not None
-        assert entry.result.status is SessionState.FAILED
-        assert entry.result.error is not None
-        assert entry.result.error.code is ErrorCode.STORE_FAILED
-    assert node.stats()["store_write_errors"] >= errors_before + 3  # one per child
+        child = entry.result
+        assert child is not None
+        assert child.status is SessionState.FAILED
+        assert child.error is not None
+        assert child.error.code is ErrorCode.STORE_FAILED
+        assert str(entry.session_id) in child.error.message
+        assert node.get(entry.session_id).state is SessionState.FAILED
+    assert node.stats()["store_write_errors"] >= errors_before + len(answers)  # one each
 
 
-def test_a_run_whose_record_cannot_be_written_ends_failed_with_the_stores_code(
+@pytest.mark.parametrize("failing", ["its record", "every write"])
+def test_a_run_whose_record_cannot_be_written_returns_the_refusal(
+    open_node: Callable[..., Node],
+    store_path: pathlib.Path,
+    make_store: Callable[..., Store],
+    clock: VirtualClock,
+    failing: str,
+) -> None:
+    # A run's fresh session starts at once; its caller sees only its result,
+    # here the store's refusal (as a refused spawn), never a raise.
+    io = FailingIO()
+    store = make_store(store_path, io=io)
+    node = open_node(store, Agent("agent", {"main": MainLog(), "waits": waits_a_minute}))
+    main = node.main("agent")
+    settle(node)
+    if failing == "its record":
+        io.fail_next(1)
+    else:
+        io.failing.set()
+    try:
+        result = main.run(kind="branch", skill="waits")
+    finally:
+        io.failing.clear()
+    assert result is not None
+    assert result.status is SessionState.FAILED
+    assert result.error is not None
+    assert result.error.code is ErrorCode.STORE_FAILED
+    child = uuid.UUID(result.error.detail["session_id"])
+    assert node.get(child).state is SessionState.FAILED  # it ran, and was ended
+    if failing == "its record":  # its end committed, with its link under the Main
+        assert stored(node, child).info.state is SessionState.FAILED
+        assert child in store.children(main.session_id)
+
+
+def test_a_spawn_repeated_while_the_first_record_fails_gets_the_child_that_ran(
     open_node: Callable[..., Node],
     store_path: pathlib.Path,
     make_store: Callable[..., Store],
     clock: VirtualClock,
 ) -> None:
-    # A run's fresh session starts at once; its caller sees only its result.
+    got: list[Any] = []
+    started = threading.Event()
+
     def waits(session: Any) -> str:
+        started.set()
         session.sleep(60.0)
         return "never"
 
+    def spawner(session: Any) -> str:
+        session.sleep(1.0)
+        got.append(session.spawn(kind="worker", skill="waits", request_id="once"))
+        return "went on"
+
     io = FailingIO()
     store = make_store(store_path, io=io)
-    node = open_node(store, Agent("agent", {"main": MainLog(), "waits": waits}))
-    main = node.main("agent")
+    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "waits": waits})
+    node = open_node(store, agent)
+    ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
     settle(node)
-    io.fail_next(1)  # the run's record, and nothing else
-    result = main.run(kind="branch", skill="waits")
-    assert result is not None
-    assert result.status is SessionState.FAILED
-    assert result.error is not None
-    assert result.error.code is ErrorCode.STORE_FAILED
-    assert stored(node, result.session_id).info.state is SessionState.FAILED
+    repeated: list[Any] = []
+    spec = SpawnSpec(kind=SessionKind.WORKER, skill="waits", request_id="once")
+    again = threading.Thread(target=lambda: repeated.extend(node.spawn_many(ref, [spec])))
+    io.hold.set()
+    io.fail_next(1)  # the child's record, held until released
+    try:
+        clock.advance(1.0)
+        assert started.wait(WAIT), "the child did not start while its record was held"
+        again.start()
+        again.join(0.2)
+        assert again.is_alive()  # its answer waits for the first record, like the skill's
+    finally:
+        io.release.set()
+    again.join(WAIT)
+    assert ref.wait(WAIT) is not None
+    (first,) = got
+    assert first.ok, first.error
+    (repeat,) = repeated
+    assert repeat.ok, repeat.error
+    assert repeat.existing
+    assert repeat.session_id == first.session_id
+    assert node.get(first.session_id).state is SessionState.FAILED
 
 
 def test_a_session_is_not_forgotten_before_its_ending_is_durable(
