@@ -123,7 +123,8 @@ class Run(Request[SessionResult | ErrorInfo], frozen=True):
 
 
 class SpawnMany(Request[list[SpawnAnswer]], frozen=True):
-    """``Spawn`` for each spec, in one turn of the Cortex and one commit."""
+    """``Spawn`` for each spec, in one turn of the Cortex and one commit
+    (``by_skill`` as for ``Spawn``)."""
 
     parent_id: uuid.UUID
     specs: tuple[SpawnSpec, ...]

@@ -398,7 +398,8 @@ class Spawning:
         """Write the records of a batch's new children; once durable, each starts
         (wants a slot) and its place in ``waiting`` is answered, in order, before
         whoever else waits for it. A failed write takes every one out again.
-        ``early``: they start now, and a failed write ends them."""
+        ``early``: they start once their records are queued, and a failed
+        write ends them."""
         tree = self.tree
         future = None
         for _, entry in created:
