@@ -8,6 +8,7 @@ gone and its file stops growing.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -552,3 +553,71 @@ def test_a_node_whose_ray_cluster_disappears_fails_those_steps_and_serves_the_re
     assert report["inline_after"] == "completed"  # the node serves the rest
     assert report["refused"] == "backend_unavailable"  # no new step goes to a dead cluster
     assert report["disconnected"] is True
+
+
+class _FakeRay:
+    """Just enough of ``ray`` for the pool's bookkeeping of its actors: each actor
+    comes up when its ``up`` future is resolved (Ray resolves those on a
+    callback thread of its own), and kills are recorded with their thread."""
+
+    def __init__(self) -> None:
+        self.ups: list[concurrent.futures.Future[bool]] = []
+        self.kills: list[str] = []
+        self.killed = threading.Event()
+
+    def kill(self, actor: Any, no_restart: bool = True) -> None:
+        self.kills.append(threading.current_thread().name)
+        self.killed.set()
+
+    def remote(self) -> _FakeRay:  # the actor class: ``.remote()`` makes an actor
+        return self
+
+    @property
+    def ready(self) -> _FakeRay:  # ``actor.ready.remote().future()``: its up future
+        return self
+
+    def future(self) -> concurrent.futures.Future[bool]:
+        self.ups.append(concurrent.futures.Future())
+        return self.ups[-1]
+
+
+def _fake_pool() -> tuple[RayBackend, _FakeRay]:
+    ray = _FakeRay()
+    pool = RayBackend(actors=2)
+    pool._ray = ray
+    pool._actor_class = ray
+    pool._add_actor()
+    pool._add_actor()
+    return pool, ray
+
+
+def _come_up_on_a_callback_thread(ray: _FakeRay) -> None:
+    late = threading.Thread(
+        target=lambda: [up.set_result(True) for up in ray.ups], name="ray-callbacks"
+    )
+    late.start()
+    late.join(WAIT)
+
+
+def test_a_ray_actor_that_comes_up_after_close_is_never_killed_on_rays_callback_thread() -> None:
+    # A blocking ray.kill on that thread waits on the thread itself, and close()'s
+    # own kill then waited forever (a README example hung at its shutdown).
+    pool, ray = _fake_pool()
+    pool.close()
+    assert ray.kills == ["MainThread", "MainThread"]  # close() kills both, starting or not
+    _come_up_on_a_callback_thread(ray)
+    assert ray.kills == ["MainThread", "MainThread"]
+
+
+def test_a_ray_actor_that_comes_up_after_the_pool_failed_is_killed_off_the_callback_thread() -> (
+    None
+):
+    pool, ray = _fake_pool()  # the application's cluster: it lives on after the pool fails
+    try:
+        pool._fail("one actor could not start")
+        _come_up_on_a_callback_thread(ray)
+        assert ray.killed.wait(WAIT)
+        assert ray.kills
+        assert "ray-callbacks" not in ray.kills
+    finally:
+        pool.close()

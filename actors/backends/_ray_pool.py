@@ -262,16 +262,20 @@ class RayBackend:
         return self._up.wait(timeout) and self._broken is None
 
     def _add_actor(self) -> None:
-        if self._closed:
-            return
-        actor = self._actor_class.remote()
+        # Made and listed under the lock: every actor made before close() is in
+        # the list it kills (creating one is a submission, it does not block).
         with self._lock:
+            if self._closed or self._broken is not None:
+                return
+            actor = self._actor_class.remote()
             self.started += 1
             self._actors.append(actor)
         ref = actor.ready.remote()
         ref.future().add_done_callback(lambda f: self._actor_up(actor, f))
 
     def _actor_up(self, actor: Any, fut: concurrent.futures.Future[Any]) -> None:
+        # On Ray's callback thread: a blocking Ray call here (ray.kill) waits on
+        # that very thread, and close()'s own ray.kill then waits forever.
         try:
             fut.result()
         except Exception as exc:  # noqa: BLE001 - an actor that cannot start
@@ -279,16 +283,30 @@ class RayBackend:
                 self._fail(f"a Ray actor could not start ({type(exc).__name__}: {exc})")
             return
         with self._lock:
-            if self._closed or self._broken is not None or actor not in self._actors:
-                with contextlib.suppress(Exception):
-                    self._ray.kill(actor, no_restart=True)
+            if self._closed:
+                return  # close() kills it, or has
+            if self._broken is not None:  # _fail dropped it: it went with our cluster,
+                # or the application's cluster lives on and it goes, off this thread
+                if not self._owns_ray:
+                    threading.Thread(
+                        target=self._kill_quietly,
+                        args=(actor,),
+                        name="sessiontree-ray-kill",
+                        daemon=True,
+                    ).start()
                 return
+            if actor not in self._actors:
+                return  # killed with its step, or died, already
             self._idle.append(actor)
             self._answered.append(actor)
             if len(self._answered) >= self.size:
                 self._up.set()
             self._dispatch_locked()
         self._watch_sent()
+
+    def _kill_quietly(self, actor: Any) -> None:
+        with contextlib.suppress(Exception):  # its cluster may be gone as well
+            self._ray.kill(actor, no_restart=True)
 
     def _fail(self, why: str) -> None:
         """The cluster is gone (or never came up): fail every step on it, refuse
