@@ -352,10 +352,7 @@ class SessionCore:
         tape = self.tape
         if tape is not None and tape.holds(result):
             return
-        with self.cond:
-            self.received.append(result)
-            self.unclaimed[result.session_id] = result
-            self.wake()
+        self.file_results((result,))
 
     def file_results(self, results: Sequence[SessionResult]) -> None:
         """File children's results now, together, and wake the skill once."""

@@ -87,15 +87,16 @@ def node_candidates(client: NodeClient) -> Candidates:
     return ask
 
 
-def store_candidates(store: Store) -> Candidates:
-    """Read the store's session index for ids starting with a prefix: the
-    whole hex bytes of the prefix narrow the scan to the keys under them."""
+def store_candidates(store: Store, db: str = "sessions") -> Candidates:
+    """Read the keys of the store's ``db`` (sessions; recordings) for ids
+    starting with a prefix: the whole hex bytes of the prefix narrow the scan
+    to the keys under them."""
 
     def read(prefix: str) -> tuple[list[str], bool]:
         digits = prefix.replace("-", "")
         under = bytes.fromhex(digits[: len(digits) // 2 * 2])
         found: list[str] = []
-        for key, _ in store.scan("sessions", under):
+        for key, _ in store.scan(db, under):
             if len(key) != 16:
                 continue
             sid = str(uuid.UUID(bytes=key))

@@ -15,7 +15,6 @@ on stderr names it); 2 a usage error; 69 no node answered at ``--node``.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, NodeClient, resolve_source
 from sessiontree.cli._ids import from_ids, resolve_id
+from sessiontree.cli._times import utc
 from sessiontree.protocol import SessionTreeError
 from sessiontree.store import Store
 
@@ -64,11 +64,11 @@ def _items(node_url: str | None, store_dir: Path | None) -> list[dict[str, Any]]
 
 
 def _line(item: dict[str, Any]) -> str:
-    at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(item["at"]))
+    at = utc(item["at"])
     what = f"{item['kind']} of {item['session_id']}"
     if item.get("seq") is not None:
         what += f" (message {item['seq']})"
-    return f"{item['wedged_id']}  {at}Z  {what}  attempts={item['attempts']}  {item['reason']}"
+    return f"{item['wedged_id']}  {at}  {what}  attempts={item['attempts']}  {item['reason']}"
 
 
 @click.group()

@@ -19,7 +19,6 @@ incomplete, another format, truncated); 2 a usage error.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 
@@ -29,7 +28,8 @@ import msgspec
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents
 from sessiontree.cli._client import STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
-from sessiontree.cli._ids import from_ids, resolve_id
+from sessiontree.cli._ids import resolve_id, store_candidates
+from sessiontree.cli._times import utc
 from sessiontree.protocol import Recording, ReplayReport, SessionTreeError
 from sessiontree.store import RecordingRecord, Store
 from sessiontree.supervision import Node, load_recording, stored_recording
@@ -46,13 +46,17 @@ def _records(store_dir: Path) -> list[RecordingRecord]:
 
 
 def _from_store(store_dir: Path, text: str) -> Recording:
-    known = [str(r.recording_id) for r in _records(store_dir)]
-    full = resolve_id(text, from_ids(known), what="recording", hint="ID")
     try:
-        with Store(store_dir, readonly=True) as store:
-            return stored_recording(store, uuid.UUID(full))
+        store = Store(store_dir, readonly=True)
     except (SessionTreeError, OSError) as exc:
-        raise failure(exc) from None
+        raise failure(exc, f"cannot read store {store_dir}: ") from None
+    with store:
+        candidates = store_candidates(store, db="recordings")
+        full = resolve_id(text, candidates, what="recording", hint="ID")
+        try:
+            return stored_recording(store, uuid.UUID(full))
+        except (SessionTreeError, OSError) as exc:
+            raise failure(exc) from None
 
 
 def _listing(store_dir: Path, as_json: bool) -> None:
@@ -72,9 +76,8 @@ def _listing(store_dir: Path, as_json: bool) -> None:
     if not records:
         click.echo("no recordings")
     for r in records:
-        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.started_at))
         state = "complete" if r.complete else "incomplete"
-        click.echo(f"{r.recording_id}  {at}Z  {r.agent_id}  {state}")
+        click.echo(f"{r.recording_id}  {utc(r.started_at)}  {r.agent_id}  {state}")
 
 
 def _say(report: ReplayReport) -> str:

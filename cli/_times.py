@@ -11,7 +11,17 @@ import datetime as dt
 import math
 from typing import Any
 
-__all__ = ["TIME_FIELDS", "ago", "human_duration", "iso", "iso_times", "local", "span", "until"]
+__all__ = [
+    "TIME_FIELDS",
+    "ago",
+    "human_duration",
+    "iso",
+    "iso_times",
+    "local",
+    "span",
+    "until",
+    "utc",
+]
 
 #: The fields of a session's view (its info, result timings) that hold instants.
 TIME_FIELDS = frozenset({"created_at", "deadline", "started_at", "ended_at", "at"})
@@ -23,6 +33,11 @@ def iso(stamp: float) -> str:
     """``stamp`` (epoch seconds) as ISO 8601 in UTC to the millisecond, ``Z``-suffixed."""
     moment = dt.datetime.fromtimestamp(stamp, tz=dt.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def utc(stamp: float) -> str:
+    """``stamp`` in UTC to the second, ``Z``-suffixed (``2026-05-24 10:00:03Z``)."""
+    return dt.datetime.fromtimestamp(stamp, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def local(stamp: float) -> str:

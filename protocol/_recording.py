@@ -21,7 +21,7 @@ or ``unknown_agent``.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -179,6 +179,16 @@ class Recording(msgspec.Struct, kw_only=True):
     complete: bool = False
     sessions: list[TapedSession] = msgspec.field(default_factory=list)
 
+    @property
+    def root(self) -> TapedSession:
+        """The recorded root (place ``"0"``); ``RecordingError`` (``malformed``)
+        for a recording that holds none."""
+        for taped in self.sessions:
+            if taped.path == "0":
+                return taped
+        msg = "the recording is malformed: sessions holds no root (path '0')"
+        raise RecordingError(msg, reason="malformed", session_id=self.recording_id)
+
     def encode(self) -> bytes:
         """The recording as a file's bytes (a header line, then msgpack)."""
         return _MAGIC + msgspec.msgpack.encode(self)
@@ -214,24 +224,24 @@ _CODES = frozenset(code.value for code in ErrorCode)
 
 
 def _check(recording: Recording) -> None:
-    """What decoding cannot check: ``RecordingError`` (``malformed``) naming the field."""
-    problem = None
+    """What decoding cannot check: ``RecordingError`` (``malformed``) naming the
+    field of the first problem."""
     if recording.depth < 1:
-        problem = f"depth {recording.depth} (a recorded root is spawned: 1 or more)"
+        _malformed(f"depth {recording.depth} (a recorded root is spawned: 1 or more)")
     for i, taped in enumerate(recording.sessions):
         for j, entry in enumerate(taped.tape):
             where = f"sessions[{i}].tape[{j}]"
             if isinstance(entry, TapeInterrupt) and entry.code not in _CODES:
-                problem = f"{where}.code {entry.code!r} is not an error code"
-            lengths = (
-                {len(entry.skills), len(entry.tasks), len(entry.children), len(entry.refused)}
-                if isinstance(entry, TapeSpawn)
-                else set()
-            )
-            if len(lengths) > 1:
-                problem = f"{where}: its lists differ in length"
-    if problem is not None:
-        raise RecordingError(f"the recording is malformed: {problem}", reason="malformed")
+                _malformed(f"{where}.code {entry.code!r} is not an error code")
+            if isinstance(entry, TapeSpawn) and (
+                len({len(entry.skills), len(entry.tasks), len(entry.children), len(entry.refused)})
+                > 1
+            ):
+                _malformed(f"{where}: its lists differ in length")
+
+
+def _malformed(problem: str) -> NoReturn:
+    raise RecordingError(f"the recording is malformed: {problem}", reason="malformed")
 
 
 def _unreadable(exc: msgspec.DecodeError) -> RecordingError:

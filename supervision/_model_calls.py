@@ -31,17 +31,17 @@ import contextlib
 import functools
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
 from sessiontree.actors.runtime import Activity, ModelCall, SessionCore
 from sessiontree.protocol import Completion, ErrorCode, ErrorInfo, NodeClosedError, Usage
+from sessiontree.supervision._call_hold import HOLD, CallHold
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._ledger import Reserved, priced
 from sessiontree.supervision._models import Models, Reply, Route
-from sessiontree.supervision._replay import HOLD, CallHold
 from sessiontree.supervision._reports import Streamed
 from sessiontree.supervision._requests import Call, Request, Reserve, Settle
 
@@ -107,21 +107,29 @@ class ModelCalls:
 
     def start(self, core: SessionCore, call: ModelCall) -> concurrent.futures.Future[Completion]:
         """Start ``call`` on the node's loop from a skill thread."""
-        if core.tape is not None and core.tape.replaying:
-            hold = CallHold(self.activity)
-            started = asyncio.run_coroutine_threadsafe(self._held(core, call, hold), self.loop())
+        work, hold = self._work(core, call)
+        started = asyncio.run_coroutine_threadsafe(work, self.loop())
+        if hold is not None:
             started.add_done_callback(hold.close)
-            return started
-        return asyncio.run_coroutine_threadsafe(self.complete(core, call), self.loop())
+        return started
 
     def start_here(self, core: SessionCore, call: ModelCall) -> asyncio.Future[Completion]:
         """Start ``call`` on the running loop (an async skill's)."""
+        work, hold = self._work(core, call)
+        started = asyncio.ensure_future(work)
+        if hold is not None:
+            started.add_done_callback(hold.close)
+        return started
+
+    def _work(
+        self, core: SessionCore, call: ModelCall
+    ) -> tuple[Coroutine[Any, Any, Completion], CallHold | None]:
+        """The coroutine that makes ``call``, and in a replay the hold it runs
+        under (let go once it ends)."""
         if core.tape is not None and core.tape.replaying:
             hold = CallHold(self.activity)
-            started = asyncio.ensure_future(self._held(core, call, hold))
-            started.add_done_callback(hold.close)
-            return started
-        return asyncio.ensure_future(self.complete(core, call))
+            return self._held(core, call, hold), hold
+        return self.complete(core, call), None
 
     async def _held(self, core: SessionCore, call: ModelCall, hold: CallHold) -> Completion:
         """``complete`` in a replay: the call counts as running (its ``hold``)

@@ -339,6 +339,7 @@ class SessionTape:
         written): it leaves the recording (Cortex thread)."""
         self.done = True
         self.reel.recording.sessions.remove(self.taped)
+        self.tapes.by_id.pop(self.taped.session_id, None)
         self.tapes.ended(self)
 
 

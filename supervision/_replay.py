@@ -28,7 +28,6 @@ anything runs.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import threading
 import uuid
@@ -58,6 +57,7 @@ from sessiontree.protocol import (
     TapeSpawn,
     TapeTake,
 )
+from sessiontree.supervision._call_hold import HOLD
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._models import Reply
 from sessiontree.supervision._providers import Price, Provider
@@ -72,9 +72,9 @@ from sessiontree.supervision._recording import (
 from sessiontree.supervision._requests import Call, Cancel, Interrupt
 
 if TYPE_CHECKING:
-    from sessiontree.actors.runtime import Activity, SessionCore
+    from sessiontree.actors.runtime import SessionCore
 
-__all__ = ["HOLD", "CallHold", "replay_recording"]
+__all__ = ["replay_recording"]
 
 _MAIN = "__replay_main__"  # the replay's Main takes the root's result and does nothing
 _HOLD = "__replay_hold__"  # a Branch standing in for an ancestor of a deeper root
@@ -106,44 +106,6 @@ def describe(entry: TapeEntry) -> str:
         case TapeInterrupt(code=code, call=call):
             return f"Cancelled({code}) raised into the skill at its call {call}"
     return repr(entry)  # pragma: no cover - the union is closed
-
-
-class CallHold:
-    """A replayed model call's share of the node's activity: held while the
-    call runs, dropped while it waits out its recorded latency, and let go
-    for good when it ends (in whatever order those come from their threads)."""
-
-    __slots__ = ("_activity", "_closed", "_held", "_lock")
-
-    def __init__(self, activity: Activity) -> None:
-        self._activity = activity
-        self._lock = threading.Lock()
-        self._held = True
-        self._closed = False
-        activity.begin()
-
-    def take(self) -> None:
-        with self._lock:
-            if self._held or self._closed:
-                return
-            self._held = True
-        self._activity.begin()
-
-    def drop(self) -> None:
-        with self._lock:
-            if not self._held:
-                return
-            self._held = False
-        self._activity.end()
-
-    def close(self, _done: object = None) -> None:
-        with self._lock:
-            self._closed = True
-        self.drop()
-
-
-HOLD: contextvars.ContextVar[CallHold | None] = contextvars.ContextVar("hold", default=None)
-"""The hold of the replayed model call the running task makes (``ModelCalls``)."""
 
 
 class PlayTape(SessionTape):
@@ -501,15 +463,14 @@ class Player(Recorder):
             tape = max(live, key=lambda t: t.taped.path.count("."))
             self.diverge(tape, str(tape.pos), "its run going on", why)
         else:  # the root was never made (a refused spawn)
-            root = next(s for s in self.run.sessions if s.path == "0")
-            self._first(_divergence(root, "spawn", "it ran", why))
+            self._first(_divergence(self.recorded["0"], "spawn", "it ran", why))
 
     def report(self) -> ReplayReport:
         """What the replay found (see ``ReplayReport``)."""
         divergence = self.divergence or self._compare()
         root = self.played.get("0")
         result = None if root is None else root.taped.result
-        recorded = next(s.result for s in self.run.sessions if s.path == "0")
+        recorded = self.recorded["0"].result
         return ReplayReport(
             recording_id=self.run.recording_id,
             identical=divergence is None,
@@ -647,8 +608,8 @@ def replay_recording(
     """Run ``recording`` again with ``agents``' code on a node ``make_node``
     makes (``Node``; see the module's docstring); ``timeout``: real seconds
     it may take at most (past it, it is reported as a divergence: the run
-    did not end). ``RecordingError`` for an incomplete recording or a
-    missing agent."""
+    did not end). ``RecordingError`` for an incomplete recording, one
+    without a root, or a missing agent."""
     if not recording.complete:
         msg = f"the recording of {recording.recording_id} is incomplete"
         raise RecordingError(msg, reason="incomplete", session_id=recording.recording_id)
@@ -656,6 +617,7 @@ def replay_recording(
     if agent is None:
         msg = f"no agent {recording.agent_id!r} to replay {recording.recording_id} with"
         raise RecordingError(msg, reason="unknown_agent", session_id=recording.recording_id)
+    recording.root  # noqa: B018 - raises for a recording without one
     clock = VirtualClock(start=recording.started_at)
     config = NodeConfig(
         grace=recording.grace,

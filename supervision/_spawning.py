@@ -415,25 +415,19 @@ class Spawning:
         if early:
             self._start_when_submitted([entry for _, entry in created])
 
+        unstored = self.cancelling.unstored if early else None
+
         def written(error: BaseException | None) -> None:
             for i, entry in created:
-                entry.persisted = True
-                if error is not None:
-                    tree.store_failed(error)
-                    if early:
-                        self.cancelling.unstored(entry, error)
-                    else:
-                        tree.discard(entry)
-                elif not early and entry.state is SessionState.PENDING:
+                others = tree.new_written(entry, error, unstored)
+                if error is None and not early and entry.state is SessionState.PENDING:
                     self.starting.want_slot(entry)
                 answer = _written_answer(entry, error)
                 if answer.error is not None:
                     self._rejected_spawn(entry.info.parent_id, entry.kind, answer.error)
                 waiting.answer(i, answer)
-                if entry.on_persisted:
-                    others, entry.on_persisted = entry.on_persisted, []
-                    for then in others:
-                        then(error)
+                for then in others:
+                    then(error)
 
         # Inside one commit every record shares its future: one callback for all.
         self.commits.when_written(future, written)
@@ -539,10 +533,11 @@ def _answer_when_persisted(entry: TreeEntry, reply: Reply | None, value: object)
     return DEFERRED
 
 
-def _created(entry: TreeEntry) -> SpawnAnswer:
+def _created(entry: TreeEntry, unstored: ErrorInfo | None = None) -> SpawnAnswer:
     """The answer for a child that exists: its id, and whether its budget was clamped."""
     ledger = entry.ledger
-    return SpawnAnswer(entry.session_id, None, clamped=ledger is not None and ledger.clamped)
+    clamped = ledger is not None and ledger.clamped
+    return SpawnAnswer(entry.session_id, None, clamped=clamped, unstored=unstored)
 
 
 def _written_answer(entry: TreeEntry, error: BaseException | None) -> SpawnAnswer:
@@ -553,9 +548,7 @@ def _written_answer(entry: TreeEntry, error: BaseException | None) -> SpawnAnswe
         return _created(entry)
     refused = store_error(error, entry.session_id)
     if entry.state.is_terminal:
-        answer = _created(entry)
-        answer.unstored = refused
-        return answer
+        return _created(entry, unstored=refused)
     return SpawnAnswer(None, refused)
 
 

@@ -407,19 +407,30 @@ class Tree:
         entry.persisted = False
 
         def written(error: BaseException | None) -> None:
-            entry.persisted = True
-            if error is not None:
-                self.store_failed(error)
-                if unstored is None:
-                    self.discard(entry)
-                else:
-                    unstored(entry, error)
-            waiting, entry.on_persisted = entry.on_persisted, []
-            for then in waiting:
+            for then in self.new_written(entry, error, unstored):
                 then(error)
 
         self.commits.when_written(future, written)
         return True
+
+    def new_written(
+        self,
+        entry: TreeEntry,
+        error: BaseException | None,
+        unstored: Callable[[TreeEntry, BaseException], None] | None,
+    ) -> list[Callable[[BaseException | None], None]]:
+        """A new session's record write finished (see ``persist_new``): it is
+        durable, or the session is taken out or ended. Returns who waited for
+        the write (``on_persisted``), for the caller to tell next."""
+        entry.persisted = True
+        if error is not None:
+            self.store_failed(error)
+            if unstored is None:
+                self.discard(entry)
+            else:
+                unstored(entry, error)
+        waiting, entry.on_persisted = entry.on_persisted, []
+        return waiting
 
     def store_failed(self, error: BaseException) -> None:
         self.rt.counters["store_write_errors"] += 1

@@ -22,6 +22,7 @@ import lmdb
 import pytest
 
 from sessiontree.actors import Cancelled, SessionContext, VirtualClock
+from sessiontree.actors.runtime import Reply
 from sessiontree.protocol import (
     CorruptRecordError,
     ErrorCode,
@@ -51,6 +52,7 @@ from sessiontree.store import (
     encode_record,
 )
 from sessiontree.supervision import Agent, Event, Node, NodeConfig
+from sessiontree.supervision._requests import SpawnMany
 from tests.conftest import WAIT, settle
 
 # -- fixtures and helpers -------------------------------------------------------
@@ -1070,13 +1072,17 @@ class FailingIO(StoreIO):
 
 
 def failing_main(
-    open_node: Callable[..., Node], store_path: pathlib.Path, make_store: Callable[..., Store]
+    open_node: Callable[..., Node],
+    store_path: pathlib.Path,
+    make_store: Callable[..., Store],
+    **skills: Callable[..., Any],
 ) -> tuple[FailingIO, Store, Node, Any]:
     """A node on a store whose commits fail while ``io.failing`` is set, and its
-    settled Main (whose skill ``finished`` children can run)."""
+    settled Main (whose skill ``finished``, and ``skills``, children can run)."""
     io = FailingIO()
     store = make_store(store_path, io=io)
-    node = open_node(store, Agent("agent", {"main": MainLog(), "finished": finished}))
+    agent = Agent("agent", {"main": MainLog(), "finished": finished, **skills})
+    node = open_node(store, agent)
     main = node.main("agent")
     settle(node)
     return io, store, node, main
@@ -1170,11 +1176,10 @@ def test_a_skills_child_starts_while_its_record_commits(
         answers.append(session.spawn(kind="worker", skill="child"))
         return "went on"
 
-    io = FailingIO()
-    store = make_store(store_path, io=io)
-    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "child": child})
-    node = open_node(store, agent)
-    ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
+    io, store, node, main = failing_main(
+        open_node, store_path, make_store, spawner=spawner, child=child
+    )
+    ref = main.spawn(kind="branch", skill="spawner").ref
     settle(node)
     io.hold.set()  # commits wait: the child's record is queued, not durable
     try:
@@ -1278,11 +1283,10 @@ def test_a_skills_child_whose_record_cannot_be_written_ends_failed_with_the_stor
         collected.extend(session.collect())
         return "went on"
 
-    io = FailingIO()
-    store = make_store(store_path, io=io)
-    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "waits": waits_a_minute})
-    node = open_node(store, agent)
-    ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
+    io, _store, node, main = failing_main(
+        open_node, store_path, make_store, spawner=spawner, waits=waits_a_minute
+    )
+    ref = main.spawn(kind="branch", skill="spawner").ref
     settle(node)
     errors_before = node.stats()["store_write_errors"]
     io.fail_next(1)  # the children's records (one commit), and nothing else
@@ -1313,11 +1317,7 @@ def test_a_run_whose_record_cannot_be_written_returns_the_refusal(
 ) -> None:
     # A run's fresh session starts at once; its caller sees only its result,
     # here the store's refusal (as a refused spawn), never a raise.
-    io = FailingIO()
-    store = make_store(store_path, io=io)
-    node = open_node(store, Agent("agent", {"main": MainLog(), "waits": waits_a_minute}))
-    main = node.main("agent")
-    settle(node)
+    io, store, node, main = failing_main(open_node, store_path, make_store, waits=waits_a_minute)
     if failing == "its record":
         io.fail_next(1)
     else:
@@ -1356,30 +1356,27 @@ def test_a_spawn_repeated_while_the_first_record_fails_gets_the_child_that_ran(
         got.append(session.spawn(kind="worker", skill="waits", request_id="once"))
         return "went on"
 
-    io = FailingIO()
-    store = make_store(store_path, io=io)
-    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "waits": waits})
-    node = open_node(store, agent)
-    ref = node.main("agent").spawn(kind="branch", skill="spawner").ref
+    io, _store, node, main = failing_main(
+        open_node, store_path, make_store, spawner=spawner, waits=waits
+    )
+    ref = main.spawn(kind="branch", skill="spawner").ref
     settle(node)
-    repeated: list[Any] = []
     spec = SpawnSpec(kind=SessionKind.WORKER, skill="waits", request_id="once")
-    again = threading.Thread(target=lambda: repeated.extend(node.spawn_many(ref, [spec])))
+    again = Reply()
     io.hold.set()
     io.fail_next(1)  # the child's record, held until released
     try:
         clock.advance(1.0)
         assert started.wait(WAIT), "the child did not start while its record was held"
-        again.start()
-        again.join(0.2)
-        assert again.is_alive()  # its answer waits for the first record, like the skill's
+        node._send(SpawnMany(ref.session_id, (spec,)), again)  # the repeat, not waited on
+        node.get(ref)  # answered after the repeat: the Cortex takes its mailbox in order
+        assert not again.done  # its answer waits for the first record, like the skill's
     finally:
         io.release.set()
-    again.join(WAIT)
+    (repeat,) = node._all_spawned(again.get(WAIT))
     assert ref.wait(WAIT) is not None
     (first,) = got
     assert first.ok, first.error
-    (repeat,) = repeated
     assert repeat.ok, repeat.error
     assert repeat.existing
     assert repeat.session_id == first.session_id

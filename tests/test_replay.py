@@ -29,6 +29,7 @@ from sessiontree.protocol import (
     Recording,
     RecordingError,
     RejectedInputError,
+    ReplayReport,
     SessionKind,
     SessionResult,
     SessionState,
@@ -46,8 +47,6 @@ from tests.replay_tree import config, make_agent
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-
 
 @pytest.fixture
 def server() -> Iterator[StandinServer]:
@@ -60,6 +59,16 @@ def record_branch(node: Node, skill: str) -> uuid.UUID:
     spawned = node.spawn(node.main("agent").session_id, kind="branch", skill=skill, record=True)
     assert spawned.session_id is not None
     return spawned.session_id
+
+
+def ended_and_replayed(
+    node: Node, root: uuid.UUID
+) -> tuple[SessionResult, Recording, ReplayReport]:
+    """The recorded ``root``'s result once it ended, its recording, and a replay of it."""
+    result = node.ref(root).wait(WAIT)
+    assert result is not None
+    settle(node)
+    return result, node.recording(root), node.replay(root)
 
 
 def clocked_agent(**skills: Callable[..., Any]) -> Agent:
@@ -215,10 +224,7 @@ def test_a_cancel_from_outside_and_a_ttl_replay_where_they_reached_the_skills() 
         settle(node)
         clock.advance(10.0)  # the other one's TTL of 5 s runs out
         settle(node)
-        result = node.ref(root).wait(WAIT)
-        assert result is not None
-        recording = node.recording(root)
-        report = node.replay(root)
+        result, recording, report = ended_and_replayed(node, root)
     finally:
         node.shutdown()
 
@@ -326,6 +332,10 @@ def test_replaying_without_the_recorded_agent_or_an_incomplete_recording_is_refu
     with pytest.raises(RecordingError) as raised:
         Node.replay_recording(unfinished, [make_agent()])
     assert raised.value.reason == "incomplete"
+    rootless = _small_recording()  # complete, but holding no session at all
+    with pytest.raises(RecordingError, match="no root") as raised:
+        Node.replay_recording(rootless, [make_agent()])
+    assert raised.value.reason == "malformed"
 
 
 def test_a_spawn_whose_record_flag_is_not_a_bool_is_refused_naming_it() -> None:
@@ -479,10 +489,7 @@ def test_a_call_cut_by_a_cancel_a_streamed_call_and_a_memory_write_replay(
         assert server.wait_for_disconnects(1, WAIT)  # the request closed
         assert _settled(node, slow), "the closed call never settled"
         clock.advance(1.0)
-        result = node.ref(root).wait(WAIT)
-        assert result is not None
-        recording = node.recording(root)
-        report = node.replay(root)
+        result, recording, report = ended_and_replayed(node, root)
     finally:
         node.shutdown()
     assert result.summary.endswith("/ gave up waiting"), result
@@ -541,10 +548,7 @@ def test_a_parent_that_no_longer_cancels_its_child_diverges_at_the_cancel() -> N
         clock.advance(1.0)
         settle(node)
         clock.advance(60.0)  # the kept one sleeps its minute out
-        result = node.ref(root).wait(WAIT)
-        assert result is not None
-        recording = node.recording(root)
-        same = node.replay(root)
+        result, recording, same = ended_and_replayed(node, root)
     finally:
         node.shutdown()
     assert result.summary == "wrapped up, slept"
@@ -607,11 +611,7 @@ def test_a_parent_ending_and_an_expiry_between_takes_replay_identically(
         for step in steps:
             settle(node)
             clock.advance(step)
-        result = node.ref(root).wait(WAIT)
-        assert result is not None
-        settle(node)
-        recording = node.recording(root)
-        report = node.replay(root)
+        result, recording, report = ended_and_replayed(node, root)
     finally:
         node.shutdown()
     assert result.summary == summary

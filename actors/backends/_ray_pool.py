@@ -378,9 +378,8 @@ class RayBackend:
         ray = self._ray
         if ray is None:
             return
-        with contextlib.suppress(Exception):  # a cluster that is already gone
-            for actor in actors:
-                ray.kill(actor, no_restart=True)
+        for actor in actors:  # one whose kill fails (a cluster already gone) stops no other
+            self._kill_quietly(actor)
         if self._owns_ray and self._broken is None:
             with contextlib.suppress(Exception):
                 ray.shutdown()
@@ -539,8 +538,7 @@ class RayBackend:
             self.killed += 1
             if actor in self._actors:
                 self._actors.remove(actor)
-        with contextlib.suppress(Exception):
-            self._ray.kill(actor, no_restart=True)
+        self._kill_quietly(actor)
         if not self._closed and self._broken is None:
             with contextlib.suppress(Exception):
                 self._add_actor()
