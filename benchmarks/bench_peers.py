@@ -45,6 +45,13 @@ Measurements (each with a fresh instance per system per round):
    minus 50 ms, over many sequential trees; p50 and p99 per system.
    ``added_latency_p99_ms`` is sessiontree's best in memory.
 
+The machine: ``fsync_ms`` (one synced write on the stores' disk) and
+``idle_slowdown``, how many times as long the same small piece of Python
+takes right after a 50 ms sleep as when run again at once (the median of
+41). After each model wait a tree's path runs with caches gone cold, so
+its added latency is about its CPU path (measurement 1's wall time x 8)
+times this, on top of asyncio's own timer floor.
+
 ``--stream`` adds the same tree with each sub-task streaming a reply from
 the local chat-completions stand-in (in a process of its own): 8 calls of
 the ``openai`` SDK under ``asyncio.gather`` on the application's loop
@@ -105,6 +112,24 @@ ST_SYSTEMS = (
     "thread/spawn_many",
 )
 SYSTEMS = (ASYNCIO, LANGGRAPH, *ST_SYSTEMS)
+
+
+def idle_slowdown(pause: float = WAIT, rounds: int = 41) -> float:
+    """How many times as long the same Python work takes right after a
+    ``pause`` s sleep as when run again at once (medians of ``rounds``)."""
+
+    def timed() -> float:
+        started = time.perf_counter()
+        json.dumps({i: str(i) for i in range(300)})
+        return time.perf_counter() - started
+
+    after_sleep, again = [], []
+    for _ in range(rounds):
+        time.sleep(pause)
+        after_sleep.append(timed())
+        timed()  # the first run again may still touch a line the sleep evicted
+        again.append(timed())
+    return statistics.median(after_sleep) / statistics.median(again)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -627,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         f"bench_peers: langgraph {version('langgraph')}, python {sys.version.split()[0]}, "
         f"pid {os.getpid()}, {os.cpu_count()} cpus"
     )
+    slowdown = idle_slowdown()
+    log(f"the same Python work takes {slowdown:.2f}x as long right after a {WAIT:.3f} s sleep")
     disk = real_disk_dir("bench-peers", args.dir)
     base, fstype = disk if disk is not None else (None, None)
     fsync = None
@@ -643,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "store_filesystem": fstype,
             "fsync_ms": None if fsync is None else round(fsync, 3),
+            "idle_slowdown": round(slowdown, 2),
             "quick": args.quick,
             "cpus": os.cpu_count(),
             "loadavg_1m_before": round(load_before, 2),
