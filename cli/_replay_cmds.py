@@ -29,7 +29,7 @@ from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents
 from sessiontree.cli._client import STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
 from sessiontree.cli._ids import resolve_id, store_candidates
-from sessiontree.cli._times import utc
+from sessiontree.cli._times import iso, utc
 from sessiontree.protocol import Recording, ReplayReport, SessionTreeError
 from sessiontree.store import RecordingRecord, Store
 from sessiontree.supervision import Node, load_recording, stored_recording
@@ -66,7 +66,7 @@ def _listing(store_dir: Path, as_json: bool) -> None:
             {
                 "recording_id": str(r.recording_id),
                 "agent_id": r.agent_id,
-                "started_at": r.started_at,
+                "started_at": iso(r.started_at),
                 "complete": r.complete,
             }
             for r in records

@@ -10,6 +10,7 @@ survives a ``kill -9`` of its node; bad recordings are typed errors."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import pathlib
 import threading
@@ -395,7 +396,7 @@ def test_the_cli_lists_replays_and_exports_a_stored_recording(
     node = Node([make_agent()], config(server.url), store=store)
     try:
         root = record(node).session_id
-        node.recording(root)  # complete and written
+        recorded = node.recording(root)  # complete and written
     finally:
         node.shutdown()
     runner = CliRunner()
@@ -407,6 +408,9 @@ def test_the_cli_lists_replays_and_exports_a_stored_recording(
     assert listed.exit_code == 0, listed.output
     (entry,) = json.loads(listed.output)
     assert (entry["recording_id"], entry["complete"]) == (str(root), True)
+    started = dt.datetime.fromisoformat(entry["started_at"].replace("Z", "+00:00"))
+    assert started.tzinfo == dt.UTC  # as every --json says its times (cli/_times.py)
+    assert started.timestamp() == pytest.approx(recorded.started_at, abs=0.001)
 
     agents = "tests.replay_tree:agents"
     same = cli("replay", str(root)[:8], "--store", str(store), "--agents", agents)
