@@ -233,11 +233,10 @@ def _check(recording: Recording) -> None:
             where = f"sessions[{i}].tape[{j}]"
             if isinstance(entry, TapeInterrupt) and entry.code not in _CODES:
                 _malformed(f"{where}.code {entry.code!r} is not an error code")
-            if isinstance(entry, TapeSpawn) and (
-                len({len(entry.skills), len(entry.tasks), len(entry.children), len(entry.refused)})
-                > 1
-            ):
-                _malformed(f"{where}: its lists differ in length")
+            if isinstance(entry, TapeSpawn):
+                lists = (entry.skills, entry.tasks, entry.children, entry.refused)
+                if len({len(items) for items in lists}) > 1:
+                    _malformed(f"{where}: its lists differ in length")
 
 
 def _malformed(problem: str) -> NoReturn:
