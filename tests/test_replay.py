@@ -36,9 +36,11 @@ from sessiontree.protocol import (
     SessionState,
     SpawnSpec,
     TapeClock,
+    TapedSession,
     TapeInterrupt,
     TapeModel,
     TapeSeed,
+    TapeSpawn,
 )
 from sessiontree.supervision import Agent, Node, NodeConfig, load_recording
 from tests import replay_tree
@@ -310,6 +312,31 @@ def test_a_truncated_or_malformed_recording_is_refused(tmp_path: pathlib.Path) -
         with pytest.raises(RecordingError) as raised:
             load_recording(path)
         assert raised.value.reason == name.split()[0], name
+
+
+def test_a_recording_that_decodes_but_breaks_its_rules_is_refused_naming_the_field() -> None:
+    def taped(*tape: Any) -> TapedSession:
+        return TapedSession(
+            path="0", session_id=uuid.uuid4(), kind="branch", skill="s", tape=[*tape]
+        )
+
+    shallow = _small_recording()
+    shallow.depth = 0
+    odd_code = _small_recording()
+    odd_code.sessions = [taped(TapeInterrupt(code="no_such_code", call=1))]
+    uneven = _small_recording()
+    spawn = TapeSpawn(skills=["a", "b"], tasks=["t"], children=[1, 2], refused=[None, None])
+    uneven.sessions = [taped(TapeSeed(seed=1), spawn)]
+    cases = {
+        "depth 0": shallow,
+        "sessions[0].tape[0].code 'no_such_code' is not an error code": odd_code,
+        "sessions[0].tape[1]: its lists differ in length": uneven,
+    }
+    for problem, recording in cases.items():
+        with pytest.raises(RecordingError) as raised:
+            Recording.decode(recording.encode())
+        assert raised.value.reason == "malformed", problem
+        assert problem in str(raised.value)
 
 
 def test_a_recording_file_past_the_size_cap_is_refused_before_it_is_read(
