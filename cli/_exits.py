@@ -1,8 +1,9 @@
 """The exit codes the commands share beyond click's (0 ok, 1 failure, 2 usage).
 
 * 69: ``--node`` cannot be reached (``_client``).
-* 74: the store's file is damaged (``StoreDamagedError``: truncated, a bad
-  meta or data page, empty or missing where data was committed).
+* 74: the store is damaged: its file (``StoreDamagedError``: truncated, a bad
+  meta or data page, empty or missing where data was committed), or a record
+  a command reads does not decode (``CorruptRecordError``).
 * 65: ``store verify`` found records that do not decode.
 """
 
@@ -10,12 +11,24 @@ from __future__ import annotations
 
 import click
 
-from sessiontree.protocol import StoreDamagedError
+from sessiontree.protocol import CorruptRecordError, StoreDamagedError
 
-__all__ = ["EXIT_RECORDS_UNREADABLE", "EXIT_STORE_DAMAGED", "StoreDamagedExit", "failure"]
+__all__ = [
+    "CORRUPT_HINT",
+    "EXIT_RECORDS_UNREADABLE",
+    "EXIT_STORE_DAMAGED",
+    "StoreDamagedExit",
+    "failure",
+]
 
 EXIT_STORE_DAMAGED = 74  # sysexits' EX_IOERR
 EXIT_RECORDS_UNREADABLE = 65  # sysexits' EX_DATAERR
+
+#: What to do about a record that does not decode (the end of its line).
+CORRUPT_HINT = (
+    "the store holds a damaged record: `sessiontree store verify` lists every one, "
+    "a node start quarantines those recovery reads, or restore the store from a backup"
+)
 
 
 class StoreDamagedExit(click.ClickException):
@@ -26,8 +39,10 @@ class StoreDamagedExit(click.ClickException):
 
 def failure(exc: BaseException | str, prefix: str = "") -> click.ClickException:
     """``exc`` as one line on stderr (``prefix`` before it): exit 74 for a damaged
-    store, 1 otherwise."""
+    store file or a record that does not decode, 1 otherwise."""
     text = prefix + (" ".join(str(exc).split()) or type(exc).__name__)
+    if isinstance(exc, CorruptRecordError):
+        return StoreDamagedExit(f"{text}; {CORRUPT_HINT}")
     if isinstance(exc, StoreDamagedError):
         return StoreDamagedExit(text)
     return click.ClickException(text)

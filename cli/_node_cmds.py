@@ -672,6 +672,10 @@ def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
     if "uptime_s" in found:
         click.echo(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}")
     counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
+    if found.get("unreadable"):
+        counts += (
+            f"{', ' if counts else ''}{found['unreadable']} unreadable (sessiontree store verify)"
+        )
     click.echo(f"  sessions: {counts or 'none'}")
     recovered = found.get("recovery")
     if recovered:
@@ -695,8 +699,11 @@ def _store_status(store_dir: Path) -> dict[str, Any]:
     try:
         with Store(store_dir, readonly=True) as store:
             by_state: Counter[str] = Counter()
+            unreadable = 0  # a node start quarantines them; `store verify` names them
             for record in store.sessions():
-                if not isinstance(record, SessionTreeError):
+                if isinstance(record, SessionTreeError):
+                    unreadable += 1
+                else:
                     by_state[record.info.state.value] += 1
             figures = store.stats()
             wedged = store.count("wedged")
@@ -706,6 +713,7 @@ def _store_status(store_dir: Path) -> dict[str, Any]:
         "node": str(store_dir),
         "state": "stored",
         "sessions": dict(by_state),
+        "unreadable": unreadable,
         "store": plain_figures(figures),
         "wedged": wedged,
     }

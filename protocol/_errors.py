@@ -203,7 +203,8 @@ class StoreDamagedError(StoreError):
 
 class CorruptRecordError(StoreError):
     """Raised when a stored value cannot be decoded or has an unknown schema
-    version; ``key`` names it (recovery quarantines it instead)."""
+    version; ``db`` and ``key`` name it (recovery quarantines what it reads
+    at start-up instead)."""
 
     code = ErrorCode.CORRUPT_RECORD
 
@@ -211,6 +212,11 @@ class CorruptRecordError(StoreError):
         super().__init__(message)
         self.db = db
         self.key = key
+
+    def to_info(self) -> ErrorInfo:
+        info = super().to_info()
+        info.detail.update(db=self.db, key=self.key.hex())
+        return info
 
 
 class ConversationError(SessionTreeError):

@@ -31,6 +31,7 @@ from sessiontree.store._records import (
     StartsRecord,
     UsageRecord,
     WedgedRecord,
+    decode_id,
     decode_record,
     encode_record,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "VerifyProblem",
     "WedgedRecord",
     "WriteBatch",
+    "decode_id",
     "decode_record",
     "encode_record",
     "export_jsonl",

@@ -34,6 +34,7 @@ __all__ = [
     "damaged_by",
     "mark_committed",
     "open_env",
+    "read_marker",
 ]
 
 DEFAULT_MAP_SIZE = 16 << 30  # sparse: the file grows with the data, not the map
@@ -241,6 +242,12 @@ def damaged_by(path: str, exc: lmdb.Error) -> StoreDamagedError:
     """The ``StoreDamagedError`` for one of LMDB's ``CORRUPTION`` errors on ``path``."""
     problem = "page_not_found" if isinstance(exc, lmdb.PageNotFoundError) else "corrupted"
     return damaged(path, problem, f"LMDB reports {exc}")
+
+
+def read_marker(directory: str) -> str:
+    """The text ``mark_committed`` wrote (the meta record as JSON); ``OSError``
+    when there is none."""
+    return (pathlib.Path(directory) / MARKER).read_text(encoding="utf-8")
 
 
 def mark_committed(directory: str, content: str) -> None:

@@ -236,13 +236,11 @@ class Reads:
             except CorruptRecordError as exc:
                 yield exc
 
-    def readable(self, kind: type[R], db: str, prefix: bytes = b"") -> Iterator[R]:
-        """``decoded`` without the unreadable records (each is logged as an error)."""
-        for item in self.decoded(kind, db, prefix):
-            if isinstance(item, CorruptRecordError):
-                log.error("%s", item)
-                continue
-            yield item
+    def every(self, kind: type[R], db: str, prefix: bytes = b"") -> Iterator[R]:
+        """``scan`` decoded, every record or none: ``CorruptRecordError`` at the
+        first that does not decode (a listing never leaves one out unsaid)."""
+        for key, raw in self.scan(db, prefix):
+            yield decode_record(kind, raw, db=db, key=key)
 
     def count(self, db: str) -> int:
         """Entries in ``db`` (0 for a database the store does not have)."""

@@ -47,6 +47,7 @@ __all__ = [
     "StartsRecord",
     "UsageRecord",
     "WedgedRecord",
+    "decode_id",
     "decode_record",
     "encode_record",
 ]
@@ -270,20 +271,38 @@ def encode_record(record: msgspec.Struct) -> bytes:
 
 def decode_record(kind: type[R], raw: bytes, *, db: str, key: bytes) -> R:
     """Decode one stored value; ``CorruptRecordError`` naming ``db`` and ``key``
-    when it does not decode or carries an unknown schema version."""
+    when it does not decode or carries an unknown schema version.
+
+    Any failure of the bytes is that error, not only ``msgspec.DecodeError``:
+    msgspec raises ``UnicodeDecodeError`` for a string with a bad byte and
+    ``RecursionError`` for nesting past its limit, and a type's own checks
+    raise ``ValueError``/``TypeError``/``OverflowError``. Only ``MemoryError``
+    passes through (it says nothing about the bytes)."""
     decoder = _DECODERS.get(kind)
     if decoder is None:
         decoder = _DECODERS[kind] = msgspec.msgpack.Decoder(kind)
     try:
         record: R = decoder.decode(raw)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
-        msg = f"{db} record {key.hex()} does not decode as {kind.__name__}: {exc}"
-        raise CorruptRecordError(msg, db=db, key=key) from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # whatever the bytes make the decoder raise
+        raise _corrupt(db, key, f"does not decode as {kind.__name__}", exc) from exc
     version = getattr(record, "v", None)
     if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-        msg = (
-            f"{db} record {key.hex()} has schema version {version!r}; "
-            f"this code reads 1..{SCHEMA_VERSION}"
-        )
-        raise CorruptRecordError(msg, db=db, key=key)
+        why = f"has schema version {version!r}; this code reads 1..{SCHEMA_VERSION}"
+        raise _corrupt(db, key, why)
     return record
+
+
+def decode_id(raw: bytes, *, db: str, key: bytes) -> uuid.UUID:
+    """A session or message id stored as its 16 bytes (``mains``, ``platform_ids``);
+    ``CorruptRecordError`` naming ``db`` and ``key`` for any other length."""
+    if len(raw) != 16:
+        raise _corrupt(db, key, f"holds {len(raw)} bytes where a 16-byte id belongs")
+    return uuid.UUID(bytes=raw)
+
+
+def _corrupt(db: str, key: bytes, why: str, exc: BaseException | None = None) -> CorruptRecordError:
+    """The one error every unreadable stored value becomes."""
+    cause = "" if exc is None else f": {type(exc).__name__}: {exc}"
+    return CorruptRecordError(f"{db} record {key.hex()} {why}{cause}", db=db, key=key)

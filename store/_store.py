@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -40,6 +41,7 @@ from sessiontree.store._env import (
     mark_committed,
     open_env,
     process_id,
+    read_marker,
 )
 from sessiontree.store._io import StoreIO
 from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key
@@ -59,10 +61,13 @@ from sessiontree.store._records import (
     StartsRecord,
     UsageRecord,
     WedgedRecord,
+    decode_id,
 )
 from sessiontree.store._writer import Writer
 
 __all__ = ["Store"]
+
+log = logging.getLogger("sessiontree.store")
 
 R = TypeVar("R", bound=msgspec.Struct)
 
@@ -119,7 +124,10 @@ class Store:
                 self._writer.on_commit = self._reads.check_long_reads
                 self.meta: MetaRecord | None = self._meta_or_create()
             else:
-                self.meta = self._read_meta()
+                try:
+                    self.meta = self._read_meta()
+                except CorruptRecordError:  # still readable: `store verify` names it
+                    self.meta = None
         except BaseException:
             self.close()  # a failed open leaves neither the path nor the lock held
             raise
@@ -285,29 +293,34 @@ class Store:
         return self._reads.decoded(SessionRecord, "sessions")
 
     def children(self, parent_id: uuid.UUID) -> list[uuid.UUID]:
-        """The children the tree index holds for ``parent_id``, in id order."""
+        """The children the tree index holds for ``parent_id``, in id order;
+        ``CorruptRecordError`` for an entry that is not parent id + child id."""
         return [
-            uuid.UUID(bytes=key[16:]) for key, _ in self._reads.scan("children", parent_id.bytes)
+            decode_id(key[16:], db="children", key=key)
+            for key, _ in self._reads.scan("children", parent_id.bytes)
         ]
 
     def main_of(self, agent_id: str, key: str) -> uuid.UUID | None:
-        """The Main recorded for (agent, session key), or None."""
-        raw = self._reads.get_raw("mains", main_key(agent_id, key))
-        return None if raw is None else uuid.UUID(bytes=raw)
+        """The Main recorded for (agent, session key), or None;
+        ``CorruptRecordError`` if the entry is not a session id."""
+        at = main_key(agent_id, key)
+        raw = self._reads.get_raw("mains", at)
+        return None if raw is None else decode_id(raw, db="mains", key=at)
 
     def outbox(self) -> Iterator[OutboxRecord | CorruptRecordError]:
         """Every result still owed to a parent."""
         return self._reads.decoded(OutboxRecord, "outbox")
 
     def received(self, parent_id: uuid.UUID) -> list[SessionResult]:
-        """Results filed on ``parent_id``'s record (unreadable ones skipped and logged)."""
-        filed = self._reads.readable(ReceivedRecord, "received", parent_id.bytes)
+        """Results filed on ``parent_id``'s record; ``CorruptRecordError`` if one
+        is unreadable (recovery quarantines those at start-up)."""
+        filed = self._reads.every(ReceivedRecord, "received", parent_id.bytes)
         return [record.result for record in filed]
 
     def inbox(self, session_id: uuid.UUID) -> list[InboxRecord]:
-        """A Main's acknowledged inbound messages not yet run, in order (unreadable
-        ones skipped and logged)."""
-        return list(self._reads.readable(InboxRecord, "inbox", session_id.bytes))
+        """A Main's acknowledged inbound messages not yet run, in order;
+        ``CorruptRecordError`` if one is unreadable."""
+        return list(self._reads.every(InboxRecord, "inbox", session_id.bytes))
 
     def memory(self, agent_id: str, key: str) -> MemoryRecord | None:
         """The latest shared-memory write of ``agent_id`` under ``key``."""
@@ -338,13 +351,9 @@ class Store:
         return self._reads.get(WedgedRecord, "wedged", wedged_id.bytes)
 
     def wedged_list(self) -> list[WedgedRecord]:
-        """What recovery held back, oldest first (unreadable ones left out)."""
-        found = [
-            item
-            for item in self._reads.decoded(WedgedRecord, "wedged")
-            if not isinstance(item, CorruptRecordError)
-        ]
-        return sorted(found, key=lambda w: w.at)
+        """What recovery held back, oldest first; ``CorruptRecordError`` if one is
+        unreadable (recovery quarantines those at start-up)."""
+        return sorted(self._reads.every(WedgedRecord, "wedged"), key=lambda w: w.at)
 
     def recording(self, recording_id: uuid.UUID) -> RecordingRecord | None:
         """A recorded subtree's run under its root's id, or None;
@@ -352,13 +361,8 @@ class Store:
         return self._reads.get(RecordingRecord, "recordings", recording_id.bytes)
 
     def recordings(self) -> list[RecordingRecord]:
-        """Every recording, oldest first (unreadable ones left out)."""
-        found = [
-            item
-            for item in self._reads.decoded(RecordingRecord, "recordings")
-            if not isinstance(item, CorruptRecordError)
-        ]
-        return sorted(found, key=lambda r: r.started_at)
+        """Every recording, oldest first; ``CorruptRecordError`` if one is unreadable."""
+        return sorted(self._reads.every(RecordingRecord, "recordings"), key=lambda r: r.started_at)
 
     def starts(self) -> StartsRecord | None:
         """The node's recent starts (None before the first); ``CorruptRecordError``
@@ -366,12 +370,8 @@ class Store:
         return self._reads.get(StartsRecord, "meta", b"starts")
 
     def quarantine_list(self) -> list[QuarantineRecord]:
-        """Values recovery set aside (unreadable ones left out)."""
-        return [
-            item
-            for item in self._reads.decoded(QuarantineRecord, "quarantine")
-            if not isinstance(item, CorruptRecordError)
-        ]
+        """Values recovery set aside; ``CorruptRecordError`` if one is unreadable."""
+        return list(self._reads.every(QuarantineRecord, "quarantine"))
 
     # -- conversations -------------------------------------------------------------------
 
@@ -405,15 +405,17 @@ class Store:
         return walk(self._reads, session_id, start, limit, branch_id)
 
     def messages(self, session_id: uuid.UUID) -> Iterator[Message]:
-        """Every message of a session's conversation, in id order (unreadable ones
-        skipped and logged)."""
-        for record in self._reads.readable(MessageRecord, "messages", session_id.bytes):
+        """Every message of a session's conversation, in id order;
+        ``CorruptRecordError`` at one that does not decode."""
+        for record in self._reads.every(MessageRecord, "messages", session_id.bytes):
             yield record.message
 
     def platform_message(self, session_id: uuid.UUID, platform_id: str) -> uuid.UUID | None:
-        """Our message id for a chat platform's message id in a session, or None."""
-        raw = self._reads.get_raw("platform_ids", platform_key(session_id, platform_id))
-        return None if raw is None or len(raw) != 16 else uuid.UUID(bytes=raw)
+        """Our message id for a chat platform's message id in a session, or None;
+        ``CorruptRecordError`` if the entry is not a message id."""
+        at = platform_key(session_id, platform_id)
+        raw = self._reads.get_raw("platform_ids", at)
+        return None if raw is None else decode_id(raw, db="platform_ids", key=at)
 
     # -- identity and figures ------------------------------------------------------------
 
@@ -421,13 +423,35 @@ class Store:
         return self._reads.get(MetaRecord, "meta", b"meta")
 
     def _meta_or_create(self) -> MetaRecord:
-        meta = self._read_meta()
+        try:
+            meta = self._read_meta()
+        except CorruptRecordError as exc:
+            return self._replace_meta(exc)
         if meta is None:
             meta = MetaRecord(node_id=str(uuid.uuid4()), created_at=time.time())
             batch = WriteBatch()
             batch._put("meta", b"meta", meta)
             self.write(batch)
         # From here on an empty or missing data.mdb is damage, not a fresh store.
+        mark_committed(self.path, msgspec.json.encode(meta).decode() + "\n")
+        return meta
+
+    def _replace_meta(self, error: CorruptRecordError) -> MetaRecord:
+        """The meta record does not decode: quarantine it and write it again from
+        the copy in ``MARKER`` (the same node id), or afresh without one."""
+        raw = self._reads.get_raw("meta", b"meta") or b""
+        try:
+            meta = msgspec.json.decode(read_marker(self.path), type=MetaRecord)
+        except (OSError, ValueError, msgspec.DecodeError):
+            meta = MetaRecord(node_id=str(uuid.uuid4()), created_at=time.time())
+        log.error("quarantined meta record: %s; written again for node %s", error, meta.node_id)
+        set_aside = QuarantineRecord(
+            db="meta", key=b"meta", raw=raw, reason=str(error), at=time.time()
+        )
+        batch = WriteBatch().quarantine(set_aside)
+        batch._put("meta", b"meta", meta)
+        self.write(batch)
+        self.quarantined += 1
         mark_committed(self.path, msgspec.json.encode(meta).decode() + "\n")
         return meta
 

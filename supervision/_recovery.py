@@ -21,8 +21,13 @@ comes back, write the endings of what cannot, and hand the Cortex its plan.
   with what its usage record says it and its subtree spent.
 - Results still in the outbox go to parents that came back (the receipt is
   their next snapshot) and are filed on parents that did not.
-- A value that does not decode, or has an unknown schema version, is moved to
-  the quarantine database, logged with its key and counted; recovery goes on.
+- A value that does not decode (any failure of its bytes), or has an unknown
+  schema version, is moved to the quarantine database, logged with its key
+  and counted; recovery goes on. Recovery reads, and so cleans, the sessions,
+  cycle marks, the outbox, Mains by key, the inbox, the results filed on
+  sessions (``received``), usage records, held-back work and the node's
+  starts; what is read later (conversations, memory, recordings) is a typed
+  ``CorruptRecordError`` where it is read.
 """
 
 from __future__ import annotations
@@ -50,12 +55,14 @@ from sessiontree.store import (
     InboxRecord,
     OutboxRecord,
     QuarantineRecord,
+    ReceivedRecord,
     SessionRecord,
     StartsRecord,
     Store,
     UsageRecord,
     WedgedRecord,
     WriteBatch,
+    decode_id,
     decode_record,
 )
 from sessiontree.supervision._config import Agent, NodeConfig
@@ -120,12 +127,27 @@ class _Recovery:
         self.batch = WriteBatch()
         self.back: set[uuid.UUID] = set()  # sessions that come back after this restart
         self.cycles: dict[uuid.UUID, CycleRecord] = {}  # a Main's cycle in flight at the crash
+        self.set_aside: set[tuple[str, bytes]] = set()  # (db, key) quarantined in this batch
 
     def quarantine(self, db: str, error: CorruptRecordError, raw: bytes) -> None:
+        """Move the value aside in this recovery's batch (once per entry: a later
+        read of the same entry finds it in ``self.set_aside``)."""
+        if (db, error.key) in self.set_aside:
+            return
+        self.set_aside.add((db, error.key))
         log.error("quarantined %s record %s: %s", db, error.key.hex(), error)
         record = QuarantineRecord(db=db, key=error.key, raw=raw, reason=str(error), at=self.now)
         self.batch.quarantine(record)
         self.figures["quarantined"] += 1
+
+    def check(self, db: str, kind: type[msgspec.Struct]) -> None:
+        """Decode every entry of ``db`` as ``kind``, quarantining those that do not
+        (the entries later reads of the node would otherwise fail on)."""
+        for key, raw in self.store.scan(db):
+            try:
+                decode_record(kind, raw, db=db, key=key)
+            except CorruptRecordError as exc:
+                self.quarantine(db, exc, raw)
 
     def live_sessions(self) -> list[SessionRecord]:
         live = []
@@ -300,13 +322,10 @@ class _Recovery:
 
     def spent(self, session_id: uuid.UUID) -> UsageRecord | None:
         """What the session's usage record says it spent (None: nothing, or a
-        record that does not decode, which is quarantined)."""
-        try:
-            return self.store.usage(session_id)
-        except CorruptRecordError as exc:
-            raw = next((v for k, v in self.store.scan("usage", session_id.bytes)), b"")
-            self.quarantine("usage", exc, raw)
+        record that does not decode, quarantined by ``check``)."""
+        if ("usage", session_id.bytes) in self.set_aside:
             return None
+        return self.store.usage(session_id)
 
     def owe(self, parent_id: uuid.UUID, result: SessionResult, *, in_outbox: bool) -> None:
         """Deliver to a parent that came back; file on one that did not."""
@@ -420,6 +439,11 @@ class _Recovery:
 
     def run(self) -> Recovered:
         self.restart_intensity()
+        # Before anything this recovery writes lands under their keys (a result
+        # filed on a parent): quarantining one deletes what is under its key.
+        self.check("received", ReceivedRecord)
+        self.check("usage", UsageRecord)
+        self.check("wedged", WedgedRecord)
         self.read_cycles()
         for record in self.live_sessions():
             result = self.decide(record)
@@ -434,9 +458,14 @@ class _Recovery:
             self.owe(item.parent_id, item.result, in_outbox=True)
             self.figures["outbox"] += 1
         for key, raw in self.store.scan("mains"):
-            session_id = uuid.UUID(bytes=raw)
-            if session_id in self.back:
+            try:
+                session_id = decode_id(raw, db="mains", key=key)
                 agent_id, _, session_key = key.decode().partition("\x00")
+            except (CorruptRecordError, UnicodeDecodeError) as exc:
+                why = CorruptRecordError(f"mains entry {key.hex()}: {exc}", db="mains", key=key)
+                self.quarantine("mains", why, raw)
+                continue
+            if session_id in self.back:
                 self.plan.mains[(agent_id, session_key)] = session_id
         for key, raw in self.store.scan("inbox"):
             try:

@@ -230,6 +230,7 @@ STORE = [
     "VerifyProblem",
     "WedgedRecord",
     "WriteBatch",
+    "decode_id",
     "decode_record",
     "encode_record",
     "export_jsonl",

@@ -43,7 +43,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.STORE_FAILED: 503,
     ErrorCode.STORE_LOCKED: 503,
     ErrorCode.STORE_DAMAGED: 503,
-    ErrorCode.CORRUPT_RECORD: 500,
+    ErrorCode.CORRUPT_RECORD: 503,
     ErrorCode.INTERNAL_ERROR: 500,
 }
 _CONFLICTS = frozenset(
@@ -79,7 +79,7 @@ ERRORS = {
         (409, "The tree's rules or the session's state refuse it"),
         (413, "The body is over the size cap"),
         (429, "The node is at capacity"),
-        (503, "The node is closing or its store failed"),
+        (503, "The node is closing, or its store failed or holds a damaged record"),
     )
 }
 """The error responses every operation documents (all ``ErrorBody``)."""
