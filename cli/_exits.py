@@ -26,8 +26,8 @@ EXIT_RECORDS_UNREADABLE = 65  # sysexits' EX_DATAERR
 
 #: What to do about a record that does not decode (the end of its line).
 CORRUPT_HINT = (
-    "the store holds a damaged record: `sessiontree store verify` lists every one, "
-    "a node start quarantines those recovery reads, or restore the store from a backup"
+    "the store holds a damaged record: `sessiontree store verify` lists every one "
+    "(see the README's 'Backups and restore')"
 )
 
 

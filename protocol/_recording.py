@@ -196,21 +196,26 @@ class Recording(msgspec.Struct, kw_only=True):
     @staticmethod
     def decode(data: bytes) -> Recording:
         """A recording from ``encode``'s bytes; ``RecordingError`` (``malformed``,
-        ``version``, ``truncated``) for anything else."""
+        ``version``, ``truncated``) for anything else, whatever the bytes make
+        the decoder raise (``MemoryError`` aside)."""
         if not data.startswith(_MAGIC):
             msg = "not a sessiontree recording (its first line is not the header)"
             raise RecordingError(msg, reason="malformed")
         body = data[len(_MAGIC) :]
         try:
             version = msgspec.msgpack.decode(body, type=_Version).format
-        except msgspec.DecodeError as exc:
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of the bytes (bad UTF-8, too deep)
             raise _unreadable(exc) from None
         if version != RECORDING_FORMAT:
             msg = f"a recording of format {version}; this code reads {RECORDING_FORMAT}"
             raise RecordingError(msg, reason="version")
         try:
             recording = msgspec.msgpack.decode(body, type=Recording)
-        except msgspec.DecodeError as exc:
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as above
             raise _unreadable(exc) from None
         _check(recording)
         return recording
@@ -243,9 +248,10 @@ def _malformed(problem: str) -> NoReturn:
     raise RecordingError(f"the recording is malformed: {problem}", reason="malformed")
 
 
-def _unreadable(exc: msgspec.DecodeError) -> RecordingError:
+def _unreadable(exc: Exception) -> RecordingError:
     reason = "truncated" if "truncated" in str(exc) else "malformed"
-    return RecordingError(f"the recording does not decode: {exc}", reason=reason)
+    named = "" if isinstance(exc, msgspec.DecodeError) else f"{type(exc).__name__}: "
+    return RecordingError(f"the recording does not decode: {named}{exc}", reason=reason)
 
 
 class Divergence(msgspec.Struct, frozen=True, kw_only=True):

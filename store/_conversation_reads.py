@@ -3,8 +3,9 @@
 These are the two conversation reads that need more than one entry in one
 read transaction (``Store`` delegates to them; the single-entry reads stay
 on ``Store``). Both run on the caller's thread and raise
-``CorruptRecordError`` naming the entry when a record does not decode,
-``StoreError`` when the store is not usable.
+``CorruptRecordError`` naming the entry when a record does not decode (or a
+conversation names a current branch it does not have), ``StoreError`` when
+the store is not usable.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import uuid
 
 import msgspec
 
-from sessiontree.protocol import ConversationState, Message
+from sessiontree.protocol import ConversationState, CorruptRecordError, Message
 from sessiontree.store._keys import pair_key
 from sessiontree.store._reads import Reads
 from sessiontree.store._records import (
@@ -51,6 +52,15 @@ def conversation_read(
     branches = [
         decode_record(BranchRecord, value, db="branches", key=k).branch for k, value in raws
     ]
+    ids = {branch.id for branch in branches}
+    if header.state.current not in ids or len(ids) < len(branches):
+        # every operation starts from the current branch: a record that decodes
+        # but names none (or two branches of one id) is as damaged as one that does not
+        msg = (
+            f"conversations record {key.hex()} names the current branch "
+            f"{header.state.current!r}, and its branches are {sorted(b.id for b in branches)}"
+        )
+        raise CorruptRecordError(msg, db="conversations", key=key)
     return msgspec.structs.replace(header.state, branches=branches), bytes(raw)
 
 

@@ -137,7 +137,11 @@ def _plan(source: Iterable[str | bytes]) -> _Plan:
             if number != 1:
                 _reject(number, "a second meta line", "type")
             meta = _check_meta(number, line)
-            entry = None if line.record is None else ("meta", b"meta", _record_bytes(number, line))
+            entry = (
+                None
+                if line.record is None
+                else ("meta", b"meta", _record_bytes(number, line, b"meta"))
+            )
         else:
             entry = _entry(number, line)
         counts[tag] += 1
@@ -240,15 +244,14 @@ def _entry(number: int, line: AnyLine) -> tuple[str, bytes, bytes]:
         return line.db, line.key, line.value
     assert not isinstance(line, MetaLine | EndLine)
     spec = RECORD_DBS[LINE_DB[type(line)]]
-    value = _record_bytes(number, line)
     try:
         key = spec.key_of(line)
     except (ValueError, OverflowError) as exc:  # an inbox seq outside 0..2**64-1
         _reject(number, f"no key for this record: {exc}", "record")
-    return LINE_DB[type(line)], key, value
+    return LINE_DB[type(line)], key, _record_bytes(number, line, key)
 
 
-def _record_bytes(number: int, line: MetaLine | RecordLine) -> bytes:
+def _record_bytes(number: int, line: MetaLine | RecordLine, key: bytes) -> bytes:
     """The stored bytes of a record line: its ``raw`` once checked against the
     readable record, else the record encoded."""
     record = line.record
@@ -261,7 +264,7 @@ def _record_bytes(number: int, line: MetaLine | RecordLine) -> bytes:
         return encode_record(record)
     db = "meta" if isinstance(line, MetaLine) else LINE_DB[type(line)]
     try:
-        stored = decode_record(type(record), line.raw, db=db, key=b"")
+        stored = decode_record(type(record), line.raw, db=db, key=key)
     except CorruptRecordError as exc:
         _reject(number, f"raw does not decode: {exc}", "raw")
     except RecursionError:

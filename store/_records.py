@@ -13,6 +13,7 @@ calls: ``UsageRecord``, and ``ContextEntry.tool_calls``/``tool_call_id``.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -25,6 +26,13 @@ from sessiontree.protocol import (
     SessionInfo,
     SessionResult,
     Usage,
+)
+from sessiontree.store._keys import (
+    branch_key,
+    inbox_key,
+    memory_key,
+    pair_key,
+    quarantine_key,
 )
 
 __all__ = [
@@ -259,6 +267,24 @@ class QuarantineRecord(msgspec.Struct, kw_only=True):
 
 R = TypeVar("R", bound=msgspec.Struct)
 
+#: The key each kind of record is stored under, from its fields (and, for a
+#: result filed on a parent, the parent id leading its key).
+_KEY_OF: dict[type[Any], Callable[[Any, bytes], bytes]] = {
+    SessionRecord: lambda r, _k: r.info.session_id.bytes,
+    OutboxRecord: lambda r, _k: r.result.session_id.bytes,
+    ReceivedRecord: lambda r, k: k[:16] + r.result.session_id.bytes,
+    InboxRecord: lambda r, _k: inbox_key(r.session_id, r.seq),
+    CycleRecord: lambda r, _k: r.session_id.bytes,
+    WedgedRecord: lambda r, _k: r.wedged_id.bytes,
+    RecordingRecord: lambda r, _k: r.recording_id.bytes,
+    ConversationRecord: lambda r, _k: r.state.session_id.bytes,
+    BranchRecord: lambda r, _k: branch_key(r.session_id, r.branch.number),
+    MessageRecord: lambda r, _k: pair_key(r.session_id, r.message.id),
+    MemoryRecord: lambda r, _k: memory_key(r.agent_id, r.key),
+    UsageRecord: lambda r, _k: r.session_id.bytes,
+    QuarantineRecord: lambda r, _k: quarantine_key(r.db, r.key),
+}
+
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
 
@@ -271,7 +297,8 @@ def encode_record(record: msgspec.Struct) -> bytes:
 
 def decode_record(kind: type[R], raw: bytes, *, db: str, key: bytes) -> R:
     """Decode one stored value; ``CorruptRecordError`` naming ``db`` and ``key``
-    when it does not decode or carries an unknown schema version.
+    when it does not decode, carries an unknown schema version, or belongs
+    under another key than ``key`` (its id fields say so).
 
     Any failure of the bytes is that error, not only ``msgspec.DecodeError``:
     msgspec raises ``UnicodeDecodeError`` for a string with a bad byte and
@@ -291,6 +318,17 @@ def decode_record(kind: type[R], raw: bytes, *, db: str, key: bytes) -> R:
     if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
         why = f"has schema version {version!r}; this code reads 1..{SCHEMA_VERSION}"
         raise _corrupt(db, key, why)
+    key_of = _KEY_OF.get(kind)
+    if key_of is not None:
+        try:
+            belongs = key_of(record, key)
+        except (ValueError, OverflowError) as exc:  # a seq or number no key holds
+            raise _corrupt(db, key, "names no key", exc) from exc
+        if belongs != key:
+            # a flip that left the bytes decodable but changed an id: the record
+            # would be taken for another's (and written back under that key)
+            why = f"belongs under another key: its {kind.__name__} names {belongs.hex()}"
+            raise _corrupt(db, key, why)
     return record
 
 

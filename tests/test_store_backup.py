@@ -266,7 +266,9 @@ def test_verify_of_a_record_filed_under_another_key(tmp_path: Path) -> None:
         store.write(WriteBatch().raw("sessions", uuid.UUID(int=2).bytes, encode_record(one)))
         found = verify_store(store)
     assert not found.clean
-    assert found.problems[0].reason == "its SessionRecord belongs under another key"
+    reason = found.problems[0].reason
+    assert reason.startswith(f"sessions record {uuid.UUID(int=2).bytes.hex()} belongs under")
+    assert f"its SessionRecord names {uuid.UUID(int=1).bytes.hex()}" in reason
 
 
 def test_verify_runs_beside_the_writer_holding_the_store(tmp_path: Path) -> None:
