@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import lmdb
 
 from sessiontree.protocol import StoreError
-from sessiontree.store._env import CORRUPTION, MARKER, damaged_by
+from sessiontree.store._env import CORRUPTION, DIR_MODE, FILE_MODE, MARKER, damaged_by
 from sessiontree.store._pages import read_meta
 
 __all__ = ["Backup", "copy_env"]
@@ -42,9 +42,10 @@ def copy_env(
     env: lmdb.Environment, source: str, dest: str | os.PathLike[str], *, compact: bool
 ) -> Backup:
     """Copy ``env`` (the store at ``source``) into ``dest``, which must not exist
-    or be an empty directory. Raises ``StoreError`` naming ``dest`` when it is
-    taken or cannot be written (nothing is left behind then),
-    ``StoreDamagedError`` when LMDB finds a damaged page while copying."""
+    or be an empty directory (made 0700, its files 0600). Raises ``StoreError``
+    naming ``dest`` when it is taken or cannot be written (nothing is left
+    behind then), ``StoreDamagedError`` when LMDB finds a damaged page while
+    copying."""
     started = time.perf_counter()
     target = pathlib.Path(dest).absolute()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -53,7 +54,7 @@ def copy_env(
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     try:
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        partial.mkdir(mode=DIR_MODE, parents=True)
         try:
             env.copy(str(partial), compact=compact)
         except CORRUPTION as exc:
@@ -62,10 +63,12 @@ def copy_env(
             msg = f"cannot back the store {source} up to {target}: {exc}"
             raise StoreError(msg) from exc
         data = partial / "data.mdb"
+        os.chmod(data, FILE_MODE)  # LMDB writes the copy as the umask allows
         _fsync(data)
         marker = pathlib.Path(source) / MARKER
         if marker.exists():
             shutil.copyfile(marker, partial / MARKER)
+            os.chmod(partial / MARKER, FILE_MODE)
             _fsync(partial / MARKER)
         _fsync(partial)
         meta = read_meta(str(data))

@@ -28,6 +28,8 @@ __all__ = [
     "DATABASES",
     "DEFAULT_MAP_SIZE",
     "DEFAULT_MAX_READERS",
+    "DIR_MODE",
+    "FILE_MODE",
     "MARKER",
     "Opened",
     "close_env",
@@ -63,6 +65,11 @@ DATABASES = (
 )
 
 _LOCK_FILE = "writer.lock"
+#: What the store writes holds every session's task, context and results: a
+#: directory it creates is its owner's alone, and so is every file in it (and
+#: in a backup). The process's umask may narrow these further.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
 #: Written beside data.mdb once the store has committed data: from then on an
 #: empty or missing data.mdb is damage, never a fresh store.
 MARKER = "sessiontree.marker"
@@ -136,7 +143,7 @@ def open_env(
     """
     directory = pathlib.Path(path)
     if not readonly:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     real = str(directory.resolve())
     with _open_lock:
         if real in _open_paths:
@@ -160,6 +167,7 @@ def open_env(
             sync=sync,
             metasync=sync,
             lock=True,
+            mode=DIR_MODE,  # data.mdb and lock.mdb: this without the x bits (0600)
         )
     except lmdb.Error as exc:
         _release(real, lock_fd)
@@ -256,7 +264,8 @@ def mark_committed(directory: str, content: str) -> None:
     if marker.exists():
         return
     tmp = marker.with_name(f".{MARKER}.{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as file:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
         file.write(content)
         file.flush()
         os.fsync(file.fileno())
@@ -269,7 +278,7 @@ def mark_committed(directory: str, content: str) -> None:
 
 
 def _take_writer_lock(directory: pathlib.Path) -> int:
-    fd = os.open(directory / _LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(directory / _LOCK_FILE, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:

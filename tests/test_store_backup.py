@@ -193,6 +193,36 @@ def test_store_backup_beside_a_running_node_restores_in_place(tmp_path: Path) ->
     assert sessiontree("store", "verify", "--store", str(store)).returncode == 0
 
 
+def _modes(directory: Path) -> dict[str, int]:
+    """The permission bits of ``directory`` ("." ) and of each file in it."""
+    found = {".": directory.stat().st_mode & 0o777}
+    found.update({p.name: p.stat().st_mode & 0o777 for p in directory.iterdir()})
+    return found
+
+
+def test_a_store_and_its_backups_are_their_owners_alone(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    node = RunningNode(store)
+    try:
+        made = node.http.post("/v1/sessions", json={"agent_id": "assistant"})
+        assert made.status_code == 200, made.text
+        for compact in (False, True):
+            dest = tmp_path / f"backup-{compact}"
+            flags = ["--compact"] if compact else []
+            proc = sessiontree("store", "backup", "--store", str(store), str(dest), *flags)
+            assert proc.returncode == 0, proc.stderr
+            assert _modes(dest) == {".": 0o700, "data.mdb": 0o600, "sessiontree.marker": 0o600}
+    finally:
+        assert node.stop() == 0
+    assert _modes(store) == {
+        ".": 0o700,
+        "data.mdb": 0o600,
+        "lock.mdb": 0o600,
+        "writer.lock": 0o600,
+        "sessiontree.marker": 0o600,
+    }
+
+
 def test_restoring_from_an_export_gives_back_the_same_store(tmp_path: Path) -> None:
     with Store(tmp_path / "s") as store:
         batch = WriteBatch()
