@@ -39,13 +39,20 @@ class Backup:
 
 
 def copy_env(
-    env: lmdb.Environment, source: str, dest: str | os.PathLike[str], *, compact: bool
+    env: lmdb.Environment,
+    source: str,
+    dest: str | os.PathLike[str],
+    *,
+    compact: bool,
+    txn: lmdb.Transaction,
 ) -> Backup:
     """Copy ``env`` (the store at ``source``) into ``dest``, which must not exist
-    or be an empty directory (made 0700, its files 0600). Raises ``StoreError``
-    naming ``dest`` when it is taken or cannot be written (nothing is left
-    behind then), ``StoreDamagedError`` when LMDB finds a damaged page while
-    copying."""
+    or be an empty directory; ``txn`` is a read transaction of ``env`` held
+    meanwhile (a compacted copy is made from its snapshot, and says so: its
+    own file starts again at transaction 1). The directory is made 0700 and
+    its files 0600. Raises ``StoreError`` naming ``dest`` when it is taken or
+    cannot be written (nothing is left behind then), ``StoreDamagedError``
+    when LMDB finds a damaged page while copying."""
     started = time.perf_counter()
     target = pathlib.Path(dest).absolute()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -56,7 +63,7 @@ def copy_env(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(mode=DIR_MODE, parents=True)
         try:
-            env.copy(str(partial), compact=compact)
+            txnid = _copy(env, str(partial), compact=compact, txn=txn)
         except CORRUPTION as exc:
             raise damaged_by(os.path.join(source, "data.mdb"), exc) from exc
         except lmdb.Error as exc:
@@ -71,7 +78,8 @@ def copy_env(
             os.chmod(partial / MARKER, FILE_MODE)
             _fsync(partial / MARKER)
         _fsync(partial)
-        meta = read_meta(str(data))
+        if txnid is None:
+            txnid = read_meta(str(data)).txnid  # a plain copy keeps the source's
         size = data.stat().st_size
         if target.exists():
             target.rmdir()  # empty, checked above
@@ -83,7 +91,20 @@ def copy_env(
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(partial)
-    return Backup(str(target), size, meta.txnid, time.perf_counter() - started, compact)
+    return Backup(str(target), size, txnid, time.perf_counter() - started, compact)
+
+
+def _copy(env: lmdb.Environment, path: str, *, compact: bool, txn: lmdb.Transaction) -> int | None:
+    """``env.copy`` into ``path``: the source's transaction id a compacted copy
+    holds (None for a plain copy: its meta page says)."""
+    if not compact:
+        env.copy(path)  # LMDB takes its own snapshot, no older than ``txn``'s
+        return None
+    try:
+        env.copy(path, compact=True, txn=txn)
+    except TypeError:  # an LMDB built without copying from a given transaction
+        env.copy(path, compact=True)  # a snapshot no older than txn's: at least that
+    return int(txn.id())
 
 
 def _fsync(path: pathlib.Path) -> None:

@@ -463,8 +463,8 @@ class Store:
         only once whole. ``compact`` leaves free pages out (slower, smaller).
         Raises ``StoreError`` naming ``dest`` when it is taken or cannot be
         written, ``StoreDamagedError`` when a damaged page is met."""
-        with self._reads.transaction():  # counted as a read: the map is not resized under it
-            return copy_env(self._opened.env, self.path, dest, compact=compact)
+        with self._reads.transaction() as txn:  # a read: the map is not resized under it
+            return copy_env(self._opened.env, self.path, dest, compact=compact, txn=txn)
 
     def stats(self) -> dict[str, Any]:
         """Figures of the store: entries per database, commits, errors, map use."""

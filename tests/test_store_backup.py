@@ -223,6 +223,24 @@ def test_a_store_and_its_backups_are_their_owners_alone(tmp_path: Path) -> None:
     }
 
 
+def test_a_compact_backup_reports_the_transaction_it_copied(tmp_path: Path) -> None:
+    with Store(tmp_path / "s") as store:
+        for _ in range(5):
+            store.write(WriteBatch().session(record(uuid.uuid4())))
+        last = store._opened.env.info()["last_txnid"]
+        assert last > 5
+        made = store.backup(tmp_path / "compact", compact=True)
+        plain = store.backup(tmp_path / "plain")
+    assert (made.txnid, plain.txnid) == (last, last)  # the copy's own file says 1
+    proc = sessiontree(
+        "store", "backup", "--compact", "--store", str(tmp_path / "s"), str(tmp_path / "cli")
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"up to transaction {last}," in proc.stdout
+    with Store(tmp_path / "compact", readonly=True) as copied:
+        assert copied.count("sessions") == 5
+
+
 def test_restoring_from_an_export_gives_back_the_same_store(tmp_path: Path) -> None:
     with Store(tmp_path / "s") as store:
         batch = WriteBatch()
