@@ -22,6 +22,7 @@ import click
 import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, NodeClient, resolve_source
+from sessiontree.cli._exits import failure
 from sessiontree.cli._ids import from_ids, resolve_id
 from sessiontree.cli._times import utc
 from sessiontree.protocol import SessionTreeError
@@ -49,7 +50,7 @@ def _from_store(store_dir: Path) -> list[dict[str, Any]]:
         with Store(store_dir, readonly=True) as store:
             items = store.wedged_list()
     except (SessionTreeError, OSError) as exc:
-        raise click.ClickException(f"cannot read store {store_dir}: {exc}") from None
+        raise failure(exc, f"cannot read store {store_dir}: ") from None
     plain = [msgspec.to_builtins(item) for item in items]
     return [{k: v for k, v in item.items() if k != "v"} for item in plain]
 

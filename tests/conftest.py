@@ -33,6 +33,8 @@ SINGLE_RUN = frozenset(
         "test_scale",
         "test_standin",
         "test_protocol",
+        "test_record_damage",
+        "test_record_fuzz",
         "test_store",
         "test_store_backup",
         "test_store_damage",
