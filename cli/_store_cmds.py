@@ -18,7 +18,14 @@ import click
 
 from sessiontree.cli._exits import EXIT_RECORDS_UNREADABLE, failure
 from sessiontree.protocol import SessionTreeError
-from sessiontree.store import Store, Verified, export_jsonl, import_jsonl, verify_store
+from sessiontree.store import (
+    Store,
+    Verified,
+    backup_from_meta_page,
+    export_jsonl,
+    import_jsonl,
+    verify_store,
+)
 
 __all__ = ["export_cmd", "import_cmd", "store"]
 
@@ -114,27 +121,43 @@ store.add_command(import_cmd)
 @click.option(
     "--compact", is_flag=True, help="Leave free pages out (mdb_copy -c): smaller, slower."
 )
+@click.option(
+    "--meta-page",
+    type=click.IntRange(0, 1),
+    default=None,
+    help="The store's other meta page is damaged: copy it as meta page N (0 or 1) "
+    "describes it, as the damage message offers (commits after it are lost).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
 @click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
-def backup_cmd(store_dir: Path, compact: bool, as_json: bool, dest: Path) -> None:
+def backup_cmd(
+    store_dir: Path, compact: bool, meta_page: int | None, as_json: bool, dest: Path
+) -> None:
     """Copy the store into DEST, a new (or empty) directory, as mdb_copy does.
 
     Opens the store read-only, so it runs beside a live node: the copy is one
     consistent snapshot holding every write acknowledged before it began.
     DEST appears only once the copy is whole and synced. Restore by putting
     DEST in place of the store directory (the node stopped), or run a node
-    with --store DEST.
+    with --store DEST. With --meta-page the store is not opened: the file is
+    copied with that meta page in both places, then checked.
     """
+    if meta_page is not None and compact:
+        raise click.UsageError("--meta-page makes a plain copy: leave --compact out")
     try:
-        with Store(store_dir, readonly=True) as opened:
-            made = opened.backup(dest, compact=compact)
+        if meta_page is not None:
+            made = backup_from_meta_page(store_dir, dest, meta_page)
+        else:
+            with Store(store_dir, readonly=True) as opened:
+                made = opened.backup(dest, compact=compact)
     except (SessionTreeError, OSError) as exc:
         raise _fail(exc) from exc
     if as_json:
         click.echo(json.dumps(vars(made), sort_keys=True))
         return
+    source = store_dir if meta_page is None else f"{store_dir} (its meta page {meta_page})"
     click.echo(
-        f"backed up {store_dir} to {made.path}: {made.bytes:,} bytes, up to transaction "
+        f"backed up {source} to {made.path}: {made.bytes:,} bytes, up to transaction "
         f"{made.txnid}, in {made.seconds:.2f} s"
     )
 

@@ -5,7 +5,7 @@ One ``Store`` per node directory; every write goes through its one writer
 thread with group commit. Records are msgspec msgpack with a schema version.
 """
 
-from sessiontree.store._backup import Backup
+from sessiontree.store._backup import Backup, backup_from_meta_page
 from sessiontree.store._batch import WriteBatch
 from sessiontree.store._env import DATABASES, DEFAULT_MAP_SIZE, DEFAULT_MAX_READERS
 from sessiontree.store._export import export_jsonl
@@ -68,6 +68,7 @@ __all__ = [
     "VerifyProblem",
     "WedgedRecord",
     "WriteBatch",
+    "backup_from_meta_page",
     "decode_id",
     "decode_record",
     "encode_record",

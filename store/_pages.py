@@ -24,11 +24,24 @@ from dataclasses import dataclass
 
 from sessiontree.protocol import StoreDamagedError
 
-__all__ = ["RESTORE_HINT", "Meta", "check_length", "check_tree", "damaged", "read_meta"]
+__all__ = [
+    "MAX_MAP_SIZE",
+    "RESTORE_HINT",
+    "Meta",
+    "check_length",
+    "check_tree",
+    "damaged",
+    "offer_other",
+    "out_of_bounds",
+    "read_meta",
+    "read_meta_pages",
+]
 
 MAGIC = 0xBEEFC0DE
 DATA_VERSION = 1
 P_INVALID = 2**64 - 1
+#: The largest map a 64-bit process can hold: x86-64's 128 TiB of user space.
+MAX_MAP_SIZE = 1 << 47
 PAGE_HEADER = 16
 P_BRANCH, P_LEAF, P_OVERFLOW, P_META = 0x01, 0x02, 0x04, 0x08
 F_BIGDATA, F_SUBDATA, F_DUPDATA = 0x01, 0x02, 0x04
@@ -100,9 +113,38 @@ def _parse_meta(raw: bytes, number: int) -> Meta | str:
 def read_meta(path: str) -> Meta:
     """The current meta page of ``path`` (the one with the larger transaction id).
 
-    Raises ``StoreDamagedError`` (``bad_meta``) when either meta page is not
-    one (LMDB refuses a file with one bad meta page too), ``truncated`` when
-    the file is too short to hold them, ``OSError`` when it cannot be read."""
+    Raises ``StoreDamagedError``: ``bad_meta`` when either meta page is not
+    one (LMDB refuses a file with one bad meta page too), or the current one
+    holds figures no store can have (``out_of_bounds``); ``truncated`` when
+    the file is too short to hold them. When the other meta page reads whole
+    (its figures in bounds, inside the file, its tree walked), the message
+    offers it: ``sessiontree store backup --meta-page N`` copies the store as
+    of its transaction. ``OSError`` when the file cannot be read."""
+    size, pages = read_meta_pages(path)
+    for number, meta in enumerate(pages):
+        if not isinstance(meta, Meta):
+            what = f"meta page {number} is unreadable ({meta})"
+            raise damaged(path, "bad_meta", what + offer_other(path, size, pages, number))
+    first, second = pages
+    assert isinstance(first, Meta)
+    assert isinstance(second, Meta)
+    if first.page_size != second.page_size:
+        what = f"the meta pages disagree on the page size ({first.page_size}, {second.page_size})"
+        raise damaged(path, "bad_meta", what)
+    number = 0 if first.txnid >= second.txnid else 1
+    current = pages[number]
+    assert isinstance(current, Meta)
+    why = out_of_bounds(current)
+    if why is not None:
+        what = f"meta page {number} (transaction {current.txnid}) {why}"
+        raise damaged(path, "bad_meta", what + offer_other(path, size, pages, number))
+    return current
+
+
+def read_meta_pages(path: str) -> tuple[int, list[Meta | str]]:
+    """The size of ``path`` and its two meta pages (each a ``Meta``, or why it is
+    not one); ``StoreDamagedError`` (``truncated``) when the file is too short
+    to hold them, ``OSError`` when it cannot be read."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -117,15 +159,40 @@ def read_meta(path: str) -> Meta:
         second = _parse_meta(os.pread(fd, 4096, page_size), 1)
     finally:
         os.close(fd)
-    for number, meta in enumerate((first, second)):
-        if not isinstance(meta, Meta):
-            raise damaged(path, "bad_meta", f"meta page {number} is unreadable ({meta})")
-    assert isinstance(first, Meta)
-    assert isinstance(second, Meta)
-    if first.page_size != second.page_size:
-        what = f"the meta pages disagree on the page size ({first.page_size}, {second.page_size})"
-        raise damaged(path, "bad_meta", what)
-    return first if first.txnid >= second.txnid else second
+    return size, [first, second]
+
+
+def out_of_bounds(meta: Meta) -> str | None:
+    """Why ``meta``'s figures can be no store's, or None: a map larger than a
+    64-bit process can map, or a last page past the map (LMDB never writes a
+    page outside its map, and grows the map before the data)."""
+    if meta.map_size > MAX_MAP_SIZE:
+        return f"says the map is {meta.map_size} bytes, more than a process maps ({MAX_MAP_SIZE})"
+    if meta.length > meta.map_size:
+        return (
+            f"says its last page is {meta.last_page}, past its own map of {meta.map_size} "
+            f"bytes ({meta.map_size // meta.page_size} pages of {meta.page_size})"
+        )
+    return None
+
+
+def offer_other(path: str, size: int, pages: list[Meta | str], bad: int) -> str:
+    """The sentence offering the meta page that is not ``bad``, when it reads
+    whole (in bounds, inside the file of ``size`` bytes, its tree walked);
+    else an empty string."""
+    number = 1 - bad
+    other = pages[number]
+    if not isinstance(other, Meta) or out_of_bounds(other) is not None or other.length > size:
+        return ""
+    try:
+        check_tree(path, other)
+    except StoreDamagedError:
+        return ""
+    directory = os.path.dirname(path)
+    return (
+        f"; meta page {number} (transaction {other.txnid}) reads whole: `sessiontree store "
+        f"backup --meta-page {number} --store {directory} DEST` copies the store as of it"
+    )
 
 
 def check_length(path: str, meta: Meta) -> None:

@@ -90,6 +90,26 @@ def sessiontree(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+_META_FIELDS = {"map_size": 16 + 16, "last_page": 16 + 24 + 2 * 48}  # offsets in a meta page
+
+
+def newer_meta(data: Path) -> int:
+    """The number of the meta page LMDB takes as current (the larger transaction)."""
+    raw = data.read_bytes()
+    txnids = [struct.unpack_from("<Q", raw, n * 4096 + 16 + 24 + 2 * 48 + 8)[0] for n in (0, 1)]
+    return 0 if txnids[0] >= txnids[1] else 1
+
+
+def set_meta(data: Path, field: str, value: int, number: int | None = None) -> int:
+    """Write ``value`` into ``field`` of meta page ``number`` (the current one by
+    default); returns the page's number."""
+    page = newer_meta(data) if number is None else number
+    with data.open("r+b") as file:
+        file.seek(page * 4096 + _META_FIELDS[field])
+        file.write(struct.pack("<Q", value))
+    return page
+
+
 # -- each damage, each command, in a real subprocess ------------------------------------------
 
 DAMAGES = {
@@ -98,6 +118,8 @@ DAMAGES = {
     "scribbled": (scribble, "bad_page"),
     "zero-length": (lambda d: truncate(d, 0), "empty"),
     "missing": (lambda d: d.unlink(), "missing"),
+    "last-page-past-the-map": (lambda d: set_meta(d, "last_page", 2**64 - 1), "bad_meta"),
+    "map-no-process-maps": (lambda d: set_meta(d, "map_size", 2**62), "bad_meta"),
 }
 COMMANDS = {
     "node start": lambda s, tmp: (
@@ -249,6 +271,77 @@ def test_an_unknown_data_version_is_named(tmp_path: Path) -> None:
         file.write(struct.pack("<I", 7))
     with pytest.raises(StoreDamagedError, match="LMDB data version 7"):
         read_meta(str(data))
+
+
+def test_a_last_page_past_the_map_is_a_bad_meta_that_offers_the_other_page(
+    tmp_path: Path,
+) -> None:
+    data = build(tmp_path / "s")
+    with Store(tmp_path / "s") as store:  # one more commit: each meta page holds data
+        store.write(WriteBatch().session(record(SESSIONS)))
+    older = read_meta(str(data))
+    page = set_meta(data, "last_page", 2**64 - 1)
+    with pytest.raises(StoreDamagedError) as caught:
+        read_meta(str(data))
+    assert caught.value.problem == "bad_meta"
+    message = str(caught.value)
+    assert f"meta page {page} (transaction {older.txnid}) says its last page is {2**64 - 1}" in (
+        message
+    )
+    assert "past its own map of 17179869184 bytes" in message
+    assert f"meta page {1 - page} (transaction {older.txnid - 1}) reads whole" in message
+    where = tmp_path / "s"
+    assert f"`sessiontree store backup --meta-page {1 - page} --store {where} DEST`" in message
+
+
+def test_a_map_no_process_can_map_is_a_bad_meta(tmp_path: Path) -> None:
+    data = build(tmp_path / "s")
+    page = set_meta(data, "map_size", 2**62)
+    with pytest.raises(StoreDamagedError) as caught:
+        Store(tmp_path / "s", readonly=True)
+    assert caught.value.problem == "bad_meta"
+    assert f"meta page {page} (transaction" in str(caught.value)
+    assert f"says the map is {2**62} bytes, more than a process maps" in str(caught.value)
+    set_meta(data, "map_size", 16 << 30, page)  # the older page may say anything
+    set_meta(data, "map_size", 2**62, 1 - page)
+    with Store(tmp_path / "s", readonly=True) as store:
+        assert store.count("sessions") == SESSIONS
+
+
+def test_a_backup_from_the_offered_meta_page_holds_all_but_the_last_commit(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "s"
+    data = build(store)
+    with Store(store) as opened:
+        opened.write(WriteBatch().session(record(SESSIONS)))
+    page = set_meta(data, "last_page", 2**64 - 1)
+    good = tmp_path / "good"
+    proc = sessiontree(
+        "store", "backup", "--meta-page", str(1 - page), "--store", str(store), str(good)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"(its meta page {1 - page})" in proc.stdout
+    assert {p.name: p.stat().st_mode & 0o777 for p in good.iterdir()} == {
+        "data.mdb": 0o600,
+        "sessiontree.marker": 0o600,
+    }
+    with Store(good, readonly=True) as copied:
+        assert copied.count("sessions") == SESSIONS  # the last commit's session is not there
+        assert copied.session(record(SESSIONS).info.session_id) is None
+    assert sessiontree("store", "verify", "--store", str(good)).returncode == 0
+    # the damaged page is no way out, nor is --compact
+    bad = sessiontree(
+        "store", "backup", "--meta-page", str(page), "--store", str(store), str(tmp_path / "x")
+    )
+    assert bad.returncode == EXIT_STORE_DAMAGED, bad.stderr
+    assert f"meta page {page} does not read whole either" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert not (tmp_path / "x").exists()
+    usage = sessiontree(
+        "store", "backup", "--compact", "--meta-page", "0", "--store", str(store), str(good)
+    )
+    assert usage.returncode == 2
 
 
 def test_a_file_shorter_than_two_pages_is_truncated(tmp_path: Path) -> None:

@@ -230,6 +230,7 @@ STORE = [
     "VerifyProblem",
     "WedgedRecord",
     "WriteBatch",
+    "backup_from_meta_page",
     "decode_id",
     "decode_record",
     "encode_record",
