@@ -58,12 +58,11 @@ from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
 from sessiontree.cli._api import EVENT_RING, MAX_BODY_BYTES, MAX_WAIT, create_app
-from sessiontree.cli._client import DEFAULT_PORT, NODE_OPTION, STORE_OPTION, resolve_source
+from sessiontree.cli._client import DEFAULT_PORT
 from sessiontree.cli._exits import failure
 from sessiontree.cli._token import is_loopback, read_token
-from sessiontree.cli._wire import plain_figures, settings_of
+from sessiontree.cli._wire import settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
-from sessiontree.store import Store
 from sessiontree.supervision import (
     DISPATCHES,
     Agent,
@@ -75,7 +74,7 @@ from sessiontree.supervision import (
     Tracing,
 )
 
-__all__ = ["node"]
+__all__ = ["start", "stopped_line"]
 
 log = logging.getLogger("sessiontree.cli.node")
 
@@ -99,11 +98,6 @@ _NODE_FLAGS = (
     "memory_low",
     "memory_probe",
 )
-
-
-@click.group("node")
-def node() -> None:
-    """Run a standalone node, or look at one."""
 
 
 def _read_config(path: Path | None) -> dict[str, Any]:
@@ -340,7 +334,7 @@ async def _serve(
     return 1 if len(signals) > 1 else 0
 
 
-@node.command("start")
+@click.command("start")
 @click.option(
     "--config",
     "config_file",
@@ -650,62 +644,3 @@ def stopped_line(summary: dict[str, Any]) -> str:
         f"node stopped ({why}, exit {summary['exit_code']}) after "
         f"{summary['uptime_s']:.0f} s: {counts or 'no sessions'}"
     )
-
-
-@node.command("status")
-@NODE_OPTION
-@STORE_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
-def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
-    """A node's state, sessions by state, counters and store (from a node or a store)."""
-    source = resolve_source(node_url, store_dir)
-    if source.node_url is not None:
-        with source.client() as client:
-            found: dict[str, Any] = client.get("/v1/node")
-    else:
-        assert source.store_dir is not None
-        found = _store_status(source.store_dir)
-    if as_json:
-        click.echo(json.dumps(found, sort_keys=True))
-        return
-    click.echo(f"node {found['node']}: {found['state']}")
-    if "uptime_s" in found:
-        click.echo(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}")
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
-    click.echo(f"  sessions: {counts or 'none'}")
-    recovered = found.get("recovery")
-    if recovered:
-        click.echo(
-            f"  recovery: brought back {recovered['brought_back']}, failed {recovered['failed']}, "
-            f"held back {recovered['held_back']}, quarantined {recovered['quarantined']}"
-        )
-    if found.get("replay_held"):
-        click.echo(f"  REPLAY HELD: {found['replay_held']} (sessiontree recovery release)")
-    if found.get("wedged"):
-        click.echo(f"  held back: {found['wedged']} (sessiontree wedged ls)")
-    store = found.get("store") or {}
-    if store:
-        click.echo(
-            f"  store {store.get('path')}: {store.get('used_bytes', 0):,} of "
-            f"{store.get('map_size', 0):,} bytes used"
-        )
-
-
-def _store_status(store_dir: Path) -> dict[str, Any]:
-    try:
-        with Store(store_dir, readonly=True) as store:
-            by_state: Counter[str] = Counter()
-            for record in store.sessions():
-                if not isinstance(record, SessionTreeError):
-                    by_state[record.info.state.value] += 1
-            figures = store.stats()
-            wedged = store.count("wedged")
-    except (SessionTreeError, OSError) as exc:
-        raise failure(exc, f"cannot read store {store_dir}: ") from None
-    return {
-        "node": str(store_dir),
-        "state": "stored",
-        "sessions": dict(by_state),
-        "store": plain_figures(figures),
-        "wedged": wedged,
-    }

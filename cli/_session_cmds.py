@@ -16,26 +16,19 @@ that matches no session or several); 69 no node answered.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, resolve_source
-from sessiontree.cli._exits import failure
-from sessiontree.cli._ids import node_candidates, resolve_id, store_candidates
+from sessiontree.cli._ids import node_candidates, resolve_id
 from sessiontree.cli._paging import page_of
 from sessiontree.cli._times import ago, iso_times, local, until
-from sessiontree.cli._wire import SessionView, TreeView, session_view
-from sessiontree.protocol import SessionKind, SessionState, SessionTreeError
-from sessiontree.store import SessionRecord, Store
-from sessiontree.supervision import stored_spending
+from sessiontree.protocol import SessionKind, SessionState
 
 __all__ = ["draw_tree", "sessions"]
 
@@ -55,93 +48,19 @@ def _echo_json(value: Any) -> None:
     click.echo(json.dumps(value, sort_keys=True))
 
 
-# -- reading a store ---------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _reading(store_dir: Path) -> Iterator[Store]:
-    """The store opened read-only (beside a running node too); errors exit 1."""
-    try:
-        with Store(store_dir, readonly=True) as store:
-            yield store
-    except (SessionTreeError, OSError) as exc:
-        raise failure(exc, f"cannot read store {store_dir}: ") from None
-
-
-def _row(record: SessionRecord) -> dict[str, Any]:
-    return {"info": msgspec.to_builtins(record.info), "result": msgspec.to_builtins(record.result)}
-
-
-def _stored_rows(store_dir: Path) -> list[dict[str, Any]]:
-    with _reading(store_dir) as store:
-        return [_row(r) for r in store.sessions() if not isinstance(r, SessionTreeError)]
-
-
-def _stored_wedged(store_dir: Path) -> set[str]:
-    """The ids of the sessions holding held-back work in a store."""
-    with _reading(store_dir) as store:
-        return {str(item.session_id) for item in store.wedged_list()}
-
-
-def _stored(store: Store, session_id: uuid.UUID) -> SessionRecord:
-    record = store.session(session_id)
-    if record is None:
-        raise click.ClickException(f"unknown_session: no session {session_id} in {store.path}")
-    return record
-
-
-def _record_view(store: Store, record: SessionRecord) -> SessionView:
-    """A stored session as the API's ``GET /v1/sessions/{id}`` shows it: its
-    usage from its result, or from its usage record while it has none."""
-    spent = store.usage(record.info.session_id) if record.result is None else None
-    return session_view(record.info, record.result, stored_spending(record, spent))
-
-
-def _stored_view(store: Store, session_id: str) -> dict[str, Any]:
-    view: dict[str, Any] = msgspec.to_builtins(
-        _record_view(store, _stored(store, uuid.UUID(session_id)))
-    )
-    return view
-
-
-def _stored_tree(store: Store, session_id: str) -> dict[str, Any]:
-    """The subtree under ``session_id`` as the API's ``tree`` gives it, children
-    oldest first, read through the store's parent index."""
-
-    def build(record: SessionRecord) -> TreeView:
-        kids = [store.session(c) for c in store.children(record.info.session_id)]
-        ordered = sorted((k for k in kids if k is not None), key=lambda k: k.info.created_at)
-        view = msgspec.structs.asdict(_record_view(store, record))
-        return TreeView(**view, children=[build(k) for k in ordered])
-
-    tree: dict[str, Any] = msgspec.to_builtins(build(_stored(store, uuid.UUID(session_id))))
-    return tree
-
-
-def _stored_results(store: Store, session_id: str) -> list[dict[str, Any]]:
-    """The results a stored session received from its children."""
-    _stored(store, uuid.UUID(session_id))
-    found: list[dict[str, Any]] = msgspec.to_builtins(store.received(uuid.UUID(session_id)))
-    return found
-
-
-def _fetch(
-    node_url: str | None,
-    store_dir: Path | None,
-    session: str,
-    tail: str,
-    stored: Callable[[Store, str], Any],
-) -> Any:
+def _fetch(node_url: str | None, store_dir: Path | None, session: str, tail: str) -> Any:
     """What a read command shows of ``session`` (an id or a unique prefix):
-    ``GET /v1/sessions/{id}{tail}`` on the node, or ``stored(store, id)``."""
+    ``GET /v1/sessions/{id}{tail}`` on the node, or the same read from the store."""
     source = resolve_source(node_url, store_dir)
     if source.node_url is not None:
         with source.client() as client:
             sid = resolve_id(session, node_candidates(client))
             return client.get(f"/v1/sessions/{sid}{tail}")
     assert source.store_dir is not None
-    with _reading(source.store_dir) as store:
-        return stored(store, resolve_id(session, store_candidates(store)))
+    from sessiontree.cli import _stored  # noqa: PLC0415 - the store and runtime, only here
+
+    read = {"": _stored.stored_view, "/tree": _stored.stored_tree}.get(tail, _stored.stored_results)
+    return _stored.fetch_stored(source.store_dir, session, read)
 
 
 def _act(node_url: str | None, session: str, action: str, body: Any = None) -> Any:
@@ -332,10 +251,12 @@ def ls_cmd(
     else:
         assert source.store_dir is not None
         _store_marks(marks)
-        held = _stored_wedged(source.store_dir) if wedged else None
+        from sessiontree.cli._stored import stored_rows, stored_wedged  # noqa: PLC0415
+
+        held = stored_wedged(source.store_dir) if wedged else None
         matching = (
             row["info"]
-            for row in _stored_rows(source.store_dir)
+            for row in stored_rows(source.store_dir)
             if (held is None or row["info"]["session_id"] in held)
             and (state is None or row["info"]["state"] == state)
             and (kind is None or row["info"]["kind"] == kind)
@@ -375,7 +296,7 @@ def _store_marks(marks: dict[str, bool]) -> None:
 @_JSON
 def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """One session: identity, state, result, usage and what its budget has left."""
-    view = _fetch(node_url, store_dir, session, "", _stored_view)
+    view = _fetch(node_url, store_dir, session, "")
     if as_json:
         _echo_json(iso_times(view))
         return
@@ -420,7 +341,7 @@ def _accounts_lines(view: dict[str, Any]) -> list[str]:
 def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """Draw the subtree under SESSION: kind, state, short id, when each was
     created and the time left to its TTL."""
-    tree = _fetch(node_url, store_dir, session, "/tree", _stored_tree)
+    tree = _fetch(node_url, store_dir, session, "/tree")
     if as_json:
         _echo_json(iso_times(tree))
         return
@@ -434,7 +355,7 @@ def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json
 @_JSON
 def results_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """The results SESSION received from its children, oldest first."""
-    found = _fetch(node_url, store_dir, session, "/results", _stored_results)
+    found = _fetch(node_url, store_dir, session, "/results")
     if as_json:
         _echo_json(iso_times(found))
         return

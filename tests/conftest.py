@@ -17,12 +17,14 @@ from sessiontree.supervision import _config as node_defaults
 from tests import _remote_skills as remote_skills
 
 #: Modules whose tests never build a node in this process or a child process
-#: (or, for the schema test, build their one node at import), and the backend
-#: tests (where a step runs is apart from what serves mailboxes): they run once.
+#: (or, for the schema test, build their one node at import; for the CLI's
+#: imports, one that only answers the commands), and the backend tests (where a
+#: step runs is apart from what serves mailboxes): they run once.
 SINGLE_RUN = frozenset(
     {
         "test_backends",
         "test_chat",
+        "test_cli_lazy",
         "test_conversation_property",
         "test_conversations",
         "test_export",

@@ -334,9 +334,13 @@ def test_node_start_imports_agents_from_the_current_folder(tmp_path: Path) -> No
 
 
 def walk(command: click.Command, path: str) -> Iterator[tuple[str, click.Command]]:
+    """Every command under ``command``, the ones a group imports lazily included."""
     yield path, command
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, f"{path} lists {name} but has no such command"
             yield from walk(sub, f"{path} {name}")
 
 
