@@ -18,8 +18,9 @@ from tests import _remote_skills as remote_skills
 
 #: Modules whose tests never build a node in this process or a child process
 #: (or, for the schema test, build their one node at import; for the CLI's
-#: imports, one that only answers the commands), and the backend tests (where a
-#: step runs is apart from what serves mailboxes): they run once.
+#: imports, one that only answers the commands; for the Quick start, the demo's
+#: in a fresh venv), and the backend tests (where a step runs is apart from what
+#: serves mailboxes): they run once.
 SINGLE_RUN = frozenset(
     {
         "test_backends",
@@ -35,6 +36,7 @@ SINGLE_RUN = frozenset(
         "test_scale",
         "test_standin",
         "test_protocol",
+        "test_quick_start",
         "test_store",
         "test_store_backup",
         "test_store_damage",
