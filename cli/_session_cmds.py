@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, resolve_source
 from sessiontree.cli._ids import node_candidates, resolve_id
 from sessiontree.cli._paging import page_of
 from sessiontree.cli._times import ago, iso_times, local, until
-from sessiontree.protocol import SessionKind, SessionState
+from sessiontree.protocol import MAX_REASON_CHARS, Budget, SessionKind, SessionState
 
 __all__ = ["draw_tree", "sessions"]
 
@@ -403,6 +404,20 @@ def results_cmd(node_url: str | None, store_dir: Path | None, session: str, as_j
     metavar="JSON",
     help="Structured input for the child (session.input), as a JSON document.",
 )
+@click.option(
+    "--budget",
+    default=None,
+    metavar="NAME=N,...",
+    help="What the child's subtree may spend: any of tokens, cost, calls, descendants "
+    "(and soft, the fraction that warns), e.g. calls=5,tokens=20000,cost=0.5.",
+)
+@click.option(
+    "--tier",
+    default=None,
+    metavar="TIER",
+    help="The child's model tier (default: a branch inherits its parent's, a worker "
+    "takes the agent's default).",
+)
 @_JSON
 def spawn_cmd(
     node_url: str | None,
@@ -416,20 +431,31 @@ def spawn_cmd(
     ttl: float | None,
     request_id: str | None,
     input_json: str | None,
+    budget: str | None,
+    tier: str | None,
     as_json: bool,
 ) -> None:
     """Open a Main (--agent) or spawn a child (--parent); prints the new session."""
     if (agent is None) == (parent is None):
         raise click.UsageError("give exactly one of --agent (a Main) or --parent (a child)")
-    if input_json is not None and parent is None:
-        raise click.UsageError("--input goes with --parent (a child's input)")
+    for name, given in (("--input", input_json), ("--budget", budget), ("--tier", tier)):
+        if given is not None and parent is None:
+            raise click.UsageError(f"{name} goes with --parent (it is a child's)")
     child_input = None if input_json is None else _json_option("--input", input_json)
+    bounds = None if budget is None else parse_budget(budget)
     with resolve_source(node_url).client() as client:
         if agent is not None:
             made = client.post("/v1/sessions", {"agent_id": agent, "key": key})
         else:
             spec: dict[str, Any] = {"kind": kind, "task": task, "context_summary": context_summary}
-            optional = {"skill": skill, "ttl": ttl, "request_id": request_id, "input": child_input}
+            optional = {
+                "skill": skill,
+                "ttl": ttl,
+                "request_id": request_id,
+                "input": child_input,
+                "budget": bounds,
+                "model_tier": tier,
+            }
             spec.update({k: v for k, v in optional.items() if v is not None})
             sid = resolve_id(str(parent), node_candidates(client), hint="--parent")
             made = client.post(f"/v1/sessions/{sid}/children", spec)
@@ -438,6 +464,44 @@ def spawn_cmd(
         return
     info = made["info"]
     click.echo(f"{info['kind']} {info['session_id']} {info['state']}")
+
+
+#: The dimensions of a ``Budget`` and the type of each bound.
+_BUDGET_FIELDS: dict[str, type[int] | type[float]] = {
+    "tokens": int,
+    "cost": float,
+    "calls": int,
+    "descendants": int,
+    "soft": float,
+}
+
+
+def parse_budget(text: str) -> dict[str, int | float]:
+    """``--budget calls=5,tokens=20000`` as the API's ``budget`` object, checked
+    as the node checks a ``Budget`` (no negative, NaN or infinite bound).
+    ``click.BadParameter`` (exit 2) naming ``--budget`` and the part at fault."""
+    bounds: dict[str, int | float] = {}
+    for part in text.split(","):
+        name, sep, value = (p.strip() for p in part.partition("="))
+        kind = _BUDGET_FIELDS.get(name)
+        if not sep or kind is None:
+            known = ", ".join(_BUDGET_FIELDS)
+            msg = f"{part.strip()!r} is not NAME=NUMBER with NAME one of {known}"
+            raise click.BadParameter(msg, param_hint="--budget")
+        if name in bounds:
+            raise click.BadParameter(f"{name} is given twice", param_hint="--budget")
+        try:
+            number = kind(value)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            msg = f"{name}={value!r}: {name} must be {what}"
+            raise click.BadParameter(msg, param_hint="--budget") from None
+        bounds[name] = number
+    try:
+        msgspec.convert(bounds, Budget)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--budget") from None
+    return bounds
 
 
 def _json_option(name: str, text: str) -> Any:
@@ -477,6 +541,15 @@ def _done(name: str, view: dict[str, Any], as_json: bool) -> None:
     click.echo(f"{name}: {info['session_id']} ({info['state']}{ended})")
 
 
+_REASON = click.option(
+    "--reason",
+    default=None,
+    metavar="TEXT",
+    help=f"Who or why (at most {MAX_REASON_CHARS} characters): recorded on the subtree's "
+    "cancel_requested events and in their results' error detail.",
+)
+
+
 @sessions.command("cancel")
 @NODE_OPTION
 @_SESSION
@@ -488,21 +561,34 @@ def _done(name: str, view: dict[str, Any], as_json: bool) -> None:
     help="Seconds the subtree has to wrap up before what still runs is ended by force "
     "(default: the node's grace; 0 is 'terminate'). A second cancel may shorten it.",
 )
+@_REASON
 @_JSON
-def cancel_cmd(node_url: str | None, session: str, grace: float | None, as_json: bool) -> None:
+def cancel_cmd(
+    node_url: str | None, session: str, grace: float | None, reason: str | None, as_json: bool
+) -> None:
     """Cancel SESSION and its subtree (one grace deadline for all)."""
-    body = {} if grace is None else {"grace": grace}
+    body = {k: v for k, v in {"grace": grace, "reason": _reason(reason)}.items() if v is not None}
     _done("cancel requested", _act(node_url, session, "cancel", body), as_json)
 
 
 @sessions.command("terminate")
 @NODE_OPTION
 @_SESSION
+@_REASON
 @_JSON
-def terminate_cmd(node_url: str | None, session: str, as_json: bool) -> None:
+def terminate_cmd(node_url: str | None, session: str, reason: str | None, as_json: bool) -> None:
     """End SESSION and its subtree at once, with no grace: what still runs ends
     cancelled with terminated_by_force."""
-    _done("terminated", _act(node_url, session, "terminate"), as_json)
+    body = {} if reason is None else {"reason": _reason(reason)}
+    _done("terminated", _act(node_url, session, "terminate", body), as_json)
+
+
+def _reason(text: str | None) -> str | None:
+    """``--reason`` as sent; a usage error naming it when it is too long."""
+    if text is not None and len(text) > MAX_REASON_CHARS:
+        msg = f"{len(text)} characters, more than {MAX_REASON_CHARS}"
+        raise click.BadParameter(msg, param_hint="--reason")
+    return text
 
 
 @sessions.command("suspend")

@@ -16,6 +16,7 @@ import msgspec
 
 from sessiontree.protocol import (
     MAIN_KEY,
+    MAX_REASON_CHARS,
     Budget,
     ErrorCode,
     SessionInfo,
@@ -38,6 +39,7 @@ __all__ = [
     "SessionPage",
     "SessionView",
     "Spawn",
+    "TerminateRequest",
     "TreeView",
     "WaitResult",
     "plain_figures",
@@ -69,11 +71,23 @@ class SendRequest(_Request, frozen=True):
     message: Any
 
 
+_Reason = Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)]
+
+
 class CancelRequest(_Request, frozen=True):
     """A cancel's grace in seconds (finite, >= 0; absent or null: the node's
-    grace; 0: what still runs ends ``terminated_by_force`` at once)."""
+    grace; 0: what still runs ends ``terminated_by_force`` at once), and its
+    ``reason`` (who or why, recorded on the subtree's events and results)."""
 
     grace: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    reason: _Reason | None = None
+
+
+class TerminateRequest(_Request, frozen=True):
+    """A termination's ``reason`` (who or why, recorded on the subtree's events
+    and results)."""
+
+    reason: _Reason | None = None
 
 
 class ForkRequest(_Request, frozen=True):

@@ -98,7 +98,7 @@ from sessiontree.protocol._recording import (
     TapeTake,
 )
 from sessiontree.protocol._results import Collected, Outcome, SessionResult, Timings
-from sessiontree.protocol._specs import MAX_TASK_CHARS, SessionInfo, SpawnSpec
+from sessiontree.protocol._specs import MAX_REASON_CHARS, MAX_TASK_CHARS, SessionInfo, SpawnSpec
 from sessiontree.protocol._states import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -135,6 +135,7 @@ __all__ = [
     "MAX_INPUT_BYTES",
     "MAX_INPUT_NESTING",
     "MAX_NESTING",
+    "MAX_REASON_CHARS",
     "MAX_TASK_CHARS",
     "MAX_TEXT_CHARS",
     "NON_RETRYABLE",

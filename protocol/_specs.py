@@ -11,9 +11,10 @@ from sessiontree.protocol._conversation import ContextScope
 from sessiontree.protocol._states import SessionKind, SessionState
 from sessiontree.protocol._usage import Budget
 
-__all__ = ["MAX_TASK_CHARS", "SessionInfo", "SpawnSpec"]
+__all__ = ["MAX_REASON_CHARS", "MAX_TASK_CHARS", "SessionInfo", "SpawnSpec"]
 
 MAX_TASK_CHARS = 65_536
+MAX_REASON_CHARS = 1024  # a cancel's or a termination's reason (who or why)
 MAX_NAME_CHARS = 128
 
 Task = Annotated[str, msgspec.Meta(max_length=MAX_TASK_CHARS)]

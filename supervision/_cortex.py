@@ -281,8 +281,8 @@ class Cortex:
                 return self.messages.redeliver(sid, result, unwedge, reply)
             case ReleaseReplay():
                 return self.starting.release_replay()
-            case Cancel(session_id=sid, grace=grace):
-                return self.cancelling.cancel(sid, grace)
+            case Cancel(session_id=sid, grace=grace, reason=reason):
+                return self.cancelling.cancel(sid, grace, reason)
             case Interrupt(session_id=sid, code=code):
                 self.cancelling.interrupt(sid, code)
                 return None

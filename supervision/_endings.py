@@ -161,8 +161,15 @@ class Endings:
             now = tree.now()
         core = entry.core
         if code is not None and error is None:
+            reason = entry.cancel_reason
+            detail: dict[str, object] = {}
+            # a cancel's reason, unless it ended some other way (its TTL) first
+            if reason is not None and code in (entry.cancel_code, ErrorCode.TERMINATED_BY_FORCE):
+                detail["reason"] = reason
             error = ErrorInfo(
-                code=code, message=message or ENDING_MESSAGES[code].format(id_text(entry))
+                code=code,
+                message=message or ENDING_MESSAGES[code].format(id_text(entry)),
+                detail=detail,
             )
         timer = entry.ttl_timer
         if timer is not None:

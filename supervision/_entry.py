@@ -123,6 +123,7 @@ class TreeEntry:
     live_children: int = 0
     requests: dict[str, uuid.UUID] = field(default_factory=dict)
     cancel_code: ErrorCode | None = None
+    cancel_reason: str | None = None  # who or why, as the cancel that reached it said
     cancel_deadline: float | None = None  # on the node's clock, once cancel was requested
     suspend_requested: bool = False
     ttl_timer: SharedTtl | None = None

@@ -22,6 +22,7 @@ import msgspec
 from sessiontree.actors import AskTimeoutError
 from sessiontree.actors.runtime import Reply
 from sessiontree.protocol import (
+    MAX_REASON_CHARS,
     ErrorCode,
     ErrorInfo,
     RejectedInputError,
@@ -61,6 +62,7 @@ __all__ = [
     "SessionRef",
     "Spawned",
     "as_grace",
+    "as_reason",
     "as_session_id",
     "refused_result",
 ]
@@ -83,6 +85,20 @@ def as_grace(value: object) -> float | None:
             return seconds
     msg = f"grace must be a finite number of seconds >= 0, not {value!r:.40}"
     raise RejectedInputError(msg, field="grace")
+
+
+def as_reason(value: object) -> str | None:
+    """A cancel's reason: None or a string of at most ``MAX_REASON_CHARS``
+    characters; ``RejectedInputError`` naming ``reason`` for anything else."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        msg = f"reason must be a string, not {type(value).__name__}"
+        raise RejectedInputError(msg, field="reason")
+    if len(value) > MAX_REASON_CHARS:
+        msg = f"reason is {len(value)} characters, more than {MAX_REASON_CHARS}"
+        raise RejectedInputError(msg, field="reason")
+    return value
 
 
 def as_session_id(value: object, argument: str = "session_id") -> uuid.UUID:
@@ -204,13 +220,13 @@ class SessionRef:
         see ``Node.spending``."""
         return self._node.spending(self.session_id)
 
-    def cancel(self, grace: float | None = None) -> ErrorInfo | None:
+    def cancel(self, grace: float | None = None, *, reason: str | None = None) -> ErrorInfo | None:
         """Cancel this session and its subtree; see ``Node.cancel``."""
-        return self._node.cancel(self.session_id, grace)
+        return self._node.cancel(self.session_id, grace, reason=reason)
 
-    def terminate(self) -> ErrorInfo | None:
+    def terminate(self, *, reason: str | None = None) -> ErrorInfo | None:
         """End this session and its subtree at once; see ``Node.terminate``."""
-        return self._node.terminate(self.session_id)
+        return self._node.terminate(self.session_id, reason=reason)
 
     def suspend(self) -> ErrorInfo | None:
         """Suspend (branches only); see ``Node.suspend``."""
@@ -258,13 +274,15 @@ class SessionRef:
         """Awaitable ``spending``."""
         return await self._node.aspending(self.session_id)
 
-    async def acancel(self, grace: float | None = None) -> ErrorInfo | None:
+    async def acancel(
+        self, grace: float | None = None, *, reason: str | None = None
+    ) -> ErrorInfo | None:
         """Awaitable ``cancel``."""
-        return await self._node.acancel(self.session_id, grace)
+        return await self._node.acancel(self.session_id, grace, reason=reason)
 
-    async def aterminate(self) -> ErrorInfo | None:
+    async def aterminate(self, *, reason: str | None = None) -> ErrorInfo | None:
         """Awaitable ``terminate``."""
-        return await self._node.aterminate(self.session_id)
+        return await self._node.aterminate(self.session_id, reason=reason)
 
     async def asuspend(self) -> ErrorInfo | None:
         """Awaitable ``suspend``."""
@@ -411,21 +429,30 @@ class NodeSessions(NodeBase):
         """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
         return self._call(GetInfo(as_session_id(session_id)), check=False)
 
-    def cancel(self, session_id: SessionIdLike, grace: float | None = None) -> ErrorInfo | None:
+    def cancel(
+        self, session_id: SessionIdLike, grace: float | None = None, *, reason: str | None = None
+    ) -> ErrorInfo | None:
         """Cancel a session and its subtree (one deadline: now + ``grace``, by
         default ``NodeConfig.grace``; 0 ends what still runs at once with
         ``terminated_by_force``). A second cancel of a session still stopping
-        may bring its subtree's deadline closer, never push it back. None when
-        accepted, ``invalid_transition`` for a session that already ended;
-        ``UnknownSessionError`` for an id the node does not hold;
-        ``RejectedInputError`` naming ``grace`` unless it is a finite number
-        of seconds >= 0."""
-        return self._call(Cancel(as_session_id(session_id), as_grace(grace)))
+        may bring its subtree's deadline closer, never push it back (its
+        ``reason`` is not recorded: the first cancel's stands). ``reason``
+        (who or why, free text) is recorded on each ``cancel_requested`` event
+        of the subtree (``data["reason"]``) and in each result's error detail
+        (``detail["reason"]``). None when accepted, ``invalid_transition`` for
+        a session that already ended; ``UnknownSessionError`` for an id the
+        node does not hold; ``RejectedInputError`` naming ``grace`` unless it
+        is a finite number of seconds >= 0, naming ``reason`` unless it is a
+        string of at most ``MAX_REASON_CHARS`` characters."""
+        request = Cancel(as_session_id(session_id), as_grace(grace), as_reason(reason))
+        return self._call(request)
 
-    def terminate(self, session_id: SessionIdLike) -> ErrorInfo | None:
+    def terminate(
+        self, session_id: SessionIdLike, *, reason: str | None = None
+    ) -> ErrorInfo | None:
         """``cancel`` with no grace: the subtree ends ``cancelled`` at once,
         ``terminated_by_force`` for every session that still ran."""
-        return self.cancel(session_id, 0.0)
+        return self.cancel(session_id, 0.0, reason=reason)
 
     def suspend(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Park a Branch at its next checkpoint; ``invalid_transition`` for other
@@ -518,14 +545,17 @@ class NodeSessions(NodeBase):
         return await self._acall(GetInfo(as_session_id(session_id)), check=False)
 
     async def acancel(
-        self, session_id: SessionIdLike, grace: float | None = None
+        self, session_id: SessionIdLike, grace: float | None = None, *, reason: str | None = None
     ) -> ErrorInfo | None:
         """Awaitable ``cancel``."""
-        return await self._acall(Cancel(as_session_id(session_id), as_grace(grace)))
+        request = Cancel(as_session_id(session_id), as_grace(grace), as_reason(reason))
+        return await self._acall(request)
 
-    async def aterminate(self, session_id: SessionIdLike) -> ErrorInfo | None:
+    async def aterminate(
+        self, session_id: SessionIdLike, *, reason: str | None = None
+    ) -> ErrorInfo | None:
         """Awaitable ``terminate``."""
-        return await self.acancel(session_id, 0.0)
+        return await self.acancel(session_id, 0.0, reason=reason)
 
     async def asuspend(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Awaitable ``suspend``."""

@@ -144,10 +144,12 @@ class Send(Request[ErrorInfo | None], frozen=True):
 
 class Cancel(Request[ErrorInfo | None], frozen=True):
     """Cancel a session and its whole subtree, with one deadline: now +
-    ``grace`` (None: the node's; 0: at once, what runs ends by force)."""
+    ``grace`` (None: the node's; 0: at once, what runs ends by force);
+    ``reason``: who or why, recorded on the events and the results."""
 
     session_id: uuid.UUID
     grace: float | None = None
+    reason: str | None = None
 
 
 class Interrupt(Request[None], frozen=True):

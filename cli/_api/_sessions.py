@@ -29,6 +29,7 @@ from sessiontree.cli._wire import (
     SessionPage,
     SessionView,
     Spawn,
+    TerminateRequest,
     TreeView,
     WaitResult,
     session_view,
@@ -48,7 +49,11 @@ from sessiontree.supervision import Node
 __all__ = ["SESSION_ROUTES"]
 
 MAX_PAGE = 1000
-_CANCEL_BODY = "Optional: this cancel's grace in seconds (absent: the node's grace)."
+_CANCEL_BODY = (
+    "Optional: this cancel's grace in seconds (absent: the node's grace) and its reason "
+    "(who or why: on the subtree's cancel_requested events and in their results' error detail)."
+)
+_TERMINATE_BODY = "Optional: the reason (who or why), recorded as a cancel's is."
 # a created_at as Python's repr writes it (maybe with an exponent), "_", a session id
 _CURSOR = (
     r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?"
@@ -269,19 +274,25 @@ async def cancel_session(
     ``invalid_transition``; a second cancel of one still stopping may bring
     its deadline closer, never push it back."""
     node = node_of(state)
-    grace = data.grace if data is not None else None
-    refuse(await node.acancel(session_id, grace), session_id)
+    grace, reason = (None, None) if data is None else (data.grace, data.reason)
+    refuse(await node.acancel(session_id, grace, reason=reason), session_id)
     return await _view(node, session_id)
 
 
 @post("/sessions/{session_id:uuid}/terminate", tags=["sessions"], status_code=202, responses=ERRORS)
-async def terminate_session(state: State, session_id: Sid) -> SessionView:
+async def terminate_session(
+    state: State,
+    session_id: Sid,
+    data: Annotated[TerminateRequest | None, Body(description=_TERMINATE_BODY)] = None,
+) -> SessionView:
     """Terminate a session and its subtree at once: a cancel with no grace;
     what still runs ends ``cancelled`` with ``terminated_by_force``.
 
+    The optional body ``{"reason": TEXT}`` is recorded as a cancel's is.
     A session that already ended is a 409 ``invalid_transition``."""
     node = node_of(state)
-    refuse(await node.aterminate(session_id), session_id)
+    reason = None if data is None else data.reason
+    refuse(await node.aterminate(session_id, reason=reason), session_id)
     return await _view(node, session_id)
 
 
