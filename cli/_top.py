@@ -1,6 +1,7 @@
 """``sessiontree top``: a live terminal view of a running node (``_top_app``).
 
-Exit codes: 0 quit; 2 a usage error (a bad URL, interval or root id), or the
+Exit codes: 0 quit; 1 the node refused the token (401, 403: the view stops
+and says so); 2 a usage error (a bad URL, interval or root id), or the
 ``top`` extra (Textual) is not installed. A node that does not answer is not
 an exit: the view says so and keeps polling.
 """
@@ -54,7 +55,10 @@ def top(node_url: str | None, interval: float, root: str | None) -> None:
     if root is not None:
         root = resolve_session(where, root, hint="--root")
     source = TopSource(where.node_url, timeout=max(2.0, interval * 2))
+    app = TopApp(source, interval=interval, root=root)
     try:
-        TopApp(source, interval=interval, root=root).run()
+        app.run()
     finally:
         source.close()
+    if app.stopped is not None:
+        raise click.ClickException(app.stopped)

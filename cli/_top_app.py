@@ -23,6 +23,7 @@ from textual.containers import Grid
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Label, Static
 
+from sessiontree.cli._client import NodeRefused
 from sessiontree.cli._top_data import (
     SORTS,
     RateMeter,
@@ -40,6 +41,7 @@ __all__ = ["ConfirmScreen", "TopApp"]
 # What a poll can meet besides an answer: the node unreachable or refusing
 # (click exceptions from the client), or an answer this view cannot read.
 _POLL_ERRORS = (click.ClickException, httpx.HTTPError, ValueError, KeyError, TypeError)
+_REFUSED_FOR_GOOD = (401, 403)  # the token: no later poll would be let in
 _STATE_STYLE = {
     "active": "green",
     "pending": "cyan",
@@ -93,7 +95,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
 class TopApp(App[None]):
     """The live view of the node behind ``source``, polled every ``interval``
-    seconds, showing the subtree under ``root`` (every Main's when None)."""
+    seconds, showing the subtree under ``root`` (every Main's when None).
+
+    A node that does not answer is polled again; one that refuses the token
+    (401, 403) would refuse every poll: the view exits, ``stopped`` saying why."""
 
     TITLE = "sessiontree top"
     CSS = """
@@ -127,6 +132,7 @@ class TopApp(App[None]):
         self.filtering = False  # the keys type the filter
         self.rows: list[Row] = []
         self.polls = 0  # successful polls drawn, for whoever waits on the view
+        self.stopped: str | None = None  # why the view exited by itself
         self._snapshot: Snapshot | None = None
         self._meter = RateMeter()
         self._rates: Rates | None = None
@@ -190,6 +196,13 @@ class TopApp(App[None]):
 
     def _poll_failed_with(self, exc: Exception) -> None:
         text = exc.format_message() if isinstance(exc, click.ClickException) else repr(exc)
+        if isinstance(exc, NodeRefused) and exc.status in _REFUSED_FOR_GOOD:
+            self.stopped = (
+                f"top stopped: {self.source.url} refused the request ({exc.status} {text}); "
+                "give the node's token with --token-file FILE (or SESSIONTREE_TOKEN_FILE)"
+            )
+            self.exit(return_code=1)
+            return
         self.say(f"poll failed: {text} (retrying every {self.interval:g} s)", error=True)
         self._poll_failed = True
 
