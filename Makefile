@@ -11,7 +11,7 @@ EDITABLE := --config-settings editable_mode=strict
 TEST_EXTRAS := test,ray,otlp,test-traces
 CORE_STAMP := $(VENV)/.installed-core
 TEST_STAMP := $(VENV)/.installed-test
-MYPY_PACKAGES := -p sessiontree.protocol -p sessiontree.actors -p sessiontree.supervision -p sessiontree.store -p sessiontree.conversations -p sessiontree.cli
+MYPY_PACKAGES := -p sessiontree.protocol -p sessiontree.actors -p sessiontree.supervision -p sessiontree.store -p sessiontree.conversations -p sessiontree.testing -p sessiontree.cli
 
 .PHONY: demo test lint install clean
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import msgspec
 
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import Usage
 from sessiontree.supervision import Price, Provider
+from sessiontree.testing import StandinServer
 
 __all__ = [
     "STANDIN_MODELS",

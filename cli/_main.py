@@ -97,6 +97,11 @@ COMMANDS = {
         "List, inspect, draw, spawn, message, cancel, terminate, suspend, resume and wait "
         "on sessions.",
     ),
+    "standin": Lazy(
+        f"{_CLI}_standin_cmd:standin",
+        "Run the stand-in chat model (an OpenAI-compatible chat-completions server) on "
+        "127.0.0.1 until SIGINT or SIGTERM.",
+    ),
     "store": Lazy(
         f"{_CLI}_store_cmds:store", "Back a store up, verify it, export it and import it."
     ),

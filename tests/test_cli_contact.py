@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 
@@ -22,6 +25,7 @@ from sessiontree.cli import main as cli_main
 from sessiontree.cli._agents import builtin_agents
 from sessiontree.protocol import MAX_REASON_CHARS, ErrorCode, RejectedInputError
 from sessiontree.supervision import Event, EventKind, Node, NodeConfig
+from sessiontree.testing import Reply, StandinServer
 from tests._running_node import RunningNode
 from tests._served import ServedNode
 
@@ -251,3 +255,59 @@ def test_token_file_after_the_command_in_a_real_process(tmp_path: Path) -> None:
         assert "requires a bearer token" in without.stderr
     finally:
         assert node.stop() == 0
+
+
+# -- sessiontree standin ----------------------------------------------------------------------
+
+
+def test_standin_serves_scripted_replies_then_echoes_until_sigterm() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sessiontree.cli", "standin", "--port", "0", "--reply", "hi there"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:"), line
+        url = line.split()[2]
+        assert url.endswith("/v1")
+        body = {"model": "standin-small", "messages": [{"role": "user", "content": "ping me"}]}
+        with httpx.Client(base_url=url, timeout=WAIT) as http:
+            texts = [
+                http.post("/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+                for _ in range(2)
+            ]
+            listed = http.get("/models").json()
+        assert texts == ["hi there", "echo ping me"]
+        assert [m["id"] for m in listed["data"]] == ["standin-small", "standin-large"]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, err
+        assert "stand-in stopped: 2 requests, 2 completions" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=WAIT)
+
+
+def test_standin_on_a_busy_port_says_so() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("standin", "--port", str(port))
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+
+
+def test_the_stand_in_is_public_in_sessiontree_testing() -> None:
+    with StandinServer() as model:
+        model.script(Reply(text="scripted"))
+        answer = httpx.post(
+            f"{model.url}/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            timeout=WAIT,
+        )
+    assert answer.json()["choices"][0]["message"]["content"] == "scripted"

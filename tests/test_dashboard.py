@@ -14,8 +14,8 @@ import pytest
 
 from sessiontree.actors import AsyncSession, VirtualClock
 from sessiontree.cli._api._http_metrics import HttpMetrics
-from sessiontree.cli._standin import StandinServer
 from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics, Price, Provider
+from sessiontree.testing import StandinServer
 from tests._promtool import promtool
 from tests.conftest import WAIT, settle
 

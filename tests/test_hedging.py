@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from sessiontree.actors import VirtualClock
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import GatherStatus, RejectedInputError
 from sessiontree.supervision import Agent, EventKind, Hedge, Node, Provider
 from sessiontree.supervision._patterns import fan_out
 from sessiontree.supervision._retry import Restarts
+from sessiontree.testing import StandinServer
 from tests.conftest import WAIT
 from tests.test_patterns import finish
 

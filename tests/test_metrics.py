@@ -20,7 +20,6 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 from sessiontree.actors import AsyncSession, Cancelled, VirtualClock
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
     Budget,
     ErrorCode,
@@ -41,6 +40,7 @@ from sessiontree.supervision import (
     Retry,
 )
 from sessiontree.supervision._metric_models import OTHER, bounded
+from sessiontree.testing import StandinServer
 from tests._promtool import promtool
 from tests.conftest import WAIT, settle
 

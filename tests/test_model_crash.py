@@ -13,10 +13,10 @@ import time
 import uuid
 from pathlib import Path
 
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import Usage
 from sessiontree.store import Store
 from sessiontree.supervision import Node
+from sessiontree.testing import StandinServer
 from tests.conftest import WAIT
 from tests.model_crash_node import AGENT_ID, config, make_agent
 

@@ -303,6 +303,18 @@ SUPERVISION = [
     "stored_spending",
 ]
 
+TESTING = [
+    "Fault",
+    "FaultKind",
+    "Reply",
+    "StandinServer",
+    "StandinStats",
+    "ToolCall",
+    "completion_tokens",
+    "count_tokens",
+    "prompt_tokens",
+]
+
 CLI = [
     "DemoError",
     "DemoReport",
@@ -318,6 +330,7 @@ SURFACES = {
     "sessiontree.store": STORE,
     "sessiontree.conversations": CONVERSATIONS,
     "sessiontree.supervision": SUPERVISION,
+    "sessiontree.testing": TESTING,
     "sessiontree.cli": CLI,
 }
 

@@ -20,7 +20,6 @@ from sessiontree.actors import AsyncSession, VirtualClock
 from sessiontree.cli import main as cli_main
 from sessiontree.cli._agents import builtin_agents
 from sessiontree.cli._client import NodeRefused, NodeUnreachable
-from sessiontree.cli._standin import StandinServer
 from sessiontree.cli._top_app import ConfirmScreen, TopApp
 from sessiontree.cli._top_data import (
     Counters,
@@ -34,6 +33,7 @@ from sessiontree.cli._top_data import (
 )
 from sessiontree.cli._top_source import ACTIONS, TopSource
 from sessiontree.supervision import Agent, Node, Price, Provider
+from sessiontree.testing import StandinServer
 from tests._served import ServedNode
 from tests.conftest import WAIT, settle
 

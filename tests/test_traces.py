@@ -32,7 +32,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sessiontree.actors import AsyncSession
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
     ErrorCode,
     SessionKind,
@@ -51,6 +50,7 @@ from sessiontree.supervision import (
     TraceIds,
     Tracing,
 )
+from sessiontree.testing import StandinServer
 from tests._processes import stop
 from tests._served import ServedNode
 from tests.conftest import WAIT

@@ -20,7 +20,6 @@ from click.testing import CliRunner
 
 from sessiontree.actors import AsyncSession, VirtualClock
 from sessiontree.cli import main as cli_main
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
     Budget,
     ErrorCode,
@@ -43,6 +42,7 @@ from sessiontree.supervision import (
     stored_spending,
 )
 from sessiontree.supervision._requests import GetActorRef
+from sessiontree.testing import StandinServer
 from tests._served import ServedNode
 from tests.conftest import WAIT, settle
 

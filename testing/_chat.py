@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sessiontree.cli._standin._http import (
+from sessiontree.testing._http import (
     CREATED,
     STREAM_HEADERS,
     ClientGoneError,
@@ -26,8 +26,8 @@ from sessiontree.cli._standin._http import (
     send_raw,
     write,
 )
-from sessiontree.cli._standin._ledger import Ledger
-from sessiontree.cli._standin._script import (
+from sessiontree.testing._ledger import Ledger
+from sessiontree.testing._script import (
     Fault,
     FaultKind,
     Reply,

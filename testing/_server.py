@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from sessiontree.cli._standin._chat import ChatHandler
-from sessiontree.cli._standin._http import (
+from sessiontree.testing._chat import ChatHandler
+from sessiontree.testing._http import (
     CREATED,
     HOST,
     ClientGoneError,
@@ -28,8 +28,8 @@ from sessiontree.cli._standin._http import (
     send_error,
     send_json,
 )
-from sessiontree.cli._standin._ledger import Ledger
-from sessiontree.cli._standin._script import Fault, FaultKind, Reply, StandinStats
+from sessiontree.testing._ledger import Ledger
+from sessiontree.testing._script import Fault, FaultKind, Reply, StandinStats
 
 _START_TIMEOUT = 10.0  # seconds start() waits for the server thread to listen
 _CLOSE_TIMEOUT = 10.0  # seconds close() waits for the server thread to end
