@@ -60,6 +60,7 @@ from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_m
 from sessiontree.cli._api import EVENT_RING, MAX_BODY_BYTES, MAX_WAIT, create_app
 from sessiontree.cli._client import DEFAULT_PORT
 from sessiontree.cli._exits import failure
+from sessiontree.cli._fresh import removed_on_failure
 from sessiontree.cli._token import is_loopback, read_token
 from sessiontree.cli._wire import settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
@@ -556,6 +557,19 @@ def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
     ctx.exit(code)
 
 
+def _open_node(agents: list[Agent], config: NodeConfig, store: Path) -> Node:
+    """The node on ``store``. One that cannot start exits 1 (74: a damaged
+    store), taking away the store directory it created."""
+    try:
+        with removed_on_failure(store):
+            return Node(agents, config, store=store)
+    except StoreLockedError as exc:
+        msg = f"store {store} is held by another node: {exc}"
+        raise click.ClickException(msg) from None
+    except (SessionTreeError, OSError, ValueError) as exc:  # ValueError: a key file, a model
+        raise failure(exc, "the node could not start: ") from None
+
+
 def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> int:
     settings, sources = _effective(ctx, _read_config(config_file))
     if settings["store"] is None:
@@ -574,17 +588,12 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     tracing = _tracing(ctx.params, table.pop("tracing", None), str(settings["name"]))
     config = dataclasses.replace(_node_config(table), tracing=tracing)
     agents = _agents(settings)
+    # the port first: a node that cannot listen has touched no store
+    sock = _bind(str(settings["host"]), int(settings["port"]))
     try:
-        running = Node(agents, config, store=Path(settings["store"]))
-    except StoreLockedError as exc:
-        msg = f"store {settings['store']} is held by another node: {exc}"
-        raise click.ClickException(msg) from None
-    except (SessionTreeError, OSError, ValueError) as exc:  # ValueError: a key file, a model
-        raise failure(exc, "the node could not start: ") from None
-    try:
-        sock = _bind(str(settings["host"]), int(settings["port"]))
-    except click.ClickException:
-        running.shutdown(grace=0)
+        running = _open_node(agents, config, Path(settings["store"]))
+    except BaseException:
+        sock.close()
         raise
     metrics = NodeMetrics(running)
     app = create_app(

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from sessiontree.cli._exits import EXIT_RECORDS_UNREADABLE, failure
+from sessiontree.cli._fresh import removed_on_failure
 from sessiontree.protocol import SessionTreeError
 from sessiontree.store import Store, Verified, export_jsonl, import_jsonl, verify_store
 
@@ -87,10 +88,11 @@ def import_cmd(store_dir: Path, replace: bool, file: Path) -> None:
 
     Opens the store for writing (creating it if needed), so no node may run
     on it. The whole file is checked before anything is written; the store
-    must be empty unless --replace is given.
+    must be empty unless --replace is given. A refused import leaves no store
+    it created behind.
     """
     try:
-        with Store(store_dir) as store:
+        with removed_on_failure(store_dir), Store(store_dir) as store:
             if str(file) == "-":
                 counts = import_jsonl(store, sys.stdin.buffer, replace=replace)
             else:

@@ -311,3 +311,46 @@ def test_the_stand_in_is_public_in_sessiontree_testing() -> None:
             timeout=WAIT,
         )
     assert answer.json()["choices"][0]["message"]["content"] == "scripted"
+
+
+# -- a command that fails leaves nothing new on disk ---------------------------------------------
+
+
+def test_node_start_on_a_busy_port_creates_no_store(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("node", "start", "--store", str(store), "--port", str(port))
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert not store.exists()
+
+
+def test_a_node_that_cannot_start_takes_its_new_store_away(tmp_path: Path) -> None:
+    store, key = tmp_path / "store", tmp_path / "key"
+    key.write_text("", encoding="utf-8")
+    result = cli(
+        "node", "start", "--store", str(store), "--port", "0",
+        "--model-url", "http://127.0.0.1:9/v1", "--model", "m", "--api-key-file", str(key),
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "the node could not start" in result.output
+    assert "is empty" in result.output
+    assert not store.exists()
+
+
+def test_a_refused_import_leaves_no_store_and_keeps_what_was_there(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"not": "an export"}\n', encoding="utf-8")
+    new = tmp_path / "new"
+    result = cli("import", "--store", str(new), str(bad))
+    assert result.exit_code == 1, result.output
+    assert "line 1" in result.output
+    assert not new.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("mine", encoding="utf-8")
+    assert cli("store", "import", "--store", str(empty), str(bad)).exit_code == 1
+    assert [p.name for p in empty.iterdir()] == ["notes.txt"]
