@@ -27,10 +27,10 @@ parents told), flushes the store and exits 0; a second signal cuts the grace
 short (what still runs is forced), flushes and exits 1.
 
 Exit codes: 0 a clean stop; 1 the node could not start (the store is held by
-another node, the agents cannot be loaded, the port is taken) or was forced;
-2 a usage error (a bad flag, config file or setting); 69 ``status`` found no
+another node, the port is taken) or was forced; 2 a usage error (a bad flag,
+config file or setting, agents that cannot be loaded); 69 ``status`` found no
 node at ``--node``; 74 the store's file is damaged (``start``, ``status
---store``).
+--store``). A start that fails leaves no store directory it created.
 """
 
 from __future__ import annotations
@@ -247,8 +247,8 @@ def _provider(settings: dict[str, Any]) -> Provider | None:
 def _agents(settings: dict[str, Any]) -> list[Agent]:
     try:
         agents = load_agents(str(settings["agents"]))
-    except AgentLoadError as exc:
-        raise click.ClickException(str(exc)) from None
+    except AgentLoadError as exc:  # the value given cannot be loaded: a usage error
+        raise click.UsageError(str(exc)) from None
     if settings["model"] is not None:
         agents = with_model(agents, str(settings["model"]))
     return agents

@@ -13,7 +13,8 @@ instead of replaying it.
 
 Exit codes: 0 identical (or listed, exported); 1 the replay diverged, or the
 recording cannot be read (one line on stderr says why: not recorded,
-incomplete, another format, truncated); 2 a usage error.
+incomplete, another format, truncated); 2 a usage error (``--agents`` that
+cannot be loaded among them).
 """
 
 from __future__ import annotations
@@ -161,8 +162,11 @@ def replay_cmd(
         return
     try:
         loaded = load_agents(agents)
+    except AgentLoadError as exc:  # the value given cannot be loaded: a usage error
+        raise click.UsageError(str(exc)) from None
+    try:
         report = Node.replay_recording(recording, loaded, timeout=timeout)
-    except (AgentLoadError, SessionTreeError) as exc:
+    except SessionTreeError as exc:
         raise failure(exc) from None
     click.echo(msgspec.json.encode(report).decode() if as_json else _say(report))
     if not report.identical:

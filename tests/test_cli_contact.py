@@ -354,3 +354,22 @@ def test_a_refused_import_leaves_no_store_and_keeps_what_was_there(tmp_path: Pat
     (empty / "notes.txt").write_text("mine", encoding="utf-8")
     assert cli("store", "import", "--store", str(empty), str(bad)).exit_code == 1
     assert [p.name for p in empty.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize(
+    ("agents", "said"),
+    [
+        ("nosuch:thing", "cannot import 'nosuch'"),
+        ("json:nothing", "'json' has no attribute 'nothing'"),
+        ("json", "must look like module:object"),
+        ("json:dumps", "raised"),
+    ],
+)
+def test_agents_that_cannot_be_loaded_are_a_usage_error(
+    tmp_path: Path, agents: str, said: str
+) -> None:
+    store = tmp_path / "store"
+    result = cli("node", "start", "--store", str(store), "--port", "0", "--agents", agents)
+    assert result.exit_code == 2, result.output
+    assert said in result.output
+    assert not store.exists()
