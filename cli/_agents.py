@@ -198,7 +198,8 @@ async def _fan_out(session: AsyncSession) -> str:
     except ValueError:
         count = 0
     gathered = await session.fan_out(["0"] * count, kind="worker", skill="work")
-    return f"{len(gathered.results)} of {count} workers completed"
+    done = len(gathered.results)
+    return f"{done} of {count} {'worker' if count == 1 else 'workers'} completed"
 
 
 def _crash(session: AsyncSession) -> None:

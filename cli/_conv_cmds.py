@@ -30,6 +30,7 @@ from sessiontree.actors import RealClock
 from sessiontree.cli._client import NODE_OPTION, STORE_ENV, NodeClient, resolve_source
 from sessiontree.cli._exits import failure
 from sessiontree.cli._ids import node_candidates, resolve_id, store_candidates
+from sessiontree.cli._words import plural
 from sessiontree.conversations import Conversation, Conversations, nested_json, preview_text
 from sessiontree.protocol import (
     MAIN_KEY,
@@ -205,7 +206,8 @@ def _branch_line(branch: BranchInfo) -> str:
     mark = "*" if branch.current else " "
     last = branch.last_message
     said = "" if last is None else f'  "{preview_text(last.content)}"'
-    return f"{mark} {branch.number:>3}  {branch.name}  ({branch.message_count} messages){said}"
+    count = plural(branch.message_count, "message")
+    return f"{mark} {branch.number:>3}  {branch.name}  ({count}){said}"
 
 
 @click.group("conv")
@@ -325,7 +327,8 @@ def merge_cmd(target: _Target, branch: str, as_json: bool) -> None:
     """Copy BRANCH's own messages onto the current branch (both stay)."""
     with _conversation(target, write=True) as conversation:
         merged = conversation.merge(branch)
-    counts = f"{len(merged.messages)} messages of {merged.source_name} into {merged.into_name}"
+    counts = f"{plural(len(merged.messages), 'message')} of {merged.source_name} into "
+    counts += merged.into_name
     _show(merged, as_json, f"merged {counts}")
 
 
@@ -350,11 +353,11 @@ def delete_branch_cmd(
         _echo_json(plan)
     elif token is None:
         click.echo(
-            f"branch {plan.number} ({plan.name}): {plan.count} messages would be deleted, "
-            f"{plan.kept} kept"
+            f"branch {plan.number} ({plan.name}): {plural(plan.count, 'message')} would be "
+            f"deleted, {plan.kept} kept"
         )
         for text in plan.preview:
             click.echo(f"  - {text}")
         click.echo(f"confirm with: --confirm {plan.token}")
     else:
-        click.echo(f"deleted branch {plan.number} ({plan.name}): {plan.count} messages")
+        click.echo(f"deleted branch {plan.number} ({plan.name}): {plural(plan.count, 'message')}")

@@ -17,6 +17,7 @@ from sessiontree.cli._demo import (
 )
 from sessiontree.cli._demo_models import render_models
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
+from sessiontree.cli._words import plural
 
 __all__ = ["demo"]
 
@@ -125,8 +126,8 @@ def demo(
     stored = report.store
     if stored:
         click.echo(
-            f"Store {stored['path']}: {stored['sessions']} session records, "
-            f"{stored['results_filed']} results filed on their parents, "
+            f"Store {stored['path']}: {plural(stored['sessions'], 'session record')}, "
+            f"{plural(stored['results_filed'], 'result')} filed on their parents, "
             f"{stored['results_owed']} still owed."
         )
     click.echo(f"Finished in {report.elapsed:.2f} s.")

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sessiontree.cli._words import plural
 from sessiontree.protocol import SessionTreeError
 from sessiontree.supervision import Event, EventKind, Node
 
@@ -155,6 +156,6 @@ def render_summary(rows: Sequence[Mapping[str, Any]], rejections: Sequence[Any])
     by_state = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     by_code = ", ".join(f"{n} {code}" for code, n in sorted(codes.items()))
     return (
-        f"{len(rows)} sessions: {by_state}; errors: {by_code or 'none'}; "
-        f"{len(rejections)} spawns refused"
+        f"{plural(len(rows), 'session')}: {by_state}; errors: {by_code or 'none'}; "
+        f"{plural(len(rejections), 'spawn')} refused"
     )

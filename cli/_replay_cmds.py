@@ -31,6 +31,7 @@ from sessiontree.cli._client import STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
 from sessiontree.cli._ids import resolve_id, store_candidates
 from sessiontree.cli._times import iso, utc
+from sessiontree.cli._words import plural
 from sessiontree.protocol import Recording, ReplayReport, SessionTreeError
 from sessiontree.store import RecordingRecord, Store
 from sessiontree.supervision import Node, load_recording, stored_recording
@@ -84,7 +85,8 @@ def _listing(store_dir: Path, as_json: bool) -> None:
 def _say(report: ReplayReport) -> str:
     if report.identical:
         return (
-            f"identical: {report.sessions} sessions, {report.steps} steps replayed in "
+            f"identical: {plural(report.sessions, 'session')}, {plural(report.steps, 'step')} "
+            "replayed in "
             f"{report.replayed_s:.3f} clock seconds (recorded: {report.recorded_s:.3f}; "
             f"recording {report.recording_id})"
         )

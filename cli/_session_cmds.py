@@ -26,9 +26,11 @@ import click
 import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, resolve_source
+from sessiontree.cli._describe import budget_text, describe
 from sessiontree.cli._ids import node_candidates, resolve_id
 from sessiontree.cli._paging import page_of
-from sessiontree.cli._times import ago, iso_times, local, until
+from sessiontree.cli._times import ago, iso_times, until
+from sessiontree.cli._words import money, plural
 from sessiontree.protocol import MAX_REASON_CHARS, Budget, SessionKind, SessionState
 
 __all__ = ["draw_tree", "sessions"]
@@ -75,39 +77,6 @@ def _act(node_url: str | None, session: str, action: str, body: Any = None) -> A
 # -- drawing -----------------------------------------------------------------------------
 
 
-def _figure(value: float) -> str:
-    return f"{value:.6g}"
-
-
-def _count(value: float, noun: str) -> str:
-    """``1 call``, ``3 calls`` (``noun`` is the plural)."""
-    return f"{_figure(value)} {noun[:-1] if value == 1 else noun}"
-
-
-def usage_text(usage: dict[str, Any]) -> str:
-    """A ``Usage`` (as JSON) in words: tokens, calls, cost."""
-    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-    text = (
-        f"{_count(prompt + completion, 'tokens')} ({prompt} prompt, {completion} completion), "
-        f"{_count(usage.get('calls', 0), 'calls')}, cost {_figure(usage.get('cost', 0.0))}"
-    )
-    if usage.get("unpriced_calls"):
-        text += f" ({usage['unpriced_calls']} unpriced)"
-    if usage.get("descendants"):
-        text += f", {_count(usage['descendants'], 'descendants')}"
-    return text
-
-
-def budget_text(budget: dict[str, Any]) -> str:
-    """A ``Budget`` (as JSON) in words: each bounded dimension, or ``unbounded``."""
-    bounds = [
-        f"cost {_figure(budget[name])}" if name == "cost" else _count(budget[name], name)
-        for name in ("tokens", "cost", "calls", "descendants")
-        if budget.get(name) is not None
-    ]
-    return ", ".join(bounds) or "unbounded"
-
-
 def _short_usage(view: dict[str, Any]) -> str:
     """What a tree line says of a session's accounts: its subtree's tokens,
     calls and cost, what its budget has left; empty when it spent nothing and
@@ -116,8 +85,8 @@ def _short_usage(view: dict[str, Any]) -> str:
     tokens = used.get("prompt_tokens", 0) + used.get("completion_tokens", 0)
     parts = []
     if tokens or used.get("calls") or used.get("cost"):
-        cost = _figure(used.get("cost", 0.0))
-        parts.append(f"{tokens} tok, {_count(used.get('calls', 0), 'calls')}, cost {cost}")
+        cost = money(used.get("cost", 0.0))
+        parts.append(f"{tokens} tok, {plural(used.get('calls', 0), 'call')}, cost {cost}")
     left = view.get("budget_left")
     if left is not None:
         parts.append(f"left {budget_text(left)}")
@@ -272,7 +241,7 @@ def ls_cmd(
     for info in infos:
         click.echo(_line(info, None, now))
     more = f"; more after: --cursor {next_cursor}" if next_cursor else ""
-    click.echo(f"{len(infos)} sessions{more}", err=True)
+    click.echo(f"{plural(len(infos), 'session')}{more}", err=True)
 
 
 #: Marks ``ls`` filters on (``--stuck``: the API's ``stuck=true``) that only a
@@ -296,43 +265,14 @@ def _store_marks(marks: dict[str, bool]) -> None:
 @_SESSION
 @_JSON
 def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
-    """One session: identity, state, result, usage and what its budget has left."""
+    """One session: who it is and where it stands, its result and failure (with
+    its stack trace), its usage and its budget."""
     view = _fetch(node_url, store_dir, session, "")
     if as_json:
         _echo_json(iso_times(view))
         return
-    now = time.time()
-    for name, value in view["info"].items():
-        shown = value
-        if name in ("created_at", "deadline") and isinstance(value, int | float):
-            when = ago(value, now) if name == "created_at" else until(value, now)
-            shown = f"{local(value)} ({when})"
-        click.echo(f"{name:>16}: {shown}")
-    if view.get("result") is not None:
-        click.echo(f"{'result':>16}: {json.dumps(iso_times(view['result']), sort_keys=True)}")
-    for line in _accounts_lines(view):
+    for line in describe(view, time.time()):
         click.echo(line)
-
-
-def _accounts_lines(view: dict[str, Any]) -> list[str]:
-    """``sessions show``'s lines on usage and budget."""
-    lines = [
-        f"{'usage':>16}: {usage_text(view.get('usage') or {})}",
-        f"{'subtree usage':>16}: {usage_text(view.get('subtree_usage') or {})}",
-    ]
-    reserved = view.get("reserved") or {}
-    if reserved.get("calls"):
-        lines.append(f"{'reserved':>16}: {usage_text(reserved)}")
-    budget = view.get("budget")
-    if budget is None:
-        lines.append(f"{'budget':>16}: none")
-        return lines
-    clamped = " (clamped to what its parent had left)" if view.get("budget_clamped") else ""
-    lines.append(f"{'budget':>16}: {budget_text(budget)}{clamped}")
-    lines.append(f"{'budget left':>16}: {budget_text(view.get('budget_left') or {})}")
-    if view.get("budget_exhausted"):
-        lines.append(f"{'budget exhausted':>16}: {view['budget_exhausted']}")
-    return lines
 
 
 @sessions.command("tree")

@@ -15,6 +15,7 @@ import threading
 
 import click
 
+from sessiontree.cli._words import plural
 from sessiontree.testing import StandinServer
 
 __all__ = ["standin"]
@@ -87,7 +88,8 @@ def standin(
         server.close()
     served = server.stats()
     click.echo(
-        f"stand-in stopped: {served.requests_received} requests, "
-        f"{served.completions_served} completions, {served.tokens_served} tokens served",
+        f"stand-in stopped: {plural(served.requests_received, 'request')}, "
+        f"{plural(served.completions_served, 'completion')}, "
+        f"{plural(served.tokens_served, 'token')} served",
         err=True,
     )

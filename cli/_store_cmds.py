@@ -18,6 +18,7 @@ import click
 
 from sessiontree.cli._exits import EXIT_RECORDS_UNREADABLE, failure
 from sessiontree.cli._fresh import removed_on_failure
+from sessiontree.cli._words import plural
 from sessiontree.protocol import SessionTreeError
 from sessiontree.store import Store, Verified, export_jsonl, import_jsonl, verify_store
 
@@ -34,7 +35,9 @@ _STORE = click.option(
 
 def _summary(counts: dict[str, int]) -> str:
     total = sum(counts.values())
-    return f"{total} lines (" + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + ")"
+    return (
+        f"{plural(total, 'line')} (" + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + ")"
+    )
 
 
 def _fail(exc: BaseException) -> click.ClickException:
@@ -163,13 +166,13 @@ def verify_cmd(store_dir: Path, as_json: bool) -> None:
         _print_verified(found)
     if not found.clean:
         bad = sum(found.unreadable.values())
-        click.echo(f"Error: {bad} records of {found.path} do not decode", err=True)
+        click.echo(f"Error: {plural(bad, 'record')} of {found.path} do not decode", err=True)
         raise click.exceptions.Exit(EXIT_RECORDS_UNREADABLE)
 
 
 def _print_verified(found: Verified) -> None:
     total = sum(found.entries.values())
-    click.echo(f"store {found.path}: {total} entries")
+    click.echo(f"store {found.path}: {plural(total, 'entry', 'entries')}")
     for db, n in found.entries.items():
         bad = found.unreadable.get(db, 0)
         note = f", {bad} unreadable" if bad else ""

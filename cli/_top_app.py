@@ -35,6 +35,7 @@ from sessiontree.cli._top_data import (
 )
 from sessiontree.cli._top_data import human_duration as dur
 from sessiontree.cli._top_source import Snapshot, TopSource
+from sessiontree.cli._words import money, plural
 
 __all__ = ["ConfirmScreen", "TopApp"]
 
@@ -228,7 +229,7 @@ class TopApp(App[None]):
 
     def _show_where(self) -> None:
         where = "all mains" if self.root is None else f"subtree of {self.root[:8]} (b: up)"
-        shown = f"{len(self.rows)} sessions" if self._snapshot is not None else "no answer yet"
+        shown = plural(len(self.rows), "session") if self._snapshot is not None else "no answer yet"
         filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#where", Static).update(f"{where} · sort {self.sort}{filt} · {shown}")
 
@@ -353,7 +354,7 @@ def _cells(row: Row) -> tuple[Text | str, ...]:
         dur(row.age_s),
         dur(row.ttl_left_s),
         str(row.tokens) if row.tokens else "-",
-        f"{row.cost:.4f}" if row.cost else "-",
+        money(row.cost) if row.cost else "-",
         str(row.subtree_tokens) if row.subtree_tokens else "-",
-        f"{row.subtree_cost:.4f}" if row.subtree_cost else "-",
+        money(row.subtree_cost) if row.subtree_cost else "-",
     )

@@ -23,6 +23,7 @@ from click.testing import CliRunner, Result
 
 from sessiontree.cli import main as cli_main
 from sessiontree.cli._agents import builtin_agents
+from sessiontree.cli._words import money, plural
 from sessiontree.protocol import MAX_REASON_CHARS, ErrorCode, RejectedInputError
 from sessiontree.supervision import Event, EventKind, Node, NodeConfig
 from sessiontree.testing import Reply, StandinServer
@@ -102,7 +103,7 @@ def test_spawn_takes_a_budget_and_a_tier(served: ServedNode) -> None:
         "soft": 0.5,
     }
     shown = cli("sessions", "show", "--node", served.url, info["session_id"])
-    assert "20000 tokens, cost 0.5, 5 calls" in shown.output
+    assert "  Budget        20000 tokens, cost $0.50, 5 calls; left: " in shown.output
 
 
 @pytest.mark.parametrize(
@@ -373,3 +374,71 @@ def test_agents_that_cannot_be_loaded_are_a_usage_error(
     assert result.exit_code == 2, result.output
     assert said in result.output
     assert not store.exists()
+
+
+# -- counts, money and sessions show ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("count", "said"),
+    [
+        (0, "0 branches"),
+        (1, "1 branch"),
+        (2, "2 branches"),
+        (1.0, "1 branch"),
+        (2.5, "2.5 branches"),
+    ],
+)
+def test_a_count_takes_its_noun_in_the_right_number(count: float, said: str) -> None:
+    assert plural(count, "branch", "branches") == said
+    assert plural(count, "call") == said.replace("branches", "calls").replace("branch", "call")
+
+
+@pytest.mark.parametrize(
+    ("cost", "said"),
+    [
+        (0.0, "$0.00"),
+        (1.1e-05, "$0.000011"),
+        (0.000273, "$0.000273"),
+        (0.5, "$0.50"),
+        (12.0, "$12.00"),
+        (1.5e-07, "$0.00000015"),
+        (1234.5678, "$1234.5678"),
+    ],
+)
+def test_money_is_written_one_way_never_in_exponents(cost: float, said: str) -> None:
+    assert money(cost) == said
+
+
+def test_show_reads_like_a_description(served: ServedNode, node: Node) -> None:
+    """A failure block with the stack trace as lines, no deadline once a session
+    ended, one budget line; counts and money as everywhere else."""
+    main = main_of(served)
+    at = ("--node", served.url)
+    crashed = js("sessions", "spawn", *at, "--parent", main, "--skill", "crash", "--task", "x")
+    sid = crashed["info"]["session_id"]
+    assert node.wait(sid, WAIT) is not None
+    lines = cli("sessions", "show", *at, sid).output.splitlines()
+    assert lines[0] == f"Session {sid}"
+    assert "  State         failed" in lines
+    assert "  TTL           300 s" in lines  # ended: no deadline, no "in 5m"
+    assert not any("runs out" in line for line in lines)
+    failure = lines[lines.index("Failure") :]
+    assert failure[1] == "  Code          crashed"
+    assert failure[2].startswith("  Message       RuntimeError: the crash skill always fails")
+    trace = failure[failure.index("  Stack trace") + 1 :]
+    assert trace[0] == "    Traceback (most recent call last):"
+    assert any(line.startswith('      File "') and "_crash" in line for line in trace)
+    assert "    RuntimeError: the crash skill always fails (task 'x')" in trace
+    assert not any("\\n" in line for line in lines)  # no escaped JSON
+    assert [line for line in lines if "udget" in line] == ["  Budget        none"]
+    assert "  Own           0 tokens (0 prompt, 0 completion), 0 calls, cost $0.00" in lines
+    # a live one: its deadline, and how long is left
+    live = js("sessions", "spawn", *at, "--parent", main, "--task", "3600", "--ttl", "600")
+    shown = cli("sessions", "show", *at, live["info"]["session_id"]).output
+    assert "runs out" in shown
+    assert "(in 9m)" in shown or "(in 10m)" in shown
+    assert "Failure" not in shown
+    assert "Result" not in shown
+    listed = cli("sessions", "ls", *at)
+    assert "3 sessions" in listed.output

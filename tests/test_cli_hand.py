@@ -282,11 +282,14 @@ def test_tables_say_human_times_and_json_says_iso_8601(served: ServedNode) -> No
     line = ok("sessions", "ls", *at).stdout.splitlines()[1]
     assert re.search(r"created (just now|\d+s ago), ttl in (9|10)m", line), line
     table = ok("sessions", "show", *at, W1).stdout
-    assert re.search(r"created_at: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(", table), table
-    assert re.search(r"deadline: \S+ \S+ \(in (9|10)m\)", table), table
+    assert re.search(r"Created +\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(", table), table
+    assert re.search(r"TTL +600 s, runs out \S+ \S+ \(in (9|10)m\)", table), table
     ok("sessions", "terminate", *at, W1)
     ended = js("sessions", "show", *at, W1)["result"]["timings"]
     assert ISO.match(ended["ended_at"])
+    table = ok("sessions", "show", *at, W1).stdout  # an ended session has no deadline
+    assert re.search(r"\n  TTL +600 s\n", table), table
+    assert re.search(r"\n  Ended +\S+ \S+ \((just now|\d+s ago)\), ran \d+\.\d\d s\n", table)
 
 
 # -- --agents from the current folder -------------------------------------------------------
