@@ -9,9 +9,13 @@ automatic prefix, ``SESSIONTREE_<COMMAND>_<OPTION>``, except ``--node`` and a
 read command's ``--store``, which read ``SESSIONTREE_NODE`` and
 ``SESSIONTREE_STORE`` (resolved by ``_client.resolve_source``: a flag, then
 the environment, then the node at http://127.0.0.1:8470). Exit codes, for
-every command: 0 ok, 1 failure, 2 usage, 69 node unreachable, 74 the
-store's file is damaged (65: ``store verify`` found records that do not
-decode).
+every command: 0 ok, 1 failure, 2 usage (and a command whose extra is not
+installed), 69 node unreachable, 74 the store's file is damaged (65:
+``store verify`` found records that do not decode).
+
+Each command's module is imported only when that command runs (``_lazy``):
+``--version``, ``--help`` and the read commands against a node load click
+and httpx, not the runtime.
 """
 
 from __future__ import annotations
