@@ -115,6 +115,7 @@ from sessiontree.protocol._trace import (
     trace_id_of,
 )
 from sessiontree.protocol._usage import (
+    COST_UNIT,
     MAX_BUDGET_COST,
     MAX_BUDGET_COUNT,
     Budget,
@@ -126,6 +127,7 @@ from sessiontree.protocol._usage import (
 logging.getLogger("sessiontree").addHandler(logging.NullHandler())
 
 __all__ = [
+    "COST_UNIT",
     "MAIN_KEY",
     "MAX_BRANCH_NAME_CHARS",
     "MAX_BUDGET_COST",

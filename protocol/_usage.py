@@ -13,7 +13,7 @@ from typing import Annotated
 
 import msgspec
 
-__all__ = ["MAX_BUDGET_COST", "MAX_BUDGET_COUNT", "Budget", "Spending", "Usage"]
+__all__ = ["COST_UNIT", "MAX_BUDGET_COST", "MAX_BUDGET_COUNT", "Budget", "Spending", "Usage"]
 
 MAX_BUDGET_COUNT = 10**12  # tokens, calls or descendants: far past any real budget
 MAX_BUDGET_COST = 1e12  # in the price table's currency
@@ -24,11 +24,25 @@ Count = Annotated[float, msgspec.Meta(ge=0, le=MAX_BUDGET_COUNT)]
 Cost = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_BUDGET_COST)]
 Fraction = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 
+#: Costs are kept to a billionth of the price table's currency (a nano-dollar
+#: for a table in dollars) and added as integers of that unit, so what is
+#: reserved and then settled nets to exactly zero: no float residue.
+COST_UNIT = 10**9
+
+
+def cost_units(cost: float) -> int:
+    r"""``cost`` in whole ``COST_UNIT``\ ths of the currency (rounded to the nearest)."""
+    return round(cost * COST_UNIT)
+
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Tokens, cost, model calls and sessions spawned: one call's, one
     session's, or a subtree's. A call to a model the price table does not name
-    adds no cost and counts in ``unpriced_calls``."""
+    adds no cost and counts in ``unpriced_calls``.
+
+    ``cost`` is a number of the currency kept to ``1 / COST_UNIT`` of it:
+    ``+`` and ``-`` add it as whole units (``cost_units``), so sums are exact
+    and a reservation settled is exactly zero."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -42,11 +56,16 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         """Prompt and completion tokens together."""
         return self.prompt_tokens + self.completion_tokens
 
+    @property
+    def cost_units(self) -> int:
+        """``cost`` as a whole number of ``1 / COST_UNIT`` of the currency."""
+        return cost_units(self.cost)
+
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
-            cost=self.cost + other.cost,
+            cost=(cost_units(self.cost) + cost_units(other.cost)) / COST_UNIT,
             calls=self.calls + other.calls,
             descendants=self.descendants + other.descendants,
             unpriced_calls=self.unpriced_calls + other.unpriced_calls,
@@ -56,7 +75,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return Usage(
             prompt_tokens=self.prompt_tokens - other.prompt_tokens,
             completion_tokens=self.completion_tokens - other.completion_tokens,
-            cost=self.cost - other.cost,
+            cost=(cost_units(self.cost) - cost_units(other.cost)) / COST_UNIT,
             calls=self.calls - other.calls,
             descendants=self.descendants - other.descendants,
             unpriced_calls=self.unpriced_calls - other.unpriced_calls,

@@ -32,10 +32,11 @@ from sessiontree.protocol import (
     SpawnCmd,
     SuspendCmd,
     UnknownSessionError,
+    Usage,
 )
 from sessiontree.supervision import _queries as queries
 from sessiontree.supervision._cancelling import Cancelling
-from sessiontree.supervision._commits import Commits, answer_written
+from sessiontree.supervision._commits import Commits, answer_written, store_error
 from sessiontree.supervision._endings import Endings
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._ledger import Ledgers
@@ -292,8 +293,8 @@ class Cortex:
                 return self.suspension.resume(sid)
             case Control(command=command):
                 return self._control(command, reply)
-            case Reserve(session_id=sid, prompt_tokens=prompt, max_tokens=most, price=price):
-                return self.ledgers.reserve(tree.lookup(sid), prompt, most, price)
+            case Reserve():
+                return self._reserve(request, reply)
             case Settle():
                 return self._settle(request, reply)
             case OpenMain(agent_id=agent_id, key=key):
@@ -348,11 +349,40 @@ class Cortex:
         msg = f"the cortex has no operation {type(request).__name__}"
         raise RejectedInputError(msg)
 
+    def _reserve(self, reserve: Reserve, reply: Reply | None) -> object:
+        """A model call's reservation, answered once its record is durable: a
+        request that leaves the node is always in the store, so a node that
+        dies with it in flight still counts it when it comes back."""
+        held = self.ledgers.reserve(
+            self.tree.lookup(reserve.session_id),
+            reserve.prompt_tokens,
+            reserve.max_tokens,
+            reserve.price,
+            optional=reserve.optional,
+        )
+        if isinstance(held, ErrorInfo) or reply is None:
+            return held
+        persist = self.rt.persist
+        written = persist.call(held, self.tree.now())
+        if written is None:
+            return held
+
+        def then(error: BaseException | None) -> None:
+            if error is None:
+                reply.set(held)
+                return
+            persist.usage(self.ledgers.settle(held, Usage()), settled=held)  # never sent
+            reply.set(store_error(error, reserve.session_id))
+
+        self.commits.when_written(written, then)
+        return DEFERRED
+
     def _settle(self, settle: Settle, reply: Reply | None) -> object:
         """A model call ended: counted (answered once that is durable) and, on a
         traced node, emitted for its span."""
         reserved, traced = settle.reserved, settle.traced
-        written = self.rt.persist.usage(self.ledgers.settle(reserved, settle.used))
+        counted = self.ledgers.settle(reserved, settle.used)
+        written = self.rt.persist.usage(counted, settled=reserved)
         if traced is not None:
             entry = self.tree.entries.get(reserved.chain[0])
             self.tree.emit(EventKind.MODEL_CALL, entry, data=traced, at=traced["ended_at"])

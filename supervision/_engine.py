@@ -295,8 +295,11 @@ class _Gather:
         if not due:
             return
         runs = [self.running[alone[i]] for i in due]
-        # the same work as the run it doubles (a retry's may be the fallback skill)
-        specs = tuple(msgspec.structs.replace(task.spec, skill=run.skill) for task, run in runs)
+        # the same work as the run it doubles (a retry's may be the fallback skill);
+        # optional: a duplicate the budget cannot fit is not started, and stops nothing
+        specs = tuple(
+            msgspec.structs.replace(task.spec, skill=run.skill, optional=True) for task, run in runs
+        )
         answers = yield _SpawnMany(specs)
         for (task, run), spawned in zip(runs, answers, strict=True):
             hedger.hedged.add(task.index)

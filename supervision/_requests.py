@@ -181,12 +181,15 @@ class Control(Request[object], frozen=True):
 class Reserve(Request[Reserved | ErrorInfo], frozen=True):
     """Reserve one model call's worst case against the session and its ancestors
     (``prompt_tokens`` estimated; ``max_tokens`` None: as many as the budgets
-    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``."""
+    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``.
+    Answered once the call's record is durable (the store's error, nothing
+    reserved, if it failed); ``optional``: see ``Ledgers.reserve``."""
 
     session_id: uuid.UUID
     prompt_tokens: int
     max_tokens: int | None
     price: Price | None
+    optional: bool = False
 
 
 class Settle(Request[ErrorInfo | None], frozen=True):

@@ -260,7 +260,7 @@ class Spawning:
             assert parent is not None
             assert agent is not None
             requested = spec.budget if spec.budget is not None else agent.budget
-            narrowed = self.ledgers.admit(parent, requested)
+            narrowed = self.ledgers.admit(parent, requested, optional=spec.optional)
             if isinstance(narrowed, ErrorInfo):
                 error = narrowed
             else:

@@ -91,6 +91,7 @@ RUNTIME = [
 ]
 
 PROTOCOL = [
+    "COST_UNIT",
     "MAIN_KEY",
     "MAX_BRANCH_NAME_CHARS",
     "MAX_BUDGET_COST",
@@ -208,6 +209,7 @@ STORE = [
     "SCHEMA_VERSION",
     "Backup",
     "BranchRecord",
+    "CallRecord",
     "ContextEntry",
     "ContextRecord",
     "ConversationRecord",
