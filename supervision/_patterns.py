@@ -170,8 +170,10 @@ def fan_out(
     longer be overtaken): the tasks still running are cancelled with the
     node's grace and waited for, what they return in it kept as partial
     results (``superseded``), those not started never start, and the result
-    is ``completed`` with the ones that met it ``counted``. An integer from 1
-    to the number of tasks, else ``RejectedInputError`` naming ``quorum``.
+    is ``completed`` with the ones that met it ``counted``. Once too many
+    have failed for it to be met, the same happens at once and the result
+    is ``failed``. An integer from 1 to the number of tasks, else
+    ``RejectedInputError`` naming ``quorum``.
     ``hedge``: a ``Hedge``; a task whose child runs past its delay gets one
     duplicate, the first of the two to succeed is its result and the other
     is cancelled with the node's grace (an ``Attempt`` marked ``hedge``, and
@@ -185,8 +187,8 @@ def fan_out(
     defaults = _defaults(kind, skill, ttl)
     work = [Task(i, _spec(t, defaults, f"tasks[{i}]")) for i, t in enumerate(tasks)]
     wanted = _check_quorum(quorum, len(work), aggregate)
-    met = yield from gather(parent, work, policy, restarts, timeout, on_timeout, wanted, hedge)
-    return gathered(work, status_of(work, met), aggregate, summarizer, quorum=wanted)
+    end = yield from gather(parent, work, policy, restarts, timeout, on_timeout, wanted, hedge)
+    return gathered(work, status_of(work, end), aggregate, summarizer, quorum=wanted)
 
 
 def pipeline(
