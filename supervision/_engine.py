@@ -34,6 +34,7 @@ from sessiontree.protocol import (
     EscalationError,
     Gathered,
     GatherStatus,
+    RejectedInputError,
     SessionResult,
     SpawnSpec,
 )
@@ -152,6 +153,11 @@ class Quorum:
 
     k: int
     vote: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
+            msg = f"quorum must be an integer >= 1, got {self.k!r}"
+            raise RejectedInputError(msg, field="quorum")
 
 
 def _record(task: Task, attempt: Attempt, **changes: Any) -> None:

@@ -7,6 +7,7 @@ None. (A ``Hedge`` given each way: tests/test_hedging.py.)"""
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,9 @@ from sessiontree.protocol import (
     make_spec,
 )
 from sessiontree.supervision import Agent, Node
+from sessiontree.supervision._engine import Quorum
+from sessiontree.supervision._patterns import collect, fan_out
+from sessiontree.supervision._retry import Restarts
 from tests._served import ServedNode
 from tests.conftest import WAIT, settle
 
@@ -134,3 +138,17 @@ def test_a_bad_budget_over_http_is_a_400_naming_the_field(
     error = refused.json()["error"]
     assert (error["code"], error["field"]) == ("rejected_input", field)
     assert spawned_workers(served.node) == []
+
+
+# -- a quorum ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [True, 0, 2.0, "2"])
+def test_a_bad_quorum_is_refused_naming_it_by_a_pattern_or_built_directly(k: Any) -> None:
+    with pytest.raises(RejectedInputError) as built:
+        Quorum(k)
+    with pytest.raises(RejectedInputError) as by_fan_out:
+        next(fan_out(uuid.uuid4(), Restarts(), ["a", "b"], quorum=k))
+    with pytest.raises(RejectedInputError) as by_collect:
+        next(collect(uuid.uuid4(), Restarts(), [uuid.uuid4(), uuid.uuid4()], quorum=k))
+    assert built.value.field == by_fan_out.value.field == by_collect.value.field == "quorum"
