@@ -13,13 +13,19 @@ from typing import Any
 
 import msgspec
 import pytest
+from click.testing import CliRunner
 
+from sessiontree.cli import main as cli_main
 from sessiontree.protocol import (
     Budget,
     ErrorCode,
     RejectedInputError,
     SessionKind,
+    SpawnSpec,
+    decode_control,
     make_spec,
+    plain_input,
+    spawn_batch,
 )
 from sessiontree.supervision import Agent, Node
 from sessiontree.supervision._engine import Quorum
@@ -43,6 +49,14 @@ BAD_BUDGETS = [
     ("soft", True),
     ("soft", 0),
     ("soft", 1.5),
+]
+
+BAD_INPUTS = [
+    ({"rows": [1, NAN]}, "input.rows[1]"),
+    ({"a": {"b": INF}}, "input.a.b"),
+    ([-INF], "input[0]"),
+    (NAN, "input"),
+    ({"odd key": (1, NAN)}, "input['odd key'][1]"),
 ]
 
 
@@ -121,6 +135,8 @@ def test_a_skill_spawning_with_a_bad_budget_mapping_gets_the_refusal_naming_it(
         (b'{"calls": 1.5}', "budget.calls"),
         (b'{"calls": -1}', "budget.calls"),
         (b'{"tokens": "5"}', "budget.tokens"),
+        (b'{"cost": NaN}', "budget.cost"),
+        (b'{"cost": 1e400}', "budget.cost"),
         (b'{"soft": 0}', "budget.soft"),
     ],
 )
@@ -152,3 +168,117 @@ def test_a_bad_quorum_is_refused_naming_it_by_a_pattern_or_built_directly(k: Any
     with pytest.raises(RejectedInputError) as by_collect:
         next(collect(uuid.uuid4(), Restarts(), [uuid.uuid4(), uuid.uuid4()], quorum=k))
     assert built.value.field == by_fan_out.value.field == by_collect.value.field == "quorum"
+
+
+# -- a spawn's input ---------------------------------------------------------------------------
+
+
+class Point(msgspec.Struct):
+    x: float
+    y: float
+
+
+@pytest.mark.parametrize(("value", "field"), BAD_INPUTS)
+def test_nan_or_infinity_in_an_input_is_refused_naming_its_path(
+    node: Node, value: Any, field: str
+) -> None:
+    with pytest.raises(RejectedInputError) as refused:
+        make_spec(kind="worker", input=value)
+    assert refused.value.field == field
+    with pytest.raises(RejectedInputError) as refused:
+        make_spec(SpawnSpec(kind=SessionKind.WORKER, input=value))
+    assert refused.value.field == field
+    with pytest.raises(RejectedInputError) as refused:
+        node.main("agent").spawn(kind="worker", skill="echo", input=value)
+    assert refused.value.field == field
+    with pytest.raises(RejectedInputError) as refused:
+        spawn_batch([make_spec(kind="worker"), SpawnSpec(kind=SessionKind.WORKER, input=value)])
+    assert refused.value.field == f"specs[1].{field}"
+    assert spawned_workers(node) == []
+
+
+def test_nan_inside_a_struct_or_a_fan_out_task_mapping_is_refused_too() -> None:
+    with pytest.raises(RejectedInputError) as refused:
+        plain_input({"at": Point(1.0, NAN)})
+    assert refused.value.field == "input.at.y"
+    tasks = ["fine", {"task": "bad", "input": {"scores": [0.5, INF]}}]
+    with pytest.raises(RejectedInputError) as refused:
+        next(fan_out(uuid.uuid4(), Restarts(), tasks))
+    assert refused.value.field == "input.scores[1]"
+
+
+def test_an_input_with_null_and_finite_numbers_still_arrives_whole(node: Node) -> None:
+    value = {"none": None, "text": "null", "big": 1e308, "tiny": -5e-324}
+    result = node.main("agent").run(kind="worker", skill="echo", input=value, timeout=WAIT)
+    assert result is not None
+    assert result.artifacts == {"input": value}
+
+
+def test_a_control_spawn_refuses_nan_in_its_input_naming_the_path(node: Node) -> None:
+    parent = str(node.main("agent").session_id)
+    spec = {"kind": "worker", "skill": "echo", "input": {"x": [1.0, NAN]}}
+    command = msgspec.msgpack.encode({"type": "spawn", "parent_id": parent, "spec": spec})
+    with pytest.raises(RejectedInputError) as refused:
+        decode_control(command, fmt="msgpack")
+    assert refused.value.field == "spec.input.x[1]"
+    json_command = (
+        b'{"type": "spawn", "parent_id": "' + parent.encode() + b'", '
+        b'"spec": {"kind": "worker", "input": {"x": Infinity}}}'
+    )
+    with pytest.raises(RejectedInputError) as refused:
+        node.control(json_command)
+    assert refused.value.field == "spec.input.x"
+    assert spawned_workers(node) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"rows": [1, NaN]}', "input.rows[1]"),
+        (b'{"a": {"b": Infinity}}', "input.a.b"),
+        (b"-Infinity", "input"),
+        (b'{"far": 1e400}', "input.far"),
+    ],
+)
+def test_nan_or_infinity_in_an_http_spawn_is_a_400_naming_its_path(
+    served: ServedNode, raw: bytes, field: str
+) -> None:
+    main = served.node.main("agent").session_id
+    refused = served.http.post(
+        f"/v1/sessions/{main}/children",
+        content=b'{"kind": "worker", "skill": "echo", "input": ' + raw + b"}",
+        headers={"content-type": "application/json"},
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["field"]) == ("rejected_input", field)
+    assert spawned_workers(served.node) == []
+
+
+def test_a_json_body_malformed_otherwise_is_still_malformed(served: ServedNode) -> None:
+    main = served.node.main("agent").session_id
+    refused = served.http.post(
+        f"/v1/sessions/{main}/children",
+        content=b'{"kind": "worker", "input": [1, ]}',
+        headers={"content-type": "application/json"},
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["field"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [('{"rows": [1, NaN]}', "input.rows[1]"), ('{"far": 1e400}', "input.far")],
+)
+def test_sessions_spawn_refuses_nan_in_its_input_naming_the_path(
+    served: ServedNode, text: str, field: str
+) -> None:
+    main = str(served.node.main("agent").session_id)
+    at = ["--node", served.url]
+    refused = CliRunner().invoke(
+        cli_main, ["sessions", "spawn", *at, "--parent", main, "--skill", "echo", "--input", text]
+    )
+    assert refused.exit_code == 1, refused.output
+    assert refused.output.startswith("Error: rejected_input: ")
+    assert f"(field {field})" in refused.output
+    assert spawned_workers(served.node) == []
