@@ -33,7 +33,13 @@ from sessiontree.cli._ids import node_candidates, resolve_id, store_candidates
 from sessiontree.cli._paging import page_of
 from sessiontree.cli._times import ago, iso_times, local, until
 from sessiontree.cli._wire import SessionView, TreeView, session_view
-from sessiontree.protocol import SessionKind, SessionState, SessionTreeError
+from sessiontree.protocol import (
+    RejectedInputError,
+    SessionKind,
+    SessionState,
+    SessionTreeError,
+    plain_input,
+)
 from sessiontree.store import SessionRecord, Store
 from sessiontree.supervision import stored_spending
 
@@ -503,7 +509,7 @@ def spawn_cmd(
         raise click.UsageError("give exactly one of --agent (a Main) or --parent (a child)")
     if input_json is not None and parent is None:
         raise click.UsageError("--input goes with --parent (a child's input)")
-    child_input = None if input_json is None else _json_option("--input", input_json)
+    child_input = None if input_json is None else _input_option(input_json)
     with resolve_source(node_url).client() as client:
         if agent is not None:
             made = client.post("/v1/sessions", {"agent_id": agent, "key": key})
@@ -527,6 +533,18 @@ def _json_option(name: str, text: str) -> Any:
     except ValueError as exc:
         msg = f"{name} must be a JSON document: {exc}"
         raise click.BadParameter(msg, param_hint=name) from exc
+
+
+def _input_option(text: str) -> Any:
+    """``--input``'s JSON document, checked as the node checks a spawn's input
+    (a NaN or infinity, which JSON cannot carry, is refused here): one line
+    naming the field, as the node's refusal reads, and exit 1."""
+    value = _json_option("--input", text)
+    try:
+        plain_input(value)
+    except RejectedInputError as exc:
+        raise click.ClickException(f"{exc.code.value}: {exc} (field {exc.field})") from exc
+    return value
 
 
 @sessions.command("send")

@@ -23,6 +23,7 @@ from sessiontree.protocol._codec import (
     decode_strict,
     encode_json,
     make_spec,
+    plain_input,
     spawn_batch,
 )
 from sessiontree.protocol._completion import Completion
@@ -231,6 +232,7 @@ __all__ = [
     "make_spec",
     "new_session_id",
     "parse_traceparent",
+    "plain_input",
     "sampled_by_ratio",
     "session_key_for",
     "span_id_of",

@@ -78,8 +78,8 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 class Collected(msgspec.Struct, frozen=True, kw_only=True):
     """One child's entry when collecting: its result, or ``timed_out``. With a
     quorum: ``counted``, its result is one of those that met it;
-    ``superseded``, it was cancelled once the quorum was met (its result, if
-    it ended in its grace, is partial)."""
+    ``superseded``, it was cancelled once the quorum was met or could no
+    longer be met (its result, if it ended in its grace, is partial)."""
 
     session_id: uuid.UUID
     result: SessionResult | None
