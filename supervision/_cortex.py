@@ -17,6 +17,7 @@ instead of running headless.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from typing import Any
 
@@ -352,7 +353,11 @@ class Cortex:
     def _reserve(self, reserve: Reserve, reply: Reply | None) -> object:
         """A model call's reservation, answered once its record is durable: a
         request that leaves the node is always in the store, so a node that
-        dies with it in flight still counts it when it comes back."""
+        dies with it in flight still counts it when it comes back.
+
+        Answered from the writer's thread (the call goes out one hop sooner);
+        a write that failed is answered with the store's error, and the
+        reservation is released by a settle of nothing told to the Cortex."""
         held = self.ledgers.reserve(
             self.tree.lookup(reserve.session_id),
             reserve.prompt_tokens,
@@ -362,19 +367,21 @@ class Cortex:
         )
         if isinstance(held, ErrorInfo) or reply is None:
             return held
-        persist = self.rt.persist
-        written = persist.call(held, self.tree.now())
+        written = self.rt.persist.call(held, self.tree.now())
         if written is None:
             return held
+        ref, activity = self.commits.ref, self.rt.activity
 
-        def then(error: BaseException | None) -> None:
+        def answer(finished: concurrent.futures.Future[None]) -> None:  # the writer's thread
+            error = finished.exception()
             if error is None:
                 reply.set(held)
                 return
-            persist.usage(self.ledgers.settle(held, Usage()), settled=held)  # never sent
             reply.set(store_error(error, reserve.session_id))
+            if ref is not None:  # never sent: released, nothing counted
+                post(ref, Call(Settle(held, Usage())), activity)
 
-        self.commits.when_written(written, then)
+        written.add_done_callback(answer)
         return DEFERRED
 
     def _settle(self, settle: Settle, reply: Reply | None) -> object:

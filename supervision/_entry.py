@@ -31,6 +31,7 @@ from sessiontree.supervision._reports import Expire
 __all__ = [
     "NOTHING",
     "Ledger",
+    "Reserved",
     "SharedTtl",
     "SpawnAnswer",
     "TreeEntry",

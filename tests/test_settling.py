@@ -409,3 +409,48 @@ def test_the_span_of_a_branch_that_ended_first_carries_the_settled_usage(
     assert result.timings is not None
     assert result.timings.ended_at is not None
     assert span.end_time == int(result.timings.ended_at * 1e9)  # ended when the branch did
+
+
+# -- a call the store will not put on record ----------------------------------------
+
+
+async def after_a_nap(session: AsyncSession) -> str:
+    """Sleeps one clock second, then calls: what the call answered."""
+    await session.sleep(1.0)
+    completion = await session.complete(session.task)
+    return completion.text if completion.error is None else completion.error.code.value
+
+
+def test_a_call_whose_record_the_store_refuses_is_never_sent_and_reserves_nothing(
+    open_node: Callable[..., Node], server: StandinServer, clock: VirtualClock, tmp_path: Path
+) -> None:
+    from tests.test_persistence import FailingIO  # noqa: PLC0415 - its failing commits
+
+    io = FailingIO()
+    store = Store(tmp_path / "store", io=io)
+    try:
+        skills = {**SKILLS, "nap": after_a_nap}
+        agent = Agent("agent", skills, main_skill="main", models={"small": "m", "large": "m"})
+        node = open_node(store, agent, grace=30.0, providers=(provider(server),))
+        main = node.main("agent")
+        spawned = main.spawn(kind="worker", skill="nap", task="on record", budget=Budget(calls=1))
+        assert spawned.ref is not None
+        assert node.wait_idle(WAIT)  # asleep: nothing more to write until it wakes
+        io.fail_next(1)  # the next commit: its call's record
+        clock.advance(1.0)
+        result = spawned.ref.wait(WAIT)
+        assert result is not None
+        assert result.ok, result
+        assert result.summary == "store_failed"
+        assert server.stats().requests_received == 0  # never sent
+        spending = node.spending(result.session_id)
+        assert spending.usage.calls == 0
+        assert spending.reserved == Usage()
+        assert spending.budget_left is not None
+        assert spending.budget_left.calls == 1  # the refused call took nothing
+        assert node.spending(main.session_id).reserved == Usage()
+        assert store.calls() == []
+        assert not node.closed
+        node.shutdown(timeout=WAIT)
+    finally:
+        store.close()
