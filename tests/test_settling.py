@@ -454,3 +454,23 @@ def test_a_call_whose_record_the_store_refuses_is_never_sent_and_reserves_nothin
         node.shutdown(timeout=WAIT)
     finally:
         store.close()
+
+
+def test_the_settled_figures_reach_the_event_stream(node: Node, server: StandinServer) -> None:
+    from tests._served import ServedNode  # noqa: PLC0415 - a real HTTP server, this test only
+    from tests.test_events_stream import ring  # noqa: PLC0415
+
+    watch = Watch(node)
+    with ServedNode(node) as served:
+        server.hold()
+        spawned = node.main("agent").spawn(kind="branch", skill="quick", budget=Budget(calls=5))
+        assert spawned.ref is not None
+        result = spawned.ref.wait(WAIT)
+        assert result is not None
+        assert not result.usage_settled
+        server.release()
+        spending = final(node, watch, result)
+        settled = [m.json() for m in ring(served) if m.event == "usage_settled"]
+    mine = [m for m in settled if m["session_id"] == str(result.session_id)]
+    assert len(mine) == 1  # once
+    assert mine[0]["data"]["subtree_usage"]["calls"] == spending.subtree_usage.calls == 5
