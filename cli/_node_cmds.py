@@ -3,9 +3,10 @@
 ``node start`` runs the runtime on an LMDB store with its HTTP API and
 ``/metrics`` on one port. Settings come from, weakest first: the defaults,
 the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
-``max_body``, ``max_wait``, ``event_ring`` and the model provider's ``model_url``,
-``model``, ``api_key_file``, ``model_price`` at the top, ``NodeConfig``
-fields in a ``[node]`` table), environment variables
+``max_body``, ``max_wait``, ``event_ring``, ``allowed_hosts`` (a list) and
+the model provider's ``model_url``, ``model``, ``api_key_file``,
+``model_price`` at the top, ``NodeConfig`` fields in a ``[node]`` table),
+environment variables
 (``SESSIONTREE_NODE_START_<OPTION>``, click's automatic names) and flags.
 Memory pressure is watched out of the box (the built-in probe: the cgroup's
 memory limit, else the machine's memory); ``--memory-high`` and
@@ -18,6 +19,11 @@ The effective settings are printed as one JSON line on stdout at start
 provider (its key read from ``--api-key-file`` at start); ``--model`` is
 the model every agent that maps no tier to a model of its own calls (the
 built-in assistant among them), and ``--model-price`` its price.
+
+Without ``--token-file`` (a loopback node) every request must name the node
+by its address (``Host``) or by a name given with ``--allowed-host``, and a
+page of another origin may not change anything (``_api._cross_site``); a
+request body must be ``application/json`` either way.
 
 The node owns its signals (uvicorn's handlers would re-raise them and exit
 143): the first SIGTERM or SIGINT stops accepting connections and shuts the
@@ -57,7 +63,14 @@ import uvicorn
 from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
-from sessiontree.cli._api import EVENT_RING, MAX_BODY_BYTES, MAX_WAIT, create_app
+from sessiontree.cli._api import (
+    EVENT_RING,
+    MAX_BODY_BYTES,
+    MAX_WAIT,
+    AllowedHosts,
+    create_app,
+    parse_authority,
+)
 from sessiontree.cli._client import DEFAULT_PORT, NODE_OPTION, STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
 from sessiontree.cli._token import is_loopback, read_token
@@ -80,7 +93,18 @@ __all__ = ["node"]
 log = logging.getLogger("sessiontree.cli.node")
 
 _MODEL = ("model_url", "model", "api_key_file", "model_price")
-_TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait", "event_ring", *_MODEL}
+_TOP = {
+    "store",
+    "host",
+    "port",
+    "agents",
+    "name",
+    "max_body",
+    "max_wait",
+    "event_ring",
+    "allowed_hosts",
+    *_MODEL,
+}
 _NODE_FLAGS = (
     "grace",
     "max_sessions",
@@ -167,6 +191,11 @@ def _checked(ctx: click.Context, name: str, value: Any) -> Any:
     """A config-file value checked and converted by its flag's own type, so a
     bad one is the same usage error (exit 2) as a bad flag."""
     param = next(p for p in ctx.command.params if p.name == name)
+    if param.multiple and not (
+        isinstance(value, list) and all(isinstance(item, str) for item in value)
+    ):
+        msg = f"config file: {name} = {value!r}: must be a list of strings"
+        raise click.BadParameter(msg, param_hint="--config")
     try:
         return param.type_cast_value(ctx, value)
     except click.BadParameter as exc:
@@ -257,6 +286,15 @@ def _agents(settings: dict[str, Any]) -> list[Agent]:
     if settings["model"] is not None:
         agents = with_model(agents, str(settings["model"]))
     return agents
+
+
+def _allowed_host(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
+    for text in value:
+        try:
+            parse_authority(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return value
 
 
 class _Server(uvicorn.Server):
@@ -403,6 +441,15 @@ async def _serve(
     default=EVENT_RING,
     show_default=True,
     help="Recent events GET /v1/events keeps for a client resuming with Last-Event-ID.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME[:PORT]",
+    callback=_allowed_host,
+    help="Also answer requests whose Host is NAME (any port) or NAME:PORT, beside the "
+    "bound address; repeat for more. Without a token every other Host is refused (421).",
 )
 @click.option(
     "--model-url",
@@ -566,13 +613,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     settings, sources = _effective(ctx, _read_config(config_file))
     if settings["store"] is None:
         raise click.UsageError("give --store DIR (or `store` in --config)")
-    token = read_token(ctx.params["token_file"])
-    if token is None and not is_loopback(str(settings["host"])):
-        msg = (
-            f"--host {settings['host']} is not a loopback address: give --token-file PATH "
-            "so the API is not open to anyone who can reach it"
-        )
-        raise click.UsageError(msg)
+    token = _token(ctx, settings)
     provider = _provider(settings)
     table = dict(settings["node"])
     if provider is not None:
@@ -592,6 +633,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     except click.ClickException:
         running.shutdown(grace=0)
         raise
+    host, port = sock.getsockname()[:2]
     metrics = NodeMetrics(running)
     app = create_app(
         running,
@@ -601,6 +643,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         max_wait=float(settings["max_wait"]),
         event_ring=int(settings["event_ring"]),
         token=token,
+        allowed_hosts=_hosts(settings, sock, token),
     )
     server = _Server(
         uvicorn.Config(
@@ -611,7 +654,6 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
             timeout_graceful_shutdown=int(config.grace) + 5,
         )
     )
-    host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     shown = {**settings, "store": str(settings["store"]), "node": settings_of(config)}
     click.echo(json.dumps({"effective_config": shown, "sources": sources}, sort_keys=True))
@@ -638,6 +680,31 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     else:
         click.echo(stopped_line(summary), err=True)
     return code
+
+
+def _token(ctx: click.Context, settings: dict[str, Any]) -> str | None:
+    """The API's token (None: none, and then only a loopback ``--host``: a usage
+    error otherwise)."""
+    token = read_token(ctx.params["token_file"])
+    if token is None and not is_loopback(str(settings["host"])):
+        msg = (
+            f"--host {settings['host']} is not a loopback address: give --token-file PATH "
+            "so the API is not open to anyone who can reach it"
+        )
+        raise click.UsageError(msg)
+    return token
+
+
+def _hosts(settings: dict[str, Any], sock: socket.socket, token: str | None) -> AllowedHosts | None:
+    """The addresses the node answers to: the one asked for and the one bound
+    (with its port), ``localhost`` on loopback and every ``--allowed-host``;
+    None (not checked) for a node with a token and no ``--allowed-host``."""
+    given = tuple(settings["allowed_hosts"])
+    if token is not None and not given:
+        return None
+    host, port = sock.getsockname()[:2]
+    asked = str(settings["host"])
+    return AllowedHosts.of((asked, host), port, loopback=is_loopback(host), allowed=given)
 
 
 def stopped_line(summary: dict[str, Any]) -> str:
