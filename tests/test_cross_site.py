@@ -2,7 +2,8 @@
 real ``node start`` subprocesses on 127.0.0.1: a body that is not JSON is a
 415, a foreign ``Host`` a 421, a state-changing request from a page of
 another ``Origin`` a 403, each a typed ``ErrorBody`` and nothing done; a JSON
-client, with a token or without, is unaffected."""
+client, with a token or without, is unaffected; the bearer scheme is matched
+in any case."""
 
 from __future__ import annotations
 
@@ -232,6 +233,22 @@ def test_a_json_client_with_a_token_is_unaffected(token_node: RunningNode) -> No
     spawn = schema["paths"]["/v1/sessions/{session_id}/children"]["post"]["responses"]
     assert "415" in spawn
     assert "421" not in spawn  # no Host rule on this node
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer", "bEaReR"])
+def test_the_bearer_scheme_is_matched_in_any_case(token_node: RunningNode, scheme: str) -> None:
+    for header in (f"{scheme} {TOKEN}", f"{scheme}   {TOKEN}"):
+        answer = token_node.http.get("/v1/node", headers={"authorization": header})
+        assert answer.status_code == 200, (header, answer.text)
+
+
+@pytest.mark.parametrize(
+    "header", [f"Basic {TOKEN}", f"Bearer{TOKEN}", TOKEN, "Bearer", f"Bearer {TOKEN}x", ""]
+)
+def test_anything_but_the_bearer_token_is_a_401(token_node: RunningNode, header: str) -> None:
+    answer = token_node.http.get("/v1/node", headers={"authorization": header})
+    assert answer.status_code == 401, header
+    assert answer.json()["error"]["code"] == "not_allowed"
 
 
 # -- the contract ------------------------------------------------------------------------------
