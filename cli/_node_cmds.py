@@ -73,7 +73,7 @@ from sessiontree.cli._api import (
 )
 from sessiontree.cli._client import DEFAULT_PORT, NODE_OPTION, STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
-from sessiontree.cli._token import is_loopback, read_token
+from sessiontree.cli._token import is_loopback, read_token, warn_if_exposed
 from sessiontree.cli._wire import plain_figures, settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.store import Store
@@ -684,7 +684,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
 
 def _token(ctx: click.Context, settings: dict[str, Any]) -> str | None:
     """The API's token (None: none, and then only a loopback ``--host``: a usage
-    error otherwise)."""
+    error otherwise); a token or key file others may read is warned about."""
     token = read_token(ctx.params["token_file"])
     if token is None and not is_loopback(str(settings["host"])):
         msg = (
@@ -692,6 +692,8 @@ def _token(ctx: click.Context, settings: dict[str, Any]) -> str | None:
             "so the API is not open to anyone who can reach it"
         )
         raise click.UsageError(msg)
+    if settings["api_key_file"] is not None:
+        warn_if_exposed(Path(settings["api_key_file"]), "--api-key-file")
     return token
 
 

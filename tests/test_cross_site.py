@@ -3,10 +3,12 @@ real ``node start`` subprocesses on 127.0.0.1: a body that is not JSON is a
 415, a foreign ``Host`` a 421, a state-changing request from a page of
 another ``Origin`` a 403, each a typed ``ErrorBody`` and nothing done; a JSON
 client, with a token or without, is unaffected; the bearer scheme is matched
-in any case."""
+in any case; and a token or API-key file others may read is named in a
+warning."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -308,6 +310,55 @@ def test_allowed_hosts_come_from_the_config_file_too(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "allowed_hosts" in done.stderr
     assert "list of strings" in done.stderr
+
+
+# -- secret files -----------------------------------------------------------------------------
+
+
+def test_a_token_or_key_file_others_may_read_is_named_in_one_warning(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text(TOKEN)
+    (tmp_path / "token").chmod(0o644)
+    (tmp_path / "key").write_text("sk-test")
+    (tmp_path / "key").chmod(0o640)
+    running = RunningNode(
+        tmp_path / "store",
+        *("--token-file", str(tmp_path / "token")),
+        *("--model-url", "http://127.0.0.1:9/v1", "--api-key-file", str(tmp_path / "key")),
+        agents=BUILTIN,
+    )
+    try:
+        lines = [line for line in running.log().splitlines() if "may be read by" in line]
+        assert len(lines) == 2, running.log()
+        token_line, key_line = sorted(lines, key=lambda line: "--api-key-file" in line)
+        assert f"--token-file {tmp_path / 'token'} may be read by everyone (mode 0644)" in (
+            token_line
+        )
+        assert f"--api-key-file {tmp_path / 'key'} may be read by its group (mode 0640)" in (
+            key_line
+        )
+        assert "WARNING" in token_line
+    finally:
+        assert running.stop() == 0
+
+
+def test_a_private_token_file_draws_no_warning(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text(TOKEN)
+    (tmp_path / "token").chmod(0o600)
+    done = subprocess.run(
+        [sys.executable, "-m", "sessiontree.cli", "--token-file", str(tmp_path / "token"),
+         "node", "status", "--node", "http://127.0.0.1:9"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ},
+    )  # fmt: skip
+    assert done.returncode == 69  # nobody at port 9; the token file was read quietly
+    assert "may be read" not in done.stderr
+    (tmp_path / "token").chmod(0o604)
+    shared = subprocess.run(
+        [sys.executable, "-m", "sessiontree.cli", "--token-file", str(tmp_path / "token"),
+         "node", "status", "--node", "http://127.0.0.1:9"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert shared.stderr.count("may be read by everyone (mode 0604)") == 1, shared.stderr
 
 
 # -- the rules as values ------------------------------------------------------------------------
