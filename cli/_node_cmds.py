@@ -3,10 +3,11 @@
 ``node start`` runs the runtime on an LMDB store with its HTTP API and
 ``/metrics`` on one port. Settings come from, weakest first: the defaults,
 the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
-``max_body``, ``max_wait``, ``event_ring``, ``allowed_hosts`` (a list) and
-the model provider's ``model_url``, ``model``, ``api_key_file``,
-``model_price`` at the top, ``NodeConfig`` fields in a ``[node]`` table),
-environment variables
+``max_body``, ``max_wait``, ``event_ring``, ``allowed_hosts`` (a list), the
+connection bounds ``header_timeout``, ``body_timeout``, ``idle_timeout``,
+``max_connections`` and the model provider's ``model_url``, ``model``,
+``api_key_file``, ``model_price`` at the top, ``NodeConfig`` fields in a
+``[node]`` table), environment variables
 (``SESSIONTREE_NODE_START_<OPTION>``, click's automatic names) and flags.
 Memory pressure is watched out of the box (the built-in probe: the cgroup's
 memory limit, else the machine's memory); ``--memory-high`` and
@@ -23,7 +24,9 @@ built-in assistant among them), and ``--model-price`` its price.
 Without ``--token-file`` (a loopback node) every request must name the node
 by its address (``Host``) or by a name given with ``--allowed-host``, and a
 page of another origin may not change anything (``_api._cross_site``); a
-request body must be ``application/json`` either way.
+request body must be ``application/json`` either way. Each connection is
+bounded by the header, body and idle timeouts, and at most
+``--max-connections`` are served at once (``_connections``).
 
 The node owns its signals (uvicorn's handlers would re-raise them and exit
 143): the first SIGTERM or SIGINT stops accepting connections and shuts the
@@ -47,6 +50,7 @@ import dataclasses
 import json
 import logging
 import math
+import resource
 import signal
 import socket
 import sys
@@ -72,6 +76,14 @@ from sessiontree.cli._api import (
     parse_authority,
 )
 from sessiontree.cli._client import DEFAULT_PORT, NODE_OPTION, STORE_OPTION, resolve_source
+from sessiontree.cli._connections import (
+    BODY_TIMEOUT,
+    HEADER_TIMEOUT,
+    IDLE_TIMEOUT,
+    MAX_CONNECTIONS,
+    ConnectionLimits,
+    guarded_protocol,
+)
 from sessiontree.cli._exits import failure
 from sessiontree.cli._token import is_loopback, read_token, warn_if_exposed
 from sessiontree.cli._wire import plain_figures, settings_of
@@ -92,7 +104,10 @@ __all__ = ["node"]
 
 log = logging.getLogger("sessiontree.cli.node")
 
+_OWN_FILES = 64  # open files a node needs beside its connections (store, pipes, logs)
+
 _MODEL = ("model_url", "model", "api_key_file", "model_price")
+_LIMITS = ("header_timeout", "body_timeout", "idle_timeout", "max_connections")
 _TOP = {
     "store",
     "host",
@@ -103,6 +118,7 @@ _TOP = {
     "max_wait",
     "event_ring",
     "allowed_hosts",
+    *_LIMITS,
     *_MODEL,
 }
 _NODE_FLAGS = (
@@ -452,6 +468,35 @@ async def _serve(
     "bound address; repeat for more. Without a token every other Host is refused (421).",
 )
 @click.option(
+    "--header-timeout",
+    type=click.FloatRange(0.0, min_open=True),
+    default=HEADER_TIMEOUT,
+    show_default=True,
+    help="Seconds a request's head may take to arrive (then 408 and closed).",
+)
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(0.0, min_open=True),
+    default=BODY_TIMEOUT,
+    show_default=True,
+    help="Seconds a request's body may take to arrive after its head (then 408 and closed).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(0.0, min_open=True),
+    default=IDLE_TIMEOUT,
+    show_default=True,
+    help="Seconds a kept-alive connection may stay idle between requests.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1),
+    default=MAX_CONNECTIONS,
+    show_default=True,
+    help="Connections served at once; past it a new one is answered 503 and closed "
+    "(keep it below the open-file limit, ulimit -n).",
+)
+@click.option(
     "--model-url",
     default=None,
     metavar="URL",
@@ -614,6 +659,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     if settings["store"] is None:
         raise click.UsageError("give --store DIR (or `store` in --config)")
     token = _token(ctx, settings)
+    limits = _limits(settings)
     provider = _provider(settings)
     table = dict(settings["node"])
     if provider is not None:
@@ -648,6 +694,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     server = _Server(
         uvicorn.Config(
             app,
+            http=guarded_protocol(limits),
             log_config=None,
             access_log=False,
             lifespan="on",
@@ -695,6 +742,22 @@ def _token(ctx: click.Context, settings: dict[str, Any]) -> str | None:
     if settings["api_key_file"] is not None:
         warn_if_exposed(Path(settings["api_key_file"]), "--api-key-file")
     return token
+
+
+def _limits(settings: dict[str, Any]) -> ConnectionLimits:
+    """The connection bounds; a warning when ``max_connections`` leaves too few
+    of the process's open-file limit for the store and the node's own files
+    (accepting would then fail)."""
+    limits = ConnectionLimits(**{name: settings[name] for name in _LIMITS})
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and limits.max_connections + _OWN_FILES > soft:
+        log.warning(
+            "--max-connections %d is close to the open-file limit (%d, ulimit -n): "
+            "raise the limit or lower --max-connections",
+            limits.max_connections,
+            soft,
+        )
+    return limits
 
 
 def _hosts(settings: dict[str, Any], sock: socket.socket, token: str | None) -> AllowedHosts | None:
