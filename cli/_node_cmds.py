@@ -33,7 +33,9 @@ The node owns its signals (uvicorn's handlers would re-raise them and exit
 node down as DESIGN.md §3 says (Mains kept, running Branches suspended so
 they resume after a restart, Workers cancelled with the grace and their
 parents told), flushes the store and exits 0; a second signal cuts the grace
-short (what still runs is forced), flushes and exits 1.
+short (what still runs is forced), flushes and exits 1. Open event streams
+are ended with their ``closed`` message, and what still runs of the HTTP
+side is let finish or disconnected before the loop closes (no ERROR).
 
 Exit codes: 0 a clean stop; 1 the node could not start (the store is held by
 another node, the agents cannot be loaded, the port is taken) or was forced;
@@ -319,7 +321,13 @@ class _Server(uvicorn.Server):
     Once the node is down the server stops with ``force_exit`` (open
     long-polls are not waited for), which makes uvicorn skip the app's
     lifespan shutdown and cancel it instead, logging an ERROR with a
-    ``CancelledError`` traceback; the lifespan is shut down here as well."""
+    ``CancelledError`` traceback; the lifespan is shut down here as well.
+    That ends every event stream (its ``closed`` message); what still runs
+    of the HTTP side is then given ``DRAIN`` seconds, disconnected, and given
+    them again: a task left to ``asyncio.run`` to cancel would log an ERROR
+    traceback each."""
+
+    DRAIN = 2.0
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -330,6 +338,20 @@ class _Server(uvicorn.Server):
         lifespan = getattr(self, "lifespan", None)
         if self.force_exit and lifespan is not None:
             await lifespan.shutdown()
+        await self._drain()
+
+    async def _drain(self) -> None:
+        if self.server_state.tasks:
+            await asyncio.wait(set(self.server_state.tasks), timeout=self.DRAIN)
+        if not self.server_state.tasks:
+            return
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if isinstance(transport, asyncio.Transport):
+                transport.close()  # its request sees a disconnect and ends
+        await asyncio.wait(set(self.server_state.tasks), timeout=self.DRAIN)
+        if self.server_state.tasks:
+            log.warning("%d HTTP requests still run at the stop", len(self.server_state.tasks))
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -2,15 +2,19 @@
 start`` subprocesses on 127.0.0.1 with raw sockets: silent, trickling and
 idle connections are closed within the header, body and idle timeouts while
 ``/healthz`` keeps answering; past ``--max-connections`` a new connection is
-answered 503 and closed; the bounds come from flags or the config file."""
+answered 503 and closed; the bounds come from flags or the config file. And
+a clean SIGTERM with event streams open ends each with its ``closed``
+message and logs no error."""
 
 from __future__ import annotations
 
 import json
 import selectors
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +25,7 @@ import pytest
 
 from sessiontree.cli._agents import BUILTIN
 from tests._running_node import ROOT, RunningNode
+from tests.conftest import WAIT
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -251,3 +256,41 @@ def test_a_bad_bound_is_a_usage_error(tmp_path: Path, bad: tuple[str, str]) -> N
     assert done.returncode == 2
     assert bad[0] in done.stderr
     assert not (tmp_path / "store").exists()
+
+
+def test_a_clean_sigterm_with_event_followers_logs_no_error(tmp_path: Path) -> None:
+    running = RunningNode(tmp_path / "store", "--grace", "1", agents=BUILTIN)
+    followers = 20
+    ready = threading.Semaphore(0)
+    seen: list[str] = []
+    failures: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            with httpx.stream("GET", f"{running.url}/v1/events", timeout=WAIT * 3) as stream:
+                lines = stream.iter_lines()
+                assert next(lines).startswith(": events after")
+                ready.release()
+                seen.append("\n".join(lines))  # to the end of the stream
+        except BaseException as exc:
+            failures.append(exc)
+            ready.release()
+
+    threads = [threading.Thread(target=follow, daemon=True) for _ in range(followers)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        assert ready.acquire(timeout=WAIT)
+    main = running.http.post("/v1/sessions", json={"agent_id": "assistant"})
+    assert main.status_code == 200  # an event each follower sees before the stop
+    assert running.stop(signal.SIGTERM) == 0
+    for thread in threads:
+        thread.join(WAIT)
+    assert not failures, failures
+    assert len(seen) == followers
+    for stream in seen:
+        assert "event: spawned" in stream
+        assert stream.rstrip().splitlines()[-2:][0] == "event: closed", stream[-300:]
+    log = running.log()
+    assert "ERROR" not in log, log
+    assert "Traceback" not in log, log
