@@ -18,10 +18,12 @@ from tests import _remote_skills as remote_skills
 
 #: Modules whose tests never build a node in this process or a child process
 #: (or, for the schema test, build their one node at import), the backend
-#: tests (where a step runs is apart from what serves mailboxes) and the HTTP
-#: server's own guards (no session actor takes part): they run once.
+#: tests (where a step runs is apart from what serves mailboxes), and the HTTP
+#: server's guards and the agents' import path (no session actor takes part
+#: in what they try): they run once.
 SINGLE_RUN = frozenset(
     {
+        "test_agents_path",
         "test_backends",
         "test_chat",
         "test_cross_site",
