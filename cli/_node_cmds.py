@@ -87,6 +87,7 @@ from sessiontree.cli._connections import (
     guarded_protocol,
 )
 from sessiontree.cli._exits import failure
+from sessiontree.cli._text import echo, shown
 from sessiontree.cli._token import is_loopback, read_token, warn_if_exposed
 from sessiontree.cli._wire import plain_figures, settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
@@ -724,9 +725,9 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         )
     )
     url_host = f"[{host}]" if ":" in host else host
-    shown = {**settings, "store": str(settings["store"]), "node": settings_of(config)}
-    click.echo(json.dumps({"effective_config": shown, "sources": sources}, sort_keys=True))
-    click.echo(f"listening on http://{url_host}:{port} (agents: {', '.join(running.agents)})")
+    effective = {**settings, "store": str(settings["store"]), "node": settings_of(config)}
+    echo(json.dumps({"effective_config": effective, "sources": sources}, sort_keys=True))
+    echo(f"listening on http://{url_host}:{port} (agents: {', '.join(running.agents)})")
     sys.stdout.flush()
     signals: list[int] = []
     started = time.monotonic()
@@ -745,9 +746,9 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         "sessions": dict(sorted(final.items())),
     }
     if ctx.params["as_json"]:
-        click.echo(json.dumps(summary, sort_keys=True))
+        echo(json.dumps(summary, sort_keys=True))
     else:
-        click.echo(stopped_line(summary), err=True)
+        echo(stopped_line(summary), err=True)
     return code
 
 
@@ -820,28 +821,30 @@ def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
         assert source.store_dir is not None
         found = _store_status(source.store_dir)
     if as_json:
-        click.echo(json.dumps(found, sort_keys=True))
+        echo(json.dumps(found, sort_keys=True))
         return
-    click.echo(f"node {found['node']}: {found['state']}")
+    echo(shown(f"node {found['node']}: {found['state']}"))
     if "uptime_s" in found:
-        click.echo(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}")
+        echo(shown(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}"))
     counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
-    click.echo(f"  sessions: {counts or 'none'}")
+    echo(shown(f"  sessions: {counts or 'none'}"))
     recovered = found.get("recovery")
     if recovered:
-        click.echo(
+        echo(
             f"  recovery: brought back {recovered['brought_back']}, failed {recovered['failed']}, "
             f"held back {recovered['held_back']}, quarantined {recovered['quarantined']}"
         )
     if found.get("replay_held"):
-        click.echo(f"  REPLAY HELD: {found['replay_held']} (sessiontree recovery release)")
+        echo(shown(f"  REPLAY HELD: {found['replay_held']} (sessiontree recovery release)"))
     if found.get("wedged"):
-        click.echo(f"  held back: {found['wedged']} (sessiontree wedged ls)")
+        echo(f"  held back: {found['wedged']} (sessiontree wedged ls)")
     store = found.get("store") or {}
     if store:
-        click.echo(
-            f"  store {store.get('path')}: {store.get('used_bytes', 0):,} of "
-            f"{store.get('map_size', 0):,} bytes used"
+        echo(
+            shown(
+                f"  store {store.get('path')}: {store.get('used_bytes', 0):,} of "
+                f"{store.get('map_size', 0):,} bytes used"
+            )
         )
 
 

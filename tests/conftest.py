@@ -19,8 +19,8 @@ from tests import _remote_skills as remote_skills
 #: Modules whose tests never build a node in this process or a child process
 #: (or, for the schema test, build their one node at import), the backend
 #: tests (where a step runs is apart from what serves mailboxes), and the HTTP
-#: server's guards and the agents' import path (no session actor takes part
-#: in what they try): they run once.
+#: server's guards, the agents' import path and the terminal escapes (no
+#: session actor takes part in what they try): they run once.
 SINGLE_RUN = frozenset(
     {
         "test_agents_path",
@@ -41,6 +41,7 @@ SINGLE_RUN = frozenset(
         "test_store",
         "test_store_backup",
         "test_store_damage",
+        "test_terminal_escapes",
         "test_tree_html",
         "test_virtual_clock",
     }
