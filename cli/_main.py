@@ -40,6 +40,7 @@ from sessiontree.cli._render import EventPrinter, render_rejections, render_summ
 from sessiontree.cli._replay_cmds import replay_cmd
 from sessiontree.cli._session_cmds import sessions
 from sessiontree.cli._store_cmds import export_cmd, import_cmd, store
+from sessiontree.cli._text import SafeFormatter, echo, terminal_safe
 from sessiontree.cli._token import TOKEN_META
 from sessiontree.cli._top import top
 from sessiontree.supervision import TraceIds
@@ -47,23 +48,36 @@ from sessiontree.supervision import TraceIds
 __all__ = ["configure_logging", "main"]
 
 _LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)
+_LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s%(trace)s"
 
 
 def configure_logging(verbosity: int) -> None:
     """Send log records to stderr: warnings by default, ``-v`` info, ``-vv`` debug;
-    a record made inside a span (a skill's, on a traced node) ends with its ids."""
+    a record made inside a span (a skill's, on a traced node) ends with its ids.
+    Control characters a record quotes (a task, a message) are escaped."""
     level = _LEVELS[min(max(verbosity, 0), len(_LEVELS) - 1)]
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=level,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s%(trace)s",
-        force=True,
-    )
+    logging.basicConfig(stream=sys.stderr, level=level, format=_LOG_FORMAT, force=True)
     for handler in logging.getLogger().handlers:
         handler.addFilter(TraceIds())
+        handler.setFormatter(SafeFormatter(_LOG_FORMAT))
+
+
+class _SafeGroup(click.Group):
+    """The root group: a command's failure (``Error: …`` on stderr) is printed
+    with its control characters escaped, newlines kept, since its message may
+    quote what a node or a store holds."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            # click's stubs call message Final; it is a plain attribute, read by show()
+            exc.message = terminal_safe(exc.message)  # type: ignore[misc]
+            raise
 
 
 @click.group(
+    cls=_SafeGroup,
     context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SESSIONTREE"},
     epilog="Exit codes: 0 ok, 1 failure, 2 usage, 69 node unreachable, 74 store file "
     "damaged, 65 records that do not decode (store verify). Shell completion: "
@@ -162,38 +176,36 @@ def demo(
     }
     if as_json:
         report = _run(store, None, options)
-        click.echo(json.dumps(report.to_json(), indent=2))
+        echo(json.dumps(report.to_json(), indent=2))
         return
     where = "a local stand-in model" if model_url is None else f"the model {model} at {model_url}"
     grace = DEMO_GRACE if model_url is None else REAL_MODEL_GRACE
-    click.echo(
+    echo(
         f"sessiontree demo: a research task on simulated skills and {where} "
         f"(real clock, grace {grace:g} s)\n"
     )
-    report = _run(store, EventPrinter(click.echo), options)
-    click.echo("\nFinal tree:")
+    report = _run(store, EventPrinter(echo), options)
+    echo("\nFinal tree:")
     for line in render_tree(report.sessions):
-        click.echo(f"  {line}")
-    click.echo("\nRefused spawns:")
+        echo(f"  {line}")
+    echo("\nRefused spawns:")
     for line in render_rejections(report.rejections, report.sessions):
-        click.echo(f"  {line}")
-    click.echo("\nModel calls:")
+        echo(f"  {line}")
+    echo("\nModel calls:")
     for line in render_models(report.models):
-        click.echo(f"  {line}")
+        echo(f"  {line}")
     refused_late = report.stats.get("refused_after_fence", 0)
     if refused_late:
-        click.echo(
-            f"\nLate calls refused from fenced sessions (terminated or expired): {refused_late}"
-        )
-    click.echo(f"\n{render_summary(report.sessions, report.rejections)}")
+        echo(f"\nLate calls refused from fenced sessions (terminated or expired): {refused_late}")
+    echo(f"\n{render_summary(report.sessions, report.rejections)}")
     stored = report.store
     if stored:
-        click.echo(
+        echo(
             f"Store {stored['path']}: {stored['sessions']} session records, "
             f"{stored['results_filed']} results filed on their parents, "
             f"{stored['results_owed']} still owed."
         )
-    click.echo(f"Finished in {report.elapsed:.2f} s.")
+    echo(f"Finished in {report.elapsed:.2f} s.")
 
 
 def _run(store: Path | None, printer: EventPrinter | None, options: dict[str, Any]) -> DemoReport:
