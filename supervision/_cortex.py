@@ -91,6 +91,7 @@ from sessiontree.supervision._requests import (
     Send,
     Settle,
     ShutdownDeadline,
+    ShutdownPending,
     Spawn,
     SpawnMany,
     StopAll,
@@ -338,6 +339,8 @@ class Cortex:
             case ShutdownDeadline():
                 self.shutdown.deadline()
                 return None
+            case ShutdownPending():
+                return tree.shutdown_pending()
             case ForceWorkers():
                 self.shutdown.force_workers()
                 return None

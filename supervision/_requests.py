@@ -72,6 +72,7 @@ __all__ = [
     "Send",
     "Settle",
     "ShutdownDeadline",
+    "ShutdownPending",
     "Spawn",
     "SpawnMany",
     "StopAll",
@@ -304,6 +305,10 @@ class BeginShutdown(Request[list[SessionInfo]], frozen=True):
 
 class ShutdownDeadline(Request[None], frozen=True):
     """The shutdown's grace ran out: force what still runs, then settle."""
+
+
+class ShutdownPending(Request[int], frozen=True):
+    """How many sessions the shutdown begun still waits for (0: it has settled)."""
 
 
 class ForceWorkers(Request[None], frozen=True):

@@ -17,14 +17,17 @@ from sessiontree.supervision import _config as node_defaults
 from tests import _remote_skills as remote_skills
 
 #: Modules whose tests never build a node in this process or a child process
-#: (or, for the schema test, build their one node at import), and the backend
-#: tests (where a step runs is apart from what serves mailboxes): they run once.
+#: (or, for the schema test, build their one node at import), the backend
+#: tests (where a step runs is apart from what serves mailboxes) and the
+#: embedded script's end (signals and exit hooks, on the node's facade, in
+#: subprocesses that cost seconds each): they run once.
 SINGLE_RUN = frozenset(
     {
         "test_backends",
         "test_chat",
         "test_conversation_property",
         "test_conversations",
+        "test_embedded_exit",
         "test_export",
         "test_http_schema",
         "test_loop_dispatch",
