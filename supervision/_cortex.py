@@ -92,6 +92,7 @@ from sessiontree.supervision._requests import (
     Send,
     Settle,
     ShutdownDeadline,
+    ShutdownPending,
     Spawn,
     SpawnMany,
     StopAll,
@@ -272,9 +273,9 @@ class Cortex:
         match request:
             case Spawn(parent_id=parent_id, spec=spec, by_skill=by_skill):
                 return self.spawning.spawn(parent_id, spec, reply, early=by_skill)
-            case Run(parent_id=parent_id, spec=spec):
+            case Run(parent_id=parent_id, spec=spec, timeout=timeout):
                 assert reply is not None  # a run is its caller's waiter
-                return self.spawning.run(parent_id, spec, reply)
+                return self.spawning.run(parent_id, spec, reply, timeout)
             case SpawnMany(parent_id=parent_id, specs=specs, by_skill=by_skill):
                 return self.spawning.spawn_many(parent_id, specs, reply, early=by_skill)
             case Send(session_id=sid, message=message, unwedge=unwedge, trace=trace):
@@ -339,6 +340,8 @@ class Cortex:
             case ShutdownDeadline():
                 self.shutdown.deadline()
                 return None
+            case ShutdownPending():
+                return tree.shutdown_pending()
             case ForceWorkers():
                 self.shutdown.force_workers()
                 return None

@@ -18,9 +18,10 @@ from tests import _remote_skills as remote_skills
 
 #: Modules whose tests never build a node in this process or a child process
 #: (or, for the schema test, build their one node at import), the backend
-#: tests (where a step runs is apart from what serves mailboxes), and the HTTP
+#: tests (where a step runs is apart from what serves mailboxes), the HTTP
 #: server's guards, the agents' import path and the terminal escapes (no
-#: session actor takes part in what they try): they run once.
+#: session actor takes part in what they try), and the embedded script's end
+#: (signals and exit hooks, in subprocesses that cost seconds each): they run once.
 SINGLE_RUN = frozenset(
     {
         "test_agents_path",
@@ -29,6 +30,7 @@ SINGLE_RUN = frozenset(
         "test_cross_site",
         "test_conversation_property",
         "test_conversations",
+        "test_embedded_exit",
         "test_export",
         "test_http_schema",
         "test_loop_dispatch",
