@@ -17,6 +17,7 @@ from sessiontree.cli._demo import (
 )
 from sessiontree.cli._demo_models import render_models
 from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
+from sessiontree.cli._text import echo
 from sessiontree.cli._words import plural
 
 __all__ = ["demo"]
@@ -99,38 +100,36 @@ def demo(
     }
     if as_json:
         report = _run(store, None, options)
-        click.echo(json.dumps(report.to_json(), indent=2))
+        echo(json.dumps(report.to_json(), indent=2))
         return
     where = "a local stand-in model" if model_url is None else f"the model {model} at {model_url}"
     grace = DEMO_GRACE if model_url is None else REAL_MODEL_GRACE
-    click.echo(
+    echo(
         f"sessiontree demo: a research task on simulated skills and {where} "
         f"(real clock, grace {grace:g} s)\n"
     )
-    report = _run(store, EventPrinter(click.echo), options)
-    click.echo("\nFinal tree:")
+    report = _run(store, EventPrinter(echo), options)
+    echo("\nFinal tree:")
     for line in render_tree(report.sessions):
-        click.echo(f"  {line}")
-    click.echo("\nRefused spawns:")
+        echo(f"  {line}")
+    echo("\nRefused spawns:")
     for line in render_rejections(report.rejections, report.sessions):
-        click.echo(f"  {line}")
-    click.echo("\nModel calls:")
+        echo(f"  {line}")
+    echo("\nModel calls:")
     for line in render_models(report.models):
-        click.echo(f"  {line}")
+        echo(f"  {line}")
     refused_late = report.stats.get("refused_after_fence", 0)
     if refused_late:
-        click.echo(
-            f"\nLate calls refused from fenced sessions (terminated or expired): {refused_late}"
-        )
-    click.echo(f"\n{render_summary(report.sessions, report.rejections)}")
+        echo(f"\nLate calls refused from fenced sessions (terminated or expired): {refused_late}")
+    echo(f"\n{render_summary(report.sessions, report.rejections)}")
     stored = report.store
     if stored:
-        click.echo(
+        echo(
             f"Store {stored['path']}: {plural(stored['sessions'], 'session record')}, "
             f"{plural(stored['results_filed'], 'result')} filed on their parents, "
             f"{stored['results_owed']} still owed."
         )
-    click.echo(f"Finished in {report.elapsed:.2f} s.")
+    echo(f"Finished in {report.elapsed:.2f} s.")
 
 
 def _run(store: Path | None, printer: EventPrinter | None, options: dict[str, Any]) -> DemoReport:

@@ -7,7 +7,9 @@ what it returned, *Failure* (only for an error) its code and message, the
 reason a cancel gave, its other details and its stack trace as lines,
 *Usage* what it and its subtree spent and its budget on one line. Fields a
 session does not use (no key, no input, empty metadata) are left out; the
-JSON (``--json``) has everything.
+JSON (``--json``) has everything. What the session holds (its task, summary,
+error, trace) is printed escaped (``_text.shown``): each value on its line,
+no control character reaching the terminal.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from sessiontree.cli._text import shown
 from sessiontree.cli._times import ago, local, until
 from sessiontree.cli._words import money, plural
 
@@ -52,7 +55,7 @@ def budget_text(budget: dict[str, Any]) -> str:
 
 
 def _row(label: str, value: object) -> str:
-    return f"  {label:<{_WIDTH}}{value}"
+    return f"  {label:<{_WIDTH}}{shown(value)}"
 
 
 def _compact(value: object) -> str:
@@ -70,7 +73,7 @@ def _session_lines(view: dict[str, Any], now: float) -> list[str]:
     if info.get("model_tier"):
         who.append(f"tier {info['model_tier']}")
     lines = [
-        f"Session {info['session_id']}",
+        f"Session {shown(info['session_id'])}",
         _row("Kind", f"{info['kind']}, depth {info['depth']}"),
         _row("Agent", info["agent_id"] + (f" ({', '.join(who)})" if who else "")),
         _row("State", info["state"]),
@@ -133,7 +136,7 @@ def _failure_lines(error: dict[str, Any]) -> list[str]:
     trace = detail.get("traceback")
     if isinstance(trace, str) and trace.strip():
         lines.append("  Stack trace")
-        lines += [f"    {line}" for line in trace.rstrip("\n").splitlines()]
+        lines += [f"    {shown(line)}" for line in trace.rstrip("\n").split("\n")]
     return lines
 
 

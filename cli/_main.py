@@ -23,15 +23,18 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from sessiontree.cli._lazy import Lazy, LazyGroup, remember_logging
+from sessiontree.cli._text import SafeFormatter, terminal_safe
 from sessiontree.cli._token import TOKEN_META
 
 __all__ = ["configure_logging", "main"]
 
 _LEVELS = (logging.WARNING, logging.INFO, logging.DEBUG)
+_LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s%(trace)s"
 _CLI = "sessiontree.cli."
 
 
@@ -53,16 +56,27 @@ class _TraceIds(logging.Filter):
 
 def configure_logging(verbosity: int) -> None:
     """Send log records to stderr: warnings by default, ``-v`` info, ``-vv`` debug;
-    a record made inside a span (a skill's, on a traced node) ends with its ids."""
+    a record made inside a span (a skill's, on a traced node) ends with its ids.
+    Control characters a record quotes (a task, a message) are escaped."""
     level = _LEVELS[min(max(verbosity, 0), len(_LEVELS) - 1)]
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=level,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s%(trace)s",
-        force=True,
-    )
+    logging.basicConfig(stream=sys.stderr, level=level, format=_LOG_FORMAT, force=True)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_TraceIds())
+        handler.setFormatter(SafeFormatter(_LOG_FORMAT))
+
+
+class _SafeGroup(LazyGroup):
+    """The root group: a command's failure (``Error: …`` on stderr) is printed
+    with its control characters escaped, newlines kept, since its message may
+    quote what a node or a store holds."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            # click's stubs call message Final; it is a plain attribute, read by show()
+            exc.message = terminal_safe(exc.message)  # type: ignore[misc]
+            raise
 
 
 #: Every command, by the module that defines it and its one line of help (so
@@ -122,7 +136,7 @@ COMMANDS = {
 
 
 @click.group(
-    cls=LazyGroup,
+    cls=_SafeGroup,
     lazy=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SESSIONTREE"},
     epilog="Exit codes: 0 ok, 1 failure, 2 usage (or a command whose extra is not "

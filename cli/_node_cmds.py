@@ -3,9 +3,11 @@
 ``node start`` runs the runtime on an LMDB store with its HTTP API and
 ``/metrics`` on one port. Settings come from, weakest first: the defaults,
 the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
-``max_body``, ``max_wait``, ``event_ring`` and the model provider's ``model_url``,
-``model``, ``api_key_file``, ``model_price`` at the top, ``NodeConfig``
-fields in a ``[node]`` table), environment variables
+``max_body``, ``max_wait``, ``event_ring``, ``allowed_hosts`` (a list), the
+connection bounds ``header_timeout``, ``body_timeout``, ``idle_timeout``,
+``max_connections`` and the model provider's ``model_url``, ``model``,
+``api_key_file``, ``model_price`` at the top, ``NodeConfig`` fields in a
+``[node]`` table), environment variables
 (``SESSIONTREE_NODE_START_<OPTION>``, click's automatic names) and flags.
 Memory pressure is watched out of the box (the built-in probe: the cgroup's
 memory limit, else the machine's memory); ``--memory-high`` and
@@ -19,12 +21,21 @@ provider (its key read from ``--api-key-file`` at start); ``--model`` is
 the model every agent that maps no tier to a model of its own calls (the
 built-in assistant among them), and ``--model-price`` its price.
 
+Without ``--token-file`` (a loopback node) every request must name the node
+by its address (``Host``) or by a name given with ``--allowed-host``, and a
+page of another origin may not change anything (``_api._cross_site``); a
+request body must be ``application/json`` either way. Each connection is
+bounded by the header, body and idle timeouts, and at most
+``--max-connections`` are served at once (``_connections``).
+
 The node owns its signals (uvicorn's handlers would re-raise them and exit
 143): the first SIGTERM or SIGINT stops accepting connections and shuts the
 node down as DESIGN.md §3 says (Mains kept, running Branches suspended so
 they resume after a restart, Workers cancelled with the grace and their
 parents told), flushes the store and exits 0; a second signal cuts the grace
-short (what still runs is forced), flushes and exits 1.
+short (what still runs is forced), flushes and exits 1. Open event streams
+are ended with their ``closed`` message, and what still runs of the HTTP
+side is let finish or disconnected before the loop closes (no ERROR).
 
 Exit codes: 0 a clean stop; 1 the node could not start (the store is held by
 another node, the port is taken) or was forced; 2 a usage error (a bad flag,
@@ -41,6 +52,7 @@ import dataclasses
 import json
 import logging
 import math
+import resource
 import signal
 import socket
 import sys
@@ -57,11 +69,27 @@ import uvicorn
 from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
-from sessiontree.cli._api import EVENT_RING, MAX_BODY_BYTES, MAX_WAIT, create_app
+from sessiontree.cli._api import (
+    EVENT_RING,
+    MAX_BODY_BYTES,
+    MAX_WAIT,
+    AllowedHosts,
+    create_app,
+    parse_authority,
+)
 from sessiontree.cli._client import DEFAULT_PORT
+from sessiontree.cli._connections import (
+    BODY_TIMEOUT,
+    HEADER_TIMEOUT,
+    IDLE_TIMEOUT,
+    MAX_CONNECTIONS,
+    ConnectionLimits,
+    guarded_protocol,
+)
 from sessiontree.cli._exits import failure
 from sessiontree.cli._fresh import removed_on_failure
-from sessiontree.cli._token import is_loopback, read_token
+from sessiontree.cli._text import echo
+from sessiontree.cli._token import is_loopback, read_token, warn_if_exposed
 from sessiontree.cli._wire import settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.supervision import (
@@ -79,8 +107,23 @@ __all__ = ["start", "stopped_line"]
 
 log = logging.getLogger("sessiontree.cli.node")
 
+_OWN_FILES = 64  # open files a node needs beside its connections (store, pipes, logs)
+
 _MODEL = ("model_url", "model", "api_key_file", "model_price")
-_TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait", "event_ring", *_MODEL}
+_LIMITS = ("header_timeout", "body_timeout", "idle_timeout", "max_connections")
+_TOP = {
+    "store",
+    "host",
+    "port",
+    "agents",
+    "name",
+    "max_body",
+    "max_wait",
+    "event_ring",
+    "allowed_hosts",
+    *_LIMITS,
+    *_MODEL,
+}
 _NODE_FLAGS = (
     "grace",
     "max_sessions",
@@ -162,6 +205,11 @@ def _checked(ctx: click.Context, name: str, value: Any) -> Any:
     """A config-file value checked and converted by its flag's own type, so a
     bad one is the same usage error (exit 2) as a bad flag."""
     param = next(p for p in ctx.command.params if p.name == name)
+    if param.multiple and not (
+        isinstance(value, list) and all(isinstance(item, str) for item in value)
+    ):
+        msg = f"config file: {name} = {value!r}: must be a list of strings"
+        raise click.BadParameter(msg, param_hint="--config")
     try:
         return param.type_cast_value(ctx, value)
     except click.BadParameter as exc:
@@ -254,13 +302,28 @@ def _agents(settings: dict[str, Any]) -> list[Agent]:
     return agents
 
 
+def _allowed_host(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
+    for text in value:
+        try:
+            parse_authority(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return value
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its signal handlers: the node owns SIGTERM/SIGINT.
 
     Once the node is down the server stops with ``force_exit`` (open
     long-polls are not waited for), which makes uvicorn skip the app's
     lifespan shutdown and cancel it instead, logging an ERROR with a
-    ``CancelledError`` traceback; the lifespan is shut down here as well."""
+    ``CancelledError`` traceback; the lifespan is shut down here as well.
+    That ends every event stream (its ``closed`` message); what still runs
+    of the HTTP side is then given ``DRAIN`` seconds, disconnected, and given
+    them again: a task left to ``asyncio.run`` to cancel would log an ERROR
+    traceback each."""
+
+    DRAIN = 2.0
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -271,6 +334,20 @@ class _Server(uvicorn.Server):
         lifespan = getattr(self, "lifespan", None)
         if self.force_exit and lifespan is not None:
             await lifespan.shutdown()
+        await self._drain()
+
+    async def _drain(self) -> None:
+        if self.server_state.tasks:
+            await asyncio.wait(set(self.server_state.tasks), timeout=self.DRAIN)
+        if not self.server_state.tasks:
+            return
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if isinstance(transport, asyncio.Transport):
+                transport.close()  # its request sees a disconnect and ends
+        await asyncio.wait(set(self.server_state.tasks), timeout=self.DRAIN)
+        if self.server_state.tasks:
+            log.warning("%d HTTP requests still run at the stop", len(self.server_state.tasks))
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -398,6 +475,44 @@ async def _serve(
     default=EVENT_RING,
     show_default=True,
     help="Recent events GET /v1/events keeps for a client resuming with Last-Event-ID.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME[:PORT]",
+    callback=_allowed_host,
+    help="Also answer requests whose Host is NAME (any port) or NAME:PORT, beside the "
+    "bound address; repeat for more. Without a token every other Host is refused (421).",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(0.0, min_open=True),
+    default=HEADER_TIMEOUT,
+    show_default=True,
+    help="Seconds a request's head may take to arrive (then 408 and closed).",
+)
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(0.0, min_open=True),
+    default=BODY_TIMEOUT,
+    show_default=True,
+    help="Seconds a request's body may take to arrive after its head (then 408 and closed).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(0.0, min_open=True),
+    default=IDLE_TIMEOUT,
+    show_default=True,
+    help="Seconds a kept-alive connection may stay idle between requests.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1),
+    default=MAX_CONNECTIONS,
+    show_default=True,
+    help="Connections served at once; past it a new one is answered 503 and closed "
+    "(keep it below the open-file limit, ulimit -n).",
 )
 @click.option(
     "--model-url",
@@ -574,13 +689,8 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     settings, sources = _effective(ctx, _read_config(config_file))
     if settings["store"] is None:
         raise click.UsageError("give --store DIR (or `store` in --config)")
-    token = read_token(ctx.params["token_file"])
-    if token is None and not is_loopback(str(settings["host"])):
-        msg = (
-            f"--host {settings['host']} is not a loopback address: give --token-file PATH "
-            "so the API is not open to anyone who can reach it"
-        )
-        raise click.UsageError(msg)
+    token = _token(ctx, settings)
+    limits = _limits(settings)
     provider = _provider(settings)
     table = dict(settings["node"])
     if provider is not None:
@@ -595,6 +705,7 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     except BaseException:
         sock.close()
         raise
+    host, port = sock.getsockname()[:2]
     metrics = NodeMetrics(running)
     app = create_app(
         running,
@@ -604,21 +715,22 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         max_wait=float(settings["max_wait"]),
         event_ring=int(settings["event_ring"]),
         token=token,
+        allowed_hosts=_hosts(settings, sock, token),
     )
     server = _Server(
         uvicorn.Config(
             app,
+            http=guarded_protocol(limits),
             log_config=None,
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=int(config.grace) + 5,
         )
     )
-    host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
-    shown = {**settings, "store": str(settings["store"]), "node": settings_of(config)}
-    click.echo(json.dumps({"effective_config": shown, "sources": sources}, sort_keys=True))
-    click.echo(f"listening on http://{url_host}:{port} (agents: {', '.join(running.agents)})")
+    effective = {**settings, "store": str(settings["store"]), "node": settings_of(config)}
+    echo(json.dumps({"effective_config": effective, "sources": sources}, sort_keys=True))
+    echo(f"listening on http://{url_host}:{port} (agents: {', '.join(running.agents)})")
     sys.stdout.flush()
     signals: list[int] = []
     started = time.monotonic()
@@ -637,10 +749,53 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         "sessions": dict(sorted(final.items())),
     }
     if ctx.params["as_json"]:
-        click.echo(json.dumps(summary, sort_keys=True))
+        echo(json.dumps(summary, sort_keys=True))
     else:
-        click.echo(stopped_line(summary), err=True)
+        echo(stopped_line(summary), err=True)
     return code
+
+
+def _token(ctx: click.Context, settings: dict[str, Any]) -> str | None:
+    """The API's token (None: none, and then only a loopback ``--host``: a usage
+    error otherwise); a token or key file others may read is warned about."""
+    token = read_token(ctx.params["token_file"])
+    if token is None and not is_loopback(str(settings["host"])):
+        msg = (
+            f"--host {settings['host']} is not a loopback address: give --token-file PATH "
+            "so the API is not open to anyone who can reach it"
+        )
+        raise click.UsageError(msg)
+    if settings["api_key_file"] is not None:
+        warn_if_exposed(Path(settings["api_key_file"]), "--api-key-file")
+    return token
+
+
+def _limits(settings: dict[str, Any]) -> ConnectionLimits:
+    """The connection bounds; a warning when ``max_connections`` leaves too few
+    of the process's open-file limit for the store and the node's own files
+    (accepting would then fail)."""
+    limits = ConnectionLimits(**{name: settings[name] for name in _LIMITS})
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and limits.max_connections + _OWN_FILES > soft:
+        log.warning(
+            "--max-connections %d is close to the open-file limit (%d, ulimit -n): "
+            "raise the limit or lower --max-connections",
+            limits.max_connections,
+            soft,
+        )
+    return limits
+
+
+def _hosts(settings: dict[str, Any], sock: socket.socket, token: str | None) -> AllowedHosts | None:
+    """The addresses the node answers to: the one asked for and the one bound
+    (with its port), ``localhost`` on loopback and every ``--allowed-host``;
+    None (not checked) for a node with a token and no ``--allowed-host``."""
+    given = tuple(settings["allowed_hosts"])
+    if token is not None and not given:
+        return None
+    host, port = sock.getsockname()[:2]
+    asked = str(settings["host"])
+    return AllowedHosts.of((asked, host), port, loopback=is_loopback(host), allowed=given)
 
 
 def stopped_line(summary: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, resolve_source
+from sessiontree.cli._text import echo, shown
 
 __all__ = ["status"]
 
@@ -33,26 +34,28 @@ def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
 
         found = store_status(source.store_dir)
     if as_json:
-        click.echo(json.dumps(found, sort_keys=True))
+        echo(json.dumps(found, sort_keys=True))
         return
-    click.echo(f"node {found['node']}: {found['state']}")
+    echo(shown(f"node {found['node']}: {found['state']}"))
     if "uptime_s" in found:
-        click.echo(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}")
+        echo(shown(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}"))
     counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
-    click.echo(f"  sessions: {counts or 'none'}")
+    echo(shown(f"  sessions: {counts or 'none'}"))
     recovered = found.get("recovery")
     if recovered:
-        click.echo(
+        echo(
             f"  recovery: brought back {recovered['brought_back']}, failed {recovered['failed']}, "
             f"held back {recovered['held_back']}, quarantined {recovered['quarantined']}"
         )
     if found.get("replay_held"):
-        click.echo(f"  REPLAY HELD: {found['replay_held']} (sessiontree recovery release)")
+        echo(shown(f"  REPLAY HELD: {found['replay_held']} (sessiontree recovery release)"))
     if found.get("wedged"):
-        click.echo(f"  held back: {found['wedged']} (sessiontree wedged ls)")
+        echo(f"  held back: {found['wedged']} (sessiontree wedged ls)")
     store = found.get("store") or {}
     if store:
-        click.echo(
-            f"  store {store.get('path')}: {store.get('used_bytes', 0):,} of "
-            f"{store.get('map_size', 0):,} bytes used"
+        echo(
+            shown(
+                f"  store {store.get('path')}: {store.get('used_bytes', 0):,} of "
+                f"{store.get('map_size', 0):,} bytes used"
+            )
         )

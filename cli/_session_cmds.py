@@ -7,7 +7,9 @@ decided by ``_client.resolve_source``: ``--node``/``--store`` flags, then
 ``SESSIONTREE_NODE``/``SESSIONTREE_STORE``, then the node at
 ``http://127.0.0.1:8470``. A session is named by its id or a unique prefix
 of it (``_ids``). ``--json`` prints only JSON on stdout (instants as ISO
-8601 in UTC); logs and progress go to stderr.
+8601 in UTC); logs and progress go to stderr. What sessions hold (tasks,
+summaries, errors, keys) is printed escaped (``_text.shown``): one line
+each, no control character reaching the terminal.
 
 Exit codes: 0 done; 1 the node or store refused (one line on stderr names
 the code and field), or ``wait`` timed out; 2 a usage error (an id prefix
@@ -29,9 +31,17 @@ from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, resolve_source
 from sessiontree.cli._describe import budget_text, describe
 from sessiontree.cli._ids import node_candidates, resolve_id
 from sessiontree.cli._paging import page_of
+from sessiontree.cli._text import echo, shown, shown_block
 from sessiontree.cli._times import ago, iso_times, until
 from sessiontree.cli._words import money, plural
-from sessiontree.protocol import MAX_REASON_CHARS, Budget, SessionKind, SessionState
+from sessiontree.protocol import (
+    MAX_REASON_CHARS,
+    Budget,
+    RejectedInputError,
+    SessionKind,
+    SessionState,
+    plain_input,
+)
 
 __all__ = ["draw_tree", "sessions"]
 
@@ -48,7 +58,7 @@ def _read_source(func: F) -> F:
 
 
 def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, sort_keys=True))
+    echo(json.dumps(value, sort_keys=True))
 
 
 def _fetch(node_url: str | None, store_dir: Path | None, session: str, tail: str) -> Any:
@@ -121,7 +131,7 @@ def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
     def walk(node: dict[str, Any], prefix: str, last: bool, root: bool) -> None:
         branch = "" if root else ("`-- " if last else "|-- ")
         line = _line(node["info"], node.get("result"), now) + _short_usage(node)
-        lines.append(f"{prefix}{branch}{line}")
+        lines.append(f"{prefix}{branch}{shown(line)}")
         kids = node.get("children", [])
         deeper = prefix if root else prefix + ("    " if last else "|   ")
         for i, child in enumerate(kids):
@@ -239,9 +249,9 @@ def ls_cmd(
         return
     now = time.time()
     for info in infos:
-        click.echo(_line(info, None, now))
-    more = f"; more after: --cursor {next_cursor}" if next_cursor else ""
-    click.echo(f"{plural(len(infos), 'session')}{more}", err=True)
+        echo(shown(_line(info, None, now)))
+    more = f"; more after: --cursor {shown(next_cursor)}" if next_cursor else ""
+    echo(f"{plural(len(infos), 'session')}{more}", err=True)
 
 
 #: Marks ``ls`` filters on (``--stuck``: the API's ``stuck=true``) that only a
@@ -272,7 +282,7 @@ def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json
         _echo_json(iso_times(view))
         return
     for line in describe(view, time.time()):
-        click.echo(line)
+        echo(line)
 
 
 @sessions.command("tree")
@@ -287,7 +297,7 @@ def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json
         _echo_json(iso_times(tree))
         return
     for line in draw_tree(tree, time.time()):
-        click.echo(line)
+        echo(line)
 
 
 @sessions.command("results")
@@ -301,13 +311,13 @@ def results_cmd(node_url: str | None, store_dir: Path | None, session: str, as_j
         _echo_json(iso_times(found))
         return
     if not found:
-        click.echo("no results received")
+        echo("no results received")
     for result in found:
         error = result.get("error")
         tail = f"  [{error['code']}]" if error else ""
         summary = f"  {result['summary']}" if result.get("summary") else ""
         head = f"{result['kind']:<6} {result['status']:<9} {result['session_id'][:8]}"
-        click.echo(f"{head}{tail}{summary}")
+        echo(shown(f"{head}{tail}{summary}"))
 
 
 @sessions.command("spawn")
@@ -381,7 +391,7 @@ def spawn_cmd(
     for name, given in (("--input", input_json), ("--budget", budget), ("--tier", tier)):
         if given is not None and parent is None:
             raise click.UsageError(f"{name} goes with --parent (it is a child's)")
-    child_input = None if input_json is None else _json_option("--input", input_json)
+    child_input = None if input_json is None else _input_option(input_json)
     bounds = None if budget is None else parse_budget(budget)
     with resolve_source(node_url).client() as client:
         if agent is not None:
@@ -403,7 +413,7 @@ def spawn_cmd(
         _echo_json(iso_times(made))
         return
     info = made["info"]
-    click.echo(f"{info['kind']} {info['session_id']} {info['state']}")
+    echo(shown(f"{info['kind']} {info['session_id']} {info['state']}"))
 
 
 #: The dimensions of a ``Budget`` and the type of each bound.
@@ -453,6 +463,18 @@ def _json_option(name: str, text: str) -> Any:
         raise click.BadParameter(msg, param_hint=name) from exc
 
 
+def _input_option(text: str) -> Any:
+    """``--input``'s JSON document, checked as the node checks a spawn's input
+    (a NaN or infinity, which JSON cannot carry, is refused here): one line
+    naming the field, as the node's refusal reads, and exit 1."""
+    value = _json_option("--input", text)
+    try:
+        plain_input(value)
+    except RejectedInputError as exc:
+        raise click.ClickException(f"{exc.code.value}: {exc} (field {exc.field})") from exc
+    return value
+
+
 @sessions.command("send")
 @NODE_OPTION
 @_SESSION
@@ -468,7 +490,7 @@ def send_cmd(node_url: str | None, session: str, message: str, as_json: bool) ->
     if as_json:
         _echo_json(iso_times(view))
     else:
-        click.echo(f"sent to {view['info']['session_id']} ({view['info']['state']})")
+        echo(shown(f"sent to {view['info']['session_id']} ({view['info']['state']})"))
 
 
 def _done(name: str, view: dict[str, Any], as_json: bool) -> None:
@@ -478,7 +500,7 @@ def _done(name: str, view: dict[str, Any], as_json: bool) -> None:
     info = view["info"]
     error = (view.get("result") or {}).get("error")
     ended = f", {error['code']}" if error else ""
-    click.echo(f"{name}: {info['session_id']} ({info['state']}{ended})")
+    echo(shown(f"{name}: {info['session_id']} ({info['state']}{ended})"))
 
 
 _REASON = click.option(
@@ -578,20 +600,22 @@ def wait_cmd(
                 break
             if time.monotonic() - started >= timeout:
                 if not quiet:
-                    click.echo("", err=True)
+                    echo("", err=True)
                 raise click.ClickException(f"session {sid} still runs after {timeout:g} s")
             if not quiet:
                 state = client.get(f"/v1/sessions/{sid}")["info"]["state"]
                 elapsed = time.monotonic() - started
-                click.echo(f"\rwaiting for {sid[:8]}: {state}, {elapsed:.0f} s", err=True, nl=False)
+                line = f"waiting for {sid[:8]}: {shown(state)}, {elapsed:.0f} s"
+                # its own carriage return redraws the line: the one raw control character
+                click.echo(f"\r{line}", err=True, nl=False)  # noqa: TID251
     if not quiet and time.monotonic() - started > 10.0:
-        click.echo("", err=True)
+        echo("", err=True)
     result = answer["result"]
     if as_json:
         _echo_json(iso_times(result))
         return
     error = result.get("error")
     tail = f" [{error['code']}] {error['message']}" if error else ""
-    click.echo(f"{result['status']}{tail}")
+    echo(shown(f"{result['status']}{tail}"))
     if result.get("summary"):
-        click.echo(result["summary"])
+        echo(shown_block(result["summary"]))

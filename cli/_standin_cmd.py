@@ -15,6 +15,7 @@ import threading
 
 import click
 
+from sessiontree.cli._text import echo
 from sessiontree.cli._words import plural
 from sessiontree.testing import StandinServer
 
@@ -79,7 +80,7 @@ def standin(
     try:
         if replies:
             server.script(*replies)
-        click.echo(f"listening on {server.url} (models: {', '.join(models or DEFAULT_MODELS)})")
+        echo(f"listening on {server.url} (models: {', '.join(models or DEFAULT_MODELS)})")
         sys.stdout.flush()
         stop.wait()
     finally:
@@ -87,7 +88,7 @@ def standin(
             signal.signal(signum, handler)
         server.close()
     served = server.stats()
-    click.echo(
+    echo(
         f"stand-in stopped: {plural(served.requests_received, 'request')}, "
         f"{plural(served.completions_served, 'completion')}, "
         f"{plural(served.tokens_served, 'token')} served",

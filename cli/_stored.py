@@ -73,8 +73,9 @@ def _stored(store: Store, session_id: uuid.UUID) -> SessionRecord:
 
 def _record_view(store: Store, record: SessionRecord) -> SessionView:
     """A stored session as the API's ``GET /v1/sessions/{id}`` shows it: its
-    usage from its result, or from its usage record while it has none."""
-    spent = store.usage(record.info.session_id) if record.result is None else None
+    usage from its usage record (calls may settle after its result was sent),
+    or from its result where it has none."""
+    spent = store.usage(record.info.session_id)
     return session_view(record.info, record.result, stored_spending(record, spent))
 
 

@@ -23,6 +23,7 @@ from sessiontree.protocol._codec import (
     decode_strict,
     encode_json,
     make_spec,
+    plain_input,
     spawn_batch,
 )
 from sessiontree.protocol._completion import Completion
@@ -115,6 +116,7 @@ from sessiontree.protocol._trace import (
     trace_id_of,
 )
 from sessiontree.protocol._usage import (
+    COST_UNIT,
     MAX_BUDGET_COST,
     MAX_BUDGET_COUNT,
     Budget,
@@ -126,6 +128,7 @@ from sessiontree.protocol._usage import (
 logging.getLogger("sessiontree").addHandler(logging.NullHandler())
 
 __all__ = [
+    "COST_UNIT",
     "MAIN_KEY",
     "MAX_BRANCH_NAME_CHARS",
     "MAX_BUDGET_COST",
@@ -230,6 +233,7 @@ __all__ = [
     "make_spec",
     "new_session_id",
     "parse_traceparent",
+    "plain_input",
     "sampled_by_ratio",
     "session_key_for",
     "span_id_of",

@@ -57,6 +57,11 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     ``record``: record the run of the child's subtree (every input that is
     not a pure function of its code) so ``Node.replay`` can run it again.
+
+    ``optional``: a child the parent can do without (a hedge's duplicate, a
+    speculative attempt). A budget that cannot fit it refuses it with
+    ``budget_exhausted`` and nothing more; any other refused spawn reaches the
+    hard limit of the budget it did not fit (its subtree is cancelled).
     """
 
     kind: SessionKind
@@ -74,6 +79,7 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     fork_at: uuid.UUID | None = None
     context: ContextScope = ContextScope.OWN
     record: bool = False
+    optional: bool = False
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -30,6 +30,7 @@ from sessiontree.protocol import (
 __all__ = [
     "SCHEMA_VERSION",
     "BranchRecord",
+    "CallRecord",
     "ContextEntry",
     "ContextRecord",
     "ConversationRecord",
@@ -235,6 +236,22 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     session_id: uuid.UUID
     own: Usage
     subtree: Usage
+
+
+class CallRecord(msgspec.Struct, kw_only=True):
+    """A model call in flight: the worst case it reserved (``ask``) against its
+    session and every ancestor (``chain``, the session first). Written, and
+    durable, before the request leaves the node; deleted in the commit that
+    counts what it used. One still here when a node starts was lost with the
+    node that sent it, and is counted at ``ask``: what the provider charged
+    is unknown, and it cannot have been more."""
+
+    v: int = SCHEMA_VERSION
+    session_id: uuid.UUID
+    call_id: uuid.UUID
+    chain: tuple[uuid.UUID, ...]
+    ask: Usage
+    reserved_at: float
 
 
 class MetaRecord(msgspec.Struct, kw_only=True):

@@ -31,7 +31,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._commits import Commits, answer_durable
 from sessiontree.supervision._cycle_log import FailedCycles
-from sessiontree.supervision._entry import TreeEntry, id_text
+from sessiontree.supervision._entry import TreeEntry, id_text, unsettled
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import RunEnded
 from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
@@ -44,7 +44,7 @@ __all__ = ["Endings"]
 
 log = logging.getLogger("sessiontree.cortex")
 
-EVICT_TRIES = 16  # zombies an ending's eviction passes over at most
+EVICT_TRIES = 16  # zombies and unsettled endings an eviction passes over at most
 
 
 class Endings:
@@ -223,8 +223,9 @@ class Endings:
         timings = Timings(created_at=info.created_at, started_at=entry.started_at, ended_at=now)
         ledger = entry.ledger
         own = subtree = None
+        settled = True
         if ledger is not None:
-            own, subtree = ledger.own, ledger.subtree
+            own, subtree, settled = ledger.own, ledger.subtree, not ledger.reserved.calls
         contexts = self.tree.rt.contexts
         leaf = None if contexts is None else contexts.leaf(info)
         conversation = None if leaf is None else info.conversation
@@ -240,6 +241,7 @@ class Endings:
                 subtree_usage=subtree,
                 context_leaf=leaf,
                 conversation=conversation,
+                usage_settled=settled,
             )
         else:
             result = SessionResult(
@@ -256,6 +258,7 @@ class Endings:
                 subtree_usage=subtree,
                 context_leaf=leaf,
                 conversation=conversation,
+                usage_settled=settled,
             )
         return result
 
@@ -296,8 +299,12 @@ class Endings:
             core.slots.release()
         tree = self.tree
         data = None
-        if core.info.trace is not None and entry.ledger is not None:  # for its span
-            data = {"usage": msgspec.structs.asdict(entry.ledger.subtree)}
+        ledger = entry.ledger
+        if core.info.trace is not None and ledger is not None:  # for its span
+            data = {
+                "usage": msgspec.structs.asdict(ledger.subtree),
+                "settled": not ledger.reserved.calls,
+            }
         tree.emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now, data=data)
         if old is SessionState.SUSPENDED:
             # as set_state writes a Branch leaving suspension (the ending's own write follows)
@@ -331,7 +338,9 @@ class Endings:
         """Forget the oldest endings past ``retain_terminal`` whose terminal write
         is durable (the store answers for them from then on).
 
-        Bounded work per ending: zombies are passed over at most ``tries`` times
+        An ending whose subtree still has a model call in flight stays (its
+        usage is still to settle), as a zombie does (its thread may still
+        report). Bounded work per ending: those are passed over at most ``tries`` times
         a call (``EVICT_TRIES`` an ending; passing over every one of them each
         time made a cascade of 90,000 sessions quadratic while their writes were
         queued). An ending whose terminal write is not yet durable stops the
@@ -354,7 +363,8 @@ class Endings:
                     return  # the store still holds its old state (reads fall back to it)
                 durable = write
             terminal.popleft()
-            if old.zombie:  # its thread may still report: a later round
+            # its thread may still report, or a call in its subtree settle: a later round
+            if old.zombie or unsettled(old):
                 terminal.append(sid)
                 passed += 1
                 if passed >= tries:

@@ -28,7 +28,17 @@ from sessiontree.protocol import (
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._reports import Expire
 
-__all__ = ["NOTHING", "Ledger", "SharedTtl", "SpawnAnswer", "TreeEntry", "id_text", "with_state"]
+__all__ = [
+    "NOTHING",
+    "Ledger",
+    "Reserved",
+    "SharedTtl",
+    "SpawnAnswer",
+    "TreeEntry",
+    "id_text",
+    "unsettled",
+    "with_state",
+]
 
 
 class SharedTtl:
@@ -107,6 +117,25 @@ class Ledger:
     def counted(self) -> Usage:
         """What the budget counts: the subtree's usage (a Main's, this cycle's)."""
         return self.subtree - self.window
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """A call's reservation: what it holds against its session and ancestors
+    (``chain``, the session first), and the completion tokens it may ask for
+    (``None``: unbounded); ``call_id`` names its record in the store."""
+
+    ask: Usage
+    max_tokens: int | None
+    chain: tuple[uuid.UUID, ...] = ()
+    call_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+
+def unsettled(entry: TreeEntry) -> bool:
+    """True while a model call is in flight in ``entry``'s subtree: its usage
+    still moves, so an ended one stays in the index until the call settles."""
+    ledger = entry.ledger
+    return ledger is not None and ledger.reserved.calls > 0
 
 
 @dataclass(eq=False, slots=True)

@@ -41,6 +41,7 @@ class EventKind(enum.StrEnum):
     BUDGET_WARNING = "budget_warning"
     BUDGET_EXHAUSTED = "budget_exhausted"
     MODEL_CALL = "model_call"
+    USAGE_SETTLED = "usage_settled"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,6 +58,9 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     ``MEMORY_RELIEVED``: use fell below the low mark and this branch, which
     pressure had suspended, was resumed (``data["suspended_s"]``: for how
     long). Both carry the reading and the mark (``used``, ``high``/``low``).
+    ``USAGE_SETTLED``: the last model call in flight in an ended session's
+    subtree settled; ``data`` holds its final ``usage`` and ``subtree_usage``
+    (its result, delivered earlier, said ``usage_settled=False``).
     On a traced node only: ``CYCLE_STARTED`` (a Main's cycle began; ``data``:
     ``cycle``, its span's ``trace``, ``parent_trace``, ``cut_off``) and
     ``MODEL_CALL`` (a model call ended; ``data``: model, tokens, timings and

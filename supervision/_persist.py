@@ -27,6 +27,7 @@ import msgspec
 from sessiontree.actors import ContextMessage, SessionContext
 from sessiontree.protocol import TERMINAL_STATES, RejectedInputError, SessionKind, SessionResult
 from sessiontree.store import (
+    CallRecord,
     ContextEntry,
     ContextRecord,
     InboxRecord,
@@ -35,7 +36,7 @@ from sessiontree.store import (
     UsageRecord,
     WriteBatch,
 )
-from sessiontree.supervision._entry import TreeEntry
+from sessiontree.supervision._entry import Reserved, TreeEntry
 
 __all__ = ["Persister", "context_from_record"]
 
@@ -241,12 +242,32 @@ class Persister:
         self._receipts(batch, entry, ended=False)
         return self._submit(batch)
 
-    def usage(self, entries: list[TreeEntry]) -> Future | None:
+    def call(self, reserved: Reserved, now: float) -> Future | None:
+        """A model call about to leave the node, with the worst case it reserved
+        (a ``CallRecord``; the call waits until it is durable)."""
+        if self.store is None:
+            return None
+        chain = reserved.chain
+        record = CallRecord(
+            session_id=chain[0],
+            call_id=reserved.call_id,
+            chain=chain,
+            ask=reserved.ask,
+            reserved_at=now,
+        )
+        return self._submit(self._batch().call(record))
+
+    def usage(self, entries: list[TreeEntry], settled: Reserved | None = None) -> Future | None:
         """What ``entries`` and their subtrees have spent (accounting, whatever
-        their kind): after a model call settles, or a spawn under a budget."""
-        if self.store is None or not entries:
+        their kind): after a model call settles (``settled``: its record goes
+        in the same commit), or a spawn under a budget."""
+        if self.store is None:
+            return None
+        if settled is None and not entries:
             return None
         batch = self._batch()
+        if settled is not None:
+            batch.call_done(settled.chain[0], settled.call_id)
         for entry in entries:
             ledger = entry.ledger
             if ledger is not None:

@@ -419,6 +419,16 @@ class _Recovery:
         self.batch.starts(StartsRecord(running=True, started_at=self.now, crashes=crashes))
 
     def run(self) -> Recovered:
+        # First: what the sessions spent, with the calls a crash left in flight
+        # counted at their worst case, is what the endings below report.
+        lost = self.store.settle_lost_calls()
+        if lost:
+            self.figures["lost_calls"] = len(lost)
+            log.warning(
+                "recovery: %d model call(s) were in flight when the node stopped; "
+                "each is counted at the worst case it reserved",
+                len(lost),
+            )
         self.restart_intensity()
         self.read_cycles()
         for record in self.live_sessions():

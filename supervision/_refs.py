@@ -63,6 +63,7 @@ __all__ = [
     "Spawned",
     "as_grace",
     "as_reason",
+    "as_run_timeout",
     "as_session_id",
     "refused_result",
 ]
@@ -71,6 +72,7 @@ SessionIdLike: TypeAlias = "uuid.UUID | str | SessionRef"
 """What a public method takes for a session id: a UUID, its canonical string, or a ref."""
 
 _NIL = uuid.UUID(int=0)
+_FOREVER = 1e9  # real seconds: a wait bounded only by the session's end
 _CANONICAL_LENGTH = 36  # 8-4-4-4-12 hex digits
 
 
@@ -99,6 +101,19 @@ def as_reason(value: object) -> str | None:
         msg = f"reason is {len(value)} characters, more than {MAX_REASON_CHARS}"
         raise RejectedInputError(msg, field="reason")
     return value
+
+
+def as_run_timeout(value: object) -> float | None:
+    """A run's timeout: None (none) or a finite number of seconds >= 0;
+    ``RejectedInputError`` naming ``timeout`` for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    msg = f"timeout must be a finite number of seconds >= 0, not {value!r:.40}"
+    raise RejectedInputError(msg, field="timeout")
 
 
 def as_session_id(value: object, argument: str = "session_id") -> uuid.UUID:
@@ -248,9 +263,12 @@ class SessionRef:
         """Spawn a batch of children under this session; see ``Node.spawn_many``."""
         return self._node.spawn_many(self.session_id, specs)
 
-    def run(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SessionResult | None:
-        """Spawn a fresh child under this session and wait; see ``Node.run``."""
-        return self._node.run(self.session_id, spec, **fields)
+    def run(
+        self, spec: SpawnSpec | None = None, /, timeout: float | None = None, **fields: Any
+    ) -> SessionResult:
+        """Spawn a fresh child under this session and wait for its result
+        (cancelled at ``timeout``); see ``Node.run``."""
+        return self._node.run(self.session_id, spec, timeout=timeout, **fields)
 
     # -- awaitable twins ----------------------------------------------------------
 
@@ -304,9 +322,11 @@ class SessionRef:
         """Awaitable ``spawn_many``."""
         return await self._node.aspawn_many(self.session_id, specs)
 
-    async def arun(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SessionResult | None:
+    async def arun(
+        self, spec: SpawnSpec | None = None, /, timeout: float | None = None, **fields: Any
+    ) -> SessionResult:
         """Awaitable ``run``."""
-        return await self._node.arun(self.session_id, spec, **fields)
+        return await self._node.arun(self.session_id, spec, timeout=timeout, **fields)
 
 
 class NodeSessions(NodeBase):
@@ -365,12 +385,17 @@ class NodeSessions(NodeBase):
         return Send(as_session_id(session_id), message, trace=trace)
 
     def _send_run(
-        self, parent: SessionIdLike, spec: SpawnSpec | None, fields: dict[str, Any]
+        self,
+        parent: SessionIdLike,
+        spec: SpawnSpec | None,
+        timeout: object,
+        fields: dict[str, Any],
     ) -> Reply:
         """Ask the Cortex to ``Run`` a fresh child; the reply its answer comes on."""
         sid = as_session_id(parent, "parent")
+        seconds = as_run_timeout(timeout)
         (made,) = self._forked(sid, (self._traced(make_spec(spec, **fields)),))
-        request = Run(sid, made)
+        request = Run(sid, made, seconds)
         self._check_open()
         reply = Reply()
         self._send(request, reply)
@@ -412,18 +437,24 @@ class NodeSessions(NodeBase):
         /,
         timeout: float | None = None,
         **fields: Any,
-    ) -> SessionResult | None:
+    ) -> SessionResult:
         """Spawn a fresh session and wait for its result (never reuses a session).
 
-        A refused spawn returns a ``failed`` result carrying the refusal's
-        error (its ``session_id`` is the nil UUID); None only if ``timeout``
-        (real seconds) passes first. Raises as ``spawn`` does.
+        The session never outlives the call: ``timeout`` (seconds on the
+        node's clock, as a TTL and the grace are) is when it is cancelled
+        with its subtree, with the node's grace and code ``timed_out``; the
+        call then returns the result that ends it — ``cancelled``/
+        ``timed_out`` with what the skill returned while wrapping up (a
+        partial result), or ``terminated_by_force`` if it was still running
+        at the end of the grace. Its ``session_id`` names the session, for
+        ``tree``, ``results`` or ``conversation``. A refused spawn returns a
+        ``failed`` result carrying the refusal's error (its ``session_id`` is
+        the nil UUID). Raises as ``spawn`` does, ``RejectedInputError``
+        naming ``timeout`` unless it is None or a finite number >= 0, and
+        ``NodeClosedError`` if the node stops before the session ends.
         """
-        reply = self._send_run(parent, spec, fields)
-        try:
-            return _ran(reply.get(1e9 if timeout is None else timeout))
-        except AskTimeoutError:
-            return None
+        reply = self._send_run(parent, spec, timeout, fields)
+        return _ran(reply.get(_FOREVER))
 
     def get(self, session_id: SessionIdLike) -> SessionInfo:
         """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
@@ -532,13 +563,10 @@ class NodeSessions(NodeBase):
         /,
         timeout: float | None = None,
         **fields: Any,
-    ) -> SessionResult | None:
+    ) -> SessionResult:
         """Awaitable ``run``."""
-        reply = self._send_run(parent, spec, fields)
-        try:
-            return _ran(await reply.get_async(1e9 if timeout is None else timeout))
-        except AskTimeoutError:
-            return None
+        reply = self._send_run(parent, spec, timeout, fields)
+        return _ran(await reply.get_async(_FOREVER))
 
     async def aget(self, session_id: SessionIdLike) -> SessionInfo:
         """Awaitable ``get``."""

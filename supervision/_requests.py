@@ -72,6 +72,7 @@ __all__ = [
     "Send",
     "Settle",
     "ShutdownDeadline",
+    "ShutdownPending",
     "Spawn",
     "SpawnMany",
     "StopAll",
@@ -115,11 +116,13 @@ class Spawn(Request[SpawnAnswer], frozen=True):
 class Run(Request[SessionResult | ErrorInfo], frozen=True):
     """``Spawn`` and ``AwaitResult`` in one turn: answered with the new
     session's result once it ends (its terminal write durable), or with the
-    ``ErrorInfo`` that refused the spawn. A caller that gives up needs no
-    ``ForgetWaiter``: the waiter goes when the fresh session it waits on ends."""
+    ``ErrorInfo`` that refused the spawn. ``timeout`` (clock seconds from
+    now): then the session and its subtree are cancelled with the node's
+    grace, code ``timed_out``, and the answer is the result that ends it."""
 
     parent_id: uuid.UUID
     spec: SpawnSpec
+    timeout: float | None = None
 
 
 class SpawnMany(Request[list[SpawnAnswer]], frozen=True):
@@ -183,12 +186,15 @@ class Control(Request[object], frozen=True):
 class Reserve(Request[Reserved | ErrorInfo], frozen=True):
     """Reserve one model call's worst case against the session and its ancestors
     (``prompt_tokens`` estimated; ``max_tokens`` None: as many as the budgets
-    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``."""
+    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``.
+    Answered once the call's record is durable (the store's error, nothing
+    reserved, if it failed); ``optional``: see ``Ledgers.reserve``."""
 
     session_id: uuid.UUID
     prompt_tokens: int
     max_tokens: int | None
     price: Price | None
+    optional: bool = False
 
 
 class Settle(Request[ErrorInfo | None], frozen=True):
@@ -303,6 +309,10 @@ class BeginShutdown(Request[list[SessionInfo]], frozen=True):
 
 class ShutdownDeadline(Request[None], frozen=True):
     """The shutdown's grace ran out: force what still runs, then settle."""
+
+
+class ShutdownPending(Request[int], frozen=True):
+    """How many sessions the shutdown begun still waits for (0: it has settled)."""
 
 
 class ForceWorkers(Request[None], frozen=True):

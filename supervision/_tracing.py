@@ -195,6 +195,9 @@ class SpanRecorder:
         # open spans: a Branch's or Worker's run, a Main's running cycle (one at a time)
         self.runs: dict[uuid.UUID, _Run] = {}
         self.cycles: dict[uuid.UUID, _Open] = {}
+        # ended runs whose subtree still had model calls in flight: written once
+        # their usage settles, with the final figures (see _usage_settled)
+        self.unsettled: dict[uuid.UUID, tuple[_Open, float, str | None, bool, str]] = {}
         self.closed = False
         self._guard = threading.Lock()  # the open spans: the Cortex's events, close()
 
@@ -220,6 +223,8 @@ class SpanRecorder:
             self._cycle_ended(event, sid)
         elif kind is EventKind.MODEL_CALL:
             self._model_call(event)
+        elif kind is EventKind.USAGE_SETTLED:
+            self._usage_settled(event, sid)
         elif kind is EventKind.DISCARDED:  # taken out as if never created: no span
             self.runs.pop(sid, None)
             self.cycles.pop(sid, None)
@@ -321,7 +326,22 @@ class SpanRecorder:
             span.events.append(SpanEvent("terminated_by_force", None, at))
         for name, value in event.data.get("usage", {}).items():
             span.attributes[f"sessiontree.usage.{name}"] = value
-        self._end(span, event.at, code, code in _ERRORS or state == "failed", state=state)
+        error = code in _ERRORS or state == "failed"
+        if event.data.get("settled") is False:  # its span waits for the final figures
+            self.unsettled[sid] = (span, event.at, code, error, state)
+            return
+        self._end(span, event.at, code, error, state=state)
+
+    def _usage_settled(self, event: Event, sid: uuid.UUID) -> None:
+        """The last call in an ended run's subtree settled: its span is written
+        now, ended when the run ended, with the settled usage."""
+        parked = self.unsettled.pop(sid, None)
+        if parked is None:
+            return
+        span, at, code, error, state = parked
+        for name, value in event.data.get("subtree_usage", {}).items():
+            span.attributes[f"sessiontree.usage.{name}"] = value
+        self._end(span, at, code, error, state=state)
 
     def _end(
         self,
@@ -443,7 +463,9 @@ class SpanRecorder:
         return flushed and self.dropped() == before
 
     def close(self, at: float) -> None:
-        """End the spans still open at ``at`` (marked ``node_closed``), export
+        """End the spans still open at ``at`` (marked ``node_closed``; a run
+        whose usage had not settled is written with what was known, marked
+        ``sessiontree.usage.settled`` false), export
         what is queued and stop the export thread: batches not sent within
         the export timeout are dropped (so a closing node waits at most about
         twice that for an endpoint that does not answer). Idempotent; never
@@ -453,12 +475,17 @@ class SpanRecorder:
                 return
             self.closed = True
             runs, cycles = list(self.runs.values()), list(self.cycles.values())
+            unsettled = list(self.unsettled.values())
             self.runs.clear()
             self.cycles.clear()
+            self.unsettled.clear()
         try:
             for span in [self._opened(run) for run in runs] + cycles:
                 span.events.append(SpanEvent("node_closed", None, _ns(at)))
                 self._write(span, at)
+            for span, ended, code, error, state in unsettled:  # calls still out: as known
+                span.attributes["sessiontree.usage.settled"] = False
+                self._end(span, ended, code, error, state=state)
             self._exporter.deadline = self.monotonic() + self.tracing.export_timeout
             self.processor.shutdown()
         except Exception:

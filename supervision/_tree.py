@@ -534,16 +534,12 @@ class Tree:
         """Answer the shutdown's waiters once nothing is left to settle: no worker
         or remote step runs, no session is in its cancellation grace, and every
         branch asked to park has parked."""
-        for entry in self.entries.values():
-            if entry.state.is_terminal:
-                continue
-            if entry.kind is SessionKind.WORKER or entry.core.remote is not None:
-                return
-            if entry.cancel_code is not None:
-                return  # cancelled before or during the shutdown: wraps up or is forced
-            if entry.suspend_requested and entry.state is SessionState.ACTIVE:
-                return  # parked by the shutdown, or explicitly suspended: not parked yet
-        self.settle_shutdown()
+        if not any(map(_holds_shutdown, self.entries.values())):
+            self.settle_shutdown()
+
+    def shutdown_pending(self) -> int:
+        """How many sessions the shutdown still waits for (``check_shutdown``)."""
+        return sum(map(_holds_shutdown, self.entries.values()))
 
     def settle_shutdown(self) -> None:
         waiters, self.shutdown_waiters = self.shutdown_waiters, []
@@ -562,6 +558,18 @@ class Tree:
         if not releasing and reply is not None:
             self.release_reply = None
             reply.set(None)
+
+
+def _holds_shutdown(entry: TreeEntry) -> bool:
+    """Whether a shutdown waits for ``entry`` to settle."""
+    if entry.state.is_terminal:
+        return False
+    if entry.kind is SessionKind.WORKER or entry.core.remote is not None:
+        return True
+    if entry.cancel_code is not None:
+        return True  # cancelled before or during the shutdown: wraps up or is forced
+    # parked by the shutdown, or explicitly suspended: not parked yet
+    return entry.suspend_requested and entry.state is SessionState.ACTIVE
 
 
 def _post_to(ref: pykka.ActorRef[Any], activity: Activity, message: object) -> None:

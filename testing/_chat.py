@@ -9,6 +9,7 @@ mid-reply raises ``ClientGoneError`` with nothing counted served.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,9 @@ class ChatHandler:
     def __init__(self, ledger: Ledger, words_per_chunk: int) -> None:
         self._ledger = ledger
         self._words_per_chunk = words_per_chunk
+        # set while requests may be answered (``StandinServer.hold``); made on the
+        # server's loop, which alone touches it
+        self.gate: asyncio.Event | None = None
 
     async def handle(self, conn: Conn, request: Request) -> bool:
         """Answer one chat request; False if the connection must close. Raises
@@ -72,6 +76,9 @@ class ChatHandler:
                 400, f"request body is not valid JSON: {err}", code="invalid_json"
             ) from err
         self._ledger.receive(body)
+        gate = self.gate
+        if gate is not None and not gate.is_set():  # held: received, not yet answered
+            await gate.wait()
         messages, model, stream, include_usage, limit = _validate(body)
         fault = self._take_fault(request.headers.get("x-standin-fault"))
         kind = fault.kind if fault else None

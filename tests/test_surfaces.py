@@ -91,6 +91,7 @@ RUNTIME = [
 ]
 
 PROTOCOL = [
+    "COST_UNIT",
     "MAIN_KEY",
     "MAX_BRANCH_NAME_CHARS",
     "MAX_BUDGET_COST",
@@ -195,6 +196,7 @@ PROTOCOL = [
     "make_spec",
     "new_session_id",
     "parse_traceparent",
+    "plain_input",
     "sampled_by_ratio",
     "session_key_for",
     "span_id_of",
@@ -209,6 +211,7 @@ STORE = [
     "SCHEMA_VERSION",
     "Backup",
     "BranchRecord",
+    "CallRecord",
     "ContextEntry",
     "ContextRecord",
     "ConversationRecord",
