@@ -355,6 +355,8 @@ def run_sync(
         if not core.holds_slot:
             core.acquire_slot_blocking()
         core.touch()  # stuck detection counts from the start of the run
+        if cycle:  # a Main's cycle: what it received is recorded first
+            host.record_input(core, handle.message)
         end = _end_of(skill(handle), cycle)
     except BaseException as exc:  # noqa: BLE001 - every raise ends the run somehow
         end = _end_by(exc, cycle)
@@ -386,6 +388,8 @@ async def run_async(
         if not core.holds_slot:
             await core.acquire_slot_async()
         core.touch()
+        if cycle:
+            await host.arecord_input(core, handle.message)
         end = _end_of(await skill(handle), cycle)
     except BaseException as exc:  # noqa: BLE001 - every raise ends the run somehow
         end = _end_by(exc, cycle)

@@ -15,12 +15,13 @@ import collections
 import concurrent.futures
 import functools
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sessiontree.actors._activity import Activity
-from sessiontree.actors._core import SessionCore
+from sessiontree.actors._core import CycleInput, SessionCore
 from sessiontree.actors._execution import (
     EventLoopThread,
     StepExecutor,
@@ -58,25 +59,31 @@ class Inbound:
     numbers it in the Main's stored inbox (None without a store); ``attempt``:
     which run of it this is (more than 1 after crashes cut runs off). On a
     traced node ``trace`` is the caller's span (the cycle's span continues it)
-    and ``cut_off`` the span of the run a crash cut off (the cycle's links to it)."""
+    and ``cut_off`` the span of the run a crash cut off (the cycle's links to it).
+    ``id``: the message's identity, given when it was accepted and kept across
+    restarts (the cycle's conversation appends are keyed by it); ``fresh``: no
+    run of it can have written anything yet (see ``CycleInput``)."""
 
     message: Any
     seq: int | None = None
     attempt: int = 1
     trace: str | None = None
     cut_off: str | None = None
+    id: uuid.UUID | None = None
+    fresh: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
     """A child's result, already filed on the session: a Main runs a cycle for it
-    (``attempt``, ``cut_off``: as for ``Inbound``; ``trace``: the child's span,
-    which the cycle's span continues)."""
+    (``attempt``, ``cut_off``, ``fresh``: as for ``Inbound``; ``trace``: the
+    child's span, which the cycle's span continues)."""
 
     result: SessionResult
     attempt: int = 1
     trace: str | None = None
     cut_off: str | None = None
+    fresh: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,9 +265,14 @@ class SessionActorLogic:
                     result = core.claim(item.result.session_id)
                 if result is None:  # a collect in an earlier cycle already took it
                     continue
-                core.input_seq, child, message = None, result.session_id, result
+                child, message = result.session_id, result
+                cycle_input = CycleInput(None, f"r{child}", fresh=item.fresh)
             else:
-                core.input_seq, child, message = item.seq, None, item.message
+                child, message = None, item.message
+                key = None if item.id is None else f"m{item.id}"
+                cycle_input = CycleInput(item.seq, key, fresh=item.fresh)
+            with core.cond:
+                core.cycle_input = cycle_input
             core.attempt = item.attempt
             self.cycles += 1
             self.cycle_running = True
@@ -269,7 +281,7 @@ class SessionActorLogic:
                 core.cycle_trace = trace
             # With a store the cycle is marked as started, durably, before the
             # skill runs: a crash in it is then counted against its input.
-            marked = self.host.cycle_starting(core, core.input_seq, child, item.attempt)
+            marked = self.host.cycle_starting(core, core.input_seq, child, item.attempt, message)
             if marked is None:
                 self._submit(message, self.cycles)
             else:

@@ -11,7 +11,7 @@ contexts), ``sessiontree.actors.backends`` and ``sessiontree.supervision``.
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._clock import LoopTimer
-from sessiontree.actors._core import SessionCond, SessionCore, wake_batch
+from sessiontree.actors._core import CycleInput, SessionCond, SessionCore, wake_batch
 from sessiontree.actors._execution import (
     EventLoopThread,
     StepExecutor,
@@ -61,6 +61,7 @@ __all__ = [
     "ComputeSlots",
     "Counted",
     "CycleDone",
+    "CycleInput",
     "Deliver",
     "Dispatcher",
     "EventLoopThread",

@@ -275,8 +275,12 @@ class Cortex:
                 return self.spawning.run(parent_id, spec, reply)
             case SpawnMany(parent_id=parent_id, specs=specs, by_skill=by_skill):
                 return self.spawning.spawn_many(parent_id, specs, reply, early=by_skill)
-            case Send(session_id=sid, message=message, unwedge=unwedge, trace=trace):
-                return self.messages.send(sid, message, reply, unwedge=unwedge, trace=trace)
+            case Send(
+                session_id=sid, message=message, unwedge=unwedge, trace=trace, message_id=mid
+            ):
+                return self.messages.send(
+                    sid, message, reply, unwedge=unwedge, trace=trace, message_id=mid
+                )
             case Redeliver(session_id=sid, result=result, unwedge=unwedge):
                 return self.messages.redeliver(sid, result, unwedge, reply)
             case ReleaseReplay():

@@ -316,7 +316,7 @@ class Endings:
         live_main = parent_live and parent_core.info.kind is SessionKind.MAIN
         if live_main and not (tree.closing and tree.store is not None):
             tree.note_input(parent)
-            tree.post(parent, Deliver(result, trace=entry.info.trace))
+            tree.post(parent, Deliver(result, trace=entry.info.trace, fresh=True))
         if tree.rt.events.observed:
             tree.emit(EventKind.RESULT_DELIVERED, entry, data={"to": id_text(parent)}, at=now)
 

@@ -103,7 +103,10 @@ class NodeRecovery(NodeSessions):
             )
             return Requeued(None, missing)
         if item.kind == "message":
-            error = self._call(Send(item.session_id, item.message, unwedge=item.wedged_id))
+            send = Send(
+                item.session_id, item.message, unwedge=item.wedged_id, message_id=item.message_id
+            )
+            error = self._call(send)
             return Requeued(item.session_id, error)
         if item.kind == "result" and item.result is not None:
             error = self._call(Redeliver(item.session_id, item.result, item.wedged_id))

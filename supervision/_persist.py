@@ -205,6 +205,7 @@ class Persister:
         seq: int,
         message: Any,
         now: float,
+        message_id: uuid.UUID | None = None,
         unwedge: uuid.UUID | None = None,
     ) -> Future | None:
         """An inbound message a Main accepted (dropped by the cycle that runs it);
@@ -213,7 +214,13 @@ class Persister:
             return None
         batch = WriteBatch()
         batch.inbox(
-            InboxRecord(session_id=entry.session_id, seq=seq, message=message, received_at=now)
+            InboxRecord(
+                session_id=entry.session_id,
+                seq=seq,
+                message=message,
+                received_at=now,
+                id=message_id,
+            )
         )
         if unwedge is not None:
             batch.unwedge(unwedge)

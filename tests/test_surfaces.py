@@ -49,6 +49,7 @@ RUNTIME = [
     "ComputeSlots",
     "Counted",
     "CycleDone",
+    "CycleInput",
     "Deliver",
     "Dispatcher",
     "EventLoopThread",
