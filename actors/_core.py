@@ -28,6 +28,7 @@ __all__ = [
     "SessionCond",
     "SessionContext",
     "SessionCore",
+    "copy_context",
     "wake_batch",
 ]
 
@@ -98,6 +99,16 @@ class SessionContext:
     tool_results: list[dict[str, Any]] = field(default_factory=list)
 
 
+def copy_context(context: SessionContext) -> SessionContext:
+    """A copy of ``context`` that later appends to ``context`` do not reach (its
+    messages are shared: the runtime only ever appends to a context)."""
+    return SessionContext(
+        system_prompt=context.system_prompt,
+        messages=list(context.messages),
+        tool_results=list(context.tool_results),
+    )
+
+
 @dataclass(slots=True)
 class CycleInput:
     """What a Main's running message cycle runs for.
@@ -108,8 +119,10 @@ class CycleInput:
     id; None when it has none), the same when a rerun runs it again: the
     cycle's conversation appends are keyed by it and by their order
     (``effects`` counts them), so a rerun replaces what an earlier run wrote
-    instead of adding to it. ``recorded``: the user's turn was written with
-    the cycle's start (else the run records it).
+    instead of adding to it. ``context``: the working context as the cycle
+    found it (on a node with a store), put back when the store refuses the
+    cycle so that its retry starts where it did. ``recorded``: the user's
+    turn was written with the cycle's start (else the run records it).
     ``fresh``: no run of this input can have written anything before (a
     message accepted by this process, running for the first time), so its
     appends need not look for what they would replace.
@@ -118,6 +131,7 @@ class CycleInput:
     seq: int | None = None
     key: str | None = None
     effects: int = 0
+    context: SessionContext | None = None
     recorded: bool = False
     fresh: bool = False
 

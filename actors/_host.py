@@ -27,7 +27,9 @@ class RunEnd:
     """How one skill run ended: a value, a crash, or ``Cancelled`` escaping it.
 
     ``fatal`` holds a ``KeyboardInterrupt``/``SystemExit`` the skill raised:
-    the session fails and the node shuts down in order.
+    the session fails and the node shuts down in order. ``store_refused``: a
+    Main's cycle ended by the store refusing one of its writes (``error``
+    says which): its message or result is kept and the cycle runs again.
     """
 
     outcome: Outcome | None = None
@@ -35,6 +37,7 @@ class RunEnd:
     cancelled: bool = False
     fatal: BaseException | None = None
     cycle: int = 0
+    store_refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

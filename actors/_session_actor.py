@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import uuid
@@ -28,8 +29,10 @@ from sessiontree.actors._execution import (
     crash_info,
     finish_run,
     is_async_skill,
+    refuse_run,
     run_async,
     run_sync,
+    store_refused,
 )
 from sessiontree.actors._host import RunEnd, SessionHost
 from sessiontree.actors._mailbox import Counted, drain_inbox, handler_scope
@@ -40,11 +43,13 @@ from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionResul
 __all__ = [
     "CancelSignal",
     "CycleDone",
+    "CycleRefused",
     "Deliver",
     "ForceStop",
     "Inbound",
     "Inspect",
     "Passivate",
+    "RetryCycle",
     "SessionActorLogic",
     "StopSession",
     "start_run",
@@ -130,6 +135,18 @@ class CycleDone:
     """A Main's message cycle ended; start the next one if any is queued."""
 
 
+@dataclass(frozen=True, slots=True)
+class CycleRefused:
+    """The store refused a write of the Main's cycle: its message or result is
+    not consumed. It goes back to the front of the queue (a result back among
+    the unclaimed) and no cycle starts until ``RetryCycle``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryCycle:
+    """Start cycles again after a ``CycleRefused`` (the store may take writes)."""
+
+
 class SessionActorLogic:
     """Message handling of a session actor; combined with a pykka base by ``actor_class``.
 
@@ -168,6 +185,8 @@ class SessionActorLogic:
         self.inputs: collections.deque[Any] = collections.deque()
         self.cycle_running = False
         self.cycles = 0
+        self.current: Inbound | Deliver | None = None  # what the running cycle runs for
+        self.held = False  # the store refused a cycle: none starts until RetryCycle
 
     def _new_urn(self) -> str:
         """A pooled session actor is named after its session: no UUID made per spawn."""
@@ -216,6 +235,12 @@ class SessionActorLogic:
                     self._next_cycle()
             case CycleDone():
                 self.cycle_running = False
+                self.current = None
+                self._next_cycle()
+            case CycleRefused():
+                self._keep_current()
+            case RetryCycle():
+                self.held = False
                 self._next_cycle()
             case CancelSignal(code=code):
                 core.request_cancel(code)
@@ -254,10 +279,27 @@ class SessionActorLogic:
         self.inputs.clear()
         core.cancel_task()
 
+    def _keep_current(self) -> None:
+        """The running cycle's input was not consumed: first in line again, held."""
+        item, self.current = self.current, None
+        self.cycle_running = False
+        core = self.core
+        if item is None or core.cancel_code is not None or core.fenced:
+            return  # ending: what it held goes with it
+        if isinstance(item, Deliver):
+            with core.cond:  # claimed when the cycle started: owed again
+                core.unclaimed[item.result.session_id] = item.result
+        self.inputs.appendleft(dataclasses.replace(item, fresh=False))  # it ran once
+        self.held = True
+
     def _next_cycle(self) -> None:
         core = self.core
         while (
-            self.inputs and not self.cycle_running and core.cancel_code is None and not core.fenced
+            self.inputs
+            and not self.cycle_running
+            and not self.held
+            and core.cancel_code is None
+            and not core.fenced
         ):
             item = self.inputs.popleft()
             if isinstance(item, Deliver):
@@ -276,6 +318,7 @@ class SessionActorLogic:
             core.attempt = item.attempt
             self.cycles += 1
             self.cycle_running = True
+            self.current = item
             trace = self.host.cycle_traced(core, self.cycles, item.trace, item.cut_off)
             if trace is not None or core.cycle_trace is not None:  # see SessionCore
                 core.cycle_trace = trace
@@ -291,21 +334,26 @@ class SessionActorLogic:
     def _marked(self, message: Any, cycle: int, marked: concurrent.futures.Future[None]) -> None:
         """The cycle's start is durable (on the store's writer thread): run it,
         unless the Main was cancelled or fenced meanwhile (its end does not wait
-        for a cycle that never started). A mark that failed is logged and the
-        cycle runs anyway: the store's failure is counted where it happened,
-        and refusing the cycle would drop an acknowledged message."""
+        for a cycle that never started). A mark the store refused ends the
+        cycle as refused without running it (its input is kept for a retry);
+        one that failed otherwise is logged and the cycle runs anyway."""
         core = self.core
         if core.fenced or core.cancel_code is not None:
             self.activity.end()
             return
-        if marked.exception() is not None:
-            log.error(
-                "session %s: the start of cycle %d could not be recorded: %s",
-                self.core.session_id,
-                cycle,
-                marked.exception(),
-            )
+        error = marked.exception()
         try:
+            refusal = None if error is None else store_refused(error)
+            if refusal is not None:
+                refuse_run(self.host, core, refusal, cycle)
+                return
+            if error is not None:
+                log.error(
+                    "session %s: the start of cycle %d could not be recorded: %s",
+                    self.core.session_id,
+                    cycle,
+                    error,
+                )
             self._submit(message, cycle)
         finally:
             self.activity.end()

@@ -2,7 +2,7 @@
 
 ``node start`` runs the runtime on an LMDB store with its HTTP API and
 ``/metrics`` on one port. Settings come from, weakest first: the defaults,
-the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
+the config file (TOML: ``store``, ``map_size``, ``host``, ``port``, ``agents``, ``name``,
 ``max_body``, ``max_wait``, ``event_ring`` and the model provider's ``model_url``,
 ``model``, ``api_key_file``, ``model_price`` at the top, ``NodeConfig``
 fields in a ``[node]`` table), environment variables
@@ -80,7 +80,20 @@ __all__ = ["node"]
 log = logging.getLogger("sessiontree.cli.node")
 
 _MODEL = ("model_url", "model", "api_key_file", "model_price")
-_TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait", "event_ring", *_MODEL}
+_MIN_MAP_SIZE = 1 << 20  # --map-size: below a MiB the store's own databases barely fit
+_MAX_MAP_SIZE = 1 << 46  # 64 TiB: more than a process's address space can map
+_TOP = {
+    "store",
+    "map_size",
+    "host",
+    "port",
+    "agents",
+    "name",
+    "max_body",
+    "max_wait",
+    "event_ring",
+    *_MODEL,
+}
 _NODE_FLAGS = (
     "grace",
     "max_sessions",
@@ -354,6 +367,15 @@ async def _serve(
     default=None,
     help="The LMDB store directory (created if missing). Required here or in --config.",
 )
+@click.option(
+    "--map-size",
+    type=click.IntRange(_MIN_MAP_SIZE, _MAX_MAP_SIZE),
+    default=None,
+    metavar="BYTES",
+    help="The store's LMDB map: the most it may hold [default: 16 GiB, or what the store "
+    "was last opened with if larger]. A full map refuses writes (store_full); start the "
+    "node again with a larger one to grow it.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port",
@@ -580,13 +602,35 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     tracing = _tracing(ctx.params, table.pop("tracing", None), str(settings["name"]))
     config = dataclasses.replace(_node_config(table), tracing=tracing)
     agents = _agents(settings)
+    opened: Store | None = None  # a store opened here with --map-size: closed here
     try:
-        running = Node(agents, config, store=Path(settings["store"]))
+        if settings["map_size"] is not None:
+            opened = Store(Path(settings["store"]), map_size=int(settings["map_size"]))
+        running = Node(agents, config, store=opened or Path(settings["store"]))
     except StoreLockedError as exc:
         msg = f"store {settings['store']} is held by another node: {exc}"
         raise click.ClickException(msg) from None
     except (SessionTreeError, OSError, ValueError) as exc:  # ValueError: a key file, a model
+        if opened is not None:
+            opened.close()
         raise failure(exc, "the node could not start: ") from None
+    try:
+        return _run(ctx, settings, sources, config, running, token, early)
+    finally:
+        if opened is not None:
+            opened.close()
+
+
+def _run(
+    ctx: click.Context,
+    settings: dict[str, Any],
+    sources: dict[str, str],
+    config: NodeConfig,
+    running: Node,
+    token: str | None,
+    early: list[int],
+) -> int:
+    """Serve the started node ``running`` until a signal; the exit code."""
     try:
         sock = _bind(str(settings["host"]), int(settings["port"]))
     except click.ClickException:

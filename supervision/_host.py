@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from sessiontree.actors import Compaction
-from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore
+from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore, copy_context
 from sessiontree.conversations import Conversation, SessionBranch
 from sessiontree.protocol import (
     TERMINAL_STATES,
@@ -245,6 +245,9 @@ class NodeHost:
         store = self.parts.store
         if store is None:
             return None
+        cycle_input = core.cycle_input
+        if cycle_input is not None:  # put back if the store refuses the cycle
+            cycle_input.context = copy_context(core.context)
         # The user's turn is queued just before the mark: the writer commits in
         # order, so it shares the mark's commit (or an earlier one), and it is
         # settled by the time the mark is.
