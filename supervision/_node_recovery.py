@@ -156,9 +156,11 @@ class NodeRecovery(NodeSessions):
 
     def release_replay(self) -> int:
         """Run what a held replay kept back (after repeated crashes: see
-        ``replay_held``); how many pieces of work were released. The crashes
-        counted so far are forgiven: the next start holds replay back only if
-        the node crashes ``restart_intensity`` times again."""
+        ``replay_held``), and retry at once the Main cycles a store refusal
+        kept (see ``store_held_mains`` in ``stats``); how many pieces of work
+        were released. The crashes counted so far are forgiven: the next start
+        holds replay back only if the node crashes ``restart_intensity`` times
+        again."""
         released: int = self._call(ReleaseReplay(), check=False)
         if self.store is not None:
             starts = self.store.starts()
