@@ -52,13 +52,13 @@ class StoreHeld:
     def __init__(self, tree: Tree) -> None:
         self.tree = tree
         self.held: dict[uuid.UUID, TreeEntry] = {}  # oldest first
-        self.probing: uuid.UUID | None = None  # the Main retried alone, until it ends a cycle
+        self.probing: set[uuid.UUID] = set()  # Mains retried alone, until their cycle ends
         self.delay = 0.0
         self.due: float | None = None  # on the node's monotonic clock
         self.told = False
 
     def __len__(self) -> int:
-        return len(self.held) + (self.probing is not None)
+        return len(self.held) + len(self.probing)
 
     def refused(self, entry: TreeEntry, error: ErrorInfo | None) -> None:
         """The store refused a cycle of ``entry`` (its input was kept): hold it,
@@ -68,8 +68,8 @@ class StoreHeld:
         rt.counters["main_cycles_refused"] += 1
         self.held[sid] = entry
         interval = rt.config.check_interval
-        if self.probing == sid:  # the retry was refused too: wait longer
-            self.probing = None
+        if sid in self.probing:  # the retry was refused too: wait longer
+            self.probing.discard(sid)
             self.delay = min(max(self.delay * 2, interval), RETRY_MAX)
             self.due = rt.clock.monotonic() + self.delay
         elif self.due is None:  # the first refusal since the last retry
@@ -94,8 +94,8 @@ class StoreHeld:
     def ran(self, entry: TreeEntry) -> None:
         """A cycle of ``entry`` ended without a store refusal: if it was the
         retry, the store takes writes again and every held Main runs again."""
-        if self.probing is not None and self.probing == entry.session_id:
-            self.probing = None
+        if self.probing and entry.session_id in self.probing:
+            self.probing.clear()  # those still running end as they will
             released = self.release()
             log.info(
                 "the store takes writes again: %d more held Main cycle%s run again",
@@ -104,31 +104,32 @@ class StoreHeld:
             )
 
     def tick(self) -> None:
-        """The periodic check: retry the Main held longest, once it is time;
-        the episode is over at a check that finds nothing held or in retry."""
-        if self.probing is not None:
-            entry = self.tree.entries.get(self.probing)
-            if entry is not None and not entry.state.is_terminal:
-                return
-            self.probing = None  # it ended meanwhile: another is tried
+        """The periodic check: retry the Main held longest, once it is time (a
+        retry still running then does not hold the others back); the episode
+        is over at a check that finds nothing held or in retry."""
+        for sid in list(self.probing):
+            entry = self.tree.entries.get(sid)
+            if entry is None or entry.state.is_terminal:
+                self.probing.discard(sid)  # it ended meanwhile
         if not self.held:
-            if self.told:
+            if self.told and not self.probing:
                 self._episode_over()
             return
-        if self.due is None or self.tree.closing or self.tree.rt.clock.monotonic() < self.due:
+        rt = self.tree.rt
+        if self.due is None or self.tree.closing or rt.clock.monotonic() < self.due:
             return
-        self.due = None
+        self.due = rt.clock.monotonic() + max(self.delay, rt.config.check_interval)
         while self.held:
             sid = next(iter(self.held))
             entry = self.held.pop(sid)
             if self._retry(entry):
-                self.probing = sid
+                self.probing.add(sid)
                 return
 
     def release(self) -> int:
         """Retry every held Main at once; how many were retried."""
         held, self.held = self.held, {}
-        self.due = None
+        self.due = None  # a refusal of one of them times the next retry
         return sum(1 for entry in held.values() if self._retry(entry))
 
     def _retry(self, entry: TreeEntry) -> bool:
