@@ -42,6 +42,7 @@ import msgspec
 
 from sessiontree.actors import AsyncSession
 from sessiontree.protocol import (
+    ChatMessage,
     Completion,
     ErrorCode,
     ErrorInfo,
@@ -179,13 +180,31 @@ def _error(error: ErrorInfo) -> dict[str, Any]:
     return {"code": error.code.value, "message": error.message, "detail": dict(error.detail)}
 
 
+def _text_of(message: Any) -> str:
+    """What a Main's inbound message says: a routed chat message's text, a
+    mapping's ``text``, a string as it is, anything else as its JSON."""
+    chat = ChatMessage.of(message)
+    if chat is not None:
+        return chat.inbound.text
+    if isinstance(message, dict) and isinstance(message.get("text"), str):
+        return str(message["text"])
+    if isinstance(message, str):
+        return message
+    return msgspec.json.encode(message).decode()
+
+
 async def _chat(session: AsyncSession) -> None:
     """A Main's cycle: a chat message is answered in its conversation by the
     node's model (with the Main's working context: earlier turns are sent
     too), or echoed when the node has no model provider; a failed call is
     answered with a ``system`` message holding its typed error. Children's
     results are noted in the working context (as ``system`` text, which a
-    chat model accepts between turns), so the model hears of them."""
+    chat model accepts between turns), so the model hears of them.
+
+    Both sides stay in the conversation once: the runtime records the user's
+    turn as the cycle begins, and the reply is the cycle's append, so a
+    rerun after a crash (``session.attempt`` 2, …) replaces it rather than
+    answering twice."""
     message = session.message
     if isinstance(message, SessionResult):
         note = f"child {message.session_id} ended {message.status.value}"
@@ -193,9 +212,8 @@ async def _chat(session: AsyncSession) -> None:
             "system", f"{note}: {message.summary}" if message.summary else note
         )
         return
-    inbound = message.get("inbound") if isinstance(message, dict) else None
-    text = inbound.get("text") if isinstance(inbound, dict) else message
-    reply = await session.complete(str(text))
+    text = _text_of(message)
+    reply = await session.complete(text)
     if _no_provider(reply):
         await session.conversation.aappend("assistant", f"echo: {text}")
     elif reply.error is not None:

@@ -2,12 +2,12 @@
 
 ``node start`` runs the runtime on an LMDB store with its HTTP API and
 ``/metrics`` on one port. Settings come from, weakest first: the defaults,
-the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
-``max_body``, ``max_wait``, ``event_ring``, ``allowed_hosts`` (a list), the
-connection bounds ``header_timeout``, ``body_timeout``, ``idle_timeout``,
-``max_connections`` and the model provider's ``model_url``, ``model``,
-``api_key_file``, ``model_price`` at the top, ``NodeConfig`` fields in a
-``[node]`` table), environment variables
+the config file (TOML: ``store``, ``map_size``, ``host``, ``port``,
+``agents``, ``name``, ``max_body``, ``max_wait``, ``event_ring``,
+``allowed_hosts`` (a list), the connection bounds ``header_timeout``,
+``body_timeout``, ``idle_timeout``, ``max_connections`` and the model
+provider's ``model_url``, ``model``, ``api_key_file``, ``model_price`` at the
+top, ``NodeConfig`` fields in a ``[node]`` table), environment variables
 (``SESSIONTREE_NODE_START_<OPTION>``, click's automatic names) and flags.
 Memory pressure is watched out of the box (the built-in probe: the cgroup's
 memory limit, else the machine's memory); ``--memory-high`` and
@@ -92,6 +92,7 @@ from sessiontree.cli._text import echo
 from sessiontree.cli._token import is_loopback, read_token, warn_if_exposed
 from sessiontree.cli._wire import settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
+from sessiontree.store import Store
 from sessiontree.supervision import (
     DISPATCHES,
     Agent,
@@ -111,8 +112,11 @@ _OWN_FILES = 64  # open files a node needs beside its connections (store, pipes,
 
 _MODEL = ("model_url", "model", "api_key_file", "model_price")
 _LIMITS = ("header_timeout", "body_timeout", "idle_timeout", "max_connections")
+_MIN_MAP_SIZE = 1 << 20  # --map-size: below a MiB the store's own databases barely fit
+_MAX_MAP_SIZE = 1 << 46  # 64 TiB: more than a process's address space can map
 _TOP = {
     "store",
+    "map_size",
     "host",
     "port",
     "agents",
@@ -426,6 +430,15 @@ async def _serve(
     default=None,
     help="The LMDB store directory (created if missing). Required here or in --config.",
 )
+@click.option(
+    "--map-size",
+    type=click.IntRange(_MIN_MAP_SIZE, _MAX_MAP_SIZE),
+    default=None,
+    metavar="BYTES",
+    help="The store's LMDB map: the most it may hold [default: 16 GiB, or what the store "
+    "was last opened with if larger]. A full map refuses writes (store_full); start the "
+    "node again with a larger one to grow it.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port",
@@ -672,12 +685,24 @@ def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
     ctx.exit(code)
 
 
-def _open_node(agents: list[Agent], config: NodeConfig, store: Path) -> Node:
-    """The node on ``store``. One that cannot start exits 1 (74: a damaged
-    store), taking away the store directory it created."""
+def _open_node(
+    agents: list[Agent], config: NodeConfig, store: Path, map_size: int | None
+) -> tuple[Node, Store | None]:
+    """The node on ``store``, and the ``Store`` opened here for ``map_size``
+    (the caller closes it after the node; None: the node opened its own). One
+    that cannot start exits 1 (74: a damaged store), taking away the store
+    directory it created."""
+    opened: Store | None = None
     try:
         with removed_on_failure(store):
-            return Node(agents, config, store=store)
+            try:
+                if map_size is not None:
+                    opened = Store(store, map_size=map_size)
+                return Node(agents, config, store=opened or store), opened
+            except BaseException:
+                if opened is not None:
+                    opened.close()
+                raise
     except StoreLockedError as exc:
         msg = f"store {store} is held by another node: {exc}"
         raise click.ClickException(msg) from None
@@ -700,8 +725,11 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     agents = _agents(settings)
     # the port first: a node that cannot listen has touched no store
     sock = _bind(str(settings["host"]), int(settings["port"]))
+    map_size = settings["map_size"]
     try:
-        running = _open_node(agents, config, Path(settings["store"]))
+        running, opened = _open_node(
+            agents, config, Path(settings["store"]), None if map_size is None else int(map_size)
+        )
     except BaseException:
         sock.close()
         raise
@@ -739,6 +767,8 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     finally:
         metrics.close()
         sock.close()
+        if opened is not None:  # after the node: it shut down on its way out of _serve
+            opened.close()
     final = Counter(info.state.value for info in running.final_sessions)
     summary = {
         "event": "node_stopped",

@@ -165,7 +165,8 @@ def recovery_show(node_url: str | None, as_json: bool) -> None:
 @recovery.command("release")
 @NODE_OPTION
 def recovery_release(node_url: str | None) -> None:
-    """Run what a held replay kept back (after the node kept crashing)."""
+    """Run what a held replay kept back (after the node kept crashing), and retry
+    at once the Main cycles a store refusal kept (after the map grew)."""
     with _client(node_url) as client:
         answer = client.post("/v1/recovery/release")
     echo(shown(f"released {answer['released']} held replays"))

@@ -114,13 +114,17 @@ class ReceivedRecord(msgspec.Struct, kw_only=True):
 
 
 class InboxRecord(msgspec.Struct, kw_only=True):
-    """An inbound message a Main acknowledged and has not yet run a cycle for."""
+    """An inbound message a Main acknowledged and has not yet run a cycle for.
+    ``id``: the message's identity (given at acceptance; None in records
+    written before it was kept), which its cycle's conversation appends are
+    keyed by."""
 
     v: int = SCHEMA_VERSION
     session_id: uuid.UUID
     seq: int
     message: Any
     received_at: float
+    id: uuid.UUID | None = None
 
 
 class CycleRecord(msgspec.Struct, kw_only=True):
@@ -155,6 +159,7 @@ class WedgedRecord(msgspec.Struct, kw_only=True):
     message: Any = None
     received_at: float | None = None
     result: SessionResult | None = None
+    message_id: uuid.UUID | None = None  # a message's InboxRecord.id (kept on a requeue)
 
 
 class RecordingRecord(msgspec.Struct, kw_only=True):

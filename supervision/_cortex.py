@@ -133,7 +133,7 @@ class Cortex:
         self.spawning = Spawning(tree, self.commits, self.starting, self.ledgers, self.cancelling)
         self.suspension = Suspension(tree, self.starting)
         self.messages = Messages(tree, self.commits)
-        self.periodic = Periodic(tree, self.suspension)
+        self.periodic = Periodic(tree, self.suspension, self.endings.store_held)
         self.shutdown = Shutdown(tree, self.cancelling, self.suspension, self.periodic)
         self.failed: BaseException | None = None
         self.stopped = False
@@ -278,12 +278,16 @@ class Cortex:
                 return self.spawning.run(parent_id, spec, reply, timeout)
             case SpawnMany(parent_id=parent_id, specs=specs, by_skill=by_skill):
                 return self.spawning.spawn_many(parent_id, specs, reply, early=by_skill)
-            case Send(session_id=sid, message=message, unwedge=unwedge, trace=trace):
-                return self.messages.send(sid, message, reply, unwedge=unwedge, trace=trace)
+            case Send(
+                session_id=sid, message=message, unwedge=unwedge, trace=trace, message_id=mid
+            ):
+                return self.messages.send(
+                    sid, message, reply, unwedge=unwedge, trace=trace, message_id=mid
+                )
             case Redeliver(session_id=sid, result=result, unwedge=unwedge):
                 return self.messages.redeliver(sid, result, unwedge, reply)
             case ReleaseReplay():
-                return self.starting.release_replay()
+                return self.starting.release_replay() + self.endings.store_held.release()
             case Cancel(session_id=sid, grace=grace, reason=reason):
                 return self.cancelling.cancel(sid, grace, reason)
             case Interrupt(session_id=sid, code=code):
@@ -328,7 +332,8 @@ class Cortex:
                 return queries.stuck(tree)
             case GetStats():
                 return queries.stats(tree) | {
-                    "pressure_suspended": self.suspension.pressure_suspended()
+                    "pressure_suspended": self.suspension.pressure_suspended(),
+                    "store_held_mains": len(self.endings.store_held),
                 }
             case GetActorRef(session_id=sid):
                 return queries.actor_ref(tree, sid)

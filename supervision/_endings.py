@@ -8,6 +8,7 @@ result is delivered at once, then the descendants are cancelled (through
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import uuid
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 
 import msgspec
 
-from sessiontree.actors.runtime import CycleDone, Deliver, RunEnd
+from sessiontree.actors.runtime import CycleDone, CycleRefused, Deliver, RunEnd, post
 from sessiontree.protocol import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -33,8 +34,9 @@ from sessiontree.supervision._commits import Commits, answer_durable
 from sessiontree.supervision._cycle_log import FailedCycles
 from sessiontree.supervision._entry import TreeEntry, id_text, unsettled
 from sessiontree.supervision._events import EventKind
-from sessiontree.supervision._reports import RunEnded
+from sessiontree.supervision._reports import AfterWrite, RunEnded
 from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
+from sessiontree.supervision._store_held import StoreHeld
 from sessiontree.supervision._tree import Tree
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ class Endings:
         # cancel): Cancelling.orphans, wired by the Cortex once both exist.
         self.on_orphans: Callable[[TreeEntry], None] = _unwired
         self.failed_cycles = FailedCycles()
+        self.store_held = StoreHeld(tree)
 
     def runs_ended(self, ends: tuple[RunEnded, ...]) -> None:
         """Runs that ended in one pass of the event loop: their writes go into one
@@ -104,15 +107,20 @@ class Endings:
                     "cycle": end.cycle,
                     **({"error": end.error.message} if end.error else {}),
                     **({"trace": core.cycle_trace} if core.cycle_trace else {}),
+                    **({"kept": True} if end.store_refused else {}),
                 },
             )
+            if end.store_refused:
+                self._refused_cycle(entry, end)
+                return False
             if end.error is not None:
                 tree.rt.counters["main_cycles_failed"] += 1
                 self.failed_cycles.failed(id_text(entry), core.info, end.cycle, end.error, now)
             tree.note_input(entry)
             if entry.ledger is not None:
                 entry.ledger.new_cycle()
-            entry.snapshot_write = tree.persist.snapshot(entry, now, consumed=core.input_seq)
+            self._snapshot(entry, now)
+            self.store_held.ran(entry)
             if not (tree.closing and tree.store is not None):
                 # Closing with a store: no new cycle starts, for one could end after
                 # the Cortex stops and then run again after the restart. What is
@@ -136,6 +144,48 @@ class Endings:
         if end.fatal is not None:
             tree.rt.on_fatal(end.fatal)
         return ended
+
+    def _refused_cycle(self, entry: TreeEntry, end: RunEnd) -> None:
+        """The store refused a write of a Main's cycle: nothing of it is consumed
+        (no snapshot: its message stays in the inbox, a result stays owed), its
+        working context is put back as the cycle found it, and its actor keeps
+        the input for a retry (``StoreHeld``)."""
+        tree = self.tree
+        core = entry.core
+        cycle_input = core.cycle_input
+        if cycle_input is not None and cycle_input.context is not None:
+            core.context = cycle_input.context
+            cycle_input.context = None
+        tree.note_input(entry)
+        tree.post(entry, CycleRefused())
+        if not tree.closing:
+            self.store_held.refused(entry, end.error)
+
+    def _snapshot(self, entry: TreeEntry, now: float) -> None:
+        """A Main's snapshot after a cycle, consuming its message (and any whose
+        snapshot the store refused before: the cycle ran, so it must not run
+        again after a restart)."""
+        tree = self.tree
+        seq = entry.core.input_seq
+        consumed = [] if seq is None else [seq]
+        if entry.unconsumed:
+            consumed += entry.unconsumed
+            entry.unconsumed = None
+        write = entry.snapshot_write = tree.persist.snapshot(entry, now, consumed=consumed)
+        if write is not None and consumed:
+            # told only when it failed (a message to the Cortex per cycle cost more)
+            write.add_done_callback(functools.partial(self._snapshot_settled, entry, consumed))
+
+    def _snapshot_settled(
+        self, entry: TreeEntry, consumed: list[int], write: concurrent.futures.Future[None]
+    ) -> None:
+        """On the writer thread: a Main's snapshot settled; if it failed, the
+        Cortex notes what it consumed for the next one."""
+        error = write.exception()
+        ref = self.tree.ref
+        if error is not None and ref is not None:
+            then = functools.partial(_unconsumed, entry, consumed)
+            post(ref, AfterWrite(then, error), self.tree.rt.activity)
 
     def finish(
         self,
@@ -330,7 +380,7 @@ class Endings:
         live_main = parent_live and parent_core.info.kind is SessionKind.MAIN
         if live_main and not (tree.closing and tree.store is not None):
             tree.note_input(parent)
-            tree.post(parent, Deliver(result, trace=entry.info.trace))
+            tree.post(parent, Deliver(result, trace=entry.info.trace, fresh=True))
         if tree.rt.events.observed:
             tree.emit(EventKind.RESULT_DELIVERED, entry, data={"to": id_text(parent)}, at=now)
 
@@ -386,3 +436,10 @@ class Endings:
 def _unwired(entry: TreeEntry) -> None:
     msg = f"session {entry.session_id} ended with live children and no orphan cleanup wired"
     raise AssertionError(msg)
+
+
+def _unconsumed(entry: TreeEntry, consumed: list[int], error: BaseException | None) -> None:
+    """A Main's snapshot was written, or refused: then the messages it consumed
+    are consumed by the next one (they ran; a restart must not run them again)."""
+    if error is not None and not entry.state.is_terminal:
+        entry.unconsumed = consumed + (entry.unconsumed or [])

@@ -176,12 +176,14 @@ class TreeEntry:
     rerun: bool = False
     # passivation (Mains): inputs posted so far, the monotonic time of the last
     # one, inbound writes not yet durable, the mark a Passivate asked about, the
-    # write of its last snapshot
+    # write of its last snapshot, and the inbox numbers of cycles that ran but
+    # whose snapshot the store refused (the next snapshot drops them)
     mark: int = 0
     idle_since: float = 0.0
     inflight: int = 0
     passivating: int | None = None
     snapshot_write: concurrent.futures.Future[None] | None = None
+    unconsumed: list[int] | None = None
     # str(session_id), once it was needed (see id_text)
     id_text: str | None = None
     # budget and usage, once the session is bounded or has spent (see _ledger)

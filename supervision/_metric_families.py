@@ -200,6 +200,16 @@ SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
         (),
     ),
     "sessiontree_main_cycles_failed": ("counter", "Message cycles of mains that raised.", ()),
+    "sessiontree_main_cycles_refused": (
+        "counter",
+        "Message cycles of mains the store refused a write of (kept, run again).",
+        (),
+    ),
+    "sessiontree_store_held_mains": (
+        "gauge",
+        "Mains whose cycle the store refused, waiting for it to take writes.",
+        (),
+    ),
     "sessiontree_store_write_errors": (
         "counter",
         "Store writes of the Cortex that were refused or failed.",

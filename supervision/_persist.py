@@ -20,6 +20,7 @@ import concurrent.futures
 import functools
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -206,6 +207,7 @@ class Persister:
         seq: int,
         message: Any,
         now: float,
+        message_id: uuid.UUID | None = None,
         unwedge: uuid.UUID | None = None,
     ) -> Future | None:
         """An inbound message a Main accepted (dropped by the cycle that runs it);
@@ -214,7 +216,13 @@ class Persister:
             return None
         batch = WriteBatch()
         batch.inbox(
-            InboxRecord(session_id=entry.session_id, seq=seq, message=message, received_at=now)
+            InboxRecord(
+                session_id=entry.session_id,
+                seq=seq,
+                message=message,
+                received_at=now,
+                id=message_id,
+            )
         )
         if unwedge is not None:
             batch.unwedge(unwedge)
@@ -227,16 +235,22 @@ class Persister:
         return self._submit(WriteBatch().unwedge(wedged_id))
 
     def snapshot(
-        self, entry: TreeEntry, now: float, *, consumed: int | None = None, resume: bool = False
+        self,
+        entry: TreeEntry,
+        now: float,
+        *,
+        consumed: Sequence[int] = (),
+        resume: bool = False,
     ) -> Future | None:
-        """A live session's full state: a Main after a cycle, a Branch on suspend
-        or resume; with the receipts of the results it got since the last one."""
+        """A live session's full state: a Main after a cycle (dropping the inbox
+        messages ``consumed`` numbers), a Branch on suspend or resume; with the
+        receipts of the results it got since the last one."""
         if self.store is None:
             return None
         batch = WriteBatch()
         self._add_record(batch, entry, now=now, resume=resume)
-        if consumed is not None:
-            batch.consumed(entry.session_id, consumed)
+        for seq in consumed:
+            batch.consumed(entry.session_id, seq)
         if entry.kind is SessionKind.MAIN:
             batch.cycle_done(entry.session_id)
         self._receipts(batch, entry, ended=False)

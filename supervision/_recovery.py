@@ -294,6 +294,7 @@ class _Recovery:
                 message=inbox.message if inbox is not None else None,
                 received_at=inbox.received_at if inbox is not None else None,
                 result=result,
+                message_id=inbox.id if inbox is not None else None,
             )
         )
         return wedged_id

@@ -136,13 +136,15 @@ class SpawnMany(Request[list[SpawnAnswer]], frozen=True):
 
 class Send(Request[ErrorInfo | None], frozen=True):
     """Queue an inbound message for a Main (one message cycle); ``unwedge``: the
-    held-back item it requeues, dropped in the same commit; ``trace``: the
-    caller's span (a traced node's cycle span continues it)."""
+    held-back item it requeues, dropped in the same commit (``message_id``: the
+    identity it was accepted with, kept); ``trace``: the caller's span (a
+    traced node's cycle span continues it)."""
 
     session_id: uuid.UUID
     message: object
     unwedge: uuid.UUID | None = None
     trace: str | None = None
+    message_id: uuid.UUID | None = None
 
 
 class Cancel(Request[ErrorInfo | None], frozen=True):
