@@ -661,7 +661,8 @@ async def _serve(
 @click.option(
     "--service-name",
     default=None,
-    help="The service.name the spans carry [default: the node's --name].",
+    help="The service.name the spans carry, also their Phoenix project "
+    "(openinference.project.name) [default: the node's --name].",
 )
 @click.option(
     "--trace-content",

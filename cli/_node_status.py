@@ -39,6 +39,8 @@ def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
     echo(shown(f"node {found['node']}: {found['state']}"))
     if "uptime_s" in found:
         echo(shown(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}"))
+    for agent, skills in (found.get("skills") or {}).items():
+        echo(shown(f"  agent {agent}: skills {', '.join(skills)}"))
     counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
     echo(shown(f"  sessions: {counts or 'none'}"))
     recovered = found.get("recovery")

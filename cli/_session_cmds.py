@@ -108,7 +108,7 @@ def _short_usage(view: dict[str, Any]) -> str:
 def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> str:
     text = (
         f"{info['kind']:<6} {info['state']:<9} {info['session_id'][:8]}  "
-        f"created {ago(info['created_at'], now)}"
+        f"{info.get('skill', ''):<10} created {ago(info['created_at'], now)}"
     )
     deadline = info.get("deadline")
     if deadline is not None and info["state"] in ("pending", "active", "suspended"):
@@ -123,8 +123,8 @@ def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> st
 
 
 def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
-    """A session tree as ASCII lines: kind, state, short id, when it was
-    created, time left to its TTL,
+    """A session tree as ASCII lines: kind, state, short id, skill, when it
+    was created, time left to its TTL,
     and the subtree's usage and what its budget has left."""
     lines: list[str] = []
 
@@ -170,6 +170,7 @@ def sessions() -> None:
     help="Only sessions of this kind.",
 )
 @click.option("--agent", default=None, help="Only this agent's sessions.")
+@click.option("--skill", default=None, help="Only sessions this skill runs.")
 @click.option("--key", default=None, help="Only sessions with this session key.")
 @click.option(
     "--limit",
@@ -201,6 +202,7 @@ def ls_cmd(
     state: str | None,
     kind: str | None,
     agent: str | None,
+    skill: str | None,
     key: str | None,
     limit: int,
     cursor: str | None,
@@ -222,6 +224,7 @@ def ls_cmd(
                 state=state,
                 kind=kind,
                 agent=agent,
+                skill=skill,
                 key=key,
                 limit=limit,
                 cursor=cursor,
@@ -241,6 +244,7 @@ def ls_cmd(
             and (state is None or row["info"]["state"] == state)
             and (kind is None or row["info"]["kind"] == kind)
             and (agent is None or row["info"]["agent_id"] == agent)
+            and (skill is None or row["info"]["skill"] == skill)
             and (key is None or row["info"]["key"] == key)
         )
         infos, next_cursor = page_of(matching, limit, cursor)

@@ -206,6 +206,7 @@ class WaitResult(msgspec.Struct, frozen=True, kw_only=True):
 
 class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """The node at a glance: what it runs, how long, its counters and its store;
+    ``skills``: each agent's skill names (by agent id, in registration order);
     ``replay_held``: why its start held replay back (the node kept crashing),
     ``wedged``: work recovery held back and nobody requeued or dropped yet;
     ``recovery``: what recovery did at the start (``recovery_summary``)."""
@@ -222,6 +223,7 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     replay_held: str | None = None
     wedged: int = 0
     recovery: dict[str, int] | None = None
+    skills: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
 
 def settings_of(config: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -106,7 +106,11 @@ class Endings:
                 data={
                     "cycle": end.cycle,
                     **({"error": end.error.message} if end.error else {}),
-                    **({"trace": core.cycle_trace} if core.cycle_trace else {}),
+                    **(
+                        {"trace": core.cycle_trace, "failure": end.error}
+                        if core.cycle_trace
+                        else {}
+                    ),
                     **({"kept": True} if end.store_refused else {}),
                 },
             )
@@ -229,7 +233,7 @@ class Endings:
             # False: the Granted message is in flight and Starting.granted releases the slot
             tree.rt.slots.forget(entry.grant)
             entry.grant = None
-        self._end_state(entry, state, code, now)
+        self._end_state(entry, state, code, now, error)
         tree.live -= 1
         if not entry.is_async:
             self._thread_ended(entry)
@@ -327,13 +331,19 @@ class Endings:
                 tree.zombies += 1
 
     def _end_state(
-        self, entry: TreeEntry, state: SessionState, code: ErrorCode | None, now: float
+        self,
+        entry: TreeEntry,
+        state: SessionState,
+        code: ErrorCode | None,
+        now: float,
+        error: ErrorInfo | None,
     ) -> None:
         """``Tree.set_state`` for an ending: ``entry`` becomes ``state`` (terminal)
-        and the event says so; under the same lock its compute slot is given
-        back and, unless its skill still runs (a forced task is yet to be
-        cancelled), its task dropped. ``InvalidTransitionError`` (nothing
-        changed) if the transition is illegal."""
+        and the event says so (on a traced node with its ``error``, for its
+        span); under the same lock its compute slot is given back and, unless
+        its skill still runs (a forced task is yet to be cancelled), its task
+        dropped. ``InvalidTransitionError`` (nothing changed) if the
+        transition is illegal."""
         core = entry.core
         old = core.state
         if state not in TRANSITIONS[old]:  # a broken invariant: the node fails loudly
@@ -348,13 +358,15 @@ class Endings:
         if held:
             core.slots.release()
         tree = self.tree
-        data = None
-        ledger = entry.ledger
-        if core.info.trace is not None and ledger is not None:  # for its span
-            data = {
-                "usage": msgspec.structs.asdict(ledger.subtree),
-                "settled": not ledger.reserved.calls,
-            }
+        data: dict[str, Any] | None = None
+        if core.info.trace is not None:  # for its span
+            data = {}
+            ledger = entry.ledger
+            if ledger is not None:
+                data["usage"] = msgspec.structs.asdict(ledger.subtree)
+                data["settled"] = not ledger.reserved.calls
+            if error is not None:
+                data["failure"] = error
         tree.emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now, data=data)
         if old is SessionState.SUSPENDED:
             # as set_state writes a Branch leaving suspension (the ending's own write follows)

@@ -47,8 +47,9 @@ class EventKind(enum.StrEnum):
 class Event(msgspec.Struct, frozen=True, kw_only=True):
     """One thing that happened to one session (or to the node, ``session_id`` None).
 
-    ``session_kind``: the session's kind (``main``, ``branch``, ``worker``) and
-    ``agent_id`` its agent, so an observer that joined late can still place it.
+    ``session_kind``: the session's kind (``main``, ``branch``, ``worker``),
+    ``agent_id`` its agent and ``skill`` the skill that runs it, so an observer
+    that joined late can still place it.
     ``DISCARDED``: a new session whose record could not be written was taken
     out again, as if never created.
     ``PASSIVATED``: an idle Main was written out and its actor stopped; its next
@@ -65,7 +66,12 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     ``cycle``, its span's ``trace``, ``parent_trace``, ``cut_off``) and
     ``MODEL_CALL`` (a model call ended; ``data``: model, tokens, timings and
     its span's ``trace``), and the ``trace`` of a Main's cycle in
-    ``CYCLE_ENDED``'s data.
+    ``CYCLE_ENDED``'s data; ``SPAWNED``'s data also holds the span's
+    ``trace``, ``trace_parent``, the ``ttl`` and the ``task``; a
+    ``TRANSITION`` to an end state holds the subtree's ``usage`` (and whether
+    it ``settled``) and the session's ``failure`` (its ``ErrorInfo``: for a
+    crash, the exception's type, message and traceback in its detail), as
+    does ``CYCLE_ENDED`` for a cycle that raised.
     """
 
     kind: EventKind
@@ -74,6 +80,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     parent_id: uuid.UUID | None = None
     session_kind: str | None = None
     agent_id: str | None = None
+    skill: str | None = None
     state: str | None = None
     previous: str | None = None
     code: str | None = None

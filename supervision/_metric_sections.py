@@ -82,8 +82,8 @@ class ScrapeCollector:
 
     def _sessions_section(self) -> Iterator[Metric]:
         sessions = family("sessiontree_sessions")
-        for (kind, state), value in self._tracker.session_counts():
-            sessions.add_metric((kind, state), value)
+        for labels, value in self._tracker.session_counts():
+            sessions.add_metric(labels, value)
         yield sessions
 
     def _slots_section(self) -> Iterator[Metric]:

@@ -210,6 +210,13 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
         return sorted(self._runtime.agents)
 
     @property
+    def skills(self) -> dict[str, list[str]]:
+        """Each registered agent's skill names, in the order it registered them,
+        by agent id (sorted); its Main's skill is ``Agent.main``."""
+        agents = self._runtime.agents
+        return {agent_id: list(agents[agent_id].skills) for agent_id in sorted(agents)}
+
+    @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The asyncio loop every async skill of this node runs on (inline ones:
         a ``process`` or ``ray`` step runs in its worker), on the node's one

@@ -38,7 +38,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from sessiontree.actors.runtime import span_context_of
-from sessiontree.protocol import ErrorCode, child_traceparent, flags_of
+from sessiontree.protocol import ErrorCode, ErrorInfo, child_traceparent, flags_of
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._tracing_config import Tracing
 
@@ -57,6 +57,15 @@ _ERRORS = frozenset(
         ErrorCode.BUDGET_EXHAUSTED.value,
     }
 )
+#: The resource attribute Arize Phoenix files spans by (its "project").
+_PROJECT = "openinference.project.name"
+#: How much of a session's task its span carries (characters).
+_TASK_CHARS = 200
+#: How much of a crash's traceback its span's ``exception`` event carries
+#: (characters, the end kept: the raise and the frames nearest it).
+_STACK_CHARS = 16_384
+#: How much of an error's message a span's status and ``exception`` event carry.
+_MESSAGE_CHARS = 4096
 #: Events that become span events of their session's span, by name.
 _SPAN_EVENTS = {
     EventKind.CANCEL_REQUESTED: "cancel_requested",
@@ -175,7 +184,13 @@ class SpanRecorder:
         except metadata.PackageNotFoundError:  # pragma: no cover - run from a checkout
             version = "0"
         self.resource = Resource.create(
-            {"service.name": tracing.service_name, "service.version": version, **tracing.resource}
+            {
+                "service.name": tracing.service_name,
+                "service.version": version,
+                # Phoenix files spans by project: the service's, unless the resource names one
+                _PROJECT: tracing.service_name,
+                **tracing.resource,
+            }
         )
         self.scope = InstrumentationScope("sessiontree", version)
         exporter = tracing.exporter or OTLPSpanExporter(
@@ -197,7 +212,7 @@ class SpanRecorder:
         self.cycles: dict[uuid.UUID, _Open] = {}
         # ended runs whose subtree still had model calls in flight: written once
         # their usage settles, with the final figures (see _usage_settled)
-        self.unsettled: dict[uuid.UUID, tuple[_Open, float, str | None, bool, str]] = {}
+        self.unsettled: dict[uuid.UUID, tuple[_Open, float, str | None, bool, str, str | None]] = {}
         self.closed = False
         self._guard = threading.Lock()  # the open spans: the Cortex's events, close()
 
@@ -283,6 +298,10 @@ class SpanRecorder:
             "gen_ai.agent.name": event.agent_id or "",
             "openinference.span.kind": "AGENT",  # how Phoenix draws it
         }
+        task = data.get("task")
+        if task:  # what tells runs of one skill apart (Phoenix shows it as the input)
+            attributes["sessiontree.task"] = attributes["input.value"] = _clipped(task)
+            attributes["input.mime_type"] = "text/plain"
         if event.parent_id is not None:
             attributes["sessiontree.parent.id"] = str(event.parent_id)
         if data.get("ttl") is not None:
@@ -327,10 +346,11 @@ class SpanRecorder:
         for name, value in event.data.get("usage", {}).items():
             span.attributes[f"sessiontree.usage.{name}"] = value
         error = code in _ERRORS or state == "failed"
+        message = _failed(span, event.data.get("failure"), at)
         if event.data.get("settled") is False:  # its span waits for the final figures
-            self.unsettled[sid] = (span, event.at, code, error, state)
+            self.unsettled[sid] = (span, event.at, code, error, state, message)
             return
-        self._end(span, event.at, code, error, state=state)
+        self._end(span, event.at, code, error, state=state, message=message)
 
     def _usage_settled(self, event: Event, sid: uuid.UUID) -> None:
         """The last call in an ended run's subtree settled: its span is written
@@ -338,10 +358,10 @@ class SpanRecorder:
         parked = self.unsettled.pop(sid, None)
         if parked is None:
             return
-        span, at, code, error, state = parked
+        span, at, code, error, state, message = parked
         for name, value in event.data.get("subtree_usage", {}).items():
             span.attributes[f"sessiontree.usage.{name}"] = value
-        self._end(span, at, code, error, state=state)
+        self._end(span, at, code, error, state=state, message=message)
 
     def _end(
         self,
@@ -384,6 +404,7 @@ class SpanRecorder:
                 "sessiontree.session.id": str(sid),
                 "sessiontree.session.kind": "main",
                 "sessiontree.cycle": data["cycle"],
+                "sessiontree.skill": event.skill or "",
                 "gen_ai.agent.name": event.agent_id or "",
                 "openinference.span.kind": "CHAIN",
             },
@@ -393,7 +414,8 @@ class SpanRecorder:
     def _cycle_ended(self, event: Event, sid: uuid.UUID) -> None:
         span = self.cycles.pop(sid, None)
         if span is not None:
-            self._end(span, event.at, event.code, True, message=event.data.get("error"))
+            message = _failed(span, event.data.get("failure"), _ns(event.at))
+            self._end(span, event.at, event.code, True, message=message)
 
     def _model_call(self, event: Event) -> None:
         data = event.data
@@ -483,9 +505,9 @@ class SpanRecorder:
             for span in [self._opened(run) for run in runs] + cycles:
                 span.events.append(SpanEvent("node_closed", None, _ns(at)))
                 self._write(span, at)
-            for span, ended, code, error, state in unsettled:  # calls still out: as known
+            for span, ended, code, error, state, message in unsettled:  # calls out: as known
                 span.attributes["sessiontree.usage.settled"] = False
-                self._end(span, ended, code, error, state=state)
+                self._end(span, ended, code, error, state=state, message=message)
             self._exporter.deadline = self.monotonic() + self.tracing.export_timeout
             self.processor.shutdown()
         except Exception:
@@ -494,6 +516,39 @@ class SpanRecorder:
 
 def _ns(seconds: float) -> int:
     return int(seconds * _NS)
+
+
+def _clipped(text: str, limit: int = _TASK_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (the last one an ellipsis when cut)."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _failed(span: _Open, failure: ErrorInfo | None, at: int) -> str | None:
+    """The status message of a span whose session ended with ``failure`` (None:
+    it did not fail); a crash also adds OpenTelemetry's ``exception`` event at
+    ``at`` (ns), from the exception's type, message and traceback that the
+    error's detail carries (``exception.type``, ``exception.message``,
+    ``exception.stacktrace``; a message past ``_MESSAGE_CHARS`` is cut, a
+    traceback past ``_STACK_CHARS`` keeps its end)."""
+    if failure is None:
+        return None
+    detail = failure.detail
+    kind = detail.get("type")
+    if isinstance(kind, str) and kind:
+        attributes = {
+            # as a traceback names it: builtins bare, everything else module-qualified
+            "exception.type": kind.removeprefix("builtins."),
+            "exception.message": _clipped(
+                str(detail.get("message", failure.message)), _MESSAGE_CHARS
+            ),
+        }
+        stack = detail.get("traceback")
+        if isinstance(stack, str) and stack:
+            if len(stack) > _STACK_CHARS:
+                stack = "...\n" + stack[-(_STACK_CHARS - 4) :]
+            attributes["exception.stacktrace"] = stack
+        span.events.append(SpanEvent("exception", attributes, at))
+    return _clipped(failure.message, _MESSAGE_CHARS)
 
 
 def _flat(data: dict[str, Any]) -> dict[str, Any]:

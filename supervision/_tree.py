@@ -208,6 +208,7 @@ class Tree:
                 parent_id=info.parent_id,
                 session_kind=info.kind._value_,
                 agent_id=info.agent_id,
+                skill=info.skill,
                 state=core.state._value_,
                 previous=None if previous is None else previous._value_,
                 code=None if code is None else code._value_,
@@ -323,7 +324,9 @@ class Tree:
             if restored:
                 data.update(restored=True, created_at=info.created_at)
             if info.trace is not None:  # a traced node: what its span needs
-                data.update(trace=info.trace, trace_parent=info.trace_parent, ttl=info.ttl)
+                data.update(
+                    trace=info.trace, trace_parent=info.trace_parent, ttl=info.ttl, task=info.task
+                )
                 if cut_off is not None:
                     data["cut_off"] = cut_off
             self.emit(EventKind.SPAWNED, entry, data=data)

@@ -51,8 +51,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
 @pytest.fixture(scope="module")
 def tree(node: RunningNode) -> dict[str, str]:
     """A Main, a branch whose task (and so its summary, ``done: <task>``) and
-    context are hostile, and the Main's echo of a hostile message in its
-    conversation."""
+    context are hostile, and a hostile message and the Main's echo of it in
+    its conversation."""
     main = node.http.post("/v1/sessions", json={"agent_id": "assistant"}).json()
     main_id = main["info"]["session_id"]
     spec = {"kind": "branch", "skill": "work", "task": HOSTILE, "context_summary": HOSTILE}
@@ -63,12 +63,12 @@ def tree(node: RunningNode) -> dict[str, str]:
     assert done["result"]["summary"] == f"done: {HOSTILE}"
     sent = node.http.post(f"/v1/sessions/{main_id}/messages", json={"message": HOSTILE})
     assert sent.status_code == 202, sent.text
-    for _ in range(200):  # the echo lands in the conversation: bounded, not slept on
+    for _ in range(200):  # the turn and its echo land in the conversation: bounded
         context = node.http.get(f"/v1/sessions/{main_id}/conversation/context").json()
-        if context:
+        if len(context) >= 2:
             break
         node.http.get(f"/v1/sessions/{main_id}/result", params={"timeout": 0.05})
-    assert [m["content"] for m in context] == [f"echo: {HOSTILE}"]
+    assert [m["content"] for m in context] == [HOSTILE, f"echo: {HOSTILE}"]
     return {"main": main_id, "child": child_id}
 
 
@@ -150,7 +150,7 @@ def test_json_output_stays_exact(node: RunningNode, tree: dict[str, str]) -> Non
     transcript = _run("conv", "transcript", "--session", tree["main"], "--node", node.url)
     assert transcript.returncode == 0, transcript.stderr
     said = [json.loads(line) for line in _clean(transcript.stdout).splitlines()]
-    assert [m.get("content") for m in said] == [f"echo: {HOSTILE}"]
+    assert [m.get("content") for m in said] == [HOSTILE, f"echo: {HOSTILE}"]
     exported = _run("store", "export", "--store", node.config["store"])
     assert exported.returncode == 0, exported.stderr
     lines = [json.loads(line) for line in _clean(exported.stdout).splitlines()]
@@ -163,7 +163,8 @@ def test_the_conversation_commands_print_nothing_raw(
     session = ["--session", tree["main"], "--node", node.url]
     context = _run("conv", "context", *session)
     assert context.returncode == 0, context.stderr
-    (line,) = _clean(context.stdout).splitlines()  # the echo, on one line
+    turn, line = _clean(context.stdout).splitlines()  # the message and its echo, a line each
+    assert r"user: \x1b]0;pwned\x07 \x1b[31mred\x1b[0m" in turn
     assert r"assistant: echo: \x1b]0;pwned\x07 \x1b[31mred\x1b[0m" in line
     branches = _run("conv", "branches", *session)
     assert branches.returncode == 0, branches.stderr

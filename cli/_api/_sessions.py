@@ -124,6 +124,10 @@ async def list_sessions(
     session_state: Annotated[SessionState | None, QueryParameter(name="state")] = None,
     kind: Annotated[SessionKind | None, QueryParameter()] = None,
     agent: Annotated[str | None, QueryParameter(max_length=128)] = None,
+    skill: Annotated[
+        str | None,
+        QueryParameter(max_length=128, description="Only sessions this skill runs."),
+    ] = None,
     key: Annotated[str | None, QueryParameter(max_length=1024)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 100,
     cursor: Annotated[str | None, QueryParameter(pattern=_CURSOR)] = None,
@@ -150,7 +154,7 @@ async def list_sessions(
         ),
     ] = False,
 ) -> SessionPage:
-    """Sessions oldest first, filtered by state, kind, agent, key, id prefix
+    """Sessions oldest first, filtered by state, kind, agent, skill, key, id prefix
     and marks (``stuck=true``, ``wedged=true``); paginated: ``limit`` items,
     and ``next_cursor`` (null on the last page) to pass as ``cursor`` for
     the next, in a stable order (created_at, then id).
@@ -162,6 +166,7 @@ async def list_sessions(
         info
         for info in await _candidates(node, session_state, kind, {"stuck": stuck, "wedged": wedged})
         if (agent is None or info.agent_id == agent)
+        and (skill is None or info.skill == skill)
         and (key is None or info.key == key)
         and (prefix is None or str(info.session_id).startswith(prefix))
         and (after is None or _sort_key(info) > after)
