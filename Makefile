@@ -1,32 +1,46 @@
-# Everything runs in .venv, created (and the project installed into it) on first use.
-# `make install` reinstalls into the existing venv, e.g. after pyproject.toml changed.
+# Everything runs in .venv, created on first use. What is installed into it depends on
+# the target: `make demo` the core package alone (what the demo needs), `make test` and
+# `make lint` the test set (the core with the node, top, ray, otlp, test-traces and
+# test extras). A stamp file per set records that it is installed, and is made again
+# when pyproject.toml changes; `make install` reinstalls the test set.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP_INSTALL := $(PY) -m pip install -q -e '.[test,ray,otlp,test-traces]' --config-settings editable_mode=strict
-MYPY_PACKAGES := -p sessiontree.protocol -p sessiontree.actors -p sessiontree.supervision -p sessiontree.store -p sessiontree.conversations -p sessiontree.cli
+EDITABLE := --config-settings editable_mode=strict
+TEST_EXTRAS := test,ray,otlp,test-traces
+CORE_STAMP := $(VENV)/.installed-core
+TEST_STAMP := $(VENV)/.installed-test
+MYPY_PACKAGES := -p sessiontree.protocol -p sessiontree.actors -p sessiontree.supervision -p sessiontree.store -p sessiontree.conversations -p sessiontree.testing -p sessiontree.cli
 
 .PHONY: demo test lint install clean
 
-demo: $(PY)
+demo: $(CORE_STAMP)
 	$(PY) -m sessiontree.cli demo
 
-test: $(PY)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q
 
-lint: $(PY)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(MYPY_PACKAGES)
 
 install:
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL)
+	rm -f $(TEST_STAMP)
+	$(MAKE) $(TEST_STAMP)
 
-# A venv whose install failed is removed, so the next run starts over.
+# A venv that could not be made (no ensurepip, say) is removed, so the next run starts over.
 $(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) || { rm -rf $(VENV); exit 1; }
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
+
+# The test set includes the core, so it stamps both.
+$(CORE_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e . $(EDITABLE)
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[$(TEST_EXTRAS)]' $(EDITABLE)
+	touch $@ $(CORE_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -24,9 +24,11 @@ __all__ = [
     "AsyncWaiter",
     "Cancelled",
     "ContextMessage",
+    "CycleInput",
     "SessionCond",
     "SessionContext",
     "SessionCore",
+    "copy_context",
     "wake_batch",
 ]
 
@@ -97,6 +99,53 @@ class SessionContext:
     tool_results: list[dict[str, Any]] = field(default_factory=list)
 
 
+def copy_context(context: SessionContext) -> SessionContext:
+    """A copy of ``context`` that later appends to ``context`` do not reach (its
+    messages are shared: the runtime only ever appends to a context)."""
+    return SessionContext(
+        system_prompt=context.system_prompt,
+        messages=list(context.messages),
+        tool_results=list(context.tool_results),
+    )
+
+
+@dataclass(slots=True)
+class CycleInput:
+    """What a Main's running message cycle runs for.
+
+    ``seq``: the message's number in the Main's stored inbox (None for a
+    child's result, or on a node without a store). ``key``: the identity of
+    the message or result (``m`` and the message's id, ``r`` and the child's
+    id; None when it has none), the same when a rerun runs it again: the
+    cycle's conversation appends are keyed by it and by their order
+    (``effects`` counts them), so a rerun replaces what an earlier run wrote
+    instead of adding to it. ``context``: the working context as the cycle
+    found it (on a node with a store), put back when the store refuses the
+    cycle so that its retry starts where it did. ``recorded``: the user's
+    turn was written with the cycle's start (else the run records it).
+    ``fresh``: no run of this input can have written anything before (a
+    message accepted by this process, running for the first time), so its
+    appends need not look for what they would replace.
+    """
+
+    seq: int | None = None
+    key: str | None = None
+    effects: int = 0
+    context: SessionContext | None = None
+    recorded: bool = False
+    fresh: bool = False
+
+    def next_effect(self) -> tuple[str, int, bool] | None:
+        """The key of the cycle's next conversation append: its input's key, its
+        place among the cycle's appends, and whether an earlier run may have
+        written it (None when the input has no key)."""
+        if self.key is None:
+            return None
+        place = self.effects
+        self.effects += 1
+        return self.key, place, not self.fresh
+
+
 class _Cancellable(Protocol):
     def cancel(self) -> None: ...
 
@@ -155,8 +204,8 @@ class SessionCore:
     skill thread reads the requests at checkpoints. All of it is guarded by
     ``cond``. Blocking waits release the compute slot and count the skill as
     blocked for :class:`Activity`. ``resumed`` is set when a session comes
-    back from the store after a restart; ``input_seq`` is the stored inbox
-    number of the message a Main's current cycle runs, ``attempt`` which run
+    back from the store after a restart; ``cycle_input`` is what a Main's
+    current cycle runs for (``input_seq`` its stored inbox number), ``attempt`` which run
     of its work this is (more than 1 once crashes cut runs of it off). ``remote`` is set for a
     session whose skill runs on another backend (a process, a Ray actor).
     ``cycle_trace``: a traced Main's running cycle's span.
@@ -199,7 +248,7 @@ class SessionCore:
         self.fence_code: ErrorCode | None = None
         self.release_code: ErrorCode | None = None  # a closing node let the skill go
         self.resumed = False
-        self.input_seq: int | None = None
+        self.cycle_input: CycleInput | None = None
         self.attempt = 1
         self.last_checkpoint = clock.monotonic()
         self.stuck = False
@@ -211,6 +260,20 @@ class SessionCore:
         self.task_loop: asyncio.AbstractEventLoop | None = None
         self.remote: tuple[ExecutionBackend, bytes] | None = None
         """Where the skill runs when not inline: the backend and the skill's bytes."""
+
+    @property
+    def input_seq(self) -> int | None:
+        """The stored inbox number of the message a Main's current cycle runs
+        (None for a child's result, or without a store)."""
+        cycle_input = self.cycle_input
+        return None if cycle_input is None else cycle_input.seq
+
+    def next_effect(self) -> tuple[str, int, bool] | None:
+        """The key of the running cycle's next conversation append (see
+        ``CycleInput``); None outside a Main's cycle, or for an input without one."""
+        with self.cond:
+            cycle_input = self.cycle_input
+            return None if cycle_input is None else cycle_input.next_effect()
 
     # -- compute slot ---------------------------------------------------------
 

@@ -26,6 +26,7 @@ from sessiontree.actors._host import RunEnd, SessionHost
 from sessiontree.actors._mailbox import mark_serving_thread, unmark_serving_thread
 from sessiontree.actors._trace_scope import enter_span, leave_span
 from sessiontree.protocol import (
+    CorruptRecordError,
     ErrorCode,
     ErrorInfo,
     EscalationError,
@@ -33,6 +34,8 @@ from sessiontree.protocol import (
     NonRetryableError,
     Outcome,
     SessionResult,
+    StoreError,
+    StoreLockedError,
 )
 
 __all__ = [
@@ -41,8 +44,10 @@ __all__ = [
     "crash_info",
     "finish_run",
     "is_async_skill",
+    "refuse_run",
     "run_async",
     "run_sync",
+    "store_refused",
     "to_outcome",
 ]
 
@@ -123,14 +128,42 @@ def _iterable(value: object) -> tuple[object, ...]:
 _CANCELLED = RunEnd(cancelled=True)  # frozen: one shared by every cancelled run
 
 
+def store_refused(exc: BaseException) -> StoreError | None:
+    """The store's refusal of a write that ``exc`` is, or was raised from
+    (``StoreError``: the map is full, a commit failed, the file is damaged),
+    else None. A record that does not decode (``CorruptRecordError``) is not
+    a refusal."""
+    seen: set[int] = set()
+    found: BaseException | None = exc
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        if isinstance(found, StoreError) and not isinstance(
+            found, CorruptRecordError | StoreLockedError
+        ):
+            return found
+        found = found.__cause__ or found.__context__
+    return None
+
+
+def _refused_end(exc: BaseException, refusal: StoreError, cycle: int) -> RunEnd:
+    """A Main's cycle the store refused: the store's code and message, the
+    traceback of what the skill raised in ``detail``."""
+    error = ErrorInfo(code=refusal.code, message=str(refusal), detail=crash_info(exc).detail)
+    return RunEnd(error=error, cycle=cycle, store_refused=True)
+
+
 def _end_by(exc: BaseException, cycle: int) -> RunEnd:
     """How a raise ends a run: ``Cancelled`` (or a forced task's ``CancelledError``)
     is a cancellation, ``KeyboardInterrupt``/``SystemExit`` a crash that also stops
-    the node, anything else a crash."""
+    the node, anything else a crash (a Main's cycle the store refused a write
+    of: ``store_refused``)."""
     if isinstance(exc, Cancelled | asyncio.CancelledError):
         return _CANCELLED if cycle == 0 else RunEnd(cancelled=True, cycle=cycle)
     if isinstance(exc, KeyboardInterrupt | SystemExit):
         return RunEnd(error=crash_info(exc), fatal=exc, cycle=cycle)
+    refusal = store_refused(exc) if cycle else None
+    if refusal is not None:
+        return _refused_end(exc, refusal, cycle)
     return RunEnd(error=crash_info(exc), cycle=cycle)
 
 
@@ -335,6 +368,15 @@ def finish_run(host: SessionHost, core: SessionCore, end: RunEnd) -> None:
         core.activity.end()
 
 
+def refuse_run(host: SessionHost, core: SessionCore, refusal: StoreError, cycle: int) -> None:
+    """End a Main's cycle that never ran its skill because the store refused the
+    write of its start: reported as a run the store refused."""
+    core.activity.begin()  # as start_run does: finish_run ends it
+    with core.cond:
+        core.skill_running = True
+    finish_run(host, core, _refused_end(refusal, refusal, cycle))
+
+
 def is_async_skill(skill: Callable[..., Any]) -> bool:
     """Whether ``skill`` must be awaited (an ``async def`` or an async ``__call__``)."""
     return inspect.iscoroutinefunction(skill) or inspect.iscoroutinefunction(
@@ -355,6 +397,8 @@ def run_sync(
         if not core.holds_slot:
             core.acquire_slot_blocking()
         core.touch()  # stuck detection counts from the start of the run
+        if cycle:  # a Main's cycle: what it received is recorded first
+            host.record_input(core, handle.message)
         end = _end_of(skill(handle), cycle)
     except BaseException as exc:  # noqa: BLE001 - every raise ends the run somehow
         end = _end_by(exc, cycle)
@@ -386,6 +430,8 @@ async def run_async(
         if not core.holds_slot:
             await core.acquire_slot_async()
         core.touch()
+        if cycle:
+            await host.arecord_input(core, handle.message)
         end = _end_of(await skill(handle), cycle)
     except BaseException as exc:  # noqa: BLE001 - every raise ends the run somehow
         end = _end_by(exc, cycle)

@@ -27,7 +27,9 @@ class RunEnd:
     """How one skill run ended: a value, a crash, or ``Cancelled`` escaping it.
 
     ``fatal`` holds a ``KeyboardInterrupt``/``SystemExit`` the skill raised:
-    the session fails and the node shuts down in order.
+    the session fails and the node shuts down in order. ``store_refused``: a
+    Main's cycle ended by the store refusing one of its writes (``error``
+    says which): its message or result is kept and the cycle runs again.
     """
 
     outcome: Outcome | None = None
@@ -35,6 +37,7 @@ class RunEnd:
     cancelled: bool = False
     fatal: BaseException | None = None
     cycle: int = 0
+    store_refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,12 +173,29 @@ class SessionHost(Protocol):
         the supervisor; None on a node that is not traced."""
         ...
 
+    def record_input(self, core: SessionCore, message: Any) -> None:
+        """A Main's cycle for ``message`` begins (on the thread that runs it):
+        record what it received where it keeps it, once per input also across a
+        rerun. Raises ``StoreError`` when the store refuses the write."""
+        ...
+
+    async def arecord_input(self, core: SessionCore, message: Any) -> None:
+        """``record_input`` for an async skill's cycle (the loop is never blocked)."""
+        ...
+
     def cycle_starting(
-        self, core: SessionCore, seq: int | None, child_id: uuid.UUID | None, attempt: int
+        self,
+        core: SessionCore,
+        seq: int | None,
+        child_id: uuid.UUID | None,
+        attempt: int,
+        message: Any = None,
     ) -> concurrent.futures.Future[None] | None:
         """A Main is about to run a cycle for inbox message ``seq`` or child
-        ``child_id``'s result (attempt ``attempt``): None to run it now, or a
-        future that finishes (on another thread) once the start is durable."""
+        ``child_id``'s result (attempt ``attempt``; ``message``: what the cycle
+        runs for): None to run it now, or a future that finishes (on another
+        thread) once the start is durable (it may write the user's turn with
+        it: see ``record_input``); it fails with the store's error."""
         ...
 
     def refused(self, core: SessionCore, what: str) -> None:

@@ -427,10 +427,12 @@ class Session(_Base):
         Entries come in completion order; a child still running at the timeout
         gives a ``timed_out`` entry and keeps running. ``quorum``: stop waiting
         once that many have succeeded (with ``aggregate="vote"``: that many
-        agree, or the leading answer can no longer be overtaken); the rest are
-        cancelled with the node's grace and waited for (``superseded``
-        entries, with what they returned in it), and the entries that met it
-        are ``counted``. ``RejectedInputError`` naming ``quorum`` for one that
+        agree, or the leading answer can no longer be overtaken), or at once
+        when too many have failed for it to be met (then none is
+        ``counted``); the rest are cancelled with the node's grace and waited
+        for (``superseded`` entries, with what they returned in it; one that
+        never returns ends at the grace, terminated by force), and the
+        entries that met it are ``counted``. ``RejectedInputError`` naming ``quorum`` for one that
         is not an integer from 1 to the number of children.
         """
         wanted = self._wanted(children)

@@ -13,22 +13,26 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sessiontree.actors._activity import Activity
-from sessiontree.actors._core import SessionCore
+from sessiontree.actors._core import CycleInput, SessionCore
 from sessiontree.actors._execution import (
     EventLoopThread,
     StepExecutor,
     crash_info,
     finish_run,
     is_async_skill,
+    refuse_run,
     run_async,
     run_sync,
+    store_refused,
 )
 from sessiontree.actors._host import RunEnd, SessionHost
 from sessiontree.actors._mailbox import Counted, drain_inbox, handler_scope
@@ -39,11 +43,13 @@ from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionResul
 __all__ = [
     "CancelSignal",
     "CycleDone",
+    "CycleRefused",
     "Deliver",
     "ForceStop",
     "Inbound",
     "Inspect",
     "Passivate",
+    "RetryCycle",
     "SessionActorLogic",
     "StopSession",
     "start_run",
@@ -58,25 +64,31 @@ class Inbound:
     numbers it in the Main's stored inbox (None without a store); ``attempt``:
     which run of it this is (more than 1 after crashes cut runs off). On a
     traced node ``trace`` is the caller's span (the cycle's span continues it)
-    and ``cut_off`` the span of the run a crash cut off (the cycle's links to it)."""
+    and ``cut_off`` the span of the run a crash cut off (the cycle's links to it).
+    ``id``: the message's identity, given when it was accepted and kept across
+    restarts (the cycle's conversation appends are keyed by it); ``fresh``: no
+    run of it can have written anything yet (see ``CycleInput``)."""
 
     message: Any
     seq: int | None = None
     attempt: int = 1
     trace: str | None = None
     cut_off: str | None = None
+    id: uuid.UUID | None = None
+    fresh: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
     """A child's result, already filed on the session: a Main runs a cycle for it
-    (``attempt``, ``cut_off``: as for ``Inbound``; ``trace``: the child's span,
-    which the cycle's span continues)."""
+    (``attempt``, ``cut_off``, ``fresh``: as for ``Inbound``; ``trace``: the
+    child's span, which the cycle's span continues)."""
 
     result: SessionResult
     attempt: int = 1
     trace: str | None = None
     cut_off: str | None = None
+    fresh: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +135,18 @@ class CycleDone:
     """A Main's message cycle ended; start the next one if any is queued."""
 
 
+@dataclass(frozen=True, slots=True)
+class CycleRefused:
+    """The store refused a write of the Main's cycle: its message or result is
+    not consumed. It goes back to the front of the queue (a result back among
+    the unclaimed) and no cycle starts until ``RetryCycle``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryCycle:
+    """Start cycles again after a ``CycleRefused`` (the store may take writes)."""
+
+
 class SessionActorLogic:
     """Message handling of a session actor; combined with a pykka base by ``actor_class``.
 
@@ -161,6 +185,8 @@ class SessionActorLogic:
         self.inputs: collections.deque[Any] = collections.deque()
         self.cycle_running = False
         self.cycles = 0
+        self.current: Inbound | Deliver | None = None  # what the running cycle runs for
+        self.held = False  # the store refused a cycle: none starts until RetryCycle
 
     def _new_urn(self) -> str:
         """A pooled session actor is named after its session: no UUID made per spawn."""
@@ -209,6 +235,12 @@ class SessionActorLogic:
                     self._next_cycle()
             case CycleDone():
                 self.cycle_running = False
+                self.current = None
+                self._next_cycle()
+            case CycleRefused():
+                self._keep_current()
+            case RetryCycle():
+                self.held = False
                 self._next_cycle()
             case CancelSignal(code=code):
                 core.request_cancel(code)
@@ -247,10 +279,27 @@ class SessionActorLogic:
         self.inputs.clear()
         core.cancel_task()
 
+    def _keep_current(self) -> None:
+        """The running cycle's input was not consumed: first in line again, held."""
+        item, self.current = self.current, None
+        self.cycle_running = False
+        core = self.core
+        if item is None or core.cancel_code is not None or core.fenced:
+            return  # ending: what it held goes with it
+        if isinstance(item, Deliver):
+            with core.cond:  # claimed when the cycle started: owed again
+                core.unclaimed[item.result.session_id] = item.result
+        self.inputs.appendleft(dataclasses.replace(item, fresh=False))  # it ran once
+        self.held = True
+
     def _next_cycle(self) -> None:
         core = self.core
         while (
-            self.inputs and not self.cycle_running and core.cancel_code is None and not core.fenced
+            self.inputs
+            and not self.cycle_running
+            and not self.held
+            and core.cancel_code is None
+            and not core.fenced
         ):
             item = self.inputs.popleft()
             if isinstance(item, Deliver):
@@ -258,18 +307,24 @@ class SessionActorLogic:
                     result = core.claim(item.result.session_id)
                 if result is None:  # a collect in an earlier cycle already took it
                     continue
-                core.input_seq, child, message = None, result.session_id, result
+                child, message = result.session_id, result
+                cycle_input = CycleInput(None, f"r{child}", fresh=item.fresh)
             else:
-                core.input_seq, child, message = item.seq, None, item.message
+                child, message = None, item.message
+                key = None if item.id is None else f"m{item.id}"
+                cycle_input = CycleInput(item.seq, key, fresh=item.fresh)
+            with core.cond:
+                core.cycle_input = cycle_input
             core.attempt = item.attempt
             self.cycles += 1
             self.cycle_running = True
+            self.current = item
             trace = self.host.cycle_traced(core, self.cycles, item.trace, item.cut_off)
             if trace is not None or core.cycle_trace is not None:  # see SessionCore
                 core.cycle_trace = trace
             # With a store the cycle is marked as started, durably, before the
             # skill runs: a crash in it is then counted against its input.
-            marked = self.host.cycle_starting(core, core.input_seq, child, item.attempt)
+            marked = self.host.cycle_starting(core, core.input_seq, child, item.attempt, message)
             if marked is None:
                 self._submit(message, self.cycles)
             else:
@@ -279,21 +334,26 @@ class SessionActorLogic:
     def _marked(self, message: Any, cycle: int, marked: concurrent.futures.Future[None]) -> None:
         """The cycle's start is durable (on the store's writer thread): run it,
         unless the Main was cancelled or fenced meanwhile (its end does not wait
-        for a cycle that never started). A mark that failed is logged and the
-        cycle runs anyway: the store's failure is counted where it happened,
-        and refusing the cycle would drop an acknowledged message."""
+        for a cycle that never started). A mark the store refused ends the
+        cycle as refused without running it (its input is kept for a retry);
+        one that failed otherwise is logged and the cycle runs anyway."""
         core = self.core
         if core.fenced or core.cancel_code is not None:
             self.activity.end()
             return
-        if marked.exception() is not None:
-            log.error(
-                "session %s: the start of cycle %d could not be recorded: %s",
-                self.core.session_id,
-                cycle,
-                marked.exception(),
-            )
+        error = marked.exception()
         try:
+            refusal = None if error is None else store_refused(error)
+            if refusal is not None:
+                refuse_run(self.host, core, refusal, cycle)
+                return
+            if error is not None:
+                log.error(
+                    "session %s: the start of cycle %d could not be recorded: %s",
+                    self.core.session_id,
+                    cycle,
+                    error,
+                )
             self._submit(message, cycle)
         finally:
             self.activity.end()

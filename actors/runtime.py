@@ -11,7 +11,13 @@ contexts), ``sessiontree.actors.backends`` and ``sessiontree.supervision``.
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._clock import LoopTimer
-from sessiontree.actors._core import SessionCond, SessionCore, wake_batch
+from sessiontree.actors._core import (
+    CycleInput,
+    SessionCond,
+    SessionCore,
+    copy_context,
+    wake_batch,
+)
 from sessiontree.actors._execution import (
     EventLoopThread,
     StepExecutor,
@@ -39,11 +45,13 @@ from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor, 
 from sessiontree.actors._session_actor import (
     CancelSignal,
     CycleDone,
+    CycleRefused,
     Deliver,
     ForceStop,
     Inbound,
     Inspect,
     Passivate,
+    RetryCycle,
     SessionActorLogic,
     StopSession,
     start_run,
@@ -61,6 +69,8 @@ __all__ = [
     "ComputeSlots",
     "Counted",
     "CycleDone",
+    "CycleInput",
+    "CycleRefused",
     "Deliver",
     "Dispatcher",
     "EventLoopThread",
@@ -73,6 +83,7 @@ __all__ = [
     "Passivate",
     "PooledActor",
     "Reply",
+    "RetryCycle",
     "RunEnd",
     "SessionActorLogic",
     "SessionCond",
@@ -84,6 +95,7 @@ __all__ = [
     "Tape",
     "TapedClock",
     "actor_class",
+    "copy_context",
     "crash_info",
     "drain_inbox",
     "finish_run",

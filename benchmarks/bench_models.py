@@ -4,7 +4,7 @@
 
 What it measures (the keys of the last stdout line, one JSON object). Both
 sides talk to the same local chat-completions stand-in
-(``sessiontree.cli._standin.StandinServer``) over real sockets; by default it
+(``sessiontree.testing.StandinServer``) over real sockets; by default it
 runs in a process of its own, so it does not share the benchmark's GIL (its
 CPU share during each throughput round is reported: well under one core
 means it is not what limits either side).
@@ -68,9 +68,9 @@ from typing import Any, TypeVar
 import openai
 from _common import fdatasync_ms, log, real_disk_dir
 
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import SessionKind, SessionState, SpawnSpec
 from sessiontree.supervision import Agent, Node, NodeConfig, Provider
+from sessiontree.testing import StandinServer
 
 MODEL = "bench-model"
 #: 15 words: the stand-in echoes them ("echo " + prompt), so a reply is 16

@@ -29,6 +29,12 @@ What it measures (the keys of the last stdout line, one JSON object):
   every export) ÷ the same on a node that is not traced; the two alternate
   on fresh nodes (two builds of each with ``--quick``, three in full),
   medians.
+* ``metered_spawn_ratio`` — the same with ``NodeMetrics`` watching the node
+  (what a standalone node always has: every event of every session is
+  counted by kind, state, agent and skill) ÷ without; ``metered_cancel_ratio``
+  the cascade cancel's time with them ÷ without (every ending observed).
+  Alternated on fresh nodes like the traced builds (three of each with
+  ``--quick``, five in full), medians.
 
 All skills are ``async def`` (one event-loop thread for all of them; each
 session is still one actor). Nothing here busy-waits: workers block in
@@ -62,7 +68,7 @@ from typing import Any
 from _common import log
 
 from sessiontree.protocol import SessionState
-from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig, Tracing
+from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig, NodeMetrics, Tracing
 
 FANOUT = 8
 WORKER_DEPTH = 4
@@ -546,6 +552,46 @@ def traced_builds(reps: int) -> dict[str, Any]:
     return {"ratio": on / off, "off": off, "on": on}
 
 
+def metered_builds(reps: int) -> dict[str, Any]:
+    """Tree builds and cascade cancels on a node ``NodeMetrics`` watches and on
+    one it does not, alternated (unmetered, metered, ...): spawns per second
+    and cancel seconds of each; the metered node is scraped once at the end."""
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    cancels: dict[str, list[float]] = {"off": [], "on": []}
+    for rep in range(reps):
+        for mode in ("off", "on"):
+            state, watcher = TreeState(), Watcher()
+            node = Node([make_agent(state)], node_config())
+            metrics = NodeMetrics(node) if mode == "on" else None
+            node.subscribe(watcher)
+            try:
+                main, built = build_tree(node, watcher)
+                rates[mode].append(TREE_SESSIONS / built)
+                cancels[mode].append(cascade_cancel(node, watcher, main)["seconds"])
+                if metrics is not None:
+                    scraped = metrics.exposition()
+                    if b"sessiontree_sessions_spawned_total" not in scraped:
+                        raise RuntimeError("the metered node's scrape lacks its spawns")
+            finally:
+                if metrics is not None:
+                    metrics.close()
+                node.shutdown(grace=0)
+            log(
+                f"  metered rep {rep + 1}/{reps} metrics {mode}: {rates[mode][-1]:,.0f}/s, "
+                f"cancel {cancels[mode][-1]:.3f} s"
+            )
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    cancel_off, cancel_on = statistics.median(cancels["off"]), statistics.median(cancels["on"])
+    return {
+        "ratio": on / off,
+        "off": off,
+        "on": on,
+        "cancel_ratio": cancel_on / cancel_off,
+        "cancel_off_s": cancel_off,
+        "cancel_on_s": cancel_on,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute)")
@@ -563,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     scaling = linear_scaling(small_reps, big_reps)
     log("tracing: tree builds exported to a loopback OTLP receiver, and without")
     traced = traced_builds(2 if args.quick else 3)
+    log("metrics: tree builds and cancels watched by NodeMetrics, and without")
+    metered = metered_builds(3 if args.quick else 5)
 
     spawn_rates = [TREE_SESSIONS / s for s in tree["spawn_s"]]
     crash = tree["crash_ms"]
@@ -575,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
         "crash_to_parent_p99_ms": round(percentile(crash, 99), 3),
         "linear_scaling_ratio": round(scaling["ratio"], 3),
         "traced_spawn_ratio": round(traced["ratio"], 3),
+        "metered_spawn_ratio": round(metered["ratio"], 3),
+        "metered_cancel_ratio": round(metered["cancel_ratio"], 3),
         "quick": args.quick,
         "tree_builds": len(tree["spawn_s"]),
         "spawn_per_s_all": [round(r, 1) for r in spawn_rates],
@@ -593,6 +643,10 @@ def main(argv: list[str] | None = None) -> int:
         "cycles_per_s": round(scaling["cycles_per_s"], 1),
         "spawn_per_s_traced": round(traced["on"], 1),
         "spawn_per_s_untraced": round(traced["off"], 1),
+        "spawn_per_s_metered": round(metered["on"], 1),
+        "spawn_per_s_unmetered": round(metered["off"], 1),
+        "cascade_cancel_metered_s": round(metered["cancel_on_s"], 4),
+        "cascade_cancel_unmetered_s": round(metered["cancel_off_s"], 4),
         "peak_rss_bytes": tree["peak_rss"],
         "peak_threads": tree["peak_threads"],
         "cpus": os.cpu_count(),

@@ -2,11 +2,16 @@
 
 A standalone node runs the agents ``--agents module:object`` names, the
 convention of uvicorn and celery: the object is an ``Agent``, an iterable of
-them, or a callable taking no arguments that returns either. As with
-uvicorn, the current folder is searched first, so ``--agents myagents:agents``
-started beside ``myagents.py`` needs no ``PYTHONPATH``. Without
-``--agents`` the node runs the built-in ``assistant`` agent, so a fresh node
-can be driven (and watched) at once.
+them, or a callable taking no arguments that returns either. A module that
+cannot be found otherwise is looked for in the current folder, so
+``--agents myagents:agents`` started beside ``myagents.py`` needs no
+``PYTHONPATH``; but the folder is on ``sys.path`` for that import only (an
+installed module, or a part of sessiontree, is imported without it). So a
+file lying in the folder a node starts in (an ``httptools.py`` that uvicorn
+would import lazily) is never imported in its place. The node's worker
+processes (the process backend) find such a module through a private folder
+holding a link to it alone. Without ``--agents`` the node runs the built-in
+``assistant`` agent, so a fresh node can be driven (and watched) at once.
 
 The assistant is model-backed once the node has a model provider
 (``node start --model-url URL --model NAME``): its Main answers chat
@@ -18,17 +23,26 @@ crash).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import importlib
+import importlib.machinery
+import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import msgspec
 
 from sessiontree.actors import AsyncSession
 from sessiontree.protocol import (
+    ChatMessage,
     Completion,
     ErrorCode,
     ErrorInfo,
@@ -50,15 +64,15 @@ class AgentLoadError(SessionTreeError):
 
 def load_agents(path: str) -> list[Agent]:
     """The agents ``path`` (``module:object``, the object may be dotted) names,
-    the module imported with the current folder first on ``sys.path`` (as
-    uvicorn does); ``AgentLoadError`` naming the part that failed."""
+    the module imported from the current folder if it is not found elsewhere
+    (see the module's docstring); ``AgentLoadError`` naming the part that
+    failed."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         msg = f"--agents {path!r} must look like module:object"
         raise AgentLoadError(msg)
-    _cwd_first()
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = _import(module_name)
     except ImportError as exc:
         msg = f"--agents {path!r}: cannot import {module_name!r}: {exc}"
         raise AgentLoadError(msg) from exc
@@ -90,14 +104,43 @@ def load_agents(path: str) -> list[Agent]:
     return found
 
 
-def _cwd_first() -> None:
-    """Put the current folder at the front of ``sys.path`` (once): a console
-    script's ``sys.path[0]`` is its own folder, not the one it runs in."""
+def _import(module_name: str) -> ModuleType:
+    """``module_name`` imported as ``sys.path`` finds it, else with the current
+    folder first on ``sys.path`` for this import only (then reachable by the
+    node's worker processes through ``_link_for_workers``)."""
+    top = module_name.partition(".")[0]
+    if top == "sessiontree" or importlib.util.find_spec(top) is not None:
+        return importlib.import_module(module_name)
     here = os.getcwd()
-    if sys.path[:1] != [here]:
-        if here in sys.path:
-            sys.path.remove(here)
-        sys.path.insert(0, here)
+    sys.path.insert(0, here)
+    try:
+        module = importlib.import_module(module_name)
+    finally:
+        with contextlib.suppress(ValueError):  # the module may have taken it off itself
+            sys.path.remove(here)  # the first one: the entry put there above
+    _link_for_workers(top, here)
+    return module
+
+
+def _link_for_workers(top: str, here: str) -> None:
+    """Let the node's worker processes, which start with this ``sys.path``,
+    import ``top`` (a module or package in ``here``) too: through a private
+    folder (removed at exit) holding a link to it alone, so nothing else of
+    ``here`` becomes importable. Nothing is done for a module that is not a
+    file or folder there."""
+    spec = importlib.machinery.PathFinder.find_spec(top, [here])
+    if spec is None:
+        return
+    if spec.submodule_search_locations is not None:
+        target = Path(here, top)  # a package, or a namespace package
+    elif spec.origin is not None and Path(spec.origin).parent == Path(here):
+        target = Path(spec.origin)
+    else:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="sessiontree-agents-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    (folder / target.name).symlink_to(target)
+    sys.path.append(str(folder))
 
 
 def with_model(agents: Iterable[Agent], model: str) -> list[Agent]:
@@ -137,13 +180,31 @@ def _error(error: ErrorInfo) -> dict[str, Any]:
     return {"code": error.code.value, "message": error.message, "detail": dict(error.detail)}
 
 
+def _text_of(message: Any) -> str:
+    """What a Main's inbound message says: a routed chat message's text, a
+    mapping's ``text``, a string as it is, anything else as its JSON."""
+    chat = ChatMessage.of(message)
+    if chat is not None:
+        return chat.inbound.text
+    if isinstance(message, dict) and isinstance(message.get("text"), str):
+        return str(message["text"])
+    if isinstance(message, str):
+        return message
+    return msgspec.json.encode(message).decode()
+
+
 async def _chat(session: AsyncSession) -> None:
     """A Main's cycle: a chat message is answered in its conversation by the
     node's model (with the Main's working context: earlier turns are sent
     too), or echoed when the node has no model provider; a failed call is
     answered with a ``system`` message holding its typed error. Children's
     results are noted in the working context (as ``system`` text, which a
-    chat model accepts between turns), so the model hears of them."""
+    chat model accepts between turns), so the model hears of them.
+
+    Both sides stay in the conversation once: the runtime records the user's
+    turn as the cycle begins, and the reply is the cycle's append, so a
+    rerun after a crash (``session.attempt`` 2, …) replaces it rather than
+    answering twice."""
     message = session.message
     if isinstance(message, SessionResult):
         note = f"child {message.session_id} ended {message.status.value}"
@@ -151,9 +212,8 @@ async def _chat(session: AsyncSession) -> None:
             "system", f"{note}: {message.summary}" if message.summary else note
         )
         return
-    inbound = message.get("inbound") if isinstance(message, dict) else None
-    text = inbound.get("text") if isinstance(inbound, dict) else message
-    reply = await session.complete(str(text))
+    text = _text_of(message)
+    reply = await session.complete(text)
     if _no_provider(reply):
         await session.conversation.aappend("assistant", f"echo: {text}")
     elif reply.error is not None:
@@ -198,7 +258,8 @@ async def _fan_out(session: AsyncSession) -> str:
     except ValueError:
         count = 0
     gathered = await session.fan_out(["0"] * count, kind="worker", skill="work")
-    return f"{len(gathered.results)} of {count} workers completed"
+    done = len(gathered.results)
+    return f"{done} of {count} {'worker' if count == 1 else 'workers'} completed"
 
 
 def _crash(session: AsyncSession) -> None:

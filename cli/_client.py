@@ -25,6 +25,7 @@ import click
 import httpx
 from click.core import ParameterSource
 
+from sessiontree.cli._text import shown
 from sessiontree.cli._token import auth_headers
 
 __all__ = [
@@ -127,7 +128,8 @@ class NodeRefused(click.ClickException):
 
     def __init__(self, status: int, error: dict[str, Any]) -> None:
         where = f" (field {error['field']})" if error.get("field") else ""
-        super().__init__(f"{error.get('code', status)}: {error.get('message', '')}{where}")
+        # one line, whatever the node put in its message (``_text.shown``)
+        super().__init__(shown(f"{error.get('code', status)}: {error.get('message', '')}{where}"))
         self.status = status
         self.error = error
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +29,8 @@ from sessiontree.actors import RealClock
 from sessiontree.cli._client import NODE_OPTION, STORE_ENV, NodeClient, resolve_source
 from sessiontree.cli._exits import failure
 from sessiontree.cli._ids import node_candidates, resolve_id, store_candidates
+from sessiontree.cli._text import echo, shown
+from sessiontree.cli._words import plural
 from sessiontree.conversations import Conversation, Conversations, nested_json, preview_text
 from sessiontree.protocol import (
     MAIN_KEY,
@@ -190,7 +191,7 @@ _JSON = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdou
 
 
 def _echo_json(value: Any) -> None:
-    click.echo(msgspec.json.encode(value).decode())
+    echo(msgspec.json.encode(value).decode())
 
 
 def _show(value: Any, as_json: bool, line: str) -> None:
@@ -198,14 +199,15 @@ def _show(value: Any, as_json: bool, line: str) -> None:
     if as_json:
         _echo_json(value)
     else:
-        click.echo(line)
+        echo(line)
 
 
 def _branch_line(branch: BranchInfo) -> str:
     mark = "*" if branch.current else " "
     last = branch.last_message
     said = "" if last is None else f'  "{preview_text(last.content)}"'
-    return f"{mark} {branch.number:>3}  {branch.name}  ({branch.message_count} messages){said}"
+    count = plural(branch.message_count, "message")
+    return shown(f"{mark} {branch.number:>3}  {branch.name}  ({count}){said}")
 
 
 @click.group("conv")
@@ -224,7 +226,7 @@ def branches_cmd(target: _Target, as_json: bool) -> None:
         _echo_json(found)
         return
     for branch in found:
-        click.echo(_branch_line(branch))
+        echo(_branch_line(branch))
 
 
 @conv.command("context")
@@ -245,7 +247,7 @@ def context_cmd(target: _Target, limit: int, as_json: bool) -> None:
         _echo_json([m.to_spec() for m in messages])
         return
     for message in messages:
-        click.echo(f"{message.role.value:>9}: {preview_text(message.content, 100)}")
+        echo(shown(f"{message.role.value:>9}: {preview_text(message.content, 100)}"))
 
 
 @conv.command("tree")
@@ -269,13 +271,13 @@ def tree_cmd(target: _Target, fmt: str, out: Path | None) -> None:
     with _conversation(target, write=False) as conversation:
         content = conversation.export_tree(fmt)
     if out is None:
-        sys.stdout.write(content if content.endswith("\n") else content + "\n")
+        echo(content, nl=not content.endswith("\n"))  # control characters escaped
         return
     try:
         out.write_text(content, encoding="utf-8")
     except OSError as exc:
         raise _fail(exc) from exc
-    click.echo(f"wrote {fmt} tree to {out}", err=True)
+    echo(f"wrote {fmt} tree to {out}", err=True)
 
 
 @conv.command("transcript")
@@ -286,7 +288,7 @@ def transcript_cmd(
     """The transcript as JSONL (one message a line, in the order written)."""
     with _conversation(target, write=False) as conversation:
         for line in conversation.transcript():
-            sys.stdout.write(line)
+            echo(line, nl=False)  # JSON: escaped control characters stay exact
 
 
 @conv.command("fork")
@@ -325,8 +327,9 @@ def merge_cmd(target: _Target, branch: str, as_json: bool) -> None:
     """Copy BRANCH's own messages onto the current branch (both stay)."""
     with _conversation(target, write=True) as conversation:
         merged = conversation.merge(branch)
-    counts = f"{len(merged.messages)} messages of {merged.source_name} into {merged.into_name}"
-    _show(merged, as_json, f"merged {counts}")
+    counts = f"{plural(len(merged.messages), 'message')} of {merged.source_name} into "
+    counts += merged.into_name
+    _show(merged, as_json, shown(f"merged {counts}"))
 
 
 @conv.command("delete-branch")
@@ -349,12 +352,12 @@ def delete_branch_cmd(
     if as_json:
         _echo_json(plan)
     elif token is None:
-        click.echo(
-            f"branch {plan.number} ({plan.name}): {plan.count} messages would be deleted, "
-            f"{plan.kept} kept"
+        echo(
+            f"branch {plan.number} ({shown(plan.name)}): {plural(plan.count, 'message')} would be "
+            f"deleted, {plan.kept} kept"
         )
         for text in plan.preview:
-            click.echo(f"  - {text}")
-        click.echo(f"confirm with: --confirm {plan.token}")
+            echo(f"  - {shown(text)}")
+        echo(f"confirm with: --confirm {shown(plan.token)}")
     else:
-        click.echo(f"deleted branch {plan.number} ({plan.name}): {plan.count} messages")
+        echo(f"deleted branch {plan.number} ({shown(plan.name)}): {plural(plan.count, 'message')}")

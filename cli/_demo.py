@@ -55,6 +55,7 @@ import msgspec
 
 from sessiontree.actors import AsyncSession, Cancelled, RealClock, Session
 from sessiontree.cli._demo_models import Endpoint, model_endpoint, model_figures, usage_json
+from sessiontree.cli._words import plural
 from sessiontree.protocol import (
     Budget,
     Completion,
@@ -244,7 +245,7 @@ class _Scenario:
     def read(self, session: Session) -> str:
         paper = session.task.removeprefix("read ")
         reply = session.complete(f"notes on {paper}", max_tokens=MAX_TOKENS)
-        session.progress(f"the model replied: {reply.usage.tokens} tokens")
+        session.progress(f"the model replied: {plural(reply.usage.tokens, 'token')}")
         if "corrupt" in session.task:  # its call was made, and counts, though it crashes
             msg = "corrupt PDF: unexpected end of stream"
             raise ValueError(msg)
@@ -325,7 +326,7 @@ class _Scenario:
         refused = len(collected) - len(kept)
         return Outcome(
             summary=f"partial: {len(kept)} of {len(collected)} sources summarised, "
-            f"{refused} calls refused by the budget",
+            f"{plural(refused, 'call')} refused by the budget",
             artifacts={"summaries": kept},
         )
 

@@ -22,9 +22,10 @@ from typing import Any
 
 import msgspec
 
-from sessiontree.cli._standin import StandinServer
+from sessiontree.cli._words import money, plural
 from sessiontree.protocol import Usage
 from sessiontree.supervision import Price, Provider
+from sessiontree.testing import StandinServer
 
 __all__ = [
     "STANDIN_MODELS",
@@ -217,10 +218,10 @@ def _budget(
 
 def _figure(plain: Mapping[str, Any] | None, priced: bool, *, aligned: bool = True) -> str:
     usage = _usage_of(plain)
-    calls = f"{usage.calls} call{'' if usage.calls == 1 else 's'}"
-    text = f"{calls:>8}, {usage.tokens:>4} tokens" if aligned else f"{calls}, {usage.tokens} tokens"
+    calls, tokens = plural(usage.calls, "call"), plural(usage.tokens, "token")
+    text = f"{calls:>8}, {tokens:>11}" if aligned else f"{calls}, {tokens}"
     if priced:
-        text += f", ${usage.cost:.6f}"
+        text += f", {money(usage.cost)}"
     elif usage.unpriced_calls:
         text += f" (unpriced: {usage.unpriced_calls})"
     return text
@@ -246,15 +247,15 @@ def render_models(figures: Mapping[str, Any]) -> list[str]:
         bound = ", ".join(f"{k} {v}" for k, v in spent["budget"].items())
         lines.append(
             f'a budget is hit: branch "{spent["task"]}" ({bound}) fans out to '
-            f"{spent['workers']} workers"
+            f"{plural(spent['workers'], 'worker')}"
         )
         lines.append(
-            f"  {spent['calls_sent']} calls sent, {spent['calls_refused']} refused before "
-            "sending; the subtree was cancelled with the grace"
+            f"  {plural(spent['calls_sent'], 'call')} sent, {spent['calls_refused']} refused "
+            "before sending; the subtree was cancelled with the grace"
         )
         lines.append(
             f"  it ended {spent['state']} [{spent['code']}], keeping "
-            f"{spent['partial_results']} partial results; its subtree: "
+            f"{plural(spent['partial_results'], 'partial result')}; its subtree: "
             f"{_figure(spent['subtree'], priced, aligned=False)}"
         )
         if spent["summary"]:
@@ -270,7 +271,8 @@ def render_models(figures: Mapping[str, Any]) -> list[str]:
     if served is not None:
         same = "the same" if _same(figures["usage"], served) else "NOT the same"
         lines.append(
-            f"the stand-in served {served['calls']} calls, {served['tokens']} tokens: {same}"
+            f"the stand-in served {plural(served['calls'], 'call')}, "
+            f"{plural(served['tokens'], 'token')}: {same}"
         )
     return lines
 

@@ -24,6 +24,7 @@ import httpx
 
 from sessiontree.cli._client import NODE_OPTION, NodeClient, resolve_source
 from sessiontree.cli._ids import resolve_session
+from sessiontree.cli._text import echo, shown
 
 __all__ = ["SseMessage", "events_cmd", "render_event", "sse_messages"]
 
@@ -96,7 +97,7 @@ def _key_data(event: dict[str, Any]) -> str:
 def render_event(event: dict[str, Any]) -> str:
     """One readable line: time, type, kind, short session id, agent, code, key data."""
     sid = event.get("session_id")
-    return "  ".join(
+    line = "  ".join(
         [
             _when(event.get("at")),
             f"{event.get('type', '?'):<17}",
@@ -107,6 +108,7 @@ def render_event(event: dict[str, Any]) -> str:
             _key_data(event),
         ]
     ).rstrip()
+    return shown(line)  # one line, whatever the event's data holds
 
 
 class _CutOffError(Exception):
@@ -131,15 +133,15 @@ def _read(
                     last_id = int(message.id)
                 body = message.json()
                 if message.event == "overflow":
-                    click.echo(f"events: {body['message']}", err=True)
+                    echo(f"events: {shown(body['message'])}", err=True)
                     raise _CutOffError(int(body["last_id"]))
                 if message.event in ("missed", "closed"):
-                    click.echo(f"events: {body['message']}", err=True)
+                    echo(f"events: {shown(body['message'])}", err=True)
                     continue
-                click.echo(json.dumps(body) if as_json else render_event(body))
+                echo(json.dumps(body) if as_json else render_event(body))
                 sys.stdout.flush()
         except httpx.TransportError as exc:
-            click.echo(f"events: the node ended the stream ({exc})", err=True)
+            echo(f"events: the node ended the stream ({shown(exc)})", err=True)
     return last_id
 
 

@@ -15,13 +15,16 @@ import re
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from sessiontree.cli._client import NodeClient, Source
 from sessiontree.cli._exits import failure
 from sessiontree.protocol import SessionTreeError
-from sessiontree.store import Store
+
+if TYPE_CHECKING:
+    from sessiontree.store import Store
 
 __all__ = [
     "MIN_PREFIX",
@@ -133,6 +136,8 @@ def resolve_session(source: Source, text: str, *, hint: str = "SESSION") -> str:
 
 
 def _in_store(store_dir: Path, text: str, hint: str) -> str:
+    from sessiontree.store import Store  # noqa: PLC0415 - only a store's reader loads it
+
     try:
         with Store(store_dir, readonly=True) as store:
             return resolve_id(text, store_candidates(store), hint=hint)

@@ -2,10 +2,12 @@
 
 ``node start`` runs the runtime on an LMDB store with its HTTP API and
 ``/metrics`` on one port. Settings come from, weakest first: the defaults,
-the config file (TOML: ``store``, ``host``, ``port``, ``agents``, ``name``,
-``max_body``, ``max_wait``, ``event_ring`` and the model provider's ``model_url``,
-``model``, ``api_key_file``, ``model_price`` at the top, ``NodeConfig``
-fields in a ``[node]`` table), environment variables
+the config file (TOML: ``store``, ``map_size``, ``host``, ``port``,
+``agents``, ``name``, ``max_body``, ``max_wait``, ``event_ring``,
+``allowed_hosts`` (a list), the connection bounds ``header_timeout``,
+``body_timeout``, ``idle_timeout``, ``max_connections`` and the model
+provider's ``model_url``, ``model``, ``api_key_file``, ``model_price`` at the
+top, ``NodeConfig`` fields in a ``[node]`` table), environment variables
 (``SESSIONTREE_NODE_START_<OPTION>``, click's automatic names) and flags.
 Memory pressure is watched out of the box (the built-in probe: the cgroup's
 memory limit, else the machine's memory); ``--memory-high`` and
@@ -19,18 +21,27 @@ provider (its key read from ``--api-key-file`` at start); ``--model`` is
 the model every agent that maps no tier to a model of its own calls (the
 built-in assistant among them), and ``--model-price`` its price.
 
+Without ``--token-file`` (a loopback node) every request must name the node
+by its address (``Host``) or by a name given with ``--allowed-host``, and a
+page of another origin may not change anything (``_api._cross_site``); a
+request body must be ``application/json`` either way. Each connection is
+bounded by the header, body and idle timeouts, and at most
+``--max-connections`` are served at once (``_connections``).
+
 The node owns its signals (uvicorn's handlers would re-raise them and exit
 143): the first SIGTERM or SIGINT stops accepting connections and shuts the
 node down as DESIGN.md §3 says (Mains kept, running Branches suspended so
 they resume after a restart, Workers cancelled with the grace and their
 parents told), flushes the store and exits 0; a second signal cuts the grace
-short (what still runs is forced), flushes and exits 1.
+short (what still runs is forced), flushes and exits 1. Open event streams
+are ended with their ``closed`` message, and what still runs of the HTTP
+side is let finish or disconnected before the loop closes (no ERROR).
 
 Exit codes: 0 a clean stop; 1 the node could not start (the store is held by
-another node, the agents cannot be loaded, the port is taken) or was forced;
-2 a usage error (a bad flag, config file or setting); 69 ``status`` found no
+another node, the port is taken) or was forced; 2 a usage error (a bad flag,
+config file or setting, agents that cannot be loaded); 69 ``status`` found no
 node at ``--node``; 74 the store's file is damaged (``start``, ``status
---store``).
+--store``). A start that fails leaves no store directory it created.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ import dataclasses
 import json
 import logging
 import math
+import resource
 import signal
 import socket
 import sys
@@ -57,11 +69,28 @@ import uvicorn
 from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
-from sessiontree.cli._api import EVENT_RING, MAX_BODY_BYTES, MAX_WAIT, create_app
-from sessiontree.cli._client import DEFAULT_PORT, NODE_OPTION, STORE_OPTION, resolve_source
+from sessiontree.cli._api import (
+    EVENT_RING,
+    MAX_BODY_BYTES,
+    MAX_WAIT,
+    AllowedHosts,
+    create_app,
+    parse_authority,
+)
+from sessiontree.cli._client import DEFAULT_PORT
+from sessiontree.cli._connections import (
+    BODY_TIMEOUT,
+    HEADER_TIMEOUT,
+    IDLE_TIMEOUT,
+    MAX_CONNECTIONS,
+    ConnectionLimits,
+    guarded_protocol,
+)
 from sessiontree.cli._exits import failure
-from sessiontree.cli._token import is_loopback, read_token
-from sessiontree.cli._wire import plain_figures, settings_of
+from sessiontree.cli._fresh import removed_on_failure
+from sessiontree.cli._text import echo
+from sessiontree.cli._token import is_loopback, read_token, warn_if_exposed
+from sessiontree.cli._wire import settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.store import Store
 from sessiontree.supervision import (
@@ -75,12 +104,30 @@ from sessiontree.supervision import (
     Tracing,
 )
 
-__all__ = ["node"]
+__all__ = ["start", "stopped_line"]
 
 log = logging.getLogger("sessiontree.cli.node")
 
+_OWN_FILES = 64  # open files a node needs beside its connections (store, pipes, logs)
+
 _MODEL = ("model_url", "model", "api_key_file", "model_price")
-_TOP = {"store", "host", "port", "agents", "name", "max_body", "max_wait", "event_ring", *_MODEL}
+_LIMITS = ("header_timeout", "body_timeout", "idle_timeout", "max_connections")
+_MIN_MAP_SIZE = 1 << 20  # --map-size: below a MiB the store's own databases barely fit
+_MAX_MAP_SIZE = 1 << 46  # 64 TiB: more than a process's address space can map
+_TOP = {
+    "store",
+    "map_size",
+    "host",
+    "port",
+    "agents",
+    "name",
+    "max_body",
+    "max_wait",
+    "event_ring",
+    "allowed_hosts",
+    *_LIMITS,
+    *_MODEL,
+}
 _NODE_FLAGS = (
     "grace",
     "max_sessions",
@@ -99,11 +146,6 @@ _NODE_FLAGS = (
     "memory_low",
     "memory_probe",
 )
-
-
-@click.group("node")
-def node() -> None:
-    """Run a standalone node, or look at one."""
 
 
 def _read_config(path: Path | None) -> dict[str, Any]:
@@ -167,6 +209,11 @@ def _checked(ctx: click.Context, name: str, value: Any) -> Any:
     """A config-file value checked and converted by its flag's own type, so a
     bad one is the same usage error (exit 2) as a bad flag."""
     param = next(p for p in ctx.command.params if p.name == name)
+    if param.multiple and not (
+        isinstance(value, list) and all(isinstance(item, str) for item in value)
+    ):
+        msg = f"config file: {name} = {value!r}: must be a list of strings"
+        raise click.BadParameter(msg, param_hint="--config")
     try:
         return param.type_cast_value(ctx, value)
     except click.BadParameter as exc:
@@ -252,11 +299,20 @@ def _provider(settings: dict[str, Any]) -> Provider | None:
 def _agents(settings: dict[str, Any]) -> list[Agent]:
     try:
         agents = load_agents(str(settings["agents"]))
-    except AgentLoadError as exc:
-        raise click.ClickException(str(exc)) from None
+    except AgentLoadError as exc:  # the value given cannot be loaded: a usage error
+        raise click.UsageError(str(exc)) from None
     if settings["model"] is not None:
         agents = with_model(agents, str(settings["model"]))
     return agents
+
+
+def _allowed_host(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> Any:
+    for text in value:
+        try:
+            parse_authority(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return value
 
 
 class _Server(uvicorn.Server):
@@ -265,7 +321,13 @@ class _Server(uvicorn.Server):
     Once the node is down the server stops with ``force_exit`` (open
     long-polls are not waited for), which makes uvicorn skip the app's
     lifespan shutdown and cancel it instead, logging an ERROR with a
-    ``CancelledError`` traceback; the lifespan is shut down here as well."""
+    ``CancelledError`` traceback; the lifespan is shut down here as well.
+    That ends every event stream (its ``closed`` message); what still runs
+    of the HTTP side is then given ``DRAIN`` seconds, disconnected, and given
+    them again: a task left to ``asyncio.run`` to cancel would log an ERROR
+    traceback each."""
+
+    DRAIN = 2.0
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -276,6 +338,20 @@ class _Server(uvicorn.Server):
         lifespan = getattr(self, "lifespan", None)
         if self.force_exit and lifespan is not None:
             await lifespan.shutdown()
+        await self._drain()
+
+    async def _drain(self) -> None:
+        if self.server_state.tasks:
+            await asyncio.wait(set(self.server_state.tasks), timeout=self.DRAIN)
+        if not self.server_state.tasks:
+            return
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if isinstance(transport, asyncio.Transport):
+                transport.close()  # its request sees a disconnect and ends
+        await asyncio.wait(set(self.server_state.tasks), timeout=self.DRAIN)
+        if self.server_state.tasks:
+            log.warning("%d HTTP requests still run at the stop", len(self.server_state.tasks))
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -340,7 +416,7 @@ async def _serve(
     return 1 if len(signals) > 1 else 0
 
 
-@node.command("start")
+@click.command("start")
 @click.option(
     "--config",
     "config_file",
@@ -353,6 +429,15 @@ async def _serve(
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="The LMDB store directory (created if missing). Required here or in --config.",
+)
+@click.option(
+    "--map-size",
+    type=click.IntRange(_MIN_MAP_SIZE, _MAX_MAP_SIZE),
+    default=None,
+    metavar="BYTES",
+    help="The store's LMDB map: the most it may hold [default: 16 GiB, or what the store "
+    "was last opened with if larger]. A full map refuses writes (store_full); start the "
+    "node again with a larger one to grow it.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
@@ -403,6 +488,44 @@ async def _serve(
     default=EVENT_RING,
     show_default=True,
     help="Recent events GET /v1/events keeps for a client resuming with Last-Event-ID.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME[:PORT]",
+    callback=_allowed_host,
+    help="Also answer requests whose Host is NAME (any port) or NAME:PORT, beside the "
+    "bound address; repeat for more. Without a token every other Host is refused (421).",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(0.0, min_open=True),
+    default=HEADER_TIMEOUT,
+    show_default=True,
+    help="Seconds a request's head may take to arrive (then 408 and closed).",
+)
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(0.0, min_open=True),
+    default=BODY_TIMEOUT,
+    show_default=True,
+    help="Seconds a request's body may take to arrive after its head (then 408 and closed).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(0.0, min_open=True),
+    default=IDLE_TIMEOUT,
+    show_default=True,
+    help="Seconds a kept-alive connection may stay idle between requests.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1),
+    default=MAX_CONNECTIONS,
+    show_default=True,
+    help="Connections served at once; past it a new one is answered 503 and closed "
+    "(keep it below the open-file limit, ulimit -n).",
 )
 @click.option(
     "--model-url",
@@ -538,7 +661,8 @@ async def _serve(
 @click.option(
     "--service-name",
     default=None,
-    help="The service.name the spans carry [default: the node's --name].",
+    help="The service.name the spans carry, also their Phoenix project "
+    "(openinference.project.name) [default: the node's --name].",
 )
 @click.option(
     "--trace-content",
@@ -562,17 +686,37 @@ def start(ctx: click.Context, /, config_file: Path | None, **_: Any) -> None:
     ctx.exit(code)
 
 
+def _open_node(
+    agents: list[Agent], config: NodeConfig, store: Path, map_size: int | None
+) -> tuple[Node, Store | None]:
+    """The node on ``store``, and the ``Store`` opened here for ``map_size``
+    (the caller closes it after the node; None: the node opened its own). One
+    that cannot start exits 1 (74: a damaged store), taking away the store
+    directory it created."""
+    opened: Store | None = None
+    try:
+        with removed_on_failure(store):
+            try:
+                if map_size is not None:
+                    opened = Store(store, map_size=map_size)
+                return Node(agents, config, store=opened or store), opened
+            except BaseException:
+                if opened is not None:
+                    opened.close()
+                raise
+    except StoreLockedError as exc:
+        msg = f"store {store} is held by another node: {exc}"
+        raise click.ClickException(msg) from None
+    except (SessionTreeError, OSError, ValueError) as exc:  # ValueError: a key file, a model
+        raise failure(exc, "the node could not start: ") from None
+
+
 def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> int:
     settings, sources = _effective(ctx, _read_config(config_file))
     if settings["store"] is None:
         raise click.UsageError("give --store DIR (or `store` in --config)")
-    token = read_token(ctx.params["token_file"])
-    if token is None and not is_loopback(str(settings["host"])):
-        msg = (
-            f"--host {settings['host']} is not a loopback address: give --token-file PATH "
-            "so the API is not open to anyone who can reach it"
-        )
-        raise click.UsageError(msg)
+    token = _token(ctx, settings)
+    limits = _limits(settings)
     provider = _provider(settings)
     table = dict(settings["node"])
     if provider is not None:
@@ -580,18 +724,17 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     tracing = _tracing(ctx.params, table.pop("tracing", None), str(settings["name"]))
     config = dataclasses.replace(_node_config(table), tracing=tracing)
     agents = _agents(settings)
+    # the port first: a node that cannot listen has touched no store
+    sock = _bind(str(settings["host"]), int(settings["port"]))
+    map_size = settings["map_size"]
     try:
-        running = Node(agents, config, store=Path(settings["store"]))
-    except StoreLockedError as exc:
-        msg = f"store {settings['store']} is held by another node: {exc}"
-        raise click.ClickException(msg) from None
-    except (SessionTreeError, OSError, ValueError) as exc:  # ValueError: a key file, a model
-        raise failure(exc, "the node could not start: ") from None
-    try:
-        sock = _bind(str(settings["host"]), int(settings["port"]))
-    except click.ClickException:
-        running.shutdown(grace=0)
+        running, opened = _open_node(
+            agents, config, Path(settings["store"]), None if map_size is None else int(map_size)
+        )
+    except BaseException:
+        sock.close()
         raise
+    host, port = sock.getsockname()[:2]
     metrics = NodeMetrics(running)
     app = create_app(
         running,
@@ -601,21 +744,22 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         max_wait=float(settings["max_wait"]),
         event_ring=int(settings["event_ring"]),
         token=token,
+        allowed_hosts=_hosts(settings, sock, token),
     )
     server = _Server(
         uvicorn.Config(
             app,
+            http=guarded_protocol(limits),
             log_config=None,
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=int(config.grace) + 5,
         )
     )
-    host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
-    shown = {**settings, "store": str(settings["store"]), "node": settings_of(config)}
-    click.echo(json.dumps({"effective_config": shown, "sources": sources}, sort_keys=True))
-    click.echo(f"listening on http://{url_host}:{port} (agents: {', '.join(running.agents)})")
+    effective = {**settings, "store": str(settings["store"]), "node": settings_of(config)}
+    echo(json.dumps({"effective_config": effective, "sources": sources}, sort_keys=True))
+    echo(f"listening on http://{url_host}:{port} (agents: {', '.join(running.agents)})")
     sys.stdout.flush()
     signals: list[int] = []
     started = time.monotonic()
@@ -624,6 +768,8 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
     finally:
         metrics.close()
         sock.close()
+        if opened is not None:  # after the node: it shut down on its way out of _serve
+            opened.close()
     final = Counter(info.state.value for info in running.final_sessions)
     summary = {
         "event": "node_stopped",
@@ -634,10 +780,53 @@ def _start(ctx: click.Context, config_file: Path | None, early: list[int]) -> in
         "sessions": dict(sorted(final.items())),
     }
     if ctx.params["as_json"]:
-        click.echo(json.dumps(summary, sort_keys=True))
+        echo(json.dumps(summary, sort_keys=True))
     else:
-        click.echo(stopped_line(summary), err=True)
+        echo(stopped_line(summary), err=True)
     return code
+
+
+def _token(ctx: click.Context, settings: dict[str, Any]) -> str | None:
+    """The API's token (None: none, and then only a loopback ``--host``: a usage
+    error otherwise); a token or key file others may read is warned about."""
+    token = read_token(ctx.params["token_file"])
+    if token is None and not is_loopback(str(settings["host"])):
+        msg = (
+            f"--host {settings['host']} is not a loopback address: give --token-file PATH "
+            "so the API is not open to anyone who can reach it"
+        )
+        raise click.UsageError(msg)
+    if settings["api_key_file"] is not None:
+        warn_if_exposed(Path(settings["api_key_file"]), "--api-key-file")
+    return token
+
+
+def _limits(settings: dict[str, Any]) -> ConnectionLimits:
+    """The connection bounds; a warning when ``max_connections`` leaves too few
+    of the process's open-file limit for the store and the node's own files
+    (accepting would then fail)."""
+    limits = ConnectionLimits(**{name: settings[name] for name in _LIMITS})
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and limits.max_connections + _OWN_FILES > soft:
+        log.warning(
+            "--max-connections %d is close to the open-file limit (%d, ulimit -n): "
+            "raise the limit or lower --max-connections",
+            limits.max_connections,
+            soft,
+        )
+    return limits
+
+
+def _hosts(settings: dict[str, Any], sock: socket.socket, token: str | None) -> AllowedHosts | None:
+    """The addresses the node answers to: the one asked for and the one bound
+    (with its port), ``localhost`` on loopback and every ``--allowed-host``;
+    None (not checked) for a node with a token and no ``--allowed-host``."""
+    given = tuple(settings["allowed_hosts"])
+    if token is not None and not given:
+        return None
+    host, port = sock.getsockname()[:2]
+    asked = str(settings["host"])
+    return AllowedHosts.of((asked, host), port, loopback=is_loopback(host), allowed=given)
 
 
 def stopped_line(summary: dict[str, Any]) -> str:
@@ -650,70 +839,3 @@ def stopped_line(summary: dict[str, Any]) -> str:
         f"node stopped ({why}, exit {summary['exit_code']}) after "
         f"{summary['uptime_s']:.0f} s: {counts or 'no sessions'}"
     )
-
-
-@node.command("status")
-@NODE_OPTION
-@STORE_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
-def status(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
-    """A node's state, sessions by state, counters and store (from a node or a store)."""
-    source = resolve_source(node_url, store_dir)
-    if source.node_url is not None:
-        with source.client() as client:
-            found: dict[str, Any] = client.get("/v1/node")
-    else:
-        assert source.store_dir is not None
-        found = _store_status(source.store_dir)
-    if as_json:
-        click.echo(json.dumps(found, sort_keys=True))
-        return
-    click.echo(f"node {found['node']}: {found['state']}")
-    if "uptime_s" in found:
-        click.echo(f"  up {found['uptime_s']:.0f} s, agents: {', '.join(found['agents'])}")
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(found["sessions"].items()) if n)
-    if found.get("unreadable"):
-        counts += (
-            f"{', ' if counts else ''}{found['unreadable']} unreadable (sessiontree store verify)"
-        )
-    click.echo(f"  sessions: {counts or 'none'}")
-    recovered = found.get("recovery")
-    if recovered:
-        click.echo(
-            f"  recovery: brought back {recovered['brought_back']}, failed {recovered['failed']}, "
-            f"held back {recovered['held_back']}, quarantined {recovered['quarantined']}"
-        )
-    if found.get("replay_held"):
-        click.echo(f"  REPLAY HELD: {found['replay_held']} (sessiontree recovery release)")
-    if found.get("wedged"):
-        click.echo(f"  held back: {found['wedged']} (sessiontree wedged ls)")
-    store = found.get("store") or {}
-    if store:
-        click.echo(
-            f"  store {store.get('path')}: {store.get('used_bytes', 0):,} of "
-            f"{store.get('map_size', 0):,} bytes used"
-        )
-
-
-def _store_status(store_dir: Path) -> dict[str, Any]:
-    try:
-        with Store(store_dir, readonly=True) as store:
-            by_state: Counter[str] = Counter()
-            unreadable = 0  # a node start quarantines them; `store verify` names them
-            for record in store.sessions():
-                if isinstance(record, SessionTreeError):
-                    unreadable += 1
-                else:
-                    by_state[record.info.state.value] += 1
-            figures = store.stats()
-            wedged = store.count("wedged")
-    except (SessionTreeError, OSError) as exc:
-        raise failure(exc, f"cannot read store {store_dir}: ") from None
-    return {
-        "node": str(store_dir),
-        "state": "stored",
-        "sessions": dict(by_state),
-        "unreadable": unreadable,
-        "store": plain_figures(figures),
-        "wedged": wedged,
-    }

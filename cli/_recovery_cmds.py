@@ -24,6 +24,7 @@ import msgspec
 from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, NodeClient, resolve_source
 from sessiontree.cli._exits import failure
 from sessiontree.cli._ids import from_ids, resolve_id
+from sessiontree.cli._text import echo, shown
 from sessiontree.cli._times import utc
 from sessiontree.protocol import SessionTreeError
 from sessiontree.store import Store
@@ -69,7 +70,9 @@ def _line(item: dict[str, Any]) -> str:
     what = f"{item['kind']} of {item['session_id']}"
     if item.get("seq") is not None:
         what += f" (message {item['seq']})"
-    return f"{item['wedged_id']}  {at}  {what}  attempts={item['attempts']}  {item['reason']}"
+    return shown(
+        f"{item['wedged_id']}  {at}  {what}  attempts={item['attempts']}  {item['reason']}"
+    )
 
 
 @click.group()
@@ -85,12 +88,12 @@ def ls_cmd(node_url: str | None, store_dir: Path | None, as_json: bool) -> None:
     """List held-back work, oldest first."""
     items = _items(node_url, store_dir)
     if as_json:
-        click.echo(json.dumps(items, sort_keys=True))
+        echo(json.dumps(items, sort_keys=True))
         return
     if not items:
-        click.echo("nothing is held back")
+        echo("nothing is held back")
     for item in items:
-        click.echo(_line(item))
+        echo(_line(item))
 
 
 @wedged.command("show")
@@ -104,7 +107,7 @@ def show_cmd(node_url: str | None, store_dir: Path | None, wedged_id: str) -> No
         wedged_id, from_ids(str(i["wedged_id"]) for i in items), what="held-back item", hint="ID"
     )
     found = [item for item in items if item["wedged_id"] == wanted]
-    click.echo(json.dumps(found[0], sort_keys=True, indent=2))
+    echo(json.dumps(found[0], sort_keys=True, indent=2))
 
 
 @wedged.command("requeue")
@@ -116,7 +119,7 @@ def requeue_cmd(node_url: str | None, wedged_id: str) -> None:
     with _client(node_url) as client:
         wedged_id = _wid(client, wedged_id)
         answer = client.post(f"/v1/wedged/{wedged_id}/requeue")
-    click.echo(f"requeued {wedged_id}: runs in session {answer['session_id']}")
+    echo(shown(f"requeued {wedged_id}: runs in session {answer['session_id']}"))
 
 
 @wedged.command("drop")
@@ -127,7 +130,7 @@ def drop_cmd(node_url: str | None, wedged_id: str) -> None:
     with _client(node_url) as client:
         wedged_id = _wid(client, wedged_id)
         client.request("DELETE", f"/v1/wedged/{wedged_id}")
-    click.echo(f"dropped {wedged_id}")
+    echo(f"dropped {wedged_id}")
 
 
 @click.group()
@@ -143,25 +146,28 @@ def recovery_show(node_url: str | None, as_json: bool) -> None:
     with _client(node_url) as client:
         view = client.get("/v1/recovery")
     if as_json:
-        click.echo(json.dumps(view, sort_keys=True))
+        echo(json.dumps(view, sort_keys=True))
         return
     if view["replay_held"]:
-        click.echo(f"replay held: {view['replay_held']}")
+        echo(shown(f"replay held: {view['replay_held']}"))
     figures = ", ".join(f"{k}={v}" for k, v in sorted(view["figures"].items()))
-    click.echo(f"figures: {figures}")
+    echo(shown(f"figures: {figures}"))
     for d in view["decisions"]:
         where = f" message {d['seq']}" if d.get("seq") is not None else ""
-        click.echo(
-            f"{d['decision']:<7} {d['kind']} of {d['session_id']}{where} "
-            f"(attempt {d['attempt']}): {d['reason']}"
+        echo(
+            shown(
+                f"{d['decision']:<7} {d['kind']} of {d['session_id']}{where} "
+                f"(attempt {d['attempt']}): {d['reason']}"
+            )
         )
-    click.echo(f"held back: {view['wedged']} (sessiontree wedged ls)")
+    echo(shown(f"held back: {view['wedged']} (sessiontree wedged ls)"))
 
 
 @recovery.command("release")
 @NODE_OPTION
 def recovery_release(node_url: str | None) -> None:
-    """Run what a held replay kept back (after the node kept crashing)."""
+    """Run what a held replay kept back (after the node kept crashing), and retry
+    at once the Main cycles a store refusal kept (after the map grew)."""
     with _client(node_url) as client:
         answer = client.post("/v1/recovery/release")
-    click.echo(f"released {answer['released']} held replays")
+    echo(shown(f"released {answer['released']} held replays"))

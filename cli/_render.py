@@ -1,4 +1,8 @@
-"""Session trees and events as plain text for a terminal (ASCII only)."""
+"""Session trees and events as plain text for a terminal (ASCII only).
+
+Every line is one line: what sessions say (tasks, summaries, messages,
+progress notes) is escaped with ``shown``, so it cannot break the tree or
+drive the terminal."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sessiontree.cli._text import shown
+from sessiontree.cli._words import plural
 from sessiontree.protocol import SessionTreeError
 from sessiontree.supervision import Event, EventKind, Node
 
@@ -16,11 +22,11 @@ _INDENT = "  "
 
 
 def _label(kind: str, task: str) -> str:
-    return f'{kind:<6} "{task}"'
+    return f'{shown(kind):<6} "{shown(task)}"'
 
 
 def _code(code: str | None) -> str:
-    return f" [{code}]" if code else ""
+    return f" [{shown(code)}]" if code else ""
 
 
 class EventPrinter:
@@ -53,6 +59,10 @@ class EventPrinter:
 
     def line(self, node: Node, event: Event) -> str | None:
         """The text for ``event`` (without the timestamp), or None to skip it."""
+        text = self._line(node, event)
+        return None if text is None else shown(text)
+
+    def _line(self, node: Node, event: Event) -> str | None:
         if event.kind is EventKind.REJECTED:
             depth, parent = self._describe(node, event.parent_id) if event.parent_id else (0, "?")
             kind = event.data.get("kind", "session")
@@ -98,15 +108,15 @@ class EventPrinter:
 
 def _row_line(row: Mapping[str, Any]) -> str:
     result = row.get("result")
-    text = f"{_label(row['kind'], row['task'])}  {row['state']}"
+    text = f"{_label(row['kind'], row['task'])}  {shown(row['state'])}"
     if result is not None:
         error = result.get("error")
         if error is not None:
-            text += f" [{error['code']}]"
+            text += _code(error["code"])
         if result.get("summary"):
-            text += f"  -- {result['summary']}"
+            text += f"  -- {shown(result['summary'])}"
         elif error is not None and error["code"] == "crashed":
-            text += f"  -- {error['message']}"
+            text += f"  -- {shown(error['message'])}"
     return text
 
 
@@ -138,8 +148,10 @@ def render_rejections(
     """One line per refused spawn, naming the would-be parent by its task."""
     tasks = {row["session_id"]: _label(row["kind"], row["task"]) for row in rows}
     return [
-        f"{r['kind']} under {tasks.get(r['parent_id'], r['parent_id'])}: "
-        f"{r['error']['code']} -- {r['error']['message']}"
+        shown(
+            f"{r['kind']} under {tasks.get(r['parent_id'], r['parent_id'])}: "
+            f"{r['error']['code']} -- {r['error']['message']}"
+        )
         for r in rejections
     ]
 
@@ -154,7 +166,7 @@ def render_summary(rows: Sequence[Mapping[str, Any]], rejections: Sequence[Any])
     )
     by_state = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
     by_code = ", ".join(f"{n} {code}" for code, n in sorted(codes.items()))
-    return (
-        f"{len(rows)} sessions: {by_state}; errors: {by_code or 'none'}; "
-        f"{len(rejections)} spawns refused"
+    return shown(
+        f"{plural(len(rows), 'session')}: {by_state}; errors: {by_code or 'none'}; "
+        f"{plural(len(rejections), 'spawn')} refused"
     )

@@ -13,7 +13,8 @@ instead of replaying it.
 
 Exit codes: 0 identical (or listed, exported); 1 the replay diverged, or the
 recording cannot be read (one line on stderr says why: not recorded,
-incomplete, another format, truncated); 2 a usage error.
+incomplete, another format, truncated); 2 a usage error (``--agents`` that
+cannot be loaded among them).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents
 from sessiontree.cli._client import STORE_OPTION, resolve_source
 from sessiontree.cli._exits import failure
 from sessiontree.cli._ids import resolve_id, store_candidates
+from sessiontree.cli._text import echo, shown
 from sessiontree.cli._times import iso, utc
+from sessiontree.cli._words import plural
 from sessiontree.protocol import Recording, ReplayReport, SessionTreeError
 from sessiontree.store import RecordingRecord, Store
 from sessiontree.supervision import Node, load_recording, stored_recording
@@ -71,19 +74,20 @@ def _listing(store_dir: Path, as_json: bool) -> None:
             }
             for r in records
         ]
-        click.echo(json.dumps(plain))
+        echo(json.dumps(plain))
         return
     if not records:
-        click.echo("no recordings")
+        echo("no recordings")
     for r in records:
         state = "complete" if r.complete else "incomplete"
-        click.echo(f"{r.recording_id}  {utc(r.started_at)}  {r.agent_id}  {state}")
+        echo(shown(f"{r.recording_id}  {utc(r.started_at)}  {r.agent_id}  {state}"))
 
 
 def _say(report: ReplayReport) -> str:
     if report.identical:
         return (
-            f"identical: {report.sessions} sessions, {report.steps} steps replayed in "
+            f"identical: {plural(report.sessions, 'session')}, {plural(report.steps, 'step')} "
+            "replayed in "
             f"{report.replayed_s:.3f} clock seconds (recorded: {report.recorded_s:.3f}; "
             f"recording {report.recording_id})"
         )
@@ -91,10 +95,12 @@ def _say(report: ReplayReport) -> str:
     assert found is not None
     return "\n".join(
         (
-            f"diverged at session {found.session} ({found.skill}, recorded as "
-            f"{found.session_id}), step {found.step}",
-            f"  recorded: {found.recorded}",
-            f"  happened: {found.happened}",
+            shown(
+                f"diverged at session {found.session} ({found.skill}, recorded as "
+                f"{found.session_id}), step {found.step}"
+            ),
+            f"  recorded: {shown(found.recorded)}",
+            f"  happened: {shown(found.happened)}",
         )
     )
 
@@ -157,13 +163,16 @@ def replay_cmd(
             export.write_bytes(recording.encode())
         except OSError as exc:
             raise failure(exc, f"cannot write {export}: ") from None
-        click.echo(f"exported recording {recording.recording_id} to {export}")
+        echo(f"exported recording {recording.recording_id} to {export}")
         return
     try:
         loaded = load_agents(agents)
+    except AgentLoadError as exc:  # the value given cannot be loaded: a usage error
+        raise click.UsageError(str(exc)) from None
+    try:
         report = Node.replay_recording(recording, loaded, timeout=timeout)
-    except (AgentLoadError, SessionTreeError) as exc:
+    except SessionTreeError as exc:
         raise failure(exc) from None
-    click.echo(msgspec.json.encode(report).decode() if as_json else _say(report))
+    echo(msgspec.json.encode(report).decode() if as_json else _say(report))
     if not report.identical:
         click.get_current_context().exit(1)

@@ -7,7 +7,9 @@ decided by ``_client.resolve_source``: ``--node``/``--store`` flags, then
 ``SESSIONTREE_NODE``/``SESSIONTREE_STORE``, then the node at
 ``http://127.0.0.1:8470``. A session is named by its id or a unique prefix
 of it (``_ids``). ``--json`` prints only JSON on stdout (instants as ISO
-8601 in UTC); logs and progress go to stderr.
+8601 in UTC); logs and progress go to stderr. What sessions hold (tasks,
+summaries, errors, keys) is printed escaped (``_text.shown``): one line
+each, no control character reaching the terminal.
 
 Exit codes: 0 done; 1 the node or store refused (one line on stderr names
 the code and field), or ``wait`` timed out; 2 a usage error (an id prefix
@@ -16,11 +18,9 @@ that matches no session or several); 69 no node answered.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,14 +28,20 @@ import click
 import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, resolve_source
-from sessiontree.cli._exits import failure
-from sessiontree.cli._ids import node_candidates, resolve_id, store_candidates
+from sessiontree.cli._describe import budget_text, describe
+from sessiontree.cli._ids import node_candidates, resolve_id
 from sessiontree.cli._paging import page_of
-from sessiontree.cli._times import ago, iso_times, local, until
-from sessiontree.cli._wire import SessionView, TreeView, session_view
-from sessiontree.protocol import SessionKind, SessionState, SessionTreeError
-from sessiontree.store import SessionRecord, Store
-from sessiontree.supervision import stored_spending
+from sessiontree.cli._text import echo, shown, shown_block
+from sessiontree.cli._times import ago, iso_times, until
+from sessiontree.cli._words import money, plural
+from sessiontree.protocol import (
+    MAX_REASON_CHARS,
+    Budget,
+    RejectedInputError,
+    SessionKind,
+    SessionState,
+    plain_input,
+)
 
 __all__ = ["draw_tree", "sessions"]
 
@@ -52,96 +58,22 @@ def _read_source(func: F) -> F:
 
 
 def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, sort_keys=True))
+    echo(json.dumps(value, sort_keys=True))
 
 
-# -- reading a store ---------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _reading(store_dir: Path) -> Iterator[Store]:
-    """The store opened read-only (beside a running node too); errors exit 1."""
-    try:
-        with Store(store_dir, readonly=True) as store:
-            yield store
-    except (SessionTreeError, OSError) as exc:
-        raise failure(exc, f"cannot read store {store_dir}: ") from None
-
-
-def _row(record: SessionRecord) -> dict[str, Any]:
-    return {"info": msgspec.to_builtins(record.info), "result": msgspec.to_builtins(record.result)}
-
-
-def _stored_rows(store_dir: Path) -> list[dict[str, Any]]:
-    with _reading(store_dir) as store:
-        return [_row(r) for r in store.sessions() if not isinstance(r, SessionTreeError)]
-
-
-def _stored_wedged(store_dir: Path) -> set[str]:
-    """The ids of the sessions holding held-back work in a store."""
-    with _reading(store_dir) as store:
-        return {str(item.session_id) for item in store.wedged_list()}
-
-
-def _stored(store: Store, session_id: uuid.UUID) -> SessionRecord:
-    record = store.session(session_id)
-    if record is None:
-        raise click.ClickException(f"unknown_session: no session {session_id} in {store.path}")
-    return record
-
-
-def _record_view(store: Store, record: SessionRecord) -> SessionView:
-    """A stored session as the API's ``GET /v1/sessions/{id}`` shows it: its
-    usage from its result, or from its usage record while it has none."""
-    spent = store.usage(record.info.session_id) if record.result is None else None
-    return session_view(record.info, record.result, stored_spending(record, spent))
-
-
-def _stored_view(store: Store, session_id: str) -> dict[str, Any]:
-    view: dict[str, Any] = msgspec.to_builtins(
-        _record_view(store, _stored(store, uuid.UUID(session_id)))
-    )
-    return view
-
-
-def _stored_tree(store: Store, session_id: str) -> dict[str, Any]:
-    """The subtree under ``session_id`` as the API's ``tree`` gives it, children
-    oldest first, read through the store's parent index."""
-
-    def build(record: SessionRecord) -> TreeView:
-        kids = [store.session(c) for c in store.children(record.info.session_id)]
-        ordered = sorted((k for k in kids if k is not None), key=lambda k: k.info.created_at)
-        view = msgspec.structs.asdict(_record_view(store, record))
-        return TreeView(**view, children=[build(k) for k in ordered])
-
-    tree: dict[str, Any] = msgspec.to_builtins(build(_stored(store, uuid.UUID(session_id))))
-    return tree
-
-
-def _stored_results(store: Store, session_id: str) -> list[dict[str, Any]]:
-    """The results a stored session received from its children."""
-    _stored(store, uuid.UUID(session_id))
-    found: list[dict[str, Any]] = msgspec.to_builtins(store.received(uuid.UUID(session_id)))
-    return found
-
-
-def _fetch(
-    node_url: str | None,
-    store_dir: Path | None,
-    session: str,
-    tail: str,
-    stored: Callable[[Store, str], Any],
-) -> Any:
+def _fetch(node_url: str | None, store_dir: Path | None, session: str, tail: str) -> Any:
     """What a read command shows of ``session`` (an id or a unique prefix):
-    ``GET /v1/sessions/{id}{tail}`` on the node, or ``stored(store, id)``."""
+    ``GET /v1/sessions/{id}{tail}`` on the node, or the same read from the store."""
     source = resolve_source(node_url, store_dir)
     if source.node_url is not None:
         with source.client() as client:
             sid = resolve_id(session, node_candidates(client))
             return client.get(f"/v1/sessions/{sid}{tail}")
     assert source.store_dir is not None
-    with _reading(source.store_dir) as store:
-        return stored(store, resolve_id(session, store_candidates(store)))
+    from sessiontree.cli import _stored  # noqa: PLC0415 - the store and runtime, only here
+
+    read = {"": _stored.stored_view, "/tree": _stored.stored_tree}.get(tail, _stored.stored_results)
+    return _stored.fetch_stored(source.store_dir, session, read)
 
 
 def _act(node_url: str | None, session: str, action: str, body: Any = None) -> Any:
@@ -155,39 +87,6 @@ def _act(node_url: str | None, session: str, action: str, body: Any = None) -> A
 # -- drawing -----------------------------------------------------------------------------
 
 
-def _figure(value: float) -> str:
-    return f"{value:.6g}"
-
-
-def _count(value: float, noun: str) -> str:
-    """``1 call``, ``3 calls`` (``noun`` is the plural)."""
-    return f"{_figure(value)} {noun[:-1] if value == 1 else noun}"
-
-
-def usage_text(usage: dict[str, Any]) -> str:
-    """A ``Usage`` (as JSON) in words: tokens, calls, cost."""
-    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-    text = (
-        f"{_count(prompt + completion, 'tokens')} ({prompt} prompt, {completion} completion), "
-        f"{_count(usage.get('calls', 0), 'calls')}, cost {_figure(usage.get('cost', 0.0))}"
-    )
-    if usage.get("unpriced_calls"):
-        text += f" ({usage['unpriced_calls']} unpriced)"
-    if usage.get("descendants"):
-        text += f", {_count(usage['descendants'], 'descendants')}"
-    return text
-
-
-def budget_text(budget: dict[str, Any]) -> str:
-    """A ``Budget`` (as JSON) in words: each bounded dimension, or ``unbounded``."""
-    bounds = [
-        f"cost {_figure(budget[name])}" if name == "cost" else _count(budget[name], name)
-        for name in ("tokens", "cost", "calls", "descendants")
-        if budget.get(name) is not None
-    ]
-    return ", ".join(bounds) or "unbounded"
-
-
 def _short_usage(view: dict[str, Any]) -> str:
     """What a tree line says of a session's accounts: its subtree's tokens,
     calls and cost, what its budget has left; empty when it spent nothing and
@@ -196,8 +95,8 @@ def _short_usage(view: dict[str, Any]) -> str:
     tokens = used.get("prompt_tokens", 0) + used.get("completion_tokens", 0)
     parts = []
     if tokens or used.get("calls") or used.get("cost"):
-        cost = _figure(used.get("cost", 0.0))
-        parts.append(f"{tokens} tok, {_count(used.get('calls', 0), 'calls')}, cost {cost}")
+        cost = money(used.get("cost", 0.0))
+        parts.append(f"{tokens} tok, {plural(used.get('calls', 0), 'call')}, cost {cost}")
     left = view.get("budget_left")
     if left is not None:
         parts.append(f"left {budget_text(left)}")
@@ -209,7 +108,7 @@ def _short_usage(view: dict[str, Any]) -> str:
 def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> str:
     text = (
         f"{info['kind']:<6} {info['state']:<9} {info['session_id'][:8]}  "
-        f"created {ago(info['created_at'], now)}"
+        f"{info.get('skill', ''):<10} created {ago(info['created_at'], now)}"
     )
     deadline = info.get("deadline")
     if deadline is not None and info["state"] in ("pending", "active", "suspended"):
@@ -224,15 +123,15 @@ def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> st
 
 
 def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
-    """A session tree as ASCII lines: kind, state, short id, when it was
-    created, time left to its TTL,
+    """A session tree as ASCII lines: kind, state, short id, skill, when it
+    was created, time left to its TTL,
     and the subtree's usage and what its budget has left."""
     lines: list[str] = []
 
     def walk(node: dict[str, Any], prefix: str, last: bool, root: bool) -> None:
         branch = "" if root else ("`-- " if last else "|-- ")
         line = _line(node["info"], node.get("result"), now) + _short_usage(node)
-        lines.append(f"{prefix}{branch}{line}")
+        lines.append(f"{prefix}{branch}{shown(line)}")
         kids = node.get("children", [])
         deeper = prefix if root else prefix + ("    " if last else "|   ")
         for i, child in enumerate(kids):
@@ -271,6 +170,7 @@ def sessions() -> None:
     help="Only sessions of this kind.",
 )
 @click.option("--agent", default=None, help="Only this agent's sessions.")
+@click.option("--skill", default=None, help="Only sessions this skill runs.")
 @click.option("--key", default=None, help="Only sessions with this session key.")
 @click.option(
     "--limit",
@@ -302,6 +202,7 @@ def ls_cmd(
     state: str | None,
     kind: str | None,
     agent: str | None,
+    skill: str | None,
     key: str | None,
     limit: int,
     cursor: str | None,
@@ -323,6 +224,7 @@ def ls_cmd(
                 state=state,
                 kind=kind,
                 agent=agent,
+                skill=skill,
                 key=key,
                 limit=limit,
                 cursor=cursor,
@@ -332,14 +234,17 @@ def ls_cmd(
     else:
         assert source.store_dir is not None
         _store_marks(marks)
-        held = _stored_wedged(source.store_dir) if wedged else None
+        from sessiontree.cli._stored import stored_rows, stored_wedged  # noqa: PLC0415
+
+        held = stored_wedged(source.store_dir) if wedged else None
         matching = (
             row["info"]
-            for row in _stored_rows(source.store_dir)
+            for row in stored_rows(source.store_dir)
             if (held is None or row["info"]["session_id"] in held)
             and (state is None or row["info"]["state"] == state)
             and (kind is None or row["info"]["kind"] == kind)
             and (agent is None or row["info"]["agent_id"] == agent)
+            and (skill is None or row["info"]["skill"] == skill)
             and (key is None or row["info"]["key"] == key)
         )
         infos, next_cursor = page_of(matching, limit, cursor)
@@ -348,9 +253,9 @@ def ls_cmd(
         return
     now = time.time()
     for info in infos:
-        click.echo(_line(info, None, now))
-    more = f"; more after: --cursor {next_cursor}" if next_cursor else ""
-    click.echo(f"{len(infos)} sessions{more}", err=True)
+        echo(shown(_line(info, None, now)))
+    more = f"; more after: --cursor {shown(next_cursor)}" if next_cursor else ""
+    echo(f"{plural(len(infos), 'session')}{more}", err=True)
 
 
 #: Marks ``ls`` filters on (``--stuck``: the API's ``stuck=true``) that only a
@@ -374,43 +279,14 @@ def _store_marks(marks: dict[str, bool]) -> None:
 @_SESSION
 @_JSON
 def show_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
-    """One session: identity, state, result, usage and what its budget has left."""
-    view = _fetch(node_url, store_dir, session, "", _stored_view)
+    """One session: who it is and where it stands, its result and failure (with
+    its stack trace), its usage and its budget."""
+    view = _fetch(node_url, store_dir, session, "")
     if as_json:
         _echo_json(iso_times(view))
         return
-    now = time.time()
-    for name, value in view["info"].items():
-        shown = value
-        if name in ("created_at", "deadline") and isinstance(value, int | float):
-            when = ago(value, now) if name == "created_at" else until(value, now)
-            shown = f"{local(value)} ({when})"
-        click.echo(f"{name:>16}: {shown}")
-    if view.get("result") is not None:
-        click.echo(f"{'result':>16}: {json.dumps(iso_times(view['result']), sort_keys=True)}")
-    for line in _accounts_lines(view):
-        click.echo(line)
-
-
-def _accounts_lines(view: dict[str, Any]) -> list[str]:
-    """``sessions show``'s lines on usage and budget."""
-    lines = [
-        f"{'usage':>16}: {usage_text(view.get('usage') or {})}",
-        f"{'subtree usage':>16}: {usage_text(view.get('subtree_usage') or {})}",
-    ]
-    reserved = view.get("reserved") or {}
-    if reserved.get("calls"):
-        lines.append(f"{'reserved':>16}: {usage_text(reserved)}")
-    budget = view.get("budget")
-    if budget is None:
-        lines.append(f"{'budget':>16}: none")
-        return lines
-    clamped = " (clamped to what its parent had left)" if view.get("budget_clamped") else ""
-    lines.append(f"{'budget':>16}: {budget_text(budget)}{clamped}")
-    lines.append(f"{'budget left':>16}: {budget_text(view.get('budget_left') or {})}")
-    if view.get("budget_exhausted"):
-        lines.append(f"{'budget exhausted':>16}: {view['budget_exhausted']}")
-    return lines
+    for line in describe(view, time.time()):
+        echo(line)
 
 
 @sessions.command("tree")
@@ -420,12 +296,12 @@ def _accounts_lines(view: dict[str, Any]) -> list[str]:
 def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """Draw the subtree under SESSION: kind, state, short id, when each was
     created and the time left to its TTL."""
-    tree = _fetch(node_url, store_dir, session, "/tree", _stored_tree)
+    tree = _fetch(node_url, store_dir, session, "/tree")
     if as_json:
         _echo_json(iso_times(tree))
         return
     for line in draw_tree(tree, time.time()):
-        click.echo(line)
+        echo(line)
 
 
 @sessions.command("results")
@@ -434,18 +310,18 @@ def tree_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json
 @_JSON
 def results_cmd(node_url: str | None, store_dir: Path | None, session: str, as_json: bool) -> None:
     """The results SESSION received from its children, oldest first."""
-    found = _fetch(node_url, store_dir, session, "/results", _stored_results)
+    found = _fetch(node_url, store_dir, session, "/results")
     if as_json:
         _echo_json(iso_times(found))
         return
     if not found:
-        click.echo("no results received")
+        echo("no results received")
     for result in found:
         error = result.get("error")
         tail = f"  [{error['code']}]" if error else ""
         summary = f"  {result['summary']}" if result.get("summary") else ""
         head = f"{result['kind']:<6} {result['status']:<9} {result['session_id'][:8]}"
-        click.echo(f"{head}{tail}{summary}")
+        echo(shown(f"{head}{tail}{summary}"))
 
 
 @sessions.command("spawn")
@@ -482,6 +358,20 @@ def results_cmd(node_url: str | None, store_dir: Path | None, session: str, as_j
     metavar="JSON",
     help="Structured input for the child (session.input), as a JSON document.",
 )
+@click.option(
+    "--budget",
+    default=None,
+    metavar="NAME=N,...",
+    help="What the child's subtree may spend: any of tokens, cost, calls, descendants "
+    "(and soft, the fraction that warns), e.g. calls=5,tokens=20000,cost=0.5.",
+)
+@click.option(
+    "--tier",
+    default=None,
+    metavar="TIER",
+    help="The child's model tier (default: a branch inherits its parent's, a worker "
+    "takes the agent's default).",
+)
 @_JSON
 def spawn_cmd(
     node_url: str | None,
@@ -495,20 +385,31 @@ def spawn_cmd(
     ttl: float | None,
     request_id: str | None,
     input_json: str | None,
+    budget: str | None,
+    tier: str | None,
     as_json: bool,
 ) -> None:
     """Open a Main (--agent) or spawn a child (--parent); prints the new session."""
     if (agent is None) == (parent is None):
         raise click.UsageError("give exactly one of --agent (a Main) or --parent (a child)")
-    if input_json is not None and parent is None:
-        raise click.UsageError("--input goes with --parent (a child's input)")
-    child_input = None if input_json is None else _json_option("--input", input_json)
+    for name, given in (("--input", input_json), ("--budget", budget), ("--tier", tier)):
+        if given is not None and parent is None:
+            raise click.UsageError(f"{name} goes with --parent (it is a child's)")
+    child_input = None if input_json is None else _input_option(input_json)
+    bounds = None if budget is None else parse_budget(budget)
     with resolve_source(node_url).client() as client:
         if agent is not None:
             made = client.post("/v1/sessions", {"agent_id": agent, "key": key})
         else:
             spec: dict[str, Any] = {"kind": kind, "task": task, "context_summary": context_summary}
-            optional = {"skill": skill, "ttl": ttl, "request_id": request_id, "input": child_input}
+            optional = {
+                "skill": skill,
+                "ttl": ttl,
+                "request_id": request_id,
+                "input": child_input,
+                "budget": bounds,
+                "model_tier": tier,
+            }
             spec.update({k: v for k, v in optional.items() if v is not None})
             sid = resolve_id(str(parent), node_candidates(client), hint="--parent")
             made = client.post(f"/v1/sessions/{sid}/children", spec)
@@ -516,7 +417,45 @@ def spawn_cmd(
         _echo_json(iso_times(made))
         return
     info = made["info"]
-    click.echo(f"{info['kind']} {info['session_id']} {info['state']}")
+    echo(shown(f"{info['kind']} {info['session_id']} {info['state']}"))
+
+
+#: The dimensions of a ``Budget`` and the type of each bound.
+_BUDGET_FIELDS: dict[str, type[int] | type[float]] = {
+    "tokens": int,
+    "cost": float,
+    "calls": int,
+    "descendants": int,
+    "soft": float,
+}
+
+
+def parse_budget(text: str) -> dict[str, int | float]:
+    """``--budget calls=5,tokens=20000`` as the API's ``budget`` object, checked
+    as the node checks a ``Budget`` (no negative, NaN or infinite bound).
+    ``click.BadParameter`` (exit 2) naming ``--budget`` and the part at fault."""
+    bounds: dict[str, int | float] = {}
+    for part in text.split(","):
+        name, sep, value = (p.strip() for p in part.partition("="))
+        kind = _BUDGET_FIELDS.get(name)
+        if not sep or kind is None:
+            known = ", ".join(_BUDGET_FIELDS)
+            msg = f"{part.strip()!r} is not NAME=NUMBER with NAME one of {known}"
+            raise click.BadParameter(msg, param_hint="--budget")
+        if name in bounds:
+            raise click.BadParameter(f"{name} is given twice", param_hint="--budget")
+        try:
+            number = kind(value)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            msg = f"{name}={value!r}: {name} must be {what}"
+            raise click.BadParameter(msg, param_hint="--budget") from None
+        bounds[name] = number
+    try:
+        msgspec.convert(bounds, Budget)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--budget") from None
+    return bounds
 
 
 def _json_option(name: str, text: str) -> Any:
@@ -526,6 +465,18 @@ def _json_option(name: str, text: str) -> Any:
     except ValueError as exc:
         msg = f"{name} must be a JSON document: {exc}"
         raise click.BadParameter(msg, param_hint=name) from exc
+
+
+def _input_option(text: str) -> Any:
+    """``--input``'s JSON document, checked as the node checks a spawn's input
+    (a NaN or infinity, which JSON cannot carry, is refused here): one line
+    naming the field, as the node's refusal reads, and exit 1."""
+    value = _json_option("--input", text)
+    try:
+        plain_input(value)
+    except RejectedInputError as exc:
+        raise click.ClickException(f"{exc.code.value}: {exc} (field {exc.field})") from exc
+    return value
 
 
 @sessions.command("send")
@@ -543,7 +494,7 @@ def send_cmd(node_url: str | None, session: str, message: str, as_json: bool) ->
     if as_json:
         _echo_json(iso_times(view))
     else:
-        click.echo(f"sent to {view['info']['session_id']} ({view['info']['state']})")
+        echo(shown(f"sent to {view['info']['session_id']} ({view['info']['state']})"))
 
 
 def _done(name: str, view: dict[str, Any], as_json: bool) -> None:
@@ -553,7 +504,16 @@ def _done(name: str, view: dict[str, Any], as_json: bool) -> None:
     info = view["info"]
     error = (view.get("result") or {}).get("error")
     ended = f", {error['code']}" if error else ""
-    click.echo(f"{name}: {info['session_id']} ({info['state']}{ended})")
+    echo(shown(f"{name}: {info['session_id']} ({info['state']}{ended})"))
+
+
+_REASON = click.option(
+    "--reason",
+    default=None,
+    metavar="TEXT",
+    help=f"Who or why (at most {MAX_REASON_CHARS} characters): recorded on the subtree's "
+    "cancel_requested events and in their results' error detail.",
+)
 
 
 @sessions.command("cancel")
@@ -567,21 +527,34 @@ def _done(name: str, view: dict[str, Any], as_json: bool) -> None:
     help="Seconds the subtree has to wrap up before what still runs is ended by force "
     "(default: the node's grace; 0 is 'terminate'). A second cancel may shorten it.",
 )
+@_REASON
 @_JSON
-def cancel_cmd(node_url: str | None, session: str, grace: float | None, as_json: bool) -> None:
+def cancel_cmd(
+    node_url: str | None, session: str, grace: float | None, reason: str | None, as_json: bool
+) -> None:
     """Cancel SESSION and its subtree (one grace deadline for all)."""
-    body = {} if grace is None else {"grace": grace}
+    body = {k: v for k, v in {"grace": grace, "reason": _reason(reason)}.items() if v is not None}
     _done("cancel requested", _act(node_url, session, "cancel", body), as_json)
 
 
 @sessions.command("terminate")
 @NODE_OPTION
 @_SESSION
+@_REASON
 @_JSON
-def terminate_cmd(node_url: str | None, session: str, as_json: bool) -> None:
+def terminate_cmd(node_url: str | None, session: str, reason: str | None, as_json: bool) -> None:
     """End SESSION and its subtree at once, with no grace: what still runs ends
     cancelled with terminated_by_force."""
-    _done("terminated", _act(node_url, session, "terminate"), as_json)
+    body = {} if reason is None else {"reason": _reason(reason)}
+    _done("terminated", _act(node_url, session, "terminate", body), as_json)
+
+
+def _reason(text: str | None) -> str | None:
+    """``--reason`` as sent; a usage error naming it when it is too long."""
+    if text is not None and len(text) > MAX_REASON_CHARS:
+        msg = f"{len(text)} characters, more than {MAX_REASON_CHARS}"
+        raise click.BadParameter(msg, param_hint="--reason")
+    return text
 
 
 @sessions.command("suspend")
@@ -631,20 +604,22 @@ def wait_cmd(
                 break
             if time.monotonic() - started >= timeout:
                 if not quiet:
-                    click.echo("", err=True)
+                    echo("", err=True)
                 raise click.ClickException(f"session {sid} still runs after {timeout:g} s")
             if not quiet:
                 state = client.get(f"/v1/sessions/{sid}")["info"]["state"]
                 elapsed = time.monotonic() - started
-                click.echo(f"\rwaiting for {sid[:8]}: {state}, {elapsed:.0f} s", err=True, nl=False)
+                line = f"waiting for {sid[:8]}: {shown(state)}, {elapsed:.0f} s"
+                # its own carriage return redraws the line: the one raw control character
+                click.echo(f"\r{line}", err=True, nl=False)  # noqa: TID251
     if not quiet and time.monotonic() - started > 10.0:
-        click.echo("", err=True)
+        echo("", err=True)
     result = answer["result"]
     if as_json:
         _echo_json(iso_times(result))
         return
     error = result.get("error")
     tail = f" [{error['code']}] {error['message']}" if error else ""
-    click.echo(f"{result['status']}{tail}")
+    echo(shown(f"{result['status']}{tail}"))
     if result.get("summary"):
-        click.echo(result["summary"])
+        echo(shown_block(result["summary"]))

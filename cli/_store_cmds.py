@@ -10,13 +10,18 @@ names the problem (for a bad file, its line number and field).
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
+from typing import IO, cast
 
 import click
 
 from sessiontree.cli._exits import EXIT_RECORDS_UNREADABLE, failure
+from sessiontree.cli._fresh import removed_on_failure
+from sessiontree.cli._text import echo, shown, terminal_safe
+from sessiontree.cli._words import plural
 from sessiontree.protocol import SessionTreeError
 from sessiontree.store import (
     Store,
@@ -40,12 +45,31 @@ _STORE = click.option(
 
 def _summary(counts: dict[str, int]) -> str:
     total = sum(counts.values())
-    return f"{total} lines (" + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + ")"
+    return (
+        f"{plural(total, 'line')} (" + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + ")"
+    )
 
 
 def _fail(exc: BaseException) -> click.ClickException:
     """Exit 1 (74: the store's file is damaged) with the problem on one line of stderr."""
     return failure(exc)
+
+
+class _SafeLines(io.TextIOBase):
+    """``binary`` as a text stream that writes each line terminal-safe
+    (``_text.terminal_safe``: a control character a record holds becomes a
+    JSON escape, so every line stays the same JSON value)."""
+
+    def __init__(self, binary: IO[bytes]) -> None:
+        super().__init__()
+        self._binary = binary
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._binary.write(terminal_safe(text).encode())
+        return len(text)
 
 
 @click.command("export")
@@ -69,14 +93,16 @@ def export_cmd(store_dir: Path, out: Path | None) -> None:
     try:
         with Store(store_dir, readonly=True) as store:
             if out is None or str(out) == "-":
-                counts = export_jsonl(store, sys.stdout.buffer)
+                # a TextIOBase as export_jsonl wants a text stream, which typeshed's IO misses
+                stdout = cast(IO[str], _SafeLines(sys.stdout.buffer))
+                counts = export_jsonl(store, stdout)
                 where = "stdout"
             else:
                 counts = export_jsonl(store, out)
                 where = str(out)
     except (SessionTreeError, OSError) as exc:
         raise _fail(exc) from exc
-    click.echo(f"exported {_summary(counts)} to {where}", err=True)
+    echo(f"exported {_summary(counts)} to {where}", err=True)
 
 
 @click.command("import")
@@ -94,17 +120,18 @@ def import_cmd(store_dir: Path, replace: bool, file: Path) -> None:
 
     Opens the store for writing (creating it if needed), so no node may run
     on it. The whole file is checked before anything is written; the store
-    must be empty unless --replace is given.
+    must be empty unless --replace is given. A refused import leaves no store
+    it created behind.
     """
     try:
-        with Store(store_dir) as store:
+        with removed_on_failure(store_dir), Store(store_dir) as store:
             if str(file) == "-":
                 counts = import_jsonl(store, sys.stdin.buffer, replace=replace)
             else:
                 counts = import_jsonl(store, file, replace=replace)
     except (SessionTreeError, OSError) as exc:
         raise _fail(exc) from exc
-    click.echo(f"imported {_summary(counts)} into {store_dir}")
+    echo(f"imported {_summary(counts)} into {store_dir}")
 
 
 @click.group("store")
@@ -153,10 +180,10 @@ def backup_cmd(
     except (SessionTreeError, OSError) as exc:
         raise _fail(exc) from exc
     if as_json:
-        click.echo(json.dumps(vars(made), sort_keys=True))
+        echo(json.dumps(vars(made), sort_keys=True))
         return
     source = store_dir if meta_page is None else f"{store_dir} (its meta page {meta_page})"
-    click.echo(
+    echo(
         f"backed up {source} to {made.path}: {made.bytes:,} bytes, up to transaction "
         f"{made.txnid}, in {made.seconds:.2f} s"
     )
@@ -179,26 +206,26 @@ def verify_cmd(store_dir: Path, as_json: bool) -> None:
     except (SessionTreeError, OSError) as exc:
         raise _fail(exc) from exc
     if as_json:
-        click.echo(json.dumps(found.to_json(), sort_keys=True))
+        echo(json.dumps(found.to_json(), sort_keys=True))
     else:
         _print_verified(found)
     if not found.clean:
         bad = sum(found.unreadable.values())
-        click.echo(f"Error: {bad} records of {found.path} do not decode", err=True)
+        echo(f"Error: {plural(bad, 'record')} of {found.path} do not decode", err=True)
         raise click.exceptions.Exit(EXIT_RECORDS_UNREADABLE)
 
 
 def _print_verified(found: Verified) -> None:
     total = sum(found.entries.values())
-    click.echo(f"store {found.path}: {total} entries")
+    echo(f"store {found.path}: {plural(total, 'entry', 'entries')}")
     for db, n in found.entries.items():
         bad = found.unreadable.get(db, 0)
         note = f", {bad} unreadable" if bad else ""
         note += ", not decoded (no record type here)" if db in found.unchecked else ""
-        click.echo(f"  {db}: {n}{note}")
+        echo(f"  {db}: {n}{note}")
     for problem in found.problems:
-        click.echo(f"  unreadable {problem.db} {problem.key}: {problem.reason}")
-    click.echo(f"quarantined: {len(found.quarantined)}")
+        echo(shown(f"  unreadable {problem.db} {problem.key}: {problem.reason}"))
+    echo(f"quarantined: {len(found.quarantined)}")
     for item in found.quarantined:
-        click.echo(f"  {item.db} {item.key.hex()}: {item.reason}")
-    click.echo("clean" if found.clean else "NOT clean: some records do not decode")
+        echo(shown(f"  {item.db} {item.key.hex()}: {item.reason}"))
+    echo("clean" if found.clean else "NOT clean: some records do not decode")

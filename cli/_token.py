@@ -4,17 +4,25 @@
 
 A token file holds the token alone (surrounding whitespace, a final newline
 included, is ignored). An empty or unreadable file is a usage error (exit 2)
-naming the option and the file.
+naming the option and the file. A token or key file that its group or
+everyone may read is still read, with one warning naming it and its mode
+(``warn_if_exposed``).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import stat
 from pathlib import Path
 
 import click
 
-__all__ = ["TOKEN_META", "auth_headers", "is_loopback", "read_token"]
+__all__ = ["TOKEN_META", "auth_headers", "is_loopback", "read_token", "warn_if_exposed"]
+
+log = logging.getLogger("sessiontree.cli")
+
+_warned: set[Path] = set()  # each file is warned about once a process
 
 TOKEN_META = "sessiontree.token_file"  # noqa: S105 - a key of click's meta, not a secret
 """Where the root command keeps ``--token-file`` in the click context's ``meta``."""
@@ -25,6 +33,7 @@ def read_token(path: Path | None, option: str = "--token-file") -> str | None:
     naming ``option`` for a file that cannot be read or holds no token."""
     if path is None:
         return None
+    warn_if_exposed(Path(path), option)
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
@@ -35,6 +44,22 @@ def read_token(path: Path | None, option: str = "--token-file") -> str | None:
         msg = f"{path}: the token must be one line of printable characters without spaces"
         raise click.BadParameter(msg, param_hint=option)
     return token
+
+
+def warn_if_exposed(path: Path, option: str) -> None:
+    """Log one warning if the secret file ``path`` (given with ``option``) may
+    be read by its group or by everyone; a file that cannot be looked at is
+    left to whoever reads it next to report."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return
+    if mode & (stat.S_IRGRP | stat.S_IROTH) and path not in _warned:
+        _warned.add(path)
+        who = "everyone" if mode & stat.S_IROTH else "its group"
+        log.warning(
+            "%s %s may be read by %s (mode %04o): chmod 600 %s", option, path, who, mode, path
+        )
 
 
 def is_loopback(host: str) -> bool:

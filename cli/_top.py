@@ -1,7 +1,9 @@
 """``sessiontree top``: a live terminal view of a running node (``_top_app``).
 
-Exit codes: 0 quit; 2 a usage error (a bad URL, interval or root id). A node
-that does not answer is not an exit: the view says so and keeps polling.
+Exit codes: 0 quit; 1 the node refused the token (401, 403: the view stops
+and says so); 2 a usage error (a bad URL, interval or root id), or the
+``top`` extra (Textual) is not installed. A node that does not answer is not
+an exit: the view says so and keeps polling.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import click
 
 from sessiontree.cli._client import NODE_OPTION, resolve_source
 from sessiontree.cli._ids import resolve_session
+from sessiontree.cli._lazy import needs_extra
 from sessiontree.cli._top_source import TopSource
 
 __all__ = ["top"]
@@ -43,7 +46,8 @@ def top(node_url: str | None, interval: float, root: str | None) -> None:
     else http://127.0.0.1:8470).
     """
     # Textual is imported here, not with the CLI: other commands do not pay for it.
-    from sessiontree.cli._top_app import TopApp  # noqa: PLC0415
+    with needs_extra("sessiontree top", "top"):
+        from sessiontree.cli._top_app import TopApp  # noqa: PLC0415
 
     where = resolve_source(node_url)
     if where.node_url is None:
@@ -51,7 +55,10 @@ def top(node_url: str | None, interval: float, root: str | None) -> None:
     if root is not None:
         root = resolve_session(where, root, hint="--root")
     source = TopSource(where.node_url, timeout=max(2.0, interval * 2))
+    app = TopApp(source, interval=interval, root=root)
     try:
-        TopApp(source, interval=interval, root=root).run()
+        app.run()
     finally:
         source.close()
+    if app.stopped is not None:
+        raise click.ClickException(app.stopped)

@@ -6,6 +6,10 @@ event loop never waits on the network) and draws what ``_top_data`` makes of
 the answer. A node that does not answer or refuses is shown on the status
 line, in red, and the app keeps polling: the view comes back with the node.
 Every action on a session asks first (``ConfirmScreen``).
+
+What the node says (names, states, agents, skills, error messages) is shown
+as ``rich.text.Text`` of escaped text (``_text.shown``): never parsed as
+markup, no control character reaching the terminal.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from textual.containers import Grid
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Footer, Label, Static
 
+from sessiontree.cli._client import NodeRefused
+from sessiontree.cli._text import shown
 from sessiontree.cli._top_data import (
     SORTS,
     RateMeter,
@@ -34,12 +40,14 @@ from sessiontree.cli._top_data import (
 )
 from sessiontree.cli._top_data import human_duration as dur
 from sessiontree.cli._top_source import Snapshot, TopSource
+from sessiontree.cli._words import money, plural
 
 __all__ = ["ConfirmScreen", "TopApp"]
 
 # What a poll can meet besides an answer: the node unreachable or refusing
 # (click exceptions from the client), or an answer this view cannot read.
 _POLL_ERRORS = (click.ClickException, httpx.HTTPError, ValueError, KeyError, TypeError)
+_REFUSED_FOR_GOOD = (401, 403)  # the token: no later poll would be let in
 _STATE_STYLE = {
     "active": "green",
     "pending": "cyan",
@@ -79,7 +87,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Grid():
-            yield Label(self.question, id="question")
+            yield Label(Text(shown(self.question)), id="question")
             yield Button("Yes (y)", variant="error", id="yes")
             yield Button("No (n)", variant="primary", id="no")
 
@@ -93,7 +101,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
 class TopApp(App[None]):
     """The live view of the node behind ``source``, polled every ``interval``
-    seconds, showing the subtree under ``root`` (every Main's when None)."""
+    seconds, showing the subtree under ``root`` (every Main's when None).
+
+    A node that does not answer is polled again; one that refuses the token
+    (401, 403) would refuse every poll: the view exits, ``stopped`` saying why."""
 
     TITLE = "sessiontree top"
     CSS = """
@@ -127,6 +138,7 @@ class TopApp(App[None]):
         self.filtering = False  # the keys type the filter
         self.rows: list[Row] = []
         self.polls = 0  # successful polls drawn, for whoever waits on the view
+        self.stopped: str | None = None  # why the view exited by itself
         self._snapshot: Snapshot | None = None
         self._meter = RateMeter()
         self._rates: Rates | None = None
@@ -135,7 +147,7 @@ class TopApp(App[None]):
         self._select_next: str | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static(f"node {self.source.url}: connecting…", id="header")
+        yield Static(Text(shown(f"node {self.source.url}: connecting…")), id="header")
         yield Static(id="filter")
         table: DataTable[Any] = DataTable(id="sessions", cursor_type="row", zebra_stripes=True)
         table.add_columns(*_COLUMNS)
@@ -184,12 +196,19 @@ class TopApp(App[None]):
         if snapshot.counters is not None:
             self._rates = self._meter.update(snapshot.counters, snapshot.taken_at)
         self._snapshot = snapshot
-        self.query_one("#header", Static).update(header_text(snapshot.node, self._rates))
+        self.query_one("#header", Static).update(Text(header_text(snapshot.node, self._rates)))
         self._draw(rows)
         self.polls += 1
 
     def _poll_failed_with(self, exc: Exception) -> None:
         text = exc.format_message() if isinstance(exc, click.ClickException) else repr(exc)
+        if isinstance(exc, NodeRefused) and exc.status in _REFUSED_FOR_GOOD:
+            self.stopped = (
+                f"top stopped: {self.source.url} refused the request ({exc.status} {text}); "
+                "give the node's token with --token-file FILE (or SESSIONTREE_TOKEN_FILE)"
+            )
+            self.exit(return_code=1)
+            return
         self.say(f"poll failed: {text} (retrying every {self.interval:g} s)", error=True)
         self._poll_failed = True
 
@@ -215,15 +234,16 @@ class TopApp(App[None]):
 
     def _show_where(self) -> None:
         where = "all mains" if self.root is None else f"subtree of {self.root[:8]} (b: up)"
-        shown = f"{len(self.rows)} sessions" if self._snapshot is not None else "no answer yet"
+        count = plural(len(self.rows), "session") if self._snapshot is not None else "no answer yet"
         filt = f" · filter {self.filter_text!r}" if self.filter_text else ""
-        self.query_one("#where", Static).update(f"{where} · sort {self.sort}{filt} · {shown}")
+        line = f"{where} · sort {self.sort}{filt} · {count}"
+        self.query_one("#where", Static).update(Text(shown(line)))
 
     def say(self, message: str, *, error: bool = False) -> None:
         """Put ``message`` on the status line (in red when ``error``)."""
         self._poll_failed = False
         line = self.query_one("#message", Static)
-        line.update(Text(message))
+        line.update(Text(shown(message)))
         line.set_class(error, "error")
 
     # -- filter, sort, follow ------------------------------------------------------------
@@ -262,7 +282,8 @@ class TopApp(App[None]):
         line = self.query_one("#filter", Static)
         line.display = self.filtering or bool(self.filter_text)
         hint = " (Enter: done, Esc: clear)" if self.filtering else ""
-        line.update(Text(f"filter: {self.filter_text}{'▏' if self.filtering else ''}{hint}"))
+        text = f"filter: {shown(self.filter_text)}{'▏' if self.filtering else ''}{hint}"
+        line.update(Text(text))
 
     def action_clear_filter(self) -> None:
         self.filter_text = ""
@@ -330,17 +351,18 @@ class TopApp(App[None]):
         await self.poll()
 
 
-def _cells(row: Row) -> tuple[Text | str, ...]:
+def _cells(row: Row) -> tuple[Text, ...]:
+    """The row's cells, each a ``Text``: a string cell would be parsed as markup."""
     who = f"{row.agent}/{row.skill}" if row.skill else row.agent
     return (
-        f"{row.prefix}{row.short_id}",
-        row.kind,
-        Text(row.state, style=_STATE_STYLE.get(row.state, "")),
-        who,
-        dur(row.age_s),
-        dur(row.ttl_left_s),
-        str(row.tokens) if row.tokens else "-",
-        f"{row.cost:.4f}" if row.cost else "-",
-        str(row.subtree_tokens) if row.subtree_tokens else "-",
-        f"{row.subtree_cost:.4f}" if row.subtree_cost else "-",
+        Text(shown(f"{row.prefix}{row.short_id}")),
+        Text(shown(row.kind)),
+        Text(shown(row.state), style=_STATE_STYLE.get(row.state, "")),
+        Text(shown(who)),
+        Text(dur(row.age_s)),
+        Text(dur(row.ttl_left_s)),
+        Text(str(row.tokens) if row.tokens else "-"),
+        Text(money(row.cost) if row.cost else "-"),
+        Text(str(row.subtree_tokens) if row.subtree_tokens else "-"),
+        Text(money(row.subtree_cost) if row.subtree_cost else "-"),
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sessiontree.cli._text import shown
 from sessiontree.cli._times import human_duration
 
 __all__ = [
@@ -248,7 +249,8 @@ class RateMeter:
 def header_text(node: Mapping[str, Any], rates: Rates | None) -> str:
     """Two lines: the node (name, version, state, uptime, agents) and its
     figures (sessions by state, live, slots, zombies) with the rates
-    (``-`` until two polls have been compared)."""
+    (``-`` until two polls have been compared); what the node says is
+    escaped (``_text.shown``), each line one line."""
     stats = node.get("stats", {})
     config = node.get("config", {})
     by_state = node.get("sessions", {})
@@ -268,4 +270,4 @@ def header_text(node: Mapping[str, Any], rates: Rates | None) -> str:
         f"slots {stats.get('slots_in_use', 0)}/{config.get('max_running_skills', '?')} · "
         f"zombies {stats.get('zombies', 0)} · {rate}"
     )
-    return f"{first}\n{second}"
+    return f"{shown(first)}\n{shown(second)}"

@@ -16,6 +16,7 @@ import msgspec
 
 from sessiontree.protocol import (
     MAIN_KEY,
+    MAX_REASON_CHARS,
     Budget,
     ErrorCode,
     SessionInfo,
@@ -38,6 +39,7 @@ __all__ = [
     "SessionPage",
     "SessionView",
     "Spawn",
+    "TerminateRequest",
     "TreeView",
     "WaitResult",
     "plain_figures",
@@ -69,11 +71,23 @@ class SendRequest(_Request, frozen=True):
     message: Any
 
 
+_Reason = Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)]
+
+
 class CancelRequest(_Request, frozen=True):
     """A cancel's grace in seconds (finite, >= 0; absent or null: the node's
-    grace; 0: what still runs ends ``terminated_by_force`` at once)."""
+    grace; 0: what still runs ends ``terminated_by_force`` at once), and its
+    ``reason`` (who or why, recorded on the subtree's events and results)."""
 
     grace: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    reason: _Reason | None = None
+
+
+class TerminateRequest(_Request, frozen=True):
+    """A termination's ``reason`` (who or why, recorded on the subtree's events
+    and results)."""
+
+    reason: _Reason | None = None
 
 
 class ForkRequest(_Request, frozen=True):
@@ -192,6 +206,7 @@ class WaitResult(msgspec.Struct, frozen=True, kw_only=True):
 
 class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """The node at a glance: what it runs, how long, its counters and its store;
+    ``skills``: each agent's skill names (by agent id, in registration order);
     ``replay_held``: why its start held replay back (the node kept crashing),
     ``wedged``: work recovery held back and nobody requeued or dropped yet;
     ``recovery``: what recovery did at the start (``recovery_summary``)."""
@@ -208,6 +223,7 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     replay_held: str | None = None
     wedged: int = 0
     recovery: dict[str, int] | None = None
+    skills: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
 
 def settings_of(config: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from sessiontree.conversations._values import (
     draft,
     maybe_uuid,
     new_branch_id,
-    new_id,
+    placed_id,
 )
 from sessiontree.conversations._writes import SharedConversation
 from sessiontree.protocol import (
@@ -127,13 +127,14 @@ def placed(
     now: float,
 ) -> list[Message]:
     """``drafts`` as the messages after ``tip`` (at ``depth``, numbered from
-    ``seq``) on ``branch_id``: each with a new id, its parent, place and time."""
+    ``seq``) on ``branch_id``: each with its id (a new one unless the draft was
+    given one), its parent, place and time."""
     out: list[Message] = []
     for message in drafts:
         depth += 1
         message = msgspec.structs.replace(  # noqa: PLW2901 - the draft, placed
             message,
-            id=new_id(),
+            id=placed_id(message),
             parent_id=tip,
             timestamp=now,
             branch_id=branch_id,

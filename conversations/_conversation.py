@@ -24,6 +24,7 @@ only once the backend made it durable; when it fails (``StoreError``,
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import re
 import threading
 import uuid
@@ -65,6 +66,9 @@ __all__ = ["MAX_CONTEXT", "Conversation", "Conversations"]
 MAX_CONTEXT = 10_000  # the most messages one context() call returns
 
 _Fields = tuple[Role, Any, list[Any] | None, dict[str, Any] | None, str | None]
+#: What a keyed append is given: its message id, and whether the conversation
+#: may hold that id already (then it is looked up, and replaced if there).
+Key = tuple[uuid.UUID, bool]
 
 
 class Conversations:
@@ -82,11 +86,13 @@ class Conversations:
         *,
         guard: Callable[[str], None] | None = None,
         writable: bool = True,
+        keys: Callable[[], Key | None] | None = None,
     ) -> Conversation:
         """A handle on ``session_id``'s conversation. ``guard(what)`` runs before
         every operation (a skill's checkpoint); ``writable=False`` refuses writes
-        with ``NotAllowedError`` (workers keep no memory)."""
-        return Conversation(self.shared(session_id), guard=guard, writable=writable)
+        with ``NotAllowedError`` (workers keep no memory); ``keys()`` gives each
+        append its message id (see ``Conversation``)."""
+        return Conversation(self.shared(session_id), guard=guard, writable=writable, keys=keys)
 
     def loaded(self, session_id: uuid.UUID) -> SharedConversation | None:
         """``session_id``'s shared conversation if a handle on it was made here."""
@@ -112,6 +118,13 @@ class Conversation:
     ``code`` says which, its ``field`` names the argument); a failed durable
     write raises ``StoreError`` and changes nothing. Every write has an
     awaitable twin (``aappend``…) that never blocks the event loop.
+
+    ``keys`` (a Main's cycle): called once per append, it gives the message
+    its id and whether the conversation may hold it already (None: a new
+    id). An append whose id the conversation holds replaces that message
+    where it stands (its role, content, tool calls, usage and time) instead
+    of adding one: a cycle a crash cut off and ran again writes what its
+    earlier run wrote, once.
     """
 
     def __init__(
@@ -120,10 +133,12 @@ class Conversation:
         *,
         guard: Callable[[str], None] | None = None,
         writable: bool = True,
+        keys: Callable[[], Key | None] | None = None,
     ) -> None:
         self._shared = shared
         self._guard = guard
         self._writable = writable
+        self._keys = keys
 
     @property
     def session_id(self) -> uuid.UUID:
@@ -237,14 +252,15 @@ class Conversation:
         once: bool,
     ) -> tuple[Message, bool]:
         fields = self._fields(role, content, tool_calls, usage, platform_id)
+        key = None if self._keys is None else self._keys()
         shared = self._shared
         with shared.lock:
             if once and platform_id is not None:
                 known = shared.known_platform_id(platform_id)
                 if known is not None:
                     return known, False
-            state, message = self._appended(fields)
-            state, future = shared.submit(state, (message,), ())
+            state, message, dropped = self._appended(fields, key)
+            state, future = shared.submit(state, (message,), dropped)
         shared.wait(future, state)
         return message, True
 
@@ -261,22 +277,17 @@ class Conversation:
         no thread of its own. A caller cancelled while it waits stops waiting;
         the append itself goes on (and lands or fails like any other)."""
         fields = self._fields(role, content, tool_calls, usage, platform_id)
+        key = None if self._keys is None else self._keys()
         shared = self._shared
         with shared.lock:
             if shared.can_queue():
-                state, message = self._appended(fields)
-                state, future = shared.submit_awaitable(state, (message,), ())
+                state, message, dropped = self._appended(fields, key)
+                state, future = shared.submit_awaitable(state, (message,), dropped)
             else:  # reloading after a failure waits for the queue: not on the loop
                 future = None
         if future is None:
-            return await asyncio.to_thread(
-                self.append,
-                role,
-                content,
-                tool_calls=tool_calls,
-                usage=usage,
-                platform_id=platform_id,
-            )
+            placed, _ = await asyncio.to_thread(self._append_keyed, fields, key)
+            return placed
         try:
             await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -312,12 +323,51 @@ class Conversation:
         self._check("append", write=True)
         return checked, content, tool_calls, usage, platform_id
 
-    def _appended(self, fields: _Fields) -> tuple[ConversationState, Message]:
-        """The message at the tip of the current branch, and the state after it (lock held)."""
+    def _append_keyed(self, fields: _Fields, key: Key | None) -> tuple[Message, bool]:
+        """``append`` of checked ``fields`` with the id ``key`` already taken."""
+        shared = self._shared
+        with shared.lock:
+            state, message, dropped = self._appended(fields, key)
+            state, future = shared.submit(state, (message,), dropped)
+        shared.wait(future, state)
+        return message, True
+
+    def _appended(
+        self, fields: _Fields, key: Key | None
+    ) -> tuple[ConversationState, Message, tuple[Message, ...]]:
+        """The message at the tip of the current branch, or (``key`` held already)
+        in the place of the one it replaces; the state after it, and what the
+        write drops (a replaced message's other platform id). Lock held."""
         role, content, tool_calls, usage, platform_id = fields
-        return self._placed(
-            draft(role, content, tool_calls=tool_calls, usage=usage, platform_id=platform_id)
+        shared = self._shared
+        if key is not None and key[1]:
+            earlier = shared.backend.message(shared.session_id, key[0])
+            if earlier is not None:
+                return self._replaced(earlier, fields)
+        message = draft(role, content, tool_calls=tool_calls, usage=usage, platform_id=platform_id)
+        if key is not None:
+            message = msgspec.structs.replace(message, id=key[0])
+        state, placed = self._placed(message)
+        return state, placed, ()
+
+    def _replaced(
+        self, earlier: Message, fields: _Fields
+    ) -> tuple[ConversationState, Message, tuple[Message, ...]]:
+        """``earlier`` rewritten with ``fields`` where it stands (lock held)."""
+        role, content, tool_calls, usage, platform_id = fields
+        now = self._shared.clock.time()
+        message = msgspec.structs.replace(
+            earlier,
+            role=role,
+            content=content,
+            tool_calls=tool_calls,
+            usage=usage,
+            platform_id=platform_id or earlier.platform_id,
+            timestamp=now,
         )
+        moved = earlier.platform_id not in (None, message.platform_id)
+        state = msgspec.structs.replace(self._shared.tip(), updated_at=now)
+        return state, message, (earlier,) if moved else ()
 
     def _placed(self, message: Message) -> tuple[ConversationState, Message]:
         """``message`` (a draft) at the tip of the current branch, and the state
@@ -342,6 +392,24 @@ class Conversation:
             state, future = shared.submit(state, (placed,), ())
             shared.posted_write(future, state)
         return True
+
+    def post_append(self, role: Role | str, content: Any) -> concurrent.futures.Future[None] | None:
+        """``append`` without waiting for it to be durable (keyed as ``append``
+        is; a read of the context waits for it): the write's future, which
+        fails with ``StoreError`` if the store refuses it; None (nothing
+        queued, no key taken) while the conversation must first reload after a
+        failed write. Never blocks on the store. ``RejectedInputError`` naming
+        the field for a bad role or content."""
+        fields = self._fields(role, content, None, None, None)
+        shared = self._shared
+        with shared.lock:
+            if not shared.can_queue():
+                return None
+            key = None if self._keys is None else self._keys()
+            state, message, dropped = self._appended(fields, key)
+            state, future = shared.submit(state, (message,), dropped)
+            shared.posted_write(future, state)
+        return future
 
     # -- the tree: forks, checkouts, merges, deletions ------------------------------------
 

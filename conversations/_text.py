@@ -52,13 +52,17 @@ def nested_json(tree: dict[str, Any]) -> str:
     return out.getvalue()
 
 
+def _branches(count: int) -> str:
+    return f"{count} branch" if count == 1 else f"{count} branches"
+
+
 def text_tree(tree: dict[str, Any]) -> str:
     """An ASCII tree: a chain stays in one column; a fork indents its branches."""
     names = {b["id"]: f"{b['number']} {b['name']}" for b in tree["branches"]}
     current = tree["currentBranchId"]
     leaf = tree["activeLeafId"]
     lines = [
-        f"conversation {tree['sessionId']}: {len(tree['branches'])} branches, "
+        f"conversation {tree['sessionId']}: {_branches(len(tree['branches']))}, "
         f"current {names.get(current, current)}"
     ]
     # (node, prefix for its own line, prefix for what follows it, branch shown above)

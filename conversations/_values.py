@@ -25,6 +25,7 @@ __all__ = [
     "maybe_uuid",
     "new_branch_id",
     "new_id",
+    "placed_id",
     "role_of",
 ]
 
@@ -44,6 +45,12 @@ def new_id() -> uuid.UUID:
 
 
 _UNPLACED = uuid.UUID(int=0)
+
+
+def placed_id(message: Message) -> uuid.UUID:
+    """The id a draft takes when it is placed: the one it was given (a keyed
+    append's), else a new one."""
+    return new_id() if message.id == _UNPLACED else message.id
 
 
 def draft(role: Role, content: Any, **fields: Any) -> Message:

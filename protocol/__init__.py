@@ -23,6 +23,7 @@ from sessiontree.protocol._codec import (
     decode_strict,
     encode_json,
     make_spec,
+    plain_input,
     spawn_batch,
 )
 from sessiontree.protocol._completion import Completion
@@ -98,7 +99,7 @@ from sessiontree.protocol._recording import (
     TapeTake,
 )
 from sessiontree.protocol._results import Collected, Outcome, SessionResult, Timings
-from sessiontree.protocol._specs import MAX_TASK_CHARS, SessionInfo, SpawnSpec
+from sessiontree.protocol._specs import MAX_REASON_CHARS, MAX_TASK_CHARS, SessionInfo, SpawnSpec
 from sessiontree.protocol._states import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -115,6 +116,7 @@ from sessiontree.protocol._trace import (
     trace_id_of,
 )
 from sessiontree.protocol._usage import (
+    COST_UNIT,
     MAX_BUDGET_COST,
     MAX_BUDGET_COUNT,
     Budget,
@@ -126,6 +128,7 @@ from sessiontree.protocol._usage import (
 logging.getLogger("sessiontree").addHandler(logging.NullHandler())
 
 __all__ = [
+    "COST_UNIT",
     "MAIN_KEY",
     "MAX_BRANCH_NAME_CHARS",
     "MAX_BUDGET_COST",
@@ -135,6 +138,7 @@ __all__ = [
     "MAX_INPUT_BYTES",
     "MAX_INPUT_NESTING",
     "MAX_NESTING",
+    "MAX_REASON_CHARS",
     "MAX_TASK_CHARS",
     "MAX_TEXT_CHARS",
     "NON_RETRYABLE",
@@ -229,6 +233,7 @@ __all__ = [
     "make_spec",
     "new_session_id",
     "parse_traceparent",
+    "plain_input",
     "sampled_by_ratio",
     "session_key_for",
     "span_id_of",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -21,6 +23,7 @@ __all__ = [
     "decode_strict",
     "encode_json",
     "make_spec",
+    "plain_input",
     "spawn_batch",
 ]
 
@@ -52,6 +55,48 @@ def _nesting(data: bytes) -> int:
     return deepest
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """The path (``input.rows[2]``) and value of the first NaN or infinity in
+    plain data ``value`` (dicts and lists, already bounded in depth), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            step = f".{key}" if isinstance(key, str) and _NAME.fullmatch(key) else f"[{key!r}]"
+            found = _non_finite(item, path + step)
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _non_finite(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _refuse_non_finite(path: str, number: float) -> RejectedInputError:
+    msg = f"{path} is {number!r}: numbers must be finite (JSON has no NaN or infinity)"
+    return RejectedInputError(msg, field=path)
+
+
+def _non_finite_in_json(data: bytes) -> RejectedInputError | None:
+    """For a payload msgspec found malformed: the refusal naming the field that
+    holds a ``NaN``, ``Infinity`` or a number past a float's range (which
+    Python's own JSON reader takes), or None when that is not what is wrong."""
+    try:
+        loose = json.loads(bytes(data))
+    except (ValueError, RecursionError):
+        return None
+    found = _non_finite(loose, "$")
+    if found is None:
+        return None
+    path, number = found
+    return _refuse_non_finite(path.removeprefix("$").lstrip(".") or "$", number)
+
+
 _MISSING = re.compile(r"(?:missing required|contains unknown) field `([^`]+)`")
 
 
@@ -77,7 +122,9 @@ def decode_strict(
     Raises ``RejectedInputError`` (naming the field where msgspec says which)
     when the payload is too large, (JSON) nested deeper than ``MAX_NESTING``,
     malformed, has unknown fields or fields of the wrong type. Nothing is
-    coerced: ``"5"`` is not a float.
+    coerced: ``"5"`` is not a float. A JSON ``NaN``, ``Infinity`` or number
+    past a float's range is refused naming the field that holds it
+    (``input.rows[2]``), not as merely malformed.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         msg = f"payload must be bytes, not {type(data).__name__}"
@@ -91,11 +138,18 @@ def decode_strict(
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
+        if "Number out of range" in str(exc):  # 1e400: name the field, not "input[...]"
+            named = _non_finite_in_json(data) if isinstance(decoder, msgspec.json.Decoder) else None
+            if named is not None:
+                raise named from exc
         reason = "unknown_field" if "Object contains unknown field" in str(exc) else "invalid_field"
         raise RejectedInputError(
             f"invalid payload: {exc}", field=_field_of(exc), reason=reason
         ) from exc
     except msgspec.DecodeError as exc:
+        named = _non_finite_in_json(data) if isinstance(decoder, msgspec.json.Decoder) else None
+        if named is not None:
+            raise named from exc
         raise RejectedInputError(f"malformed payload: {exc}", reason="malformed") from exc
     except RejectedInputError:
         raise
@@ -122,7 +176,8 @@ def decode_control(data: bytes, *, fmt: str = "json") -> ControlMessage:
         try:
             plain = plain_input(command.spec.input)
         except RejectedInputError as exc:
-            raise RejectedInputError(str(exc), field="spec.input", reason=exc.reason) from exc
+            field = f"spec.{exc.field or 'input'}"
+            raise RejectedInputError(str(exc), field=field, reason=exc.reason) from exc
         spec = msgspec.structs.replace(command.spec, input=plain)
         command = msgspec.structs.replace(command, spec=spec)
     return command
@@ -204,8 +259,10 @@ def plain_input(value: Any) -> Any:
 
     Raises ``RejectedInputError`` naming ``input`` for a value msgspec cannot
     encode as JSON, one over ``MAX_INPUT_BYTES`` encoded (``too_large``) or
-    nested deeper than ``MAX_INPUT_NESTING`` (``too_deep``), or an integer
-    beyond 64 bits (the store could not write it)."""
+    nested deeper than ``MAX_INPUT_NESTING`` (``too_deep``), an integer
+    beyond 64 bits (the store could not write it), or a NaN or infinity
+    anywhere in it (JSON has none; the field names its path, as
+    ``input.rows[2]``), which would otherwise arrive as None."""
     try:
         encoded = msgspec.json.encode(value)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
@@ -220,6 +277,11 @@ def plain_input(value: Any) -> Any:
     if brackets > MAX_INPUT_NESTING and _nesting(encoded) > MAX_INPUT_NESTING:
         msg = f"input is nested deeper than {MAX_INPUT_NESTING} levels"
         raise RejectedInputError(msg, field="input", reason="too_deep")
+    if b"null" in encoded:  # JSON has no NaN or infinity: msgspec writes them as null
+        where = _non_finite(msgspec.to_builtins(value), "input")
+        if where is not None:
+            path, number = where
+            raise _refuse_non_finite(path, number)
     plain = msgspec.json.decode(encoded)
     try:
         msgspec.msgpack.encode(plain)

@@ -75,9 +75,10 @@ class ChildReport(msgspec.Struct, frozen=True, kw_only=True):
     pipeline stage (map-reduce: 0 map, 1 reduce); ``continuation``: a token
     to continue this run in a fresh session (``continue_run``), once it completed.
     With a quorum: ``counted``, its result is one of those that met it;
-    ``superseded``, the quorum was met while it still ran (it was cancelled
-    with the node's grace, and what it returned in its grace is its partial
-    ``result``, status ``cancelled``) or before it started (``started`` False).
+    ``superseded``, the quorum was met, or could no longer be met, while it
+    still ran (it was cancelled with the node's grace, and what it returned
+    in its grace is its partial ``result``, status ``cancelled``) or before
+    it started (``started`` False).
     """
 
     index: int
@@ -128,7 +129,7 @@ class GatherStatus(enum.StrEnum):
 
     COMPLETED = "completed"  # every task has a good result, or a quorum was met
     PARTIAL = "partial"  # some did; the rest failed or timed out
-    FAILED = "failed"  # none did
+    FAILED = "failed"  # none did, or a quorum could no longer be met
 
 
 class Gathered(msgspec.Struct, frozen=True, kw_only=True):

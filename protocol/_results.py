@@ -36,7 +36,12 @@ class SessionResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``completed``. A cancelled session that wrapped up in grace carries what it
     returned as a partial ``summary``/``artifacts``. ``usage`` is what its own
     model calls spent, ``subtree_usage`` that and every descendant's, each
-    counted once (``None``: nothing). ``context_leaf`` is the last message of
+    counted once (``None``: nothing), as of its end: a model call still in
+    flight in its subtree then (a child cancelled mid-call, the losing request
+    of a hedge) is counted when it settles, in the session's accounts
+    (``Node.spending``, the stored usage) and not here; ``usage_settled`` says
+    whether these figures were final, and a ``usage_settled`` event carries
+    the final ones once the last call landed. ``context_leaf`` is the last message of
     a Branch's context branch in ``conversation`` (``None``: it wrote none, or
     it is a worker, whose branch is not kept): continuing its work forks there.
     """
@@ -54,6 +59,7 @@ class SessionResult(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     subtree_usage: Usage | None = None
     context_leaf: uuid.UUID | None = None
     conversation: uuid.UUID | None = None
+    usage_settled: bool = True
 
     @property
     def ok(self) -> bool:
@@ -72,8 +78,8 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 class Collected(msgspec.Struct, frozen=True, kw_only=True):
     """One child's entry when collecting: its result, or ``timed_out``. With a
     quorum: ``counted``, its result is one of those that met it;
-    ``superseded``, it was cancelled once the quorum was met (its result, if
-    it ended in its grace, is partial)."""
+    ``superseded``, it was cancelled once the quorum was met or could no
+    longer be met (its result, if it ended in its grace, is partial)."""
 
     session_id: uuid.UUID
     result: SessionResult | None

@@ -11,9 +11,10 @@ from sessiontree.protocol._conversation import ContextScope
 from sessiontree.protocol._states import SessionKind, SessionState
 from sessiontree.protocol._usage import Budget
 
-__all__ = ["MAX_TASK_CHARS", "SessionInfo", "SpawnSpec"]
+__all__ = ["MAX_REASON_CHARS", "MAX_TASK_CHARS", "SessionInfo", "SpawnSpec"]
 
 MAX_TASK_CHARS = 65_536
+MAX_REASON_CHARS = 1024  # a cancel's or a termination's reason (who or why)
 MAX_NAME_CHARS = 128
 
 Task = Annotated[str, msgspec.Meta(max_length=MAX_TASK_CHARS)]
@@ -56,6 +57,11 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     ``record``: record the run of the child's subtree (every input that is
     not a pure function of its code) so ``Node.replay`` can run it again.
+
+    ``optional``: a child the parent can do without (a hedge's duplicate, a
+    speculative attempt). A budget that cannot fit it refuses it with
+    ``budget_exhausted`` and nothing more; any other refused spawn reaches the
+    hard limit of the budget it did not fit (its subtree is cancelled).
     """
 
     kind: SessionKind
@@ -73,6 +79,7 @@ class SpawnSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     fork_at: uuid.UUID | None = None
     context: ContextScope = ContextScope.OWN
     record: bool = False
+    optional: bool = False
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -14,6 +14,7 @@ from sessiontree.store._io import StoreIO
 from sessiontree.store._records import (
     SCHEMA_VERSION,
     BranchRecord,
+    CallRecord,
     ContextEntry,
     ContextRecord,
     ConversationRecord,
@@ -46,6 +47,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Backup",
     "BranchRecord",
+    "CallRecord",
     "ContextEntry",
     "ContextRecord",
     "ConversationRecord",

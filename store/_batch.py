@@ -33,6 +33,7 @@ from sessiontree.store._keys import (
 )
 from sessiontree.store._records import (
     BranchRecord,
+    CallRecord,
     ConversationRecord,
     CycleRecord,
     InboxRecord,
@@ -272,6 +273,16 @@ class WriteBatch:
         return self
 
     # -- shared memory, quarantine, raw ---------------------------------------------
+
+    def call(self, record: CallRecord) -> WriteBatch:
+        """A model call in flight, reserved (see ``CallRecord``)."""
+        self._put("calls", pair_key(record.session_id, record.call_id), record)
+        return self
+
+    def call_done(self, session_id: uuid.UUID, call_id: uuid.UUID) -> WriteBatch:
+        """A call settled (or never sent): its record goes."""
+        self._delete("calls", pair_key(session_id, call_id))
+        return self
 
     def usage(self, record: UsageRecord) -> WriteBatch:
         """Write (or overwrite) what a session and its subtree have spent."""

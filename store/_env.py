@@ -62,6 +62,7 @@ DATABASES = (
     "cycles",  # main id -> CycleRecord (the cycle it started and has not yet snapshotted)
     "wedged",  # wedged id -> WedgedRecord (what recovery held back after repeated crashes)
     "recordings",  # root session id -> RecordingRecord (a recorded subtree's run)
+    "calls",  # session id + call id -> CallRecord (a model call in flight, reserved)
 )
 
 _LOCK_FILE = "writer.lock"

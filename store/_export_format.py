@@ -27,6 +27,7 @@ usage           usage         ``record`` (a ``UsageRecord``)
 cycles          cycle         ``record`` (a ``CycleRecord``)
 wedged          wedged        ``record`` (a ``WedgedRecord``)
 recording       recordings    ``record`` (a ``RecordingRecord``)
+calls           call          ``record`` (a ``CallRecord``)
 any             opaque        ``db``, ``key``, ``value`` (base64), ``reason``
 ==============  ============  ==========================================================
 
@@ -69,6 +70,7 @@ from sessiontree.store._keys import (
 )
 from sessiontree.store._records import (
     BranchRecord,
+    CallRecord,
     ConversationRecord,
     CycleRecord,
     InboxRecord,
@@ -95,6 +97,7 @@ __all__ = [
     "RECORD_DBS",
     "AnyLine",
     "BranchLine",
+    "CallLine",
     "ConversationLine",
     "CycleLine",
     "EndLine",
@@ -123,10 +126,10 @@ __all__ = [
 
 EXPORT_FORMAT = "sessiontree-export"
 """The ``format`` of the header line."""
-EXPORT_VERSION = 5
+EXPORT_VERSION = 6
 """The version of this line format (not the records' schema version); 2 made
 ``message`` a record line and added ``conversation``, ``branch`` and
-``platform_id``; 3 added ``usage``; 5 added ``recording``."""
+``platform_id``; 3 added ``usage``; 5 added ``recording``; 6 added ``call``."""
 
 #: Line types in the order their databases are exported (``meta`` first, ``end`` last).
 LINE_TYPES = (
@@ -148,6 +151,7 @@ LINE_TYPES = (
     "cycle",
     "wedged",
     "recording",
+    "call",
     "opaque",
     "end",
 )
@@ -238,6 +242,11 @@ class UsageLine(Line, tag="usage"):
     raw: bytes | None = None
 
 
+class CallLine(Line, tag="call"):
+    record: CallRecord
+    raw: bytes | None = None
+
+
 class CycleLine(Line, tag="cycle"):
     record: CycleRecord
     raw: bytes | None = None
@@ -285,6 +294,7 @@ AnyLine: TypeAlias = (
     | InboxLine
     | QuarantineLine
     | UsageLine
+    | CallLine
     | CycleLine
     | WedgedLine
     | RecordingLine
@@ -303,6 +313,7 @@ RecordLine: TypeAlias = (
     | InboxLine
     | QuarantineLine
     | UsageLine
+    | CallLine
     | CycleLine
     | WedgedLine
     | RecordingLine
@@ -344,6 +355,10 @@ def _received_key(line: ReceivedLine) -> bytes:
 
 def _usage_key(line: UsageLine) -> bytes:
     return line.record.session_id.bytes
+
+
+def _call_key(line: CallLine) -> bytes:
+    return pair_key(line.record.session_id, line.record.call_id)
 
 
 def _cycle_key(line: CycleLine) -> bytes:
@@ -425,6 +440,7 @@ RECORD_DBS: dict[str, RecordDb] = {
     "recordings": RecordDb(
         RecordingRecord, lambda _k, r, raw: RecordingLine(record=r, raw=raw), _recording_key
     ),
+    "calls": RecordDb(CallRecord, lambda _k, r, raw: CallLine(record=r, raw=raw), _call_key),
 }
 LINE_DB: dict[type[Line], str] = {
     SessionLine: "sessions",
@@ -441,6 +457,7 @@ LINE_DB: dict[type[Line], str] = {
     CycleLine: "cycles",
     WedgedLine: "wedged",
     RecordingLine: "recordings",
+    CallLine: "calls",
 }
 
 

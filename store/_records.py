@@ -38,6 +38,7 @@ from sessiontree.store._keys import (
 __all__ = [
     "SCHEMA_VERSION",
     "BranchRecord",
+    "CallRecord",
     "ContextEntry",
     "ContextRecord",
     "ConversationRecord",
@@ -122,13 +123,17 @@ class ReceivedRecord(msgspec.Struct, kw_only=True):
 
 
 class InboxRecord(msgspec.Struct, kw_only=True):
-    """An inbound message a Main acknowledged and has not yet run a cycle for."""
+    """An inbound message a Main acknowledged and has not yet run a cycle for.
+    ``id``: the message's identity (given at acceptance; None in records
+    written before it was kept), which its cycle's conversation appends are
+    keyed by."""
 
     v: int = SCHEMA_VERSION
     session_id: uuid.UUID
     seq: int
     message: Any
     received_at: float
+    id: uuid.UUID | None = None
 
 
 class CycleRecord(msgspec.Struct, kw_only=True):
@@ -163,6 +168,7 @@ class WedgedRecord(msgspec.Struct, kw_only=True):
     message: Any = None
     received_at: float | None = None
     result: SessionResult | None = None
+    message_id: uuid.UUID | None = None  # a message's InboxRecord.id (kept on a requeue)
 
 
 class RecordingRecord(msgspec.Struct, kw_only=True):
@@ -244,6 +250,22 @@ class UsageRecord(msgspec.Struct, kw_only=True):
     session_id: uuid.UUID
     own: Usage
     subtree: Usage
+
+
+class CallRecord(msgspec.Struct, kw_only=True):
+    """A model call in flight: the worst case it reserved (``ask``) against its
+    session and every ancestor (``chain``, the session first). Written, and
+    durable, before the request leaves the node; deleted in the commit that
+    counts what it used. One still here when a node starts was lost with the
+    node that sent it, and is counted at ``ask``: what the provider charged
+    is unknown, and it cannot have been more."""
+
+    v: int = SCHEMA_VERSION
+    session_id: uuid.UUID
+    call_id: uuid.UUID
+    chain: tuple[uuid.UUID, ...]
+    ask: Usage
+    reserved_at: float
 
 
 class MetaRecord(msgspec.Struct, kw_only=True):

@@ -30,6 +30,7 @@ from sessiontree.protocol import (
     Message,
     SessionResult,
     StoreError,
+    Usage,
 )
 from sessiontree.store._backup import Backup, copy_env
 from sessiontree.store._batch import WriteBatch
@@ -47,6 +48,7 @@ from sessiontree.store._io import StoreIO
 from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key
 from sessiontree.store._reads import Reads
 from sessiontree.store._records import (
+    CallRecord,
     CycleRecord,
     InboxRecord,
     MemoryIdRecord,
@@ -339,6 +341,39 @@ class Store:
     def usage(self, session_id: uuid.UUID) -> UsageRecord | None:
         """What a session and its subtree have spent, or None (it never spent)."""
         return self._reads.get(UsageRecord, "usage", session_id.bytes)
+
+    def calls(self) -> list[CallRecord]:
+        """Every model call in flight as the store knows it (unreadable records
+        skipped and logged)."""
+        return list(self._reads.readable(CallRecord, "calls"))
+
+    def settle_lost_calls(self) -> list[CallRecord]:
+        """Count every call a stopped node left in flight at the worst case it
+        reserved (``CallRecord``): in its session's own usage and in the
+        subtree usage of every session of its chain, in one commit that also
+        drops the call records. For a node's start-up, before anything else
+        writes; returns the calls counted. The store's error if the write fails
+        (nothing counted)."""
+        lost = self.calls()
+        if not lost:
+            return lost
+        changed: dict[uuid.UUID, UsageRecord] = {}
+        batch = WriteBatch()
+        for call in lost:
+            for i, session_id in enumerate(call.chain):
+                record = changed.get(session_id) or self.usage(session_id)
+                if record is None:
+                    record = UsageRecord(session_id=session_id, own=Usage(), subtree=Usage())
+                changed[session_id] = UsageRecord(
+                    session_id=session_id,
+                    own=record.own + call.ask if i == 0 else record.own,
+                    subtree=record.subtree + call.ask,
+                )
+            batch.call_done(call.session_id, call.call_id)
+        for record in changed.values():
+            batch.usage(record)
+        self.write(batch)
+        return lost
 
     def cycle(self, session_id: uuid.UUID) -> CycleRecord | None:
         """The cycle a Main started and has not snapshotted, or None;

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from sessiontree.protocol import Budget, Usage
+from sessiontree.protocol import COST_UNIT, Budget, Usage
 
-__all__ = ["DIMENSIONS", "crossed_soft", "first_exceeded", "left", "narrow", "spent"]
+__all__ = ["DIMENSIONS", "bound_of", "crossed_soft", "first_exceeded", "left", "narrow", "spent"]
 
 N = TypeVar("N", int, float)
 
@@ -21,12 +21,23 @@ N = TypeVar("N", int, float)
 DIMENSIONS = ("tokens", "cost", "calls", "descendants")
 
 
-def spent(usage: Usage, dimension: str) -> float:
-    """``usage``'s figure in ``dimension`` (one of ``DIMENSIONS``)."""
+def spent(usage: Usage, dimension: str) -> int:
+    """``usage``'s figure in ``dimension`` (one of ``DIMENSIONS``); cost in
+    whole units (``COST_UNIT``), so every comparison here is exact."""
     if dimension == "tokens":
         return usage.tokens
-    value: float = getattr(usage, dimension)
+    if dimension == "cost":
+        return usage.cost_units
+    value: int = getattr(usage, dimension)
     return value
+
+
+def bound_of(budget: Budget, dimension: str) -> int | None:
+    """``budget``'s bound in ``dimension``, in the units ``spent`` counts in."""
+    bound: int | float | None = getattr(budget, dimension)
+    if bound is None:
+        return None
+    return round(bound * COST_UNIT) if dimension == "cost" else int(bound)
 
 
 def left(budget: Budget, used: Usage, reserved: Usage) -> Budget:
@@ -35,7 +46,11 @@ def left(budget: Budget, used: Usage, reserved: Usage) -> Budget:
     taken = used + reserved
     return Budget(
         tokens=None if budget.tokens is None else max(budget.tokens - taken.tokens, 0),
-        cost=None if budget.cost is None else max(budget.cost - taken.cost, 0.0),
+        cost=(
+            None
+            if budget.cost is None
+            else max(round(budget.cost * COST_UNIT) - taken.cost_units, 0) / COST_UNIT
+        ),
         calls=None if budget.calls is None else max(budget.calls - taken.calls, 0),
         descendants=(
             None if budget.descendants is None else max(budget.descendants - taken.descendants, 0)
@@ -73,7 +88,7 @@ def first_exceeded(budget: Budget, used: Usage, reserved: Usage, ask: Usage) -> 
     ``used`` and ``reserved`` (None: it fits)."""
     after = used + reserved + ask
     for dimension in DIMENSIONS:
-        bound = getattr(budget, dimension)
+        bound = bound_of(budget, dimension)
         if bound is not None and spent(ask, dimension) > 0 and spent(after, dimension) > bound:
             return dimension
     return None
@@ -83,7 +98,7 @@ def crossed_soft(budget: Budget, before: Usage, after: Usage) -> str | None:
     """The first dimension whose soft threshold (``budget.soft`` of its bound)
     ``after`` reaches and ``before`` had not (None: none crossed)."""
     for dimension in DIMENSIONS:
-        bound = getattr(budget, dimension)
+        bound = bound_of(budget, dimension)
         if bound is None or bound == 0:
             continue
         line = bound * budget.soft

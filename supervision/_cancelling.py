@@ -39,12 +39,15 @@ class Cancelling:
         self.commits = commits
         self.endings = endings
 
-    def cancel(self, session_id: uuid.UUID, grace: float | None = None) -> ErrorInfo | None:
+    def cancel(
+        self, session_id: uuid.UUID, grace: float | None = None, reason: str | None = None
+    ) -> ErrorInfo | None:
         """Cancel a session and its whole subtree, with one deadline: now +
         ``grace`` (None: the node's; 0: what runs ends ``terminated_by_force``
-        at once). A second cancel of a session still stopping may bring the
-        deadline of its subtree closer, never push it back. An ``ErrorInfo``
-        if it already ended (``UnknownSessionError`` if unknown)."""
+        at once), ``reason`` on each of their events and results. A second
+        cancel of a session still stopping may bring the deadline of its
+        subtree closer, never push it back (the first reason stands). An
+        ``ErrorInfo`` if it already ended (``UnknownSessionError`` if unknown)."""
         entry = self.tree.entry(session_id)
         if entry is None:
             return self.tree.ended_answer(session_id)
@@ -58,7 +61,7 @@ class Cancelling:
             self._shorten(entry, grace)
             return None
         group = [entry, *self.tree.uncancelled_descendants(entry)]
-        self.cancel_group(group, ErrorCode.CANCELLED, first=entry, grace=grace)
+        self.cancel_group(group, ErrorCode.CANCELLED, first=entry, grace=grace, reason=reason)
         return None
 
     def interrupt(self, session_id: uuid.UUID, code: ErrorCode) -> None:
@@ -103,14 +106,16 @@ class Cancelling:
         code: ErrorCode,
         first: TreeEntry | None = None,
         grace: float | None = None,
+        reason: str | None = None,
     ) -> None:
         """Request cancellation of ``group`` (``first`` gets ``code``, the rest
         ``parent_terminated``) with one deadline for all of them: now + ``grace``
-        (default: the node's). Every write it makes goes into one commit."""
+        (default: the node's), and ``reason`` on each. Every write it makes goes
+        into one commit."""
         rt = self.tree.rt
         grace = rt.config.grace if grace is None else grace
         with self.commits.one_commit():
-            running = self._request_cancel(group, code, first)
+            running = self._request_cancel(group, code, first, reason)
             deadline = self.tree.now() + grace
             for entry in running:
                 entry.cancel_deadline = deadline
@@ -135,7 +140,7 @@ class Cancelling:
         rt.clock.call_later(grace, fire)
 
     def _request_cancel(
-        self, group: list[TreeEntry], code: ErrorCode, first: TreeEntry | None
+        self, group: list[TreeEntry], code: ErrorCode, first: TreeEntry | None, reason: str | None
     ) -> list[TreeEntry]:
         """Mark ``group`` cancelled and wake its skills; end at once what runs
         nothing; the sessions left to wrap up (their deadline is the caller's)."""
@@ -143,13 +148,15 @@ class Cancelling:
         running: list[TreeEntry] = []
         wakeups: list[Any] = []
         now = tree.now()
+        data = None if reason is None else {"reason": reason}
         for entry in group:
             entry_code = code if (first is None or entry is first) else ErrorCode.PARENT_TERMINATED
             entry.cancel_code = entry_code
+            entry.cancel_reason = reason
             core = entry.core
             state = core.state
             kind = core.info.kind
-            tree.emit(EventKind.CANCEL_REQUESTED, entry, code=entry_code, at=now)
+            tree.emit(EventKind.CANCEL_REQUESTED, entry, code=entry_code, data=data, at=now)
             if state is SessionState.PENDING or entry.rerun:  # nothing runs to wrap up
                 finish(
                     entry,

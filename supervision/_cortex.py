@@ -17,6 +17,7 @@ instead of running headless.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from typing import Any
 
@@ -32,10 +33,11 @@ from sessiontree.protocol import (
     SpawnCmd,
     SuspendCmd,
     UnknownSessionError,
+    Usage,
 )
 from sessiontree.supervision import _queries as queries
 from sessiontree.supervision._cancelling import Cancelling
-from sessiontree.supervision._commits import Commits, answer_written
+from sessiontree.supervision._commits import Commits, answer_written, store_error
 from sessiontree.supervision._endings import Endings
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._ledger import Ledgers
@@ -90,6 +92,7 @@ from sessiontree.supervision._requests import (
     Send,
     Settle,
     ShutdownDeadline,
+    ShutdownPending,
     Spawn,
     SpawnMany,
     StopAll,
@@ -130,7 +133,7 @@ class Cortex:
         self.spawning = Spawning(tree, self.commits, self.starting, self.ledgers, self.cancelling)
         self.suspension = Suspension(tree, self.starting)
         self.messages = Messages(tree, self.commits)
-        self.periodic = Periodic(tree, self.suspension)
+        self.periodic = Periodic(tree, self.suspension, self.endings.store_held)
         self.shutdown = Shutdown(tree, self.cancelling, self.suspension, self.periodic)
         self.failed: BaseException | None = None
         self.stopped = False
@@ -270,19 +273,23 @@ class Cortex:
         match request:
             case Spawn(parent_id=parent_id, spec=spec, by_skill=by_skill):
                 return self.spawning.spawn(parent_id, spec, reply, early=by_skill)
-            case Run(parent_id=parent_id, spec=spec):
+            case Run(parent_id=parent_id, spec=spec, timeout=timeout):
                 assert reply is not None  # a run is its caller's waiter
-                return self.spawning.run(parent_id, spec, reply)
+                return self.spawning.run(parent_id, spec, reply, timeout)
             case SpawnMany(parent_id=parent_id, specs=specs, by_skill=by_skill):
                 return self.spawning.spawn_many(parent_id, specs, reply, early=by_skill)
-            case Send(session_id=sid, message=message, unwedge=unwedge, trace=trace):
-                return self.messages.send(sid, message, reply, unwedge=unwedge, trace=trace)
+            case Send(
+                session_id=sid, message=message, unwedge=unwedge, trace=trace, message_id=mid
+            ):
+                return self.messages.send(
+                    sid, message, reply, unwedge=unwedge, trace=trace, message_id=mid
+                )
             case Redeliver(session_id=sid, result=result, unwedge=unwedge):
                 return self.messages.redeliver(sid, result, unwedge, reply)
             case ReleaseReplay():
-                return self.starting.release_replay()
-            case Cancel(session_id=sid, grace=grace):
-                return self.cancelling.cancel(sid, grace)
+                return self.starting.release_replay() + self.endings.store_held.release()
+            case Cancel(session_id=sid, grace=grace, reason=reason):
+                return self.cancelling.cancel(sid, grace, reason)
             case Interrupt(session_id=sid, code=code):
                 self.cancelling.interrupt(sid, code)
                 return None
@@ -292,8 +299,8 @@ class Cortex:
                 return self.suspension.resume(sid)
             case Control(command=command):
                 return self._control(command, reply)
-            case Reserve(session_id=sid, prompt_tokens=prompt, max_tokens=most, price=price):
-                return self.ledgers.reserve(tree.lookup(sid), prompt, most, price)
+            case Reserve():
+                return self._reserve(request, reply)
             case Settle():
                 return self._settle(request, reply)
             case OpenMain(agent_id=agent_id, key=key):
@@ -325,7 +332,8 @@ class Cortex:
                 return queries.stuck(tree)
             case GetStats():
                 return queries.stats(tree) | {
-                    "pressure_suspended": self.suspension.pressure_suspended()
+                    "pressure_suspended": self.suspension.pressure_suspended(),
+                    "store_held_mains": len(self.endings.store_held),
                 }
             case GetActorRef(session_id=sid):
                 return queries.actor_ref(tree, sid)
@@ -337,6 +345,8 @@ class Cortex:
             case ShutdownDeadline():
                 self.shutdown.deadline()
                 return None
+            case ShutdownPending():
+                return tree.shutdown_pending()
             case ForceWorkers():
                 self.shutdown.force_workers()
                 return None
@@ -348,11 +358,46 @@ class Cortex:
         msg = f"the cortex has no operation {type(request).__name__}"
         raise RejectedInputError(msg)
 
+    def _reserve(self, reserve: Reserve, reply: Reply | None) -> object:
+        """A model call's reservation, answered once its record is durable: a
+        request that leaves the node is always in the store, so a node that
+        dies with it in flight still counts it when it comes back.
+
+        Answered from the writer's thread (the call goes out one hop sooner);
+        a write that failed is answered with the store's error, and the
+        reservation is released by a settle of nothing told to the Cortex."""
+        held = self.ledgers.reserve(
+            self.tree.lookup(reserve.session_id),
+            reserve.prompt_tokens,
+            reserve.max_tokens,
+            reserve.price,
+            optional=reserve.optional,
+        )
+        if isinstance(held, ErrorInfo) or reply is None:
+            return held
+        written = self.rt.persist.call(held, self.tree.now())
+        if written is None:
+            return held
+        ref, activity = self.commits.ref, self.rt.activity
+
+        def answer(finished: concurrent.futures.Future[None]) -> None:  # the writer's thread
+            error = finished.exception()
+            if error is None:
+                reply.set(held)
+                return
+            reply.set(store_error(error, reserve.session_id))
+            if ref is not None:  # never sent: released, nothing counted
+                post(ref, Call(Settle(held, Usage())), activity)
+
+        written.add_done_callback(answer)
+        return DEFERRED
+
     def _settle(self, settle: Settle, reply: Reply | None) -> object:
         """A model call ended: counted (answered once that is durable) and, on a
         traced node, emitted for its span."""
         reserved, traced = settle.reserved, settle.traced
-        written = self.rt.persist.usage(self.ledgers.settle(reserved, settle.used))
+        counted = self.ledgers.settle(reserved, settle.used)
+        written = self.rt.persist.usage(counted, settled=reserved)
         if traced is not None:
             entry = self.tree.entries.get(reserved.chain[0])
             self.tree.emit(EventKind.MODEL_CALL, entry, data=traced, at=traced["ended_at"])

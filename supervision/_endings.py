@@ -8,15 +8,16 @@ result is delivered at once, then the descendants are cancelled (through
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
-from sessiontree.actors.runtime import CycleDone, Deliver, RunEnd
+from sessiontree.actors.runtime import CycleDone, CycleRefused, Deliver, RunEnd, post
 from sessiontree.protocol import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -31,10 +32,11 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._commits import Commits, answer_durable
 from sessiontree.supervision._cycle_log import FailedCycles
-from sessiontree.supervision._entry import TreeEntry, id_text
+from sessiontree.supervision._entry import TreeEntry, id_text, unsettled
 from sessiontree.supervision._events import EventKind
-from sessiontree.supervision._reports import RunEnded
+from sessiontree.supervision._reports import AfterWrite, RunEnded
 from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
+from sessiontree.supervision._store_held import StoreHeld
 from sessiontree.supervision._tree import Tree
 
 if TYPE_CHECKING:
@@ -44,7 +46,7 @@ __all__ = ["Endings"]
 
 log = logging.getLogger("sessiontree.cortex")
 
-EVICT_TRIES = 16  # zombies an ending's eviction passes over at most
+EVICT_TRIES = 16  # zombies and unsettled endings an eviction passes over at most
 
 
 class Endings:
@@ -57,6 +59,7 @@ class Endings:
         # cancel): Cancelling.orphans, wired by the Cortex once both exist.
         self.on_orphans: Callable[[TreeEntry], None] = _unwired
         self.failed_cycles = FailedCycles()
+        self.store_held = StoreHeld(tree)
 
     def runs_ended(self, ends: tuple[RunEnded, ...]) -> None:
         """Runs that ended in one pass of the event loop: their writes go into one
@@ -103,16 +106,25 @@ class Endings:
                 data={
                     "cycle": end.cycle,
                     **({"error": end.error.message} if end.error else {}),
-                    **({"trace": core.cycle_trace} if core.cycle_trace else {}),
+                    **(
+                        {"trace": core.cycle_trace, "failure": end.error}
+                        if core.cycle_trace
+                        else {}
+                    ),
+                    **({"kept": True} if end.store_refused else {}),
                 },
             )
+            if end.store_refused:
+                self._refused_cycle(entry, end)
+                return False
             if end.error is not None:
                 tree.rt.counters["main_cycles_failed"] += 1
                 self.failed_cycles.failed(id_text(entry), core.info, end.cycle, end.error, now)
             tree.note_input(entry)
             if entry.ledger is not None:
                 entry.ledger.new_cycle()
-            entry.snapshot_write = tree.persist.snapshot(entry, now, consumed=core.input_seq)
+            self._snapshot(entry, now)
+            self.store_held.ran(entry)
             if not (tree.closing and tree.store is not None):
                 # Closing with a store: no new cycle starts, for one could end after
                 # the Cortex stops and then run again after the restart. What is
@@ -136,6 +148,48 @@ class Endings:
         if end.fatal is not None:
             tree.rt.on_fatal(end.fatal)
         return ended
+
+    def _refused_cycle(self, entry: TreeEntry, end: RunEnd) -> None:
+        """The store refused a write of a Main's cycle: nothing of it is consumed
+        (no snapshot: its message stays in the inbox, a result stays owed), its
+        working context is put back as the cycle found it, and its actor keeps
+        the input for a retry (``StoreHeld``)."""
+        tree = self.tree
+        core = entry.core
+        cycle_input = core.cycle_input
+        if cycle_input is not None and cycle_input.context is not None:
+            core.context = cycle_input.context
+            cycle_input.context = None
+        tree.note_input(entry)
+        tree.post(entry, CycleRefused())
+        if not tree.closing:
+            self.store_held.refused(entry, end.error)
+
+    def _snapshot(self, entry: TreeEntry, now: float) -> None:
+        """A Main's snapshot after a cycle, consuming its message (and any whose
+        snapshot the store refused before: the cycle ran, so it must not run
+        again after a restart)."""
+        tree = self.tree
+        seq = entry.core.input_seq
+        consumed = [] if seq is None else [seq]
+        if entry.unconsumed:
+            consumed += entry.unconsumed
+            entry.unconsumed = None
+        write = entry.snapshot_write = tree.persist.snapshot(entry, now, consumed=consumed)
+        if write is not None and consumed:
+            # told only when it failed (a message to the Cortex per cycle cost more)
+            write.add_done_callback(functools.partial(self._snapshot_settled, entry, consumed))
+
+    def _snapshot_settled(
+        self, entry: TreeEntry, consumed: list[int], write: concurrent.futures.Future[None]
+    ) -> None:
+        """On the writer thread: a Main's snapshot settled; if it failed, the
+        Cortex notes what it consumed for the next one."""
+        error = write.exception()
+        ref = self.tree.ref
+        if error is not None and ref is not None:
+            then = functools.partial(_unconsumed, entry, consumed)
+            post(ref, AfterWrite(then, error), self.tree.rt.activity)
 
     def finish(
         self,
@@ -161,8 +215,15 @@ class Endings:
             now = tree.now()
         core = entry.core
         if code is not None and error is None:
+            reason = entry.cancel_reason
+            detail: dict[str, object] = {}
+            # a cancel's reason, unless it ended some other way (its TTL) first
+            if reason is not None and code in (entry.cancel_code, ErrorCode.TERMINATED_BY_FORCE):
+                detail["reason"] = reason
             error = ErrorInfo(
-                code=code, message=message or ENDING_MESSAGES[code].format(id_text(entry))
+                code=code,
+                message=message or ENDING_MESSAGES[code].format(id_text(entry)),
+                detail=detail,
             )
         timer = entry.ttl_timer
         if timer is not None:
@@ -172,7 +233,7 @@ class Endings:
             # False: the Granted message is in flight and Starting.granted releases the slot
             tree.rt.slots.forget(entry.grant)
             entry.grant = None
-        self._end_state(entry, state, code, now)
+        self._end_state(entry, state, code, now, error)
         tree.live -= 1
         if not entry.is_async:
             self._thread_ended(entry)
@@ -216,8 +277,9 @@ class Endings:
         timings = Timings(created_at=info.created_at, started_at=entry.started_at, ended_at=now)
         ledger = entry.ledger
         own = subtree = None
+        settled = True
         if ledger is not None:
-            own, subtree = ledger.own, ledger.subtree
+            own, subtree, settled = ledger.own, ledger.subtree, not ledger.reserved.calls
         contexts = self.tree.rt.contexts
         leaf = None if contexts is None else contexts.leaf(info)
         conversation = None if leaf is None else info.conversation
@@ -233,6 +295,7 @@ class Endings:
                 subtree_usage=subtree,
                 context_leaf=leaf,
                 conversation=conversation,
+                usage_settled=settled,
             )
         else:
             result = SessionResult(
@@ -249,6 +312,7 @@ class Endings:
                 subtree_usage=subtree,
                 context_leaf=leaf,
                 conversation=conversation,
+                usage_settled=settled,
             )
         return result
 
@@ -267,13 +331,19 @@ class Endings:
                 tree.zombies += 1
 
     def _end_state(
-        self, entry: TreeEntry, state: SessionState, code: ErrorCode | None, now: float
+        self,
+        entry: TreeEntry,
+        state: SessionState,
+        code: ErrorCode | None,
+        now: float,
+        error: ErrorInfo | None,
     ) -> None:
         """``Tree.set_state`` for an ending: ``entry`` becomes ``state`` (terminal)
-        and the event says so; under the same lock its compute slot is given
-        back and, unless its skill still runs (a forced task is yet to be
-        cancelled), its task dropped. ``InvalidTransitionError`` (nothing
-        changed) if the transition is illegal."""
+        and the event says so (on a traced node with its ``error``, for its
+        span); under the same lock its compute slot is given back and, unless
+        its skill still runs (a forced task is yet to be cancelled), its task
+        dropped. ``InvalidTransitionError`` (nothing changed) if the
+        transition is illegal."""
         core = entry.core
         old = core.state
         if state not in TRANSITIONS[old]:  # a broken invariant: the node fails loudly
@@ -288,9 +358,15 @@ class Endings:
         if held:
             core.slots.release()
         tree = self.tree
-        data = None
-        if core.info.trace is not None and entry.ledger is not None:  # for its span
-            data = {"usage": msgspec.structs.asdict(entry.ledger.subtree)}
+        data: dict[str, Any] | None = None
+        if core.info.trace is not None:  # for its span
+            data = {}
+            ledger = entry.ledger
+            if ledger is not None:
+                data["usage"] = msgspec.structs.asdict(ledger.subtree)
+                data["settled"] = not ledger.reserved.calls
+            if error is not None:
+                data["failure"] = error
         tree.emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now, data=data)
         if old is SessionState.SUSPENDED:
             # as set_state writes a Branch leaving suspension (the ending's own write follows)
@@ -316,7 +392,7 @@ class Endings:
         live_main = parent_live and parent_core.info.kind is SessionKind.MAIN
         if live_main and not (tree.closing and tree.store is not None):
             tree.note_input(parent)
-            tree.post(parent, Deliver(result, trace=entry.info.trace))
+            tree.post(parent, Deliver(result, trace=entry.info.trace, fresh=True))
         if tree.rt.events.observed:
             tree.emit(EventKind.RESULT_DELIVERED, entry, data={"to": id_text(parent)}, at=now)
 
@@ -324,7 +400,9 @@ class Endings:
         """Forget the oldest endings past ``retain_terminal`` whose terminal write
         is durable (the store answers for them from then on).
 
-        Bounded work per ending: zombies are passed over at most ``tries`` times
+        An ending whose subtree still has a model call in flight stays (its
+        usage is still to settle), as a zombie does (its thread may still
+        report). Bounded work per ending: those are passed over at most ``tries`` times
         a call (``EVICT_TRIES`` an ending; passing over every one of them each
         time made a cascade of 90,000 sessions quadratic while their writes were
         queued). An ending whose terminal write is not yet durable stops the
@@ -347,7 +425,8 @@ class Endings:
                     return  # the store still holds its old state (reads fall back to it)
                 durable = write
             terminal.popleft()
-            if old.zombie:  # its thread may still report: a later round
+            # its thread may still report, or a call in its subtree settle: a later round
+            if old.zombie or unsettled(old):
                 terminal.append(sid)
                 passed += 1
                 if passed >= tries:
@@ -369,3 +448,10 @@ class Endings:
 def _unwired(entry: TreeEntry) -> None:
     msg = f"session {entry.session_id} ended with live children and no orphan cleanup wired"
     raise AssertionError(msg)
+
+
+def _unconsumed(entry: TreeEntry, consumed: list[int], error: BaseException | None) -> None:
+    """A Main's snapshot was written, or refused: then the messages it consumed
+    are consumed by the next one (they ran; a restart must not run them again)."""
+    if error is not None and not entry.state.is_terminal:
+        entry.unconsumed = consumed + (entry.unconsumed or [])

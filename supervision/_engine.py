@@ -21,7 +21,7 @@ import heapq
 import uuid
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -34,6 +34,7 @@ from sessiontree.protocol import (
     EscalationError,
     Gathered,
     GatherStatus,
+    RejectedInputError,
     SessionResult,
     SpawnSpec,
 )
@@ -47,10 +48,12 @@ __all__ = [
     "Engine",
     "Program",
     "Quorum",
+    "QuorumEnd",
     "Task",
     "gather",
     "gathered",
     "met_by",
+    "out_of_reach",
     "status_of",
     "wait_quorum",
 ]
@@ -151,11 +154,21 @@ class Quorum:
     k: int
     vote: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
+            msg = f"quorum must be an integer >= 1, got {self.k!r}"
+            raise RejectedInputError(msg, field="quorum")
+
 
 def _record(task: Task, attempt: Attempt, **changes: Any) -> None:
     """Replace ``attempt`` in ``task``'s attempts with ``changes`` made to it."""
     changed = msgspec.structs.replace(attempt, **changes)
     task.attempts = [changed if a is attempt else a for a in task.attempts or []]
+
+
+QuorumEnd = Literal["met", "missed"] | None
+"""How a gather with a quorum ended: ``met``, ``missed`` (it could no longer
+be met), or None (no quorum, or the timeout came first)."""
 
 
 def met_by(quorum: Quorum, good: Sequence[SessionResult], still_open: int) -> list[int] | None:
@@ -172,6 +185,17 @@ def met_by(quorum: Quorum, good: Sequence[SessionResult], still_open: int) -> li
     if (lead >= quorum.k and lead > runner) or lead > runner + still_open:
         return [i for i, a in enumerate(answers) if a == leader]
     return None
+
+
+def out_of_reach(quorum: Quorum, good: Sequence[SessionResult], still_open: int) -> bool:
+    """Whether ``quorum``, not met by the ``good`` results so far, can no longer
+    be met by the ``still_open`` tasks: too few could still succeed to make
+    ``k``, or (a vote) none is left to break a tie. A vote with any task open
+    can still be met (one more answer decides it), so only ``k`` successes end
+    early."""
+    if met_by(quorum, good, still_open) is not None:
+        return False
+    return still_open == 0 or (not quorum.vote and len(good) + still_open < quorum.k)
 
 
 class _Gather:
@@ -193,7 +217,7 @@ class _Gather:
         self.restarts = restarts
         self.on_timeout = on_timeout
         self.quorum = quorum
-        self.met = False
+        self.end: QuorumEnd = None
         self.hedger = None if hedge is None else Hedger(hedge)
         self.next_hedge: float | None = None  # when the next duplicate falls due
         self.ready: list[Task] = list(tasks)  # the next to spawn is ready[0]
@@ -218,6 +242,9 @@ class _Gather:
                 self.backoff_of[task.index] = wait
                 self.ready.insert(0, task)
             yield from self._spawn_ready(now)
+            if self.quorum is not None and self._quorum_decided(self.quorum):
+                yield from self._stop_the_rest(deadline)  # refusals put it out of reach
+                break
             if self.hedger is not None:
                 yield from self._hedge(self.hedger, now)
             if not self.running:
@@ -235,7 +262,7 @@ class _Gather:
                 now = yield _Now()  # how long they took: the hedge's percentile
             for child, result in ended:
                 yield from self._ended(child, result, now)
-            if self.quorum is not None and self._quorum_met(self.quorum):
+            if self.quorum is not None and self._quorum_decided(self.quorum):
                 yield from self._stop_the_rest(deadline)
                 break
         yield from self._out_of_time()
@@ -295,8 +322,11 @@ class _Gather:
         if not due:
             return
         runs = [self.running[alone[i]] for i in due]
-        # the same work as the run it doubles (a retry's may be the fallback skill)
-        specs = tuple(msgspec.structs.replace(task.spec, skill=run.skill) for task, run in runs)
+        # the same work as the run it doubles (a retry's may be the fallback skill);
+        # optional: a duplicate the budget cannot fit is not started, and stops nothing
+        specs = tuple(
+            msgspec.structs.replace(task.spec, skill=run.skill, optional=True) for task, run in runs
+        )
         answers = yield _SpawnMany(specs)
         for (task, run), spawned in zip(runs, answers, strict=True):
             hedger.hedged.add(task.index)
@@ -366,22 +396,28 @@ class _Gather:
         )
         heapq.heappush(self.delayed, (now + wait, task.index, task, wait))
 
-    def _quorum_met(self, quorum: Quorum) -> bool:
-        """Whether the quorum is met now; if so the tasks that met it are counted."""
+    def _quorum_decided(self, quorum: Quorum) -> bool:
+        """Whether the quorum is met now (the tasks that met it are counted) or
+        can no longer be met (too many failed); either ends the gather."""
         good = [t for t in self.tasks if t.done and t.result is not None and t.result.ok]
+        results = [t.result for t in good if t.result]
         still_open = sum(1 for t in self.tasks if not t.done)
-        counted = met_by(quorum, [t.result for t in good if t.result], still_open)
-        if counted is None:
-            return False
-        self.met = True
-        for i in counted:
-            good[i].counted = True
-        return True
+        counted = met_by(quorum, results, still_open)
+        if counted is not None:
+            self.end = "met"
+            for i in counted:
+                good[i].counted = True
+            return True
+        if out_of_reach(quorum, results, still_open):
+            self.end = "missed"
+            return True
+        return False
 
     def _stop_the_rest(self, deadline: float | None) -> Generator[Command, Any, None]:
-        """The quorum is met: what has not started never does, what runs is
-        cancelled (with the node's grace) and waited for, so what it returns
-        in its grace is kept as its partial result; nothing is retried."""
+        """The quorum is met or out of reach: what has not started never does,
+        what runs is cancelled (with the node's grace) and waited for, so what
+        it returns in its grace is kept as its partial result (one that never
+        returns ends at the grace, terminated by force); nothing is retried."""
         for task in (*self.ready, *(entry[2] for entry in self.delayed)):
             task.superseded = True
         self.ready, self.delayed = [], []
@@ -420,23 +456,25 @@ def gather(
     on_timeout: str,
     quorum: Quorum | None = None,
     hedge: Hedge | None = None,
-) -> Generator[Command, Any, bool]:
-    """Run ``tasks`` to their ends, or until ``quorum`` is met (results filled
-    in place), with duplicates of slow children when ``hedge`` says; returns
-    whether the quorum was met (False without one)."""
+) -> Generator[Command, Any, QuorumEnd]:
+    """Run ``tasks`` to their ends, or until ``quorum`` is met or can no longer
+    be met (results filled in place), with duplicates of slow children when
+    ``hedge`` says; returns how the quorum ended (None without one)."""
     run = _Gather(parent, tasks, retry, restarts, on_timeout, quorum, hedge)
     yield from run.run(timeout)
-    return run.met
+    return run.end
 
 
 def wait_quorum(
     children: Sequence[uuid.UUID], quorum: Quorum, timeout: float | None
 ) -> Generator[Command, Any, list[Collected]]:
     """``collect`` with a quorum: the children's results in arrival order until
-    ``quorum`` is met (those that met it ``counted``); then the rest are
-    cancelled with the node's grace and waited for, what they return in it
-    kept (``superseded``). At ``timeout`` a child still running gives a
-    ``timed_out`` entry (and keeps running unless the quorum cancelled it)."""
+    ``quorum`` is met (those that met it ``counted``) or can no longer be met
+    (too many failed: none ``counted``); then the rest are cancelled with the
+    node's grace and waited for, what they return in it kept (``superseded``;
+    one that never returns ends at the grace, terminated by force). At
+    ``timeout`` a child still running gives a ``timed_out`` entry (and keeps
+    running unless the quorum cancelled it)."""
     now: float = yield _Now()
     deadline = None if timeout is None else now + timeout
     pending = list(children)
@@ -454,9 +492,10 @@ def wait_quorum(
             got.append(Collected(session_id=child, result=result))
         if not superseded:
             good = [c for c in got if c.result is not None and c.result.ok]
-            met = met_by(quorum, [c.result for c in good if c.result], len(pending))
-            if met is not None:
-                counted = {good[i].session_id for i in met}
+            results = [c.result for c in good if c.result]
+            met = met_by(quorum, results, len(pending))
+            if met is not None or out_of_reach(quorum, results, len(pending)):
+                counted = {good[i].session_id for i in met or []}
                 superseded = set(pending)
                 for child in pending:
                     yield _Cancel(child)
@@ -470,10 +509,13 @@ def wait_quorum(
     ]
 
 
-def status_of(tasks: Sequence[Task], quorum_met: bool = False) -> GatherStatus:
-    """``completed`` when every task succeeded or a quorum was met."""
+def status_of(tasks: Sequence[Task], quorum: QuorumEnd = None) -> GatherStatus:
+    """``completed`` when every task succeeded or a quorum was met, ``failed``
+    when a quorum could no longer be met (whatever did succeed)."""
+    if quorum == "missed":
+        return GatherStatus.FAILED
     good = sum(1 for t in tasks if t.result is not None and t.result.ok)
-    if good == len(tasks) or quorum_met:
+    if good == len(tasks) or quorum == "met":
         return GatherStatus.COMPLETED
     return GatherStatus.PARTIAL if good else GatherStatus.FAILED
 

@@ -28,7 +28,17 @@ from sessiontree.protocol import (
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._reports import Expire
 
-__all__ = ["NOTHING", "Ledger", "SharedTtl", "SpawnAnswer", "TreeEntry", "id_text", "with_state"]
+__all__ = [
+    "NOTHING",
+    "Ledger",
+    "Reserved",
+    "SharedTtl",
+    "SpawnAnswer",
+    "TreeEntry",
+    "id_text",
+    "unsettled",
+    "with_state",
+]
 
 
 class SharedTtl:
@@ -109,6 +119,25 @@ class Ledger:
         return self.subtree - self.window
 
 
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """A call's reservation: what it holds against its session and ancestors
+    (``chain``, the session first), and the completion tokens it may ask for
+    (``None``: unbounded); ``call_id`` names its record in the store."""
+
+    ask: Usage
+    max_tokens: int | None
+    chain: tuple[uuid.UUID, ...] = ()
+    call_id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+
+def unsettled(entry: TreeEntry) -> bool:
+    """True while a model call is in flight in ``entry``'s subtree: its usage
+    still moves, so an ended one stays in the index until the call settles."""
+    ledger = entry.ledger
+    return ledger is not None and ledger.reserved.calls > 0
+
+
 @dataclass(eq=False, slots=True)
 class TreeEntry:
     """The Cortex's record of one session (the tree index is a dict of these)."""
@@ -123,6 +152,7 @@ class TreeEntry:
     live_children: int = 0
     requests: dict[str, uuid.UUID] = field(default_factory=dict)
     cancel_code: ErrorCode | None = None
+    cancel_reason: str | None = None  # who or why, as the cancel that reached it said
     cancel_deadline: float | None = None  # on the node's clock, once cancel was requested
     suspend_requested: bool = False
     ttl_timer: SharedTtl | None = None
@@ -146,12 +176,14 @@ class TreeEntry:
     rerun: bool = False
     # passivation (Mains): inputs posted so far, the monotonic time of the last
     # one, inbound writes not yet durable, the mark a Passivate asked about, the
-    # write of its last snapshot
+    # write of its last snapshot, and the inbox numbers of cycles that ran but
+    # whose snapshot the store refused (the next snapshot drops them)
     mark: int = 0
     idle_since: float = 0.0
     inflight: int = 0
     passivating: int | None = None
     snapshot_write: concurrent.futures.Future[None] | None = None
+    unconsumed: list[int] | None = None
     # str(session_id), once it was needed (see id_text)
     id_text: str | None = None
     # budget and usage, once the session is bounded or has spent (see _ledger)

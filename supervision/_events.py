@@ -41,13 +41,15 @@ class EventKind(enum.StrEnum):
     BUDGET_WARNING = "budget_warning"
     BUDGET_EXHAUSTED = "budget_exhausted"
     MODEL_CALL = "model_call"
+    USAGE_SETTLED = "usage_settled"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):
     """One thing that happened to one session (or to the node, ``session_id`` None).
 
-    ``session_kind``: the session's kind (``main``, ``branch``, ``worker``) and
-    ``agent_id`` its agent, so an observer that joined late can still place it.
+    ``session_kind``: the session's kind (``main``, ``branch``, ``worker``),
+    ``agent_id`` its agent and ``skill`` the skill that runs it, so an observer
+    that joined late can still place it.
     ``DISCARDED``: a new session whose record could not be written was taken
     out again, as if never created.
     ``PASSIVATED``: an idle Main was written out and its actor stopped; its next
@@ -57,11 +59,19 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     ``MEMORY_RELIEVED``: use fell below the low mark and this branch, which
     pressure had suspended, was resumed (``data["suspended_s"]``: for how
     long). Both carry the reading and the mark (``used``, ``high``/``low``).
+    ``USAGE_SETTLED``: the last model call in flight in an ended session's
+    subtree settled; ``data`` holds its final ``usage`` and ``subtree_usage``
+    (its result, delivered earlier, said ``usage_settled=False``).
     On a traced node only: ``CYCLE_STARTED`` (a Main's cycle began; ``data``:
     ``cycle``, its span's ``trace``, ``parent_trace``, ``cut_off``) and
     ``MODEL_CALL`` (a model call ended; ``data``: model, tokens, timings and
     its span's ``trace``), and the ``trace`` of a Main's cycle in
-    ``CYCLE_ENDED``'s data.
+    ``CYCLE_ENDED``'s data; ``SPAWNED``'s data also holds the span's
+    ``trace``, ``trace_parent``, the ``ttl`` and the ``task``; a
+    ``TRANSITION`` to an end state holds the subtree's ``usage`` (and whether
+    it ``settled``) and the session's ``failure`` (its ``ErrorInfo``: for a
+    crash, the exception's type, message and traceback in its detail), as
+    does ``CYCLE_ENDED`` for a cycle that raised.
     """
 
     kind: EventKind
@@ -70,6 +80,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     parent_id: uuid.UUID | None = None
     session_kind: str | None = None
     agent_id: str | None = None
+    skill: str | None = None
     state: str | None = None
     previous: str | None = None
     code: str | None = None

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sessiontree.protocol import RejectedInputError
 
-__all__ = ["Hedge", "Hedger"]
+__all__ = ["Hedge", "Hedger", "hedge_of"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,9 @@ class Hedge:
     children have succeeded, when ``percentile`` is given too; None: no
     duplicate until then). ``percentile`` (0 < p < 100): the delay is that
     percentile of the successful children's run times so far. At least one of
-    the two. ``RejectedInputError`` naming the field otherwise.
+    the two. ``RejectedInputError`` naming the field otherwise (a bool is not
+    a number: ``after=True`` is refused as ``hedge_after=True`` is), at
+    construction; ``hedge_of`` checks a mapping of these fields the same way.
     """
 
     after: float | None = None
@@ -39,18 +42,46 @@ class Hedge:
         if self.after is None and self.percentile is None:
             raise RejectedInputError("a Hedge needs after or percentile", field="hedge")
         if self.after is not None and not (
-            isinstance(self.after, int | float) and math.isfinite(self.after) and self.after >= 0
+            _is_number(self.after) and math.isfinite(self.after) and self.after >= 0
         ):
             msg = f"hedge after must be a number of seconds >= 0, got {self.after!r}"
             raise RejectedInputError(msg, field="hedge.after")
         if self.percentile is not None and not (
-            isinstance(self.percentile, int | float) and 0 < self.percentile < 100
+            _is_number(self.percentile) and 0 < self.percentile < 100
         ):
             msg = f"hedge percentile must be between 0 and 100, got {self.percentile!r}"
             raise RejectedInputError(msg, field="hedge.percentile")
-        if not isinstance(self.min_samples, int) or self.min_samples < 1:
+        if (
+            not isinstance(self.min_samples, int)
+            or isinstance(self.min_samples, bool)
+            or self.min_samples < 1
+        ):
             msg = f"hedge min_samples must be an integer >= 1, got {self.min_samples!r}"
             raise RejectedInputError(msg, field="hedge.min_samples")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_FIELDS = ("after", "percentile", "min_samples")
+
+
+def hedge_of(value: object) -> Hedge | None:
+    """A pattern's ``hedge`` option as a ``Hedge``: one as it is, a mapping of
+    its fields (``{"after": 2.0}``) checked as ``Hedge`` checks them, None as
+    None. ``RejectedInputError`` naming the field (``hedge.after``, an unknown
+    ``hedge.<key>``, or ``hedge`` for anything else)."""
+    if value is None or isinstance(value, Hedge):
+        return value
+    if isinstance(value, Mapping):
+        for key in value:
+            if key not in _FIELDS:
+                msg = f"hedge has no field {key!r} (it has {', '.join(_FIELDS)})"
+                raise RejectedInputError(msg, field=f"hedge.{key}", reason="unknown_field")
+        return Hedge(**value)
+    msg = f"hedge must be a Hedge or a mapping of its fields, not {type(value).__name__}"
+    raise RejectedInputError(msg, field="hedge")
 
 
 class Hedger:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -19,15 +20,19 @@ from typing import Any
 import msgspec
 
 from sessiontree.actors import Compaction
-from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore
+from sessiontree.actors.runtime import ModelCall, RunEnd, SessionCore, copy_context
 from sessiontree.conversations import Conversation, SessionBranch
 from sessiontree.protocol import (
     TERMINAL_STATES,
+    ChatMessage,
     Completion,
     ErrorInfo,
     NodeClosedError,
+    RejectedInputError,
     SessionKind,
+    SessionResult,
     SpawnSpec,
+    as_json,
     child_traceparent,
 )
 from sessiontree.store import CycleRecord, WriteBatch
@@ -143,8 +148,41 @@ class NodeHost:
         linked = self.linked_context(core, guard)
         if linked is not None:
             return linked
+        if core.info.kind is SessionKind.MAIN:  # its cycles' appends are keyed
+            keys = functools.partial(_effect_id, core)
+            return self.node.conversations.get(core.session_id, guard=guard, keys=keys)
         writable = core.info.kind is not SessionKind.WORKER
         return self.node.conversations.get(core.session_id, guard=guard, writable=writable)
+
+    def record_input(self, core: SessionCore, message: Any) -> None:
+        content = _NOTHING if _recorded(core) else _user_turn(message)
+        if content is not _NOTHING:
+            self._conversation(core).append("user", content)
+
+    async def arecord_input(self, core: SessionCore, message: Any) -> None:
+        content = _NOTHING if _recorded(core) else _user_turn(message)
+        if content is not _NOTHING:
+            await self._conversation(core).aappend("user", content)
+
+    def _conversation(self, core: SessionCore) -> Conversation:
+        """A Main's conversation as its running cycle writes it (keyed appends)."""
+        keys = functools.partial(_effect_id, core)
+        return self.node.conversations.get(core.session_id, keys=keys)
+
+    def _post_turn(self, core: SessionCore, message: Any) -> concurrent.futures.Future[None] | None:
+        """Queue the user's turn of a cycle starting for ``message`` (its future;
+        None when there is none to record, or it cannot be queued without
+        waiting: then the run records it)."""
+        content = _user_turn(message)
+        cycle_input = core.cycle_input
+        if content is _NOTHING or cycle_input is None:
+            return None
+        try:
+            turn = self._conversation(core).post_append("user", content)
+        except Exception:  # noqa: BLE001 - a closed store: the run records it, or fails
+            return None
+        cycle_input.recorded = turn is not None
+        return turn
 
     def compaction(self, core: SessionCore) -> Compaction | None:
         return self.node._runtime.agents[core.info.agent_id].compaction
@@ -197,11 +235,23 @@ class NodeHost:
         return trace
 
     def cycle_starting(
-        self, core: SessionCore, seq: int | None, child_id: uuid.UUID | None, attempt: int
+        self,
+        core: SessionCore,
+        seq: int | None,
+        child_id: uuid.UUID | None,
+        attempt: int,
+        message: Any = None,
     ) -> concurrent.futures.Future[None] | None:
         store = self.parts.store
         if store is None:
             return None
+        cycle_input = core.cycle_input
+        if cycle_input is not None:  # put back if the store refuses the cycle
+            cycle_input.context = copy_context(core.context)
+        # The user's turn is queued just before the mark: the writer commits in
+        # order, so it shares the mark's commit (or an earlier one), and it is
+        # settled by the time the mark is.
+        turn = self._post_turn(core, message)
         mark = CycleRecord(
             session_id=core.session_id,
             seq=seq,
@@ -211,14 +261,71 @@ class NodeHost:
             trace=core.cycle_trace,
         )
         try:
-            return store.submit(WriteBatch().cycle(mark))
+            marked = store.submit(WriteBatch().cycle(mark))
         except Exception as exc:  # noqa: BLE001 - a closed store: the cycle runs, the mark failed
-            failed: concurrent.futures.Future[None] = concurrent.futures.Future()
-            failed.set_exception(exc)
-            return failed
+            marked = concurrent.futures.Future()
+            marked.set_exception(exc)
+        return marked if turn is None else _both(turn, marked)
 
     def refused(self, core: SessionCore, what: str) -> None:
         self.node._tell(Refused(core.session_id, what))
+
+
+_NOTHING = object()
+
+
+def _recorded(core: SessionCore) -> bool:
+    """Whether the running cycle's user's turn was written with its start."""
+    cycle_input = core.cycle_input
+    return cycle_input is not None and cycle_input.recorded
+
+
+def _both(
+    first: concurrent.futures.Future[None], second: concurrent.futures.Future[None]
+) -> concurrent.futures.Future[None]:
+    """A future that finishes once both have: failed with the first's error,
+    else the second's, else done."""
+    both: concurrent.futures.Future[None] = concurrent.futures.Future()
+    lock = threading.Lock()
+
+    def settle(_: concurrent.futures.Future[None]) -> None:
+        with lock:
+            if both.done() or not (first.done() and second.done()):
+                return
+            error = first.exception() or second.exception()
+            if error is None:
+                both.set_result(None)
+            else:
+                both.set_exception(error)
+
+    first.add_done_callback(settle)
+    second.add_done_callback(settle)
+    return both
+
+
+def _user_turn(message: Any) -> Any:
+    """What a Main's conversation records of an inbound ``message`` (the user's
+    turn): the message as a JSON value; ``_NOTHING`` for a child's result, a
+    routed chat message (``route`` appended it already) or a value that is not
+    JSON (or is larger than a message's content may be)."""
+    if isinstance(message, SessionResult) or ChatMessage.of(message) is not None:
+        return _NOTHING
+    try:
+        return as_json("message", message)
+    except RejectedInputError:
+        return _NOTHING
+
+
+def _effect_id(core: SessionCore) -> tuple[uuid.UUID, bool] | None:
+    """The message id of a Main's next conversation append in its running cycle,
+    named after the cycle's input and the append's place in the cycle so a
+    rerun of the cycle writes to the same ids, and whether an earlier run may
+    hold it (None outside a cycle)."""
+    key = core.next_effect()
+    if key is None:
+        return None
+    name, place, rerun = key
+    return uuid.uuid5(core.session_id, f"{name}/{place}"), rerun
 
 
 def _in_cycle(parent: SessionCore, spec: SpawnSpec) -> SpawnSpec:

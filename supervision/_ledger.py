@@ -18,14 +18,14 @@ soft threshold is announced once per budget (``BUDGET_WARNING``).
 from __future__ import annotations
 
 import math
-import uuid
-from dataclasses import dataclass
 
-from sessiontree.protocol import Budget, ErrorCode, ErrorInfo, SessionKind, Usage
+import msgspec
+
+from sessiontree.protocol import COST_UNIT, Budget, ErrorCode, ErrorInfo, SessionKind, Usage
 from sessiontree.supervision._budgets import crossed_soft, first_exceeded, left, narrow
 from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._config import Agent
-from sessiontree.supervision._entry import Ledger, TreeEntry
+from sessiontree.supervision._entry import Ledger, Reserved, TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._providers import Price
 from sessiontree.supervision._tree import Tree
@@ -33,17 +33,6 @@ from sessiontree.supervision._tree import Tree
 __all__ = ["Ledgers", "Reserved", "priced"]
 
 ONE_SPAWN = Usage(descendants=1)
-
-
-@dataclass(frozen=True, slots=True)
-class Reserved:
-    """A call's reservation: what it holds against its session and ancestors
-    (``chain``, the session first), and the completion tokens it may ask for
-    (``None``: unbounded)."""
-
-    ask: Usage
-    max_tokens: int | None
-    chain: tuple[uuid.UUID, ...] = ()
 
 
 class Ledgers:
@@ -56,12 +45,13 @@ class Ledgers:
     # -- spawning ----------------------------------------------------------------------
 
     def admit(
-        self, parent: TreeEntry, requested: Budget | None
+        self, parent: TreeEntry, requested: Budget | None, *, optional: bool = False
     ) -> tuple[Budget | None, bool] | ErrorInfo:
         """Whether ``parent`` may have one more child, and the child's budget:
         ``requested`` narrowed to what every bounded ancestor has left (and
         whether it was clamped). A refusal reaches the hard limit of the
-        outermost budget it did not fit (see ``_outermost``)."""
+        outermost budget it did not fit (see ``_refuse``), unless the child is
+        ``optional`` (``SpawnSpec.optional``): then it is only refused."""
         budget, clamped = requested, False
         refused: tuple[TreeEntry, Ledger, str] | None = None
         holder: TreeEntry | None = parent
@@ -80,6 +70,8 @@ class Ledgers:
                     clamped = clamped or narrowed
             holder = holder.parent
         if refused is not None:
+            if optional:
+                return _exhausted(refused[0], refused[2])
             return self._refuse(*refused)
         return budget, clamped
 
@@ -124,13 +116,19 @@ class Ledgers:
         prompt_tokens: int,
         max_tokens: int | None,
         price: Price | None,
+        *,
+        optional: bool = False,
     ) -> Reserved | ErrorInfo:
         """Reserve one call's worst case against ``entry`` and every ancestor:
         ``prompt_tokens`` (an estimate) plus ``max_tokens``, capped to the
         completion tokens every bounded ancestor has room for (by tokens, and
         by cost at the model's ``price``). Refused (nothing reserved) when it
         cannot fit, when a budget bounds cost and the model has no ``price``
-        (``budget_unenforceable``), or when the session is stopping."""
+        (``budget_unenforceable``), or when the session is stopping.
+
+        ``optional``: a call the session can do without (a hedge's duplicate):
+        one that does not fit is refused and nothing more happens; any other
+        refusal reaches the hard limit of the budget it did not fit."""
         chain = _chain(entry)
         bounded = [(e, e.ledger) for e in chain if e.ledger is not None and e.ledger.budget]
         for holder, ledger in reversed(bounded):
@@ -163,6 +161,8 @@ class Ledgers:
             if dimension is None and cap == 0 and max_tokens != 0:
                 dimension = "tokens"  # no room for a single completion token
             if dimension is not None:
+                if optional:
+                    return _exhausted(holder, dimension)
                 return self._refuse(holder, ledger, dimension)
         for holder in chain:
             ledger = self._ledger(holder)
@@ -172,14 +172,16 @@ class Ledgers:
     def settle(self, reserved: Reserved, used: Usage) -> list[TreeEntry]:
         """A call ended: its reservation is released and ``used`` (what the
         provider reported, priced) counted once for its session and each
-        ancestor still in the index (a session evicted meanwhile, after a
-        forced end, has nothing to count; its ancestors still do). Returns
-        the entries whose usage changed."""
+        ancestor, ended ones too: the index keeps an ended session while calls
+        are in flight below it (``unsettled``), so usage settles wherever it
+        lands. An ended session whose last call this was is told to observers
+        (``USAGE_SETTLED``, with its final figures). Returns the entries whose
+        usage changed."""
         entries = self.tree.entries
         counted = []
         for i, session_id in enumerate(reserved.chain):
             holder = entries.get(session_id)
-            if holder is None:
+            if holder is None:  # not reachable while the call held it; kept defensive
                 continue
             ledger = self._ledger(holder)
             if i == 0:
@@ -190,6 +192,15 @@ class Ledgers:
             if ledger.budget is not None:
                 self._warn_if_crossed(holder, ledger, before)
             counted.append(holder)
+            if holder.result is not None and not ledger.reserved.calls:
+                self.tree.emit(
+                    EventKind.USAGE_SETTLED,
+                    holder,
+                    data={
+                        "usage": msgspec.structs.asdict(ledger.own),
+                        "subtree_usage": msgspec.structs.asdict(ledger.subtree),
+                    },
+                )
         return counted
 
     # -- limits ----------------------------------------------------------------------
@@ -263,6 +274,7 @@ def priced(usage: Usage, price: Price | None) -> Usage:
             unpriced_calls=usage.calls,
         )
     cost = usage.prompt_tokens * price.prompt + usage.completion_tokens * price.completion
+    cost = round(cost * COST_UNIT) / COST_UNIT  # to the unit every sum is kept in
     return Usage(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,

@@ -8,6 +8,8 @@ or not encodable raises ``RejectedInputError`` naming the field.
 
 from __future__ import annotations
 
+import os
+import random
 import uuid
 from typing import Any
 
@@ -27,6 +29,10 @@ from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._tree import Tree
 
 __all__ = ["Messages"]
+
+# Message ids are names, not secrets: a generator seeded from the OS, so an id
+# costs no system call (as the conversations' message ids).
+_IDS = random.Random(os.urandom(32))  # noqa: S311
 
 
 def _refusal(session_id: uuid.UUID, info: SessionInfo) -> ErrorInfo:
@@ -60,10 +66,13 @@ class Messages:
         *,
         unwedge: uuid.UUID | None = None,
         trace: str | None = None,
+        message_id: uuid.UUID | None = None,
     ) -> object:
         """Queue an inbound message for a Main (one message cycle). With a store it
         is written to the Main's inbox first and accepted once durable (with
-        ``unwedge``, the held-back item it requeues is dropped in that commit)."""
+        ``unwedge``, the held-back item it requeues is dropped in that commit).
+        It gets an identity (``message_id``, else a new one) that its cycle's
+        conversation appends are keyed by."""
         tree = self.tree
         entry = tree.entry(session_id)
         if entry is None:  # ended before a restart or evicted: answered as if indexed
@@ -79,13 +88,15 @@ class Messages:
         if tree.closing:
             return ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
         seq = entry.next_seq
+        fresh = message_id is None  # no run of it can have written anything yet
+        mid = message_id or uuid.UUID(int=_IDS.getrandbits(128), version=4)
         try:
-            future = tree.persist.inbound(entry, seq, message, tree.now(), unwedge)
+            future = tree.persist.inbound(entry, seq, message, tree.now(), mid, unwedge)
         except RejectedInputError as exc:
             raise RejectedInputError(str(exc), field="message") from exc
         tree.note_input(entry)
         if future is None:
-            tree.post(entry, Inbound(message, trace=trace))
+            tree.post(entry, Inbound(message, trace=trace, id=mid, fresh=fresh))
             return None
         entry.next_seq += 1
         entry.inflight += 1
@@ -103,9 +114,10 @@ class Messages:
                 )
             elif tree.held_reason is not None and session_id in tree.held:
                 # behind the Main's held replay: runs after it, once released
-                tree.held[session_id].append(Inbound(message, seq, trace=trace))
+                inbound = Inbound(message, seq, trace=trace, id=mid, fresh=fresh)
+                tree.held[session_id].append(inbound)
             else:
-                tree.post(entry, Inbound(message, seq, trace=trace))
+                tree.post(entry, Inbound(message, seq, trace=trace, id=mid, fresh=fresh))
             if reply is not None:
                 reply.set(answer)
 

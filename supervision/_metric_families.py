@@ -12,26 +12,40 @@ units (seconds, bytes), ``_total`` on counters. Labels come from fixed sets
 (kinds, states, error codes, reject reasons, grace outcomes), so the series
 a node exposes never change with its workload; the one exception, model
 calls by agent, model and tier, is bounded (``_metric_models``).
+
+The session families (spawns, restorations, endings, forced ends, TTL
+expiries, lifetimes, and the live gauge) are also labelled by ``agent`` and
+``skill``, whose values come only from the agents the node was started with:
+the series of each (agent, skill, kind) a node can run exist from the start
+(``session_series``: a Main runs its agent's main skill, a Branch or Worker
+any of its skills); a registered skill run as another kind adds that kind's
+series once; a session whose agent or skill the node does not know (a
+record stored by an older configuration) is counted under ``other``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from sessiontree.protocol import ErrorCode, SessionKind, SessionState
+from sessiontree.supervision._config import Agent
 
 __all__ = [
     "END_STATES",
     "KINDS",
     "LIVE_STATES",
     "NODE_REASON",
+    "OTHER_LABEL",
     "REJECT_REASONS",
     "SCRAPED",
     "Families",
+    "Series",
     "family",
+    "session_series",
     "single",
 ]
 
@@ -54,6 +68,10 @@ REJECT_REASONS: tuple[str, ...] = (
 #: The reason under which the node's own refusals (``Node.rejected_input``:
 #: ``Node.control`` and ``Node.route``) appear in the same family.
 NODE_REASON = "refused_by_node"
+
+#: The agent and skill a session is counted under when the node does not know
+#: its agent or its skill (label values never come from anywhere else).
+OTHER_LABEL = "other"
 
 KINDS: tuple[str, ...] = tuple(kind.value for kind in SessionKind)
 LIVE_STATES: tuple[str, ...] = tuple(s.value for s in SessionState if not s.is_terminal)
@@ -88,8 +106,8 @@ _MODEL_LABELS = ("agent", "model", "tier")
 SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "sessiontree_sessions": (
         "gauge",
-        "Sessions not yet ended, by kind and state.",
-        ("kind", "state"),
+        "Sessions not yet ended, by kind, state, agent and skill.",
+        ("kind", "state", "agent", "skill"),
     ),
     "sessiontree_compute_slots_in_use": ("gauge", "Compute slots held by running skills.", ()),
     "sessiontree_compute_slots_waiting": ("gauge", "Sessions queued for a compute slot.", ()),
@@ -200,6 +218,16 @@ SCRAPED: dict[str, tuple[str, str, tuple[str, ...]]] = {
         (),
     ),
     "sessiontree_main_cycles_failed": ("counter", "Message cycles of mains that raised.", ()),
+    "sessiontree_main_cycles_refused": (
+        "counter",
+        "Message cycles of mains the store refused a write of (kept, run again).",
+        (),
+    ),
+    "sessiontree_store_held_mains": (
+        "gauge",
+        "Mains whose cycle the store refused, waiting for it to take writes.",
+        (),
+    ),
     "sessiontree_store_write_errors": (
         "counter",
         "Store writes of the Cortex that were refused or failed.",
@@ -288,29 +316,84 @@ def single(name: str, value: float) -> GaugeMetricFamily | CounterMetricFamily:
     return found
 
 
+def session_series(agents: Iterable[Agent]) -> list[tuple[str, str, str]]:
+    """The (agent, skill, kind) of every session series a node exposes from the
+    start, in registration order: each agent's Mains (its main skill), then
+    its Branches and Workers (each of its skills) — 1 + 2 x skills an agent."""
+    found: list[tuple[str, str, str]] = []
+    for agent in agents:
+        found.append((agent.agent_id, agent.main, SessionKind.MAIN.value))
+        for skill in agent.skills:
+            found.append((agent.agent_id, skill, SessionKind.BRANCH.value))
+            found.append((agent.agent_id, skill, SessionKind.WORKER.value))
+    return found
+
+
+class Series:
+    """The children of one (agent, skill, kind) in the session families, made
+    once, so counting a session's events takes no label lookup; and ``live``,
+    its sessions not yet ended by state (kept by ``TreeTracker`` under its lock)."""
+
+    __slots__ = (
+        "agent",
+        "duration",
+        "expired",
+        "forced",
+        "kind",
+        "live",
+        "restored",
+        "skill",
+        "spawned",
+        "terminated",
+    )
+
+    def __init__(self, families: Families, agent: str, skill: str, kind: str) -> None:
+        self.agent, self.skill, self.kind = agent, skill, kind
+        self.spawned = families.spawned_family.labels(kind, agent, skill)
+        self.restored = families.restored_family.labels(kind, agent, skill)
+        self.forced = families.forced_family.labels(kind, agent, skill)
+        self.expired = families.expired_family.labels(kind, agent, skill)
+        self.duration = families.duration_family.labels(kind, agent, skill)
+        terminated = families.terminated_family
+        self.terminated = {
+            state: terminated.labels(kind, state, agent, skill) for state in END_STATES
+        }
+        self.live = dict.fromkeys(LIVE_STATES, 0)
+
+
 class Families:
     """The event-fed families of one node, registered in its registry.
 
     Each family is appended to ``registered`` as soon as it is created, so if a
     later one fails (``ValueError``: its name is taken on a shared registry) the
     caller can take out exactly what was put in. The labelled children are kept
-    ready (``spawned["worker"]``…): every label combination exists from the
-    start, and the hot path skips the label lookup.
+    ready (``grace["forced"]``, the session families' ``Series``): every label
+    combination exists from the start, and the hot path skips the label lookup.
+    ``agents``: the node's agents, the only source of ``agent`` and ``skill``
+    label values.
     """
 
-    def __init__(self, r: CollectorRegistry, registered: list[Any]) -> None:
+    def __init__(
+        self, r: CollectorRegistry, registered: list[Any], agents: Iterable[Agent] = ()
+    ) -> None:
         def add(metric: _M) -> _M:
             registered.append(metric)
             return metric
 
-        spawned = add(
-            Counter("sessiontree_sessions_spawned", "Sessions created.", ["kind"], registry=r)
+        session = ["kind", "agent", "skill"]
+        self.spawned_family = add(
+            Counter(
+                "sessiontree_sessions_spawned",
+                "Sessions created, by kind, agent and skill.",
+                session,
+                registry=r,
+            )
         )
-        restored = add(
+        self.restored_family = add(
             Counter(
                 "sessiontree_sessions_restored",
                 "Sessions brought back from the store after a restart.",
-                ["kind"],
+                session,
                 registry=r,
             )
         )
@@ -322,35 +405,35 @@ class Families:
                 registry=r,
             )
         )
-        terminated = add(
+        self.terminated_family = add(
             Counter(
                 "sessiontree_sessions_terminated",
-                "Sessions that ended, by kind and final state.",
-                ["kind", "state"],
+                "Sessions that ended, by kind, final state, agent and skill.",
+                ["kind", "state", "agent", "skill"],
                 registry=r,
             )
         )
-        forced = add(
+        self.forced_family = add(
             Counter(
                 "sessiontree_forced_terminations",
                 "Sessions still running at their cancellation deadline, terminated by force.",
-                ["kind"],
+                session,
                 registry=r,
             )
         )
-        expired = add(
+        self.expired_family = add(
             Counter(
                 "sessiontree_ttl_expirations",
                 "Sessions that outlived their TTL.",
-                ["kind"],
+                session,
                 registry=r,
             )
         )
-        duration = add(
+        self.duration_family = add(
             Histogram(
                 "sessiontree_session_duration_seconds",
                 "Lifetime of ended sessions, from creation to their final state.",
-                ["kind"],
+                session,
                 buckets=_DURATION_BUCKETS,
                 registry=r,
             )
@@ -390,13 +473,28 @@ class Families:
         )
         # Every label combination exists from the start (and the hot path skips
         # the label lookup): the series never change with the workload.
-        self.spawned = {kind: spawned.labels(kind) for kind in KINDS}
-        self.restored = {kind: restored.labels(kind) for kind in KINDS}
         self.rejections = {code: rejections.labels(code) for code in _CODES}
-        self.terminated = {
-            (kind, state): terminated.labels(kind, state) for kind in KINDS for state in END_STATES
-        }
-        self.forced = {kind: forced.labels(kind) for kind in KINDS}
-        self.expired = {kind: expired.labels(kind) for kind in KINDS}
-        self.duration = {kind: duration.labels(kind) for kind in KINDS}
         self.grace = {outcome: grace.labels(outcome) for outcome in _GRACE_OUTCOMES}
+        registered_agents = tuple(agents)
+        self.skills = {agent.agent_id: frozenset(agent.skills) for agent in registered_agents}
+        self.series: dict[tuple[str, str, str], Series] = {}
+        for key in session_series(registered_agents):
+            self.series[key] = Series(self, *key)
+
+    def series_of(self, agent: str | None, skill: str | None, kind: str) -> Series:
+        """The series a session of ``agent``, ``skill`` and ``kind`` counts under
+        (``kind`` one of ``KINDS``): its own if the node registered that skill
+        of that agent, else ``other``'s; made on first use if the node did not
+        expose it from the start. Call under the tracker's lock."""
+        if agent is not None and skill is not None:
+            found = self.series.get((agent, skill, kind))
+            if found is not None:
+                return found
+            if skill not in self.skills.get(agent, ()):
+                agent = skill = OTHER_LABEL
+        else:
+            agent = skill = OTHER_LABEL
+        found = self.series.get((agent, skill, kind))
+        if found is None:
+            found = self.series[(agent, skill, kind)] = Series(self, agent, skill, kind)
+        return found

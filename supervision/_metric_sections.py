@@ -82,8 +82,8 @@ class ScrapeCollector:
 
     def _sessions_section(self) -> Iterator[Metric]:
         sessions = family("sessiontree_sessions")
-        for (kind, state), value in self._tracker.session_counts():
-            sessions.add_metric((kind, state), value)
+        for labels, value in self._tracker.session_counts():
+            sessions.add_metric(labels, value)
         yield sessions
 
     def _slots_section(self) -> Iterator[Metric]:
@@ -138,6 +138,8 @@ class ScrapeCollector:
         )
         yield single("sessiontree_memory_pressure_suspended", stats.get("pressure_suspended", 0))
         yield single("sessiontree_main_cycles_failed", stats.get("main_cycles_failed", 0))
+        yield single("sessiontree_main_cycles_refused", stats.get("main_cycles_refused", 0))
+        yield single("sessiontree_store_held_mains", stats.get("store_held_mains", 0))
         yield single("sessiontree_store_write_errors", stats.get("store_write_errors", 0))
         yield single("sessiontree_budget_warnings", stats.get("budget_warnings", 0))
         yield single("sessiontree_budgets_exhausted", stats.get("budgets_exhausted", 0))

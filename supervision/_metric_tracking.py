@@ -1,10 +1,12 @@
 """What the metrics learn from the node's events: ``TreeTracker``.
 
-The tracker keeps the count of live sessions by kind and state, what it
-needs of each live session to time its end (``_Tracked``), and the moments
-sessions ended whose results are not delivered yet; on each event it
-updates the event-fed families (``_metric_families.Families``). The counts
-and the untrusted-input rejections are read at scrape time under ``lock``.
+The tracker keeps the count of live sessions by kind, state, agent and skill
+(each ``Series``' ``live``), what it needs of each live session to time its
+end (``_Tracked``, which holds its series: its later events take no label
+lookup), and the moments sessions ended whose results are not delivered
+yet; on each event it updates the event-fed families
+(``_metric_families.Families``). The counts and the untrusted-input
+rejections are read at scrape time under ``lock``.
 
 Threads: event handlers run on the Cortex thread (a few dict lookups and
 counter increments per event), ``on_commit`` on the store's writer thread,
@@ -25,14 +27,15 @@ from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._metric_families import (
     END_STATES,
     KINDS,
-    LIVE_STATES,
     REJECT_REASONS,
     Families,
+    Series,
 )
 
 __all__ = ["TreeTracker"]
 
 _END_SET = frozenset(END_STATES)
+_KIND_SET = frozenset(KINDS)
 _FORCED = ErrorCode.TERMINATED_BY_FORCE.value
 _TTL_EXPIRED = ErrorCode.TTL_EXPIRED.value
 _EXPIRED = SessionState.EXPIRED.value
@@ -47,7 +50,7 @@ _MAX_UNDELIVERED = 4096
 class _Tracked:
     """What the metrics keep of one session until it ends."""
 
-    kind: str
+    series: Series  # its kind, agent and skill
     state: str
     started: float | None  # the node's monotonic clock at spawn; None if unknown
     created_at: float | None  # wall clock, for sessions spawned before this process
@@ -55,7 +58,8 @@ class _Tracked:
 
 
 class TreeTracker:
-    """The live sessions by kind and state, and the event-fed families of one node.
+    """The live sessions by kind, state, agent and skill, and the event-fed
+    families of one node.
 
     ``clock``: the node's clock (durations, grace and delivery are timed on its
     monotonic reading). ``families``: where the observations go.
@@ -66,9 +70,6 @@ class TreeTracker:
         self._families = families
         self.lock = threading.Lock()
         self.live: dict[uuid.UUID, _Tracked] = {}
-        self.counts: dict[tuple[str, str], int] = {
-            (kind, state): 0 for kind in KINDS for state in LIVE_STATES
-        }
         self.ended_at: dict[uuid.UUID, float] = {}  # ended, result not yet delivered
         self.seeding = True
         self.ended_early: set[uuid.UUID] = set()  # ended while the snapshot was read
@@ -99,11 +100,12 @@ class TreeTracker:
                     continue
                 if info.state.is_terminal or sid in self.ended_early:
                     continue
-                key = (info.kind.value, info.state.value)
-                if key not in self.counts:
+                state = info.state.value
+                series = self._families.series_of(info.agent_id, info.skill, info.kind.value)
+                if state not in series.live:
                     continue
-                self.live[sid] = _Tracked(key[0], key[1], None, info.created_at)
-                self.counts[key] += 1
+                self.live[sid] = _Tracked(series, state, None, info.created_at)
+                series.live[state] += 1
             self.seeding = False
             self.ended_early.clear()
 
@@ -114,10 +116,15 @@ class TreeTracker:
         with self.lock:
             self.rejected[key] += 1
 
-    def session_counts(self) -> list[tuple[tuple[str, str], int]]:
-        """A copy of the live counts, ``((kind, state), count)`` in label order."""
+    def session_counts(self) -> list[tuple[tuple[str, str, str, str], int]]:
+        """A copy of the live counts, ``((kind, state, agent, skill), count)``
+        (the gauge's labels), series by series."""
         with self.lock:
-            return list(self.counts.items())
+            return [
+                ((series.kind, state, series.agent, series.skill), count)
+                for series in self._families.series.values()
+                for state, count in series.live.items()
+            ]
 
     def rejected_counts(self) -> list[tuple[str, int]]:
         """A copy of the rejection counts, ``(reason, count)`` in ``REJECT_REASONS`` order."""
@@ -134,22 +141,26 @@ class TreeTracker:
 
     def _on_spawned(self, event: Event) -> None:
         sid, kind, state = event.session_id, event.session_kind, event.state
-        if sid is None or kind is None or state is None or (kind, state) not in self.counts:
+        if sid is None or kind not in _KIND_SET or state is None:
             return
         restored = bool(event.data.get("restored"))
-        if restored:
-            created = event.data.get("created_at")
-            at = float(created) if isinstance(created, int | float) else None
-            tracked = _Tracked(kind, state, None, at)
-        else:
-            tracked = _Tracked(kind, state, self.clock.monotonic(), None)
         with self.lock:
+            series = self._families.series_of(event.agent_id, event.skill, kind)
+            live = series.live
+            if state not in live:
+                return
+            if restored:
+                created = event.data.get("created_at")
+                at = float(created) if isinstance(created, int | float) else None
+                tracked = _Tracked(series, state, None, at)
+            else:
+                tracked = _Tracked(series, state, self.clock.monotonic(), None)
             old = self.live.get(sid)
             if old is not None:  # a dormant Main from the snapshot, now brought back
-                self.counts[(old.kind, old.state)] -= 1
+                old.series.live[old.state] -= 1
             self.live[sid] = tracked
-            self.counts[(kind, state)] += 1
-        (self._families.restored if restored else self._families.spawned)[kind].inc()
+            live[state] += 1
+        (series.restored if restored else series.spawned).inc()
 
     def _on_transition(self, event: Event) -> None:
         sid, state = event.session_id, event.state
@@ -160,37 +171,39 @@ class TreeTracker:
             tracked = self.live.get(sid)
             if tracked is None:  # it existed before we subscribed
                 kind = event.session_kind
-                if kind is None:
+                if kind not in _KIND_SET:
                     return
+                series = self._families.series_of(event.agent_id, event.skill, kind)
                 if ending:
                     if self.seeding:
                         self.ended_early.add(sid)
-                elif (kind, state) in self.counts:
-                    self.live[sid] = _Tracked(kind, state, None, None)
-                    self.counts[(kind, state)] += 1
+                elif state in series.live:
+                    self.live[sid] = _Tracked(series, state, None, None)
+                    series.live[state] += 1
                     return
                 else:
                     return
             else:
-                kind = tracked.kind
-                self.counts[(kind, tracked.state)] -= 1
+                series = tracked.series
+                live = series.live
+                live[tracked.state] -= 1
                 if not ending:
                     tracked.state = state
-                    self.counts[(kind, state)] += 1
+                    live[state] += 1
                     return
                 del self.live[sid]
-        self._ended(event, sid, kind, state, tracked)
+        self._ended(event, sid, series, state, tracked)
 
     def _ended(
-        self, event: Event, sid: uuid.UUID, kind: str, state: str, tracked: _Tracked | None
+        self, event: Event, sid: uuid.UUID, series: Series, state: str, tracked: _Tracked | None
     ) -> None:
         now = self.clock.monotonic()
-        self._families.terminated[(kind, state)].inc()
+        series.terminated[state].inc()
         code = event.code
         if code == _FORCED:
-            self._families.forced[kind].inc()
+            series.forced.inc()
         elif code == _TTL_EXPIRED:
-            self._families.expired[kind].inc()
+            series.expired.inc()
         if event.parent_id is not None:
             pending = self.ended_at
             if len(pending) >= _MAX_UNDELIVERED:
@@ -199,9 +212,9 @@ class TreeTracker:
         if tracked is None:
             return
         if tracked.started is not None:
-            self._families.duration[kind].observe(max(0.0, now - tracked.started))
+            series.duration.observe(max(0.0, now - tracked.started))
         elif tracked.created_at is not None:
-            self._families.duration[kind].observe(max(0.0, event.at - tracked.created_at))
+            series.duration.observe(max(0.0, event.at - tracked.created_at))
         if tracked.cancel_at is not None:
             if code == _FORCED:
                 outcome = "forced"
@@ -235,7 +248,7 @@ class TreeTracker:
         with self.lock:
             tracked = self.live.pop(sid, None)
             if tracked is not None:
-                self.counts[(tracked.kind, tracked.state)] -= 1
+                tracked.series.live[tracked.state] -= 1
 
     # -- the store's writer thread ---------------------------------------------------
 

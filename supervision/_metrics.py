@@ -4,7 +4,8 @@ Two sources feed it. The node's event stream (``Node.events``) drives the
 counters and histograms of the tree — spawns, terminations, forced ends, TTL
 expiries, durations, grace wrap-ups, result delivery — and the count of
 sessions by kind and state, all kept on the Cortex thread as the events
-happen (``_metric_tracking``). Figures that are state rather than history
+happen (``_metric_tracking``); the session families are also labelled by
+agent and skill. Figures that are state rather than history
 (compute slots, limits, zombies, the Cortex's mailbox, the store's map) and
 the tallies the node keeps itself (budget warnings and exhaustions, model
 calls, tokens and cost) are read when Prometheus scrapes, by a collector of
@@ -13,9 +14,12 @@ buckets are in ``_metric_families``.
 
 Names follow the Prometheus conventions: the ``sessiontree_`` prefix, base
 units (seconds, bytes), ``_total`` on counters. Labels come from fixed sets
-(kinds, states, error codes, reject reasons) and every combination exists from
-the start, so the series a node exposes never change with its workload; no
-session or parent id is ever a label. Model calls are labelled by agent, model
+(kinds, states, error codes, reject reasons, and the agents and skills the
+node was started with) and every combination exists from the start, so the
+series a node exposes never change with its workload; no session or parent
+id, task or other caller input is ever a label. An agent with n skills adds
+1 + 2n (kind, agent, skill) series to each session family (its Mains run
+its main skill; its Branches and Workers any skill). Model calls are labelled by agent, model
 and tier: the agents' tier maps exist from the start, and a model a skill
 names beyond them adds a label set, up to ``max_model_series``, past which
 the rest are counted under ``other`` (``_metric_models``).
@@ -84,7 +88,7 @@ class NodeMetrics:
 
         self._metrics: list[Any] = []  # what this node registered, in order
         try:
-            families = Families(self.registry, self._metrics)
+            families = Families(self.registry, self._metrics, node._runtime.agents.values())
             self._tracker = TreeTracker(node.clock, families)
             collector = ScrapeCollector(node, self._tracker, max_model_series)
             self.registry.register(collector)

@@ -2,8 +2,9 @@
 
 Every call runs on the node's event loop. Its worst case (the prompt,
 estimated conservatively, plus ``max_tokens``) is reserved against the
-session and every ancestor in one turn of the Cortex; a call that cannot fit
-is answered with ``budget_exhausted`` and never sent. The call goes out with
+session and every ancestor in one turn of the Cortex, and on a node with a
+store written down (a ``CallRecord``) before the request leaves; a call that
+cannot fit is answered with ``budget_exhausted`` and never sent. The call goes out with
 ``max_tokens`` capped to what the budgets leave, and when it ends its
 reservation is settled to the usage the provider reported, priced, and
 written to the store before the reply reaches the skill (on a node without
@@ -14,8 +15,15 @@ Cortex takes it before anything the session asks next, one mailbox in order):
 - a reply without usage keeps its text, is answered with ``model_error``
   (field ``usage``) and counts its worst case, so budgets still hold;
 - a failed call (after its retries) counts one call and no tokens;
-- a cancelled call counts one call and its prompt as estimated (the
-  provider reported nothing).
+- a cancelled call counts its worst case as reserved (the provider reported
+  nothing, and may have charged for what it generated before the request
+  was closed): its prompt as estimated and the completion tokens it was
+  allowed, which is none when nothing bounded ``max_tokens``;
+- a call lost with its node (in flight at a crash) is counted the same way
+  when the node comes back (``Store.settle_lost_calls``).
+
+A call settles wherever it lands: in its session's and every ancestor's
+accounts, ended ones included (see ``Ledgers.settle``).
 
 Streamed text goes to the session's progress as it arrives; the pieces of
 every stream that arrive in one pass of the loop reach the Cortex as one
@@ -148,9 +156,11 @@ class ModelCalls:
     async def _hedged(self, core: SessionCore, call: ModelCall, after: float) -> Completion:
         """A call with a duplicate: if the first has not answered ``after`` clock
         seconds, the same request goes out again (reserved and counted as a
-        call of its own: the budgets hold); the first reply without an error
-        is the answer, a failed one waits for the other, and the request
-        still out is cancelled (settled as a cancelled call)."""
+        call of its own: the budgets hold; one they cannot fit is not sent,
+        and stops nothing); the first reply without an error is the answer, a
+        failed one waits for the other, and the request still out is
+        cancelled (settled as a cancelled call) before the answer returns, so
+        both requests are in the session's own usage by then."""
         loop = asyncio.get_running_loop()
         due: asyncio.Future[None] = loop.create_future()
 
@@ -166,7 +176,7 @@ class ModelCalls:
             await asyncio.wait(first_or_due, return_when=asyncio.FIRST_COMPLETED)
             timer.cancel()
             if not first.done():
-                calls.add(asyncio.ensure_future(self._one(core, call)))
+                calls.add(asyncio.ensure_future(self._one(core, call, optional=True)))
             answered: Completion | None = None
             pending = set(calls)
             while pending:
@@ -178,23 +188,28 @@ class ModelCalls:
                 if answered is not None and answered.error is None:
                     break
             assert answered is not None  # a task ended, or the loop went on
-            return answered
         finally:
             timer.cancel()
-            for task in calls:
-                if not task.done():  # the slower request: closed, settled as cancelled
-                    task.cancel()
-                    self._closing.add(task)  # held until it has settled (the loop holds
-                    task.add_done_callback(self._closing.discard)  # tasks weakly)
+            slower = [task for task in calls if not task.done()]
+            for task in slower:  # the slower request: closed, settled as cancelled
+                task.cancel()
+                self._closing.add(task)  # held until it has settled (the loop holds
+                task.add_done_callback(self._closing.discard)  # tasks weakly)
+        if slower:  # its settle is told once it ends: wait for that, not for the store
+            await asyncio.wait(slower)
+        return answered
 
-    async def _one(self, core: SessionCore, call: ModelCall) -> Completion:
-        """Reserve, send and settle one request."""
+    async def _one(
+        self, core: SessionCore, call: ModelCall, *, optional: bool = False
+    ) -> Completion:
+        """Reserve, send and settle one request (``optional``: a hedge's
+        duplicate, see ``Ledgers.reserve``)."""
         agent = self.agents[core.info.agent_id]
         route = self.models.route(agent, core.info.model_tier, call.model)
         if isinstance(route, ErrorInfo):
             return Completion(error=route)
         estimate = estimate_tokens(call)
-        reserve = Reserve(core.session_id, estimate, call.max_tokens, route.price)
+        reserve = Reserve(core.session_id, estimate, call.max_tokens, route.price, optional)
         asked = asyncio.ensure_future(self.ask(reserve))
         try:
             held = await asyncio.shield(asked)
@@ -219,7 +234,7 @@ class ModelCalls:
                 send = functools.partial(self.models.call, route, request)
                 reply = await tape.model(route.model, request, on_delta, send)
         except BaseException:  # cancelled (the request is closed): settled all the same
-            cut = priced(Usage(prompt_tokens=estimate, calls=1), route.price)
+            cut = held.ask  # its worst case: what it generated before the close is unknown
             self._tally(core, route, cut, None)  # the metrics count what the budgets do
             self._flush_deltas()
             traced = None

@@ -44,6 +44,7 @@ from sessiontree.store import Store
 from sessiontree.supervision._assembly import NodeParts, agents_by_id, start_cortex
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._events import Event, EventBus
+from sessiontree.supervision._exits import shut_down_at_exit
 from sessiontree.supervision._gc import tune_gc
 from sessiontree.supervision._host import NodeHost
 from sessiontree.supervision._memory import MemorySpace
@@ -75,9 +76,11 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
     """One supervision node, embedded: agents, a Cortex, and the sessions it owns.
 
     Use it as a context manager (``with Node(agents) as node:``) or call
-    ``shutdown()``. Methods raise ``NodeClosedError`` once the node is shut
-    down or has failed (reads of sessions and results keep answering while a
-    shutdown runs); ``AskTimeoutError`` if the Cortex does not answer within
+    ``shutdown()``; a node still open when the interpreter exits is shut down
+    then, as a clean stop (see ``_exits``: Ctrl-C and the exit). Methods
+    raise ``NodeClosedError`` once the node is shut down or has failed
+    (reads of sessions and results keep answering while a shutdown runs);
+    ``AskTimeoutError`` if the Cortex does not answer within
     ``config.ask_timeout``.
 
     A method that takes a session id takes a ``uuid.UUID``, its canonical
@@ -169,6 +172,7 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
         if recovered is not None:  # sessions it starts report through self._cortex
             self._tell(Call(BringBack()))
         parts.start_housekeeping()
+        shut_down_at_exit(id(self), self._shut_down_at_exit)
         if self.config.gc_tuning:  # last: nothing after it can fail Node()
             tune_gc()
 
@@ -204,6 +208,13 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
     def agents(self) -> list[str]:
         """The ids of the agents registered on this node, sorted."""
         return sorted(self._runtime.agents)
+
+    @property
+    def skills(self) -> dict[str, list[str]]:
+        """Each registered agent's skill names, in the order it registered them,
+        by agent id (sorted); its Main's skill is ``Agent.main``."""
+        agents = self._runtime.agents
+        return {agent_id: list(agents[agent_id].skills) for agent_id in sorted(agents)}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

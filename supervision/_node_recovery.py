@@ -103,7 +103,10 @@ class NodeRecovery(NodeSessions):
             )
             return Requeued(None, missing)
         if item.kind == "message":
-            error = self._call(Send(item.session_id, item.message, unwedge=item.wedged_id))
+            send = Send(
+                item.session_id, item.message, unwedge=item.wedged_id, message_id=item.message_id
+            )
+            error = self._call(send)
             return Requeued(item.session_id, error)
         if item.kind == "result" and item.result is not None:
             error = self._call(Redeliver(item.session_id, item.result, item.wedged_id))
@@ -153,9 +156,11 @@ class NodeRecovery(NodeSessions):
 
     def release_replay(self) -> int:
         """Run what a held replay kept back (after repeated crashes: see
-        ``replay_held``); how many pieces of work were released. The crashes
-        counted so far are forgiven: the next start holds replay back only if
-        the node crashes ``restart_intensity`` times again."""
+        ``replay_held``), and retry at once the Main cycles a store refusal
+        kept (see ``store_held_mains`` in ``stats``); how many pieces of work
+        were released. The crashes counted so far are forgiven: the next start
+        holds replay back only if the node crashes ``restart_intensity`` times
+        again."""
         released: int = self._call(ReleaseReplay(), check=False)
         if self.store is not None:
             starts = self.store.starts()

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -62,7 +62,7 @@ from sessiontree.supervision._engine import (
     status_of,
     wait_quorum,
 )
-from sessiontree.supervision._hedging import Hedge
+from sessiontree.supervision._hedging import Hedge, hedge_of
 from sessiontree.supervision._retry import Restarts, Retry
 
 __all__ = [
@@ -156,7 +156,7 @@ def fan_out(
     aggregate: AggregateStrategy | str | None = None,
     summarizer: Summarizer | None = None,
     quorum: int | None = None,
-    hedge: Hedge | None = None,
+    hedge: Hedge | Mapping[str, Any] | None = None,
 ) -> Engine:
     """One child per task, in parallel up to the children limit (the rest queue).
 
@@ -170,23 +170,23 @@ def fan_out(
     longer be overtaken): the tasks still running are cancelled with the
     node's grace and waited for, what they return in it kept as partial
     results (``superseded``), those not started never start, and the result
-    is ``completed`` with the ones that met it ``counted``. An integer from 1
-    to the number of tasks, else ``RejectedInputError`` naming ``quorum``.
-    ``hedge``: a ``Hedge``; a task whose child runs past its delay gets one
-    duplicate, the first of the two to succeed is its result and the other
-    is cancelled with the node's grace (an ``Attempt`` marked ``hedge``, and
-    the loser ``superseded``).
+    is ``completed`` with the ones that met it ``counted``. Once too many
+    have failed for it to be met, the same happens at once and the result
+    is ``failed``. An integer from 1 to the number of tasks, else
+    ``RejectedInputError`` naming ``quorum``.
+    ``hedge``: a ``Hedge`` (or a mapping of its fields); a task whose child
+    runs past its delay gets one duplicate, the first of the two to succeed
+    is its result and the other is cancelled with the node's grace (an
+    ``Attempt`` marked ``hedge``, and the loser ``superseded``).
     """
     _check_on_timeout(on_timeout)
     policy = _check_retry(retry)
-    if hedge is not None and not isinstance(hedge, Hedge):
-        msg = f"hedge must be a Hedge, not {type(hedge).__name__}"
-        raise RejectedInputError(msg, field="hedge")
+    hedged = hedge_of(hedge)
     defaults = _defaults(kind, skill, ttl)
     work = [Task(i, _spec(t, defaults, f"tasks[{i}]")) for i, t in enumerate(tasks)]
     wanted = _check_quorum(quorum, len(work), aggregate)
-    met = yield from gather(parent, work, policy, restarts, timeout, on_timeout, wanted, hedge)
-    return gathered(work, status_of(work, met), aggregate, summarizer, quorum=wanted)
+    end = yield from gather(parent, work, policy, restarts, timeout, on_timeout, wanted, hedged)
+    return gathered(work, status_of(work, end), aggregate, summarizer, quorum=wanted)
 
 
 def pipeline(

@@ -1,6 +1,6 @@
-"""The periodic check: idle Mains passivated, stuck skills flagged, memory
-pressure relieved and, once memory is free again, branches it suspended
-resumed.
+"""The periodic check: idle Mains passivated, stuck skills flagged, Main
+cycles the store refused retried (``_store_held``), memory pressure relieved
+and, once memory is free again, branches it suspended resumed.
 
 Its cost is bounded, not a walk of every session each time (a tenth of a
 second at 100,000 sessions): it walks the resident Mains, at most
@@ -32,6 +32,7 @@ from sessiontree.supervision._entry import TreeEntry, with_state
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._pressure import MemoryWatch, Step, step
 from sessiontree.supervision._reports import Idle, Tick
+from sessiontree.supervision._store_held import StoreHeld
 from sessiontree.supervision._suspension import Suspension
 from sessiontree.supervision._tree import Tree
 
@@ -46,9 +47,10 @@ RESUME_PER_CHECK = 1  # branches memory pressure suspended that one check resume
 class Periodic:
     """The periodic check and passivation (Cortex thread)."""
 
-    def __init__(self, tree: Tree, suspension: Suspension) -> None:
+    def __init__(self, tree: Tree, suspension: Suspension, store_held: StoreHeld) -> None:
         self.tree = tree
         self.suspension = suspension
+        self.store_held = store_held
         self.timer: TimerHandle | None = None
         self.sweep: list[TreeEntry] = []  # sessions the stuck check has yet to look at this round
         self.memory = MemoryWatch(tree.rt.config)
@@ -84,6 +86,7 @@ class Periodic:
         if tree.store is not None and not tree.closing and idle_after is not None:
             self._ask_idle_mains(now, idle_after)
         self._sweep_stuck(now, config.stuck_after)
+        self.store_held.tick()
         if not tree.closing:
             self._watch_memory(used)
         if not tree.closing:
@@ -204,4 +207,5 @@ def passivable(entry: TreeEntry) -> bool:
         and entry.persisted
         and not entry.waiters
         and not entry.receipts
+        and not entry.unconsumed
     )

@@ -20,6 +20,7 @@ import concurrent.futures
 import functools
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -27,6 +28,7 @@ import msgspec
 from sessiontree.actors import ContextMessage, SessionContext
 from sessiontree.protocol import TERMINAL_STATES, RejectedInputError, SessionKind, SessionResult
 from sessiontree.store import (
+    CallRecord,
     ContextEntry,
     ContextRecord,
     InboxRecord,
@@ -35,7 +37,7 @@ from sessiontree.store import (
     UsageRecord,
     WriteBatch,
 )
-from sessiontree.supervision._entry import TreeEntry
+from sessiontree.supervision._entry import Reserved, TreeEntry
 
 __all__ = ["Persister", "context_from_record"]
 
@@ -205,6 +207,7 @@ class Persister:
         seq: int,
         message: Any,
         now: float,
+        message_id: uuid.UUID | None = None,
         unwedge: uuid.UUID | None = None,
     ) -> Future | None:
         """An inbound message a Main accepted (dropped by the cycle that runs it);
@@ -213,7 +216,13 @@ class Persister:
             return None
         batch = WriteBatch()
         batch.inbox(
-            InboxRecord(session_id=entry.session_id, seq=seq, message=message, received_at=now)
+            InboxRecord(
+                session_id=entry.session_id,
+                seq=seq,
+                message=message,
+                received_at=now,
+                id=message_id,
+            )
         )
         if unwedge is not None:
             batch.unwedge(unwedge)
@@ -226,27 +235,53 @@ class Persister:
         return self._submit(WriteBatch().unwedge(wedged_id))
 
     def snapshot(
-        self, entry: TreeEntry, now: float, *, consumed: int | None = None, resume: bool = False
+        self,
+        entry: TreeEntry,
+        now: float,
+        *,
+        consumed: Sequence[int] = (),
+        resume: bool = False,
     ) -> Future | None:
-        """A live session's full state: a Main after a cycle, a Branch on suspend
-        or resume; with the receipts of the results it got since the last one."""
+        """A live session's full state: a Main after a cycle (dropping the inbox
+        messages ``consumed`` numbers), a Branch on suspend or resume; with the
+        receipts of the results it got since the last one."""
         if self.store is None:
             return None
         batch = WriteBatch()
         self._add_record(batch, entry, now=now, resume=resume)
-        if consumed is not None:
-            batch.consumed(entry.session_id, consumed)
+        for seq in consumed:
+            batch.consumed(entry.session_id, seq)
         if entry.kind is SessionKind.MAIN:
             batch.cycle_done(entry.session_id)
         self._receipts(batch, entry, ended=False)
         return self._submit(batch)
 
-    def usage(self, entries: list[TreeEntry]) -> Future | None:
+    def call(self, reserved: Reserved, now: float) -> Future | None:
+        """A model call about to leave the node, with the worst case it reserved
+        (a ``CallRecord``; the call waits until it is durable)."""
+        if self.store is None:
+            return None
+        chain = reserved.chain
+        record = CallRecord(
+            session_id=chain[0],
+            call_id=reserved.call_id,
+            chain=chain,
+            ask=reserved.ask,
+            reserved_at=now,
+        )
+        return self._submit(self._batch().call(record))
+
+    def usage(self, entries: list[TreeEntry], settled: Reserved | None = None) -> Future | None:
         """What ``entries`` and their subtrees have spent (accounting, whatever
-        their kind): after a model call settles, or a spawn under a budget."""
-        if self.store is None or not entries:
+        their kind): after a model call settles (``settled``: its record goes
+        in the same commit), or a spawn under a budget."""
+        if self.store is None:
+            return None
+        if settled is None and not entries:
             return None
         batch = self._batch()
+        if settled is not None:
+            batch.call_done(settled.chain[0], settled.call_id)
         for entry in entries:
             ledger = entry.ledger
             if ledger is not None:

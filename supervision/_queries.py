@@ -93,7 +93,7 @@ def _spending(tree: Tree, known: TreeEntry | SessionRecord) -> Spending:
         return tree_spending(at_rest, None)
     store = tree.store
     spent = None
-    if known.result is None and store is not None:
+    if store is not None:  # an ended session's too: calls may have settled after its end
         try:
             spent = store.usage(session_id)
         except CorruptRecordError:  # unreadable: nothing to report (a restart quarantines it)

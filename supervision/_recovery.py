@@ -316,6 +316,7 @@ class _Recovery:
                 message=inbox.message if inbox is not None else None,
                 received_at=inbox.received_at if inbox is not None else None,
                 result=result,
+                message_id=inbox.id if inbox is not None else None,
             )
         )
         return wedged_id
@@ -438,6 +439,16 @@ class _Recovery:
         self.batch.starts(StartsRecord(running=True, started_at=self.now, crashes=crashes))
 
     def run(self) -> Recovered:
+        # First: what the sessions spent, with the calls a crash left in flight
+        # counted at their worst case, is what the endings below report.
+        lost = self.store.settle_lost_calls()
+        if lost:
+            self.figures["lost_calls"] = len(lost)
+            log.warning(
+                "recovery: %d model call(s) were in flight when the node stopped; "
+                "each is counted at the worst case it reserved",
+                len(lost),
+            )
         self.restart_intensity()
         # Before anything this recovery writes lands under their keys (a result
         # filed on a parent): quarantining one deletes what is under its key.

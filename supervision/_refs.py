@@ -22,6 +22,7 @@ import msgspec
 from sessiontree.actors import AskTimeoutError
 from sessiontree.actors.runtime import Reply
 from sessiontree.protocol import (
+    MAX_REASON_CHARS,
     ErrorCode,
     ErrorInfo,
     RejectedInputError,
@@ -61,6 +62,8 @@ __all__ = [
     "SessionRef",
     "Spawned",
     "as_grace",
+    "as_reason",
+    "as_run_timeout",
     "as_session_id",
     "refused_result",
 ]
@@ -69,6 +72,7 @@ SessionIdLike: TypeAlias = "uuid.UUID | str | SessionRef"
 """What a public method takes for a session id: a UUID, its canonical string, or a ref."""
 
 _NIL = uuid.UUID(int=0)
+_FOREVER = 1e9  # real seconds: a wait bounded only by the session's end
 _CANONICAL_LENGTH = 36  # 8-4-4-4-12 hex digits
 
 
@@ -83,6 +87,33 @@ def as_grace(value: object) -> float | None:
             return seconds
     msg = f"grace must be a finite number of seconds >= 0, not {value!r:.40}"
     raise RejectedInputError(msg, field="grace")
+
+
+def as_reason(value: object) -> str | None:
+    """A cancel's reason: None or a string of at most ``MAX_REASON_CHARS``
+    characters; ``RejectedInputError`` naming ``reason`` for anything else."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        msg = f"reason must be a string, not {type(value).__name__}"
+        raise RejectedInputError(msg, field="reason")
+    if len(value) > MAX_REASON_CHARS:
+        msg = f"reason is {len(value)} characters, more than {MAX_REASON_CHARS}"
+        raise RejectedInputError(msg, field="reason")
+    return value
+
+
+def as_run_timeout(value: object) -> float | None:
+    """A run's timeout: None (none) or a finite number of seconds >= 0;
+    ``RejectedInputError`` naming ``timeout`` for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    msg = f"timeout must be a finite number of seconds >= 0, not {value!r:.40}"
+    raise RejectedInputError(msg, field="timeout")
 
 
 def as_session_id(value: object, argument: str = "session_id") -> uuid.UUID:
@@ -204,13 +235,13 @@ class SessionRef:
         see ``Node.spending``."""
         return self._node.spending(self.session_id)
 
-    def cancel(self, grace: float | None = None) -> ErrorInfo | None:
+    def cancel(self, grace: float | None = None, *, reason: str | None = None) -> ErrorInfo | None:
         """Cancel this session and its subtree; see ``Node.cancel``."""
-        return self._node.cancel(self.session_id, grace)
+        return self._node.cancel(self.session_id, grace, reason=reason)
 
-    def terminate(self) -> ErrorInfo | None:
+    def terminate(self, *, reason: str | None = None) -> ErrorInfo | None:
         """End this session and its subtree at once; see ``Node.terminate``."""
-        return self._node.terminate(self.session_id)
+        return self._node.terminate(self.session_id, reason=reason)
 
     def suspend(self) -> ErrorInfo | None:
         """Suspend (branches only); see ``Node.suspend``."""
@@ -232,9 +263,12 @@ class SessionRef:
         """Spawn a batch of children under this session; see ``Node.spawn_many``."""
         return self._node.spawn_many(self.session_id, specs)
 
-    def run(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SessionResult | None:
-        """Spawn a fresh child under this session and wait; see ``Node.run``."""
-        return self._node.run(self.session_id, spec, **fields)
+    def run(
+        self, spec: SpawnSpec | None = None, /, timeout: float | None = None, **fields: Any
+    ) -> SessionResult:
+        """Spawn a fresh child under this session and wait for its result
+        (cancelled at ``timeout``); see ``Node.run``."""
+        return self._node.run(self.session_id, spec, timeout=timeout, **fields)
 
     # -- awaitable twins ----------------------------------------------------------
 
@@ -258,13 +292,15 @@ class SessionRef:
         """Awaitable ``spending``."""
         return await self._node.aspending(self.session_id)
 
-    async def acancel(self, grace: float | None = None) -> ErrorInfo | None:
+    async def acancel(
+        self, grace: float | None = None, *, reason: str | None = None
+    ) -> ErrorInfo | None:
         """Awaitable ``cancel``."""
-        return await self._node.acancel(self.session_id, grace)
+        return await self._node.acancel(self.session_id, grace, reason=reason)
 
-    async def aterminate(self) -> ErrorInfo | None:
+    async def aterminate(self, *, reason: str | None = None) -> ErrorInfo | None:
         """Awaitable ``terminate``."""
-        return await self._node.aterminate(self.session_id)
+        return await self._node.aterminate(self.session_id, reason=reason)
 
     async def asuspend(self) -> ErrorInfo | None:
         """Awaitable ``suspend``."""
@@ -286,9 +322,11 @@ class SessionRef:
         """Awaitable ``spawn_many``."""
         return await self._node.aspawn_many(self.session_id, specs)
 
-    async def arun(self, spec: SpawnSpec | None = None, /, **fields: Any) -> SessionResult | None:
+    async def arun(
+        self, spec: SpawnSpec | None = None, /, timeout: float | None = None, **fields: Any
+    ) -> SessionResult:
         """Awaitable ``run``."""
-        return await self._node.arun(self.session_id, spec, **fields)
+        return await self._node.arun(self.session_id, spec, timeout=timeout, **fields)
 
 
 class NodeSessions(NodeBase):
@@ -347,12 +385,17 @@ class NodeSessions(NodeBase):
         return Send(as_session_id(session_id), message, trace=trace)
 
     def _send_run(
-        self, parent: SessionIdLike, spec: SpawnSpec | None, fields: dict[str, Any]
+        self,
+        parent: SessionIdLike,
+        spec: SpawnSpec | None,
+        timeout: object,
+        fields: dict[str, Any],
     ) -> Reply:
         """Ask the Cortex to ``Run`` a fresh child; the reply its answer comes on."""
         sid = as_session_id(parent, "parent")
+        seconds = as_run_timeout(timeout)
         (made,) = self._forked(sid, (self._traced(make_spec(spec, **fields)),))
-        request = Run(sid, made)
+        request = Run(sid, made, seconds)
         self._check_open()
         reply = Reply()
         self._send(request, reply)
@@ -394,38 +437,53 @@ class NodeSessions(NodeBase):
         /,
         timeout: float | None = None,
         **fields: Any,
-    ) -> SessionResult | None:
+    ) -> SessionResult:
         """Spawn a fresh session and wait for its result (never reuses a session).
 
-        A refused spawn returns a ``failed`` result carrying the refusal's
-        error (its ``session_id`` is the nil UUID); None only if ``timeout``
-        (real seconds) passes first. Raises as ``spawn`` does.
+        The session never outlives the call: ``timeout`` (seconds on the
+        node's clock, as a TTL and the grace are) is when it is cancelled
+        with its subtree, with the node's grace and code ``timed_out``; the
+        call then returns the result that ends it — ``cancelled``/
+        ``timed_out`` with what the skill returned while wrapping up (a
+        partial result), or ``terminated_by_force`` if it was still running
+        at the end of the grace. Its ``session_id`` names the session, for
+        ``tree``, ``results`` or ``conversation``. A refused spawn returns a
+        ``failed`` result carrying the refusal's error (its ``session_id`` is
+        the nil UUID). Raises as ``spawn`` does, ``RejectedInputError``
+        naming ``timeout`` unless it is None or a finite number >= 0, and
+        ``NodeClosedError`` if the node stops before the session ends.
         """
-        reply = self._send_run(parent, spec, fields)
-        try:
-            return _ran(reply.get(1e9 if timeout is None else timeout))
-        except AskTimeoutError:
-            return None
+        reply = self._send_run(parent, spec, timeout, fields)
+        return _ran(reply.get(_FOREVER))
 
     def get(self, session_id: SessionIdLike) -> SessionInfo:
         """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
         return self._call(GetInfo(as_session_id(session_id)), check=False)
 
-    def cancel(self, session_id: SessionIdLike, grace: float | None = None) -> ErrorInfo | None:
+    def cancel(
+        self, session_id: SessionIdLike, grace: float | None = None, *, reason: str | None = None
+    ) -> ErrorInfo | None:
         """Cancel a session and its subtree (one deadline: now + ``grace``, by
         default ``NodeConfig.grace``; 0 ends what still runs at once with
         ``terminated_by_force``). A second cancel of a session still stopping
-        may bring its subtree's deadline closer, never push it back. None when
-        accepted, ``invalid_transition`` for a session that already ended;
-        ``UnknownSessionError`` for an id the node does not hold;
-        ``RejectedInputError`` naming ``grace`` unless it is a finite number
-        of seconds >= 0."""
-        return self._call(Cancel(as_session_id(session_id), as_grace(grace)))
+        may bring its subtree's deadline closer, never push it back (its
+        ``reason`` is not recorded: the first cancel's stands). ``reason``
+        (who or why, free text) is recorded on each ``cancel_requested`` event
+        of the subtree (``data["reason"]``) and in each result's error detail
+        (``detail["reason"]``). None when accepted, ``invalid_transition`` for
+        a session that already ended; ``UnknownSessionError`` for an id the
+        node does not hold; ``RejectedInputError`` naming ``grace`` unless it
+        is a finite number of seconds >= 0, naming ``reason`` unless it is a
+        string of at most ``MAX_REASON_CHARS`` characters."""
+        request = Cancel(as_session_id(session_id), as_grace(grace), as_reason(reason))
+        return self._call(request)
 
-    def terminate(self, session_id: SessionIdLike) -> ErrorInfo | None:
+    def terminate(
+        self, session_id: SessionIdLike, *, reason: str | None = None
+    ) -> ErrorInfo | None:
         """``cancel`` with no grace: the subtree ends ``cancelled`` at once,
         ``terminated_by_force`` for every session that still ran."""
-        return self.cancel(session_id, 0.0)
+        return self.cancel(session_id, 0.0, reason=reason)
 
     def suspend(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Park a Branch at its next checkpoint; ``invalid_transition`` for other
@@ -505,27 +563,27 @@ class NodeSessions(NodeBase):
         /,
         timeout: float | None = None,
         **fields: Any,
-    ) -> SessionResult | None:
+    ) -> SessionResult:
         """Awaitable ``run``."""
-        reply = self._send_run(parent, spec, fields)
-        try:
-            return _ran(await reply.get_async(1e9 if timeout is None else timeout))
-        except AskTimeoutError:
-            return None
+        reply = self._send_run(parent, spec, timeout, fields)
+        return _ran(await reply.get_async(_FOREVER))
 
     async def aget(self, session_id: SessionIdLike) -> SessionInfo:
         """Awaitable ``get``."""
         return await self._acall(GetInfo(as_session_id(session_id)), check=False)
 
     async def acancel(
-        self, session_id: SessionIdLike, grace: float | None = None
+        self, session_id: SessionIdLike, grace: float | None = None, *, reason: str | None = None
     ) -> ErrorInfo | None:
         """Awaitable ``cancel``."""
-        return await self._acall(Cancel(as_session_id(session_id), as_grace(grace)))
+        request = Cancel(as_session_id(session_id), as_grace(grace), as_reason(reason))
+        return await self._acall(request)
 
-    async def aterminate(self, session_id: SessionIdLike) -> ErrorInfo | None:
+    async def aterminate(
+        self, session_id: SessionIdLike, *, reason: str | None = None
+    ) -> ErrorInfo | None:
         """Awaitable ``terminate``."""
-        return await self.acancel(session_id, 0.0)
+        return await self.acancel(session_id, 0.0, reason=reason)
 
     async def asuspend(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Awaitable ``suspend``."""

@@ -72,6 +72,7 @@ __all__ = [
     "Send",
     "Settle",
     "ShutdownDeadline",
+    "ShutdownPending",
     "Spawn",
     "SpawnMany",
     "StopAll",
@@ -115,11 +116,13 @@ class Spawn(Request[SpawnAnswer], frozen=True):
 class Run(Request[SessionResult | ErrorInfo], frozen=True):
     """``Spawn`` and ``AwaitResult`` in one turn: answered with the new
     session's result once it ends (its terminal write durable), or with the
-    ``ErrorInfo`` that refused the spawn. A caller that gives up needs no
-    ``ForgetWaiter``: the waiter goes when the fresh session it waits on ends."""
+    ``ErrorInfo`` that refused the spawn. ``timeout`` (clock seconds from
+    now): then the session and its subtree are cancelled with the node's
+    grace, code ``timed_out``, and the answer is the result that ends it."""
 
     parent_id: uuid.UUID
     spec: SpawnSpec
+    timeout: float | None = None
 
 
 class SpawnMany(Request[list[SpawnAnswer]], frozen=True):
@@ -133,21 +136,25 @@ class SpawnMany(Request[list[SpawnAnswer]], frozen=True):
 
 class Send(Request[ErrorInfo | None], frozen=True):
     """Queue an inbound message for a Main (one message cycle); ``unwedge``: the
-    held-back item it requeues, dropped in the same commit; ``trace``: the
-    caller's span (a traced node's cycle span continues it)."""
+    held-back item it requeues, dropped in the same commit (``message_id``: the
+    identity it was accepted with, kept); ``trace``: the caller's span (a
+    traced node's cycle span continues it)."""
 
     session_id: uuid.UUID
     message: object
     unwedge: uuid.UUID | None = None
     trace: str | None = None
+    message_id: uuid.UUID | None = None
 
 
 class Cancel(Request[ErrorInfo | None], frozen=True):
     """Cancel a session and its whole subtree, with one deadline: now +
-    ``grace`` (None: the node's; 0: at once, what runs ends by force)."""
+    ``grace`` (None: the node's; 0: at once, what runs ends by force);
+    ``reason``: who or why, recorded on the events and the results."""
 
     session_id: uuid.UUID
     grace: float | None = None
+    reason: str | None = None
 
 
 class Interrupt(Request[None], frozen=True):
@@ -181,12 +188,15 @@ class Control(Request[object], frozen=True):
 class Reserve(Request[Reserved | ErrorInfo], frozen=True):
     """Reserve one model call's worst case against the session and its ancestors
     (``prompt_tokens`` estimated; ``max_tokens`` None: as many as the budgets
-    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``."""
+    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``.
+    Answered once the call's record is durable (the store's error, nothing
+    reserved, if it failed); ``optional``: see ``Ledgers.reserve``."""
 
     session_id: uuid.UUID
     prompt_tokens: int
     max_tokens: int | None
     price: Price | None
+    optional: bool = False
 
 
 class Settle(Request[ErrorInfo | None], frozen=True):
@@ -301,6 +311,10 @@ class BeginShutdown(Request[list[SessionInfo]], frozen=True):
 
 class ShutdownDeadline(Request[None], frozen=True):
     """The shutdown's grace ran out: force what still runs, then settle."""
+
+
+class ShutdownPending(Request[int], frozen=True):
+    """How many sessions the shutdown begun still waits for (0: it has settled)."""
 
 
 class ForceWorkers(Request[None], frozen=True):

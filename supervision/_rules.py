@@ -195,4 +195,5 @@ ENDING_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.WEDGED: "session {} was cut off by a crash on every run; held back",
     ErrorCode.NODE_CLOSED: "session {} was stopped with the node",
     ErrorCode.BUDGET_EXHAUSTED: "session {} was cancelled: its subtree's budget ran out",
+    ErrorCode.TIMED_OUT: "session {} was cancelled: the run waiting for it timed out",
 }

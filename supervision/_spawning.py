@@ -19,8 +19,9 @@ from typing import Any
 
 import msgspec
 
+from sessiontree.actors import TimerHandle
 from sessiontree.actors.backends import BACKENDS, ExecutionBackend
-from sessiontree.actors.runtime import Reply
+from sessiontree.actors.runtime import Reply, post
 from sessiontree.protocol import (
     BackendUnavailableError,
     Budget,
@@ -43,7 +44,7 @@ from sessiontree.supervision._entry import Ledger, SharedTtl, SpawnAnswer, TreeE
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._ledger import Ledgers
 from sessiontree.supervision._queries import await_result
-from sessiontree.supervision._requests import DEFERRED
+from sessiontree.supervision._requests import DEFERRED, Call, Interrupt
 from sessiontree.supervision._rules import (
     Capacity,
     ParentView,
@@ -157,11 +158,15 @@ class Spawning:
         entry.on_persisted.insert(0, written)
         return DEFERRED
 
-    def run(self, parent_id: uuid.UUID, spec: SpawnSpec, reply: Reply) -> object:
+    def run(
+        self, parent_id: uuid.UUID, spec: SpawnSpec, reply: Reply, timeout: float | None = None
+    ) -> object:
         """``spawn``, then answer ``reply`` with the new session's result once it
         has one (``Run``): one turn of the Cortex and one wake-up of the caller
-        where a spawn and a wait took two of each."""
-        waiter = _RunWaiter(self.tree, reply)
+        where a spawn and a wait took two of each. ``timeout`` (clock seconds
+        from now): the session still running then is cancelled with the
+        node's grace (``timed_out``), so it never outlives its caller's wait."""
+        waiter = _RunWaiter(self.tree, reply, timeout)
         value = self.spawn(parent_id, spec, reply=waiter, early=True)  # type: ignore[arg-type]
         if isinstance(value, SpawnAnswer):
             waiter.set(value)
@@ -260,7 +265,7 @@ class Spawning:
             assert parent is not None
             assert agent is not None
             requested = spec.budget if spec.budget is not None else agent.budget
-            narrowed = self.ledgers.admit(parent, requested)
+            narrowed = self.ledgers.admit(parent, requested, optional=spec.optional)
             if isinstance(narrowed, ErrorInfo):
                 error = narrowed
             else:
@@ -596,30 +601,66 @@ def _admitted_alike(first: SpawnSpec, spec: SpawnSpec) -> bool:
 
 class _RunWaiter:
     """The ``set``/``fail`` of a ``Reply`` for a ``Run``'s spawn: a refusal is
-    answered at once, a new session gets the run's reply as its waiter."""
+    answered at once, a new session gets the run's reply as its waiter (with
+    a timeout, a ``_TimedWaiter`` holding the timer that cancels it)."""
 
-    __slots__ = ("reply", "tree")
+    __slots__ = ("reply", "started", "timeout", "tree")
 
-    def __init__(self, tree: Tree, reply: Reply) -> None:
-        self.tree, self.reply = tree, reply
+    def __init__(self, tree: Tree, reply: Reply, timeout: float | None = None) -> None:
+        self.tree, self.reply, self.timeout = tree, reply, timeout
+        self.started = tree.rt.clock.monotonic()
 
     def set(self, answer: SpawnAnswer) -> None:
         reply = self.reply
-        if answer.session_id is None:
+        sid = answer.session_id
+        if sid is None:
             reply.set(answer.error)
             return
         if answer.unstored is not None:  # it ran, but its record was refused: so is its end
             reply.set(answer.unstored)
             return
+        waiter: Reply | _TimedWaiter = reply
+        if self.timeout is not None:  # armed first: an end answered at once disarms it
+            waiter = _TimedWaiter(reply, self._time_out(sid, self.timeout))
         try:
-            value = await_result(self.tree, answer.session_id, reply)
+            value = await_result(self.tree, sid, waiter)  # type: ignore[arg-type]
         except UnknownSessionError as exc:  # gone already: never fails the Cortex
-            reply.fail(exc)
+            waiter.fail(exc)
             return
         if value is not DEFERRED:
-            reply.set(value)
+            waiter.set(value)
+
+    def _time_out(self, session_id: uuid.UUID, timeout: float) -> TimerHandle:
+        """At the run's timeout, cancel ``session_id`` (``timed_out``) through
+        the Cortex's mailbox; nothing for a session that has ended by then."""
+        tree = self.tree
+        ref, rt = tree.ref, tree.rt
+        assert ref is not None
+
+        def fire() -> None:
+            post(ref, Call(Interrupt(session_id, ErrorCode.TIMED_OUT)), rt.activity)
+
+        left = self.started + timeout - rt.clock.monotonic()
+        return rt.clock.call_later(max(0.0, left), fire)
 
     def fail(self, error: BaseException) -> None:
+        self.reply.fail(error)
+
+
+class _TimedWaiter:
+    """A run's reply while its timeout is armed: the session's end disarms it."""
+
+    __slots__ = ("reply", "timer")
+
+    def __init__(self, reply: Reply, timer: TimerHandle) -> None:
+        self.reply, self.timer = reply, timer
+
+    def set(self, value: Any) -> None:
+        self.timer.cancel()
+        self.reply.set(value)
+
+    def fail(self, error: BaseException) -> None:
+        self.timer.cancel()
         self.reply.fail(error)
 
 

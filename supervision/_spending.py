@@ -1,9 +1,12 @@
 """One session's accounts as the node reports them (``Spending``): from its
-ledger while the tree holds it, from its result once it ended, and from its
-stored records for a session only the store knows.
+ledger while the tree holds it (ended or not), and from its stored records
+for a session only the store knows.
 
-A session that has ended reports its result's ``usage`` and ``subtree_usage``
-(what its parent received); what is left of its budget counts those. A
+Usage settles wherever it lands: a model call still in flight when a session
+ended (a child cancelled mid-call, a hedge's losing request) is counted in
+its ledger and its stored usage record when it settles, so an ended session
+reports those, not its result's figures (which were final only if the result
+says ``usage_settled``); what is left of its budget counts them too. A
 Main's budget holds per message cycle: while the tree holds it, what is left
 is this cycle's; read from the store (dormant, or by ``sessions show
 --store``) it counts from a fresh cycle, as it will when it comes back.
@@ -25,7 +28,7 @@ from sessiontree.protocol import (
     Usage,
 )
 from sessiontree.store import SessionRecord, UsageRecord
-from sessiontree.supervision._budgets import DIMENSIONS, left, spent
+from sessiontree.supervision._budgets import DIMENSIONS, bound_of, left, spent
 from sessiontree.supervision._entry import NOTHING, Ledger
 
 __all__ = ["stored_spending", "tree_spending"]
@@ -54,10 +57,11 @@ def tree_spending(ledger: Ledger | None, result: SessionResult | None) -> Spendi
 
 
 def _ended(result: SessionResult, ledger: Ledger | None) -> Spending:
-    own = result.usage or NOTHING
-    subtree = result.subtree_usage or NOTHING
     if ledger is None:
-        return Spending(usage=own, subtree_usage=subtree)
+        return Spending(
+            usage=result.usage or NOTHING, subtree_usage=result.subtree_usage or NOTHING
+        )
+    own, subtree = ledger.own, ledger.subtree
     budget = ledger.budget
     return Spending(
         usage=own,
@@ -75,15 +79,17 @@ def _ended(result: SessionResult, ledger: Ledger | None) -> Spending:
 def stored_spending(record: SessionRecord, usage: UsageRecord | None) -> Spending:
     """A session's accounts from what the store holds: its record (its budget as
     spawned; its result, once it ended) and its usage record (None: it spent
-    nothing, or none was written). The store keeps no reservations (calls in
-    flight are the running node's) nor whether a budget was clamped."""
+    nothing, or none was written), which is the later of the two: calls that
+    settled after the result was sent count there. The store keeps no
+    reservations (calls in flight are the running node's) nor whether a
+    budget was clamped."""
     info, result = record.info, record.result
     budget = info.budget
-    if result is not None:
+    if usage is not None:
+        own, subtree = usage.own, usage.subtree
+    elif result is not None:
         own = result.usage or NOTHING
         subtree = result.subtree_usage or NOTHING
-    elif usage is not None:
-        own, subtree = usage.own, usage.subtree
     else:
         own = subtree = NOTHING
     if budget is None:
@@ -106,7 +112,7 @@ def stored_spending(record: SessionRecord, usage: UsageRecord | None) -> Spendin
 def _used_up(budget: Budget, counted: Usage) -> str | None:
     """The first dimension ``budget`` bounds and ``counted`` has reached."""
     for dimension in DIMENSIONS:
-        bound = getattr(budget, dimension)
+        bound = bound_of(budget, dimension)
         if bound is not None and spent(counted, dimension) >= bound:
             return dimension
     return None

@@ -115,7 +115,10 @@ class Starting:
             for message in messages:
                 attempt = plan.attempts.get((session_id, message.seq), 1)
                 span = plan.cut_off.get((session_id, message.seq))
-                inbound = Inbound(message.message, message.seq, attempt, cut_off=span)
+                mid = message.id or uuid.uuid5(  # a record from before ids were kept
+                    session_id, f"{message.seq}/{message.received_at!r}"
+                )
+                inbound = Inbound(message.message, message.seq, attempt, cut_off=span, id=mid)
                 (cut_off if attempt > 1 else rest).append((session_id, inbound))
                 main.next_seq = max(main.next_seq, message.seq + 1)
         for main_id, item in cut_off + rest:

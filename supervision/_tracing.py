@@ -38,7 +38,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from sessiontree.actors.runtime import span_context_of
-from sessiontree.protocol import ErrorCode, child_traceparent, flags_of
+from sessiontree.protocol import ErrorCode, ErrorInfo, child_traceparent, flags_of
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._tracing_config import Tracing
 
@@ -57,6 +57,15 @@ _ERRORS = frozenset(
         ErrorCode.BUDGET_EXHAUSTED.value,
     }
 )
+#: The resource attribute Arize Phoenix files spans by (its "project").
+_PROJECT = "openinference.project.name"
+#: How much of a session's task its span carries (characters).
+_TASK_CHARS = 200
+#: How much of a crash's traceback its span's ``exception`` event carries
+#: (characters, the end kept: the raise and the frames nearest it).
+_STACK_CHARS = 16_384
+#: How much of an error's message a span's status and ``exception`` event carry.
+_MESSAGE_CHARS = 4096
 #: Events that become span events of their session's span, by name.
 _SPAN_EVENTS = {
     EventKind.CANCEL_REQUESTED: "cancel_requested",
@@ -175,7 +184,13 @@ class SpanRecorder:
         except metadata.PackageNotFoundError:  # pragma: no cover - run from a checkout
             version = "0"
         self.resource = Resource.create(
-            {"service.name": tracing.service_name, "service.version": version, **tracing.resource}
+            {
+                "service.name": tracing.service_name,
+                "service.version": version,
+                # Phoenix files spans by project: the service's, unless the resource names one
+                _PROJECT: tracing.service_name,
+                **tracing.resource,
+            }
         )
         self.scope = InstrumentationScope("sessiontree", version)
         exporter = tracing.exporter or OTLPSpanExporter(
@@ -195,6 +210,9 @@ class SpanRecorder:
         # open spans: a Branch's or Worker's run, a Main's running cycle (one at a time)
         self.runs: dict[uuid.UUID, _Run] = {}
         self.cycles: dict[uuid.UUID, _Open] = {}
+        # ended runs whose subtree still had model calls in flight: written once
+        # their usage settles, with the final figures (see _usage_settled)
+        self.unsettled: dict[uuid.UUID, tuple[_Open, float, str | None, bool, str, str | None]] = {}
         self.closed = False
         self._guard = threading.Lock()  # the open spans: the Cortex's events, close()
 
@@ -220,6 +238,8 @@ class SpanRecorder:
             self._cycle_ended(event, sid)
         elif kind is EventKind.MODEL_CALL:
             self._model_call(event)
+        elif kind is EventKind.USAGE_SETTLED:
+            self._usage_settled(event, sid)
         elif kind is EventKind.DISCARDED:  # taken out as if never created: no span
             self.runs.pop(sid, None)
             self.cycles.pop(sid, None)
@@ -278,6 +298,10 @@ class SpanRecorder:
             "gen_ai.agent.name": event.agent_id or "",
             "openinference.span.kind": "AGENT",  # how Phoenix draws it
         }
+        task = data.get("task")
+        if task:  # what tells runs of one skill apart (Phoenix shows it as the input)
+            attributes["sessiontree.task"] = attributes["input.value"] = _clipped(task)
+            attributes["input.mime_type"] = "text/plain"
         if event.parent_id is not None:
             attributes["sessiontree.parent.id"] = str(event.parent_id)
         if data.get("ttl") is not None:
@@ -321,7 +345,23 @@ class SpanRecorder:
             span.events.append(SpanEvent("terminated_by_force", None, at))
         for name, value in event.data.get("usage", {}).items():
             span.attributes[f"sessiontree.usage.{name}"] = value
-        self._end(span, event.at, code, code in _ERRORS or state == "failed", state=state)
+        error = code in _ERRORS or state == "failed"
+        message = _failed(span, event.data.get("failure"), at)
+        if event.data.get("settled") is False:  # its span waits for the final figures
+            self.unsettled[sid] = (span, event.at, code, error, state, message)
+            return
+        self._end(span, event.at, code, error, state=state, message=message)
+
+    def _usage_settled(self, event: Event, sid: uuid.UUID) -> None:
+        """The last call in an ended run's subtree settled: its span is written
+        now, ended when the run ended, with the settled usage."""
+        parked = self.unsettled.pop(sid, None)
+        if parked is None:
+            return
+        span, at, code, error, state, message = parked
+        for name, value in event.data.get("subtree_usage", {}).items():
+            span.attributes[f"sessiontree.usage.{name}"] = value
+        self._end(span, at, code, error, state=state, message=message)
 
     def _end(
         self,
@@ -364,6 +404,7 @@ class SpanRecorder:
                 "sessiontree.session.id": str(sid),
                 "sessiontree.session.kind": "main",
                 "sessiontree.cycle": data["cycle"],
+                "sessiontree.skill": event.skill or "",
                 "gen_ai.agent.name": event.agent_id or "",
                 "openinference.span.kind": "CHAIN",
             },
@@ -373,7 +414,8 @@ class SpanRecorder:
     def _cycle_ended(self, event: Event, sid: uuid.UUID) -> None:
         span = self.cycles.pop(sid, None)
         if span is not None:
-            self._end(span, event.at, event.code, True, message=event.data.get("error"))
+            message = _failed(span, event.data.get("failure"), _ns(event.at))
+            self._end(span, event.at, event.code, True, message=message)
 
     def _model_call(self, event: Event) -> None:
         data = event.data
@@ -443,7 +485,9 @@ class SpanRecorder:
         return flushed and self.dropped() == before
 
     def close(self, at: float) -> None:
-        """End the spans still open at ``at`` (marked ``node_closed``), export
+        """End the spans still open at ``at`` (marked ``node_closed``; a run
+        whose usage had not settled is written with what was known, marked
+        ``sessiontree.usage.settled`` false), export
         what is queued and stop the export thread: batches not sent within
         the export timeout are dropped (so a closing node waits at most about
         twice that for an endpoint that does not answer). Idempotent; never
@@ -453,12 +497,17 @@ class SpanRecorder:
                 return
             self.closed = True
             runs, cycles = list(self.runs.values()), list(self.cycles.values())
+            unsettled = list(self.unsettled.values())
             self.runs.clear()
             self.cycles.clear()
+            self.unsettled.clear()
         try:
             for span in [self._opened(run) for run in runs] + cycles:
                 span.events.append(SpanEvent("node_closed", None, _ns(at)))
                 self._write(span, at)
+            for span, ended, code, error, state, message in unsettled:  # calls out: as known
+                span.attributes["sessiontree.usage.settled"] = False
+                self._end(span, ended, code, error, state=state, message=message)
             self._exporter.deadline = self.monotonic() + self.tracing.export_timeout
             self.processor.shutdown()
         except Exception:
@@ -467,6 +516,39 @@ class SpanRecorder:
 
 def _ns(seconds: float) -> int:
     return int(seconds * _NS)
+
+
+def _clipped(text: str, limit: int = _TASK_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (the last one an ellipsis when cut)."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _failed(span: _Open, failure: ErrorInfo | None, at: int) -> str | None:
+    """The status message of a span whose session ended with ``failure`` (None:
+    it did not fail); a crash also adds OpenTelemetry's ``exception`` event at
+    ``at`` (ns), from the exception's type, message and traceback that the
+    error's detail carries (``exception.type``, ``exception.message``,
+    ``exception.stacktrace``; a message past ``_MESSAGE_CHARS`` is cut, a
+    traceback past ``_STACK_CHARS`` keeps its end)."""
+    if failure is None:
+        return None
+    detail = failure.detail
+    kind = detail.get("type")
+    if isinstance(kind, str) and kind:
+        attributes = {
+            # as a traceback names it: builtins bare, everything else module-qualified
+            "exception.type": kind.removeprefix("builtins."),
+            "exception.message": _clipped(
+                str(detail.get("message", failure.message)), _MESSAGE_CHARS
+            ),
+        }
+        stack = detail.get("traceback")
+        if isinstance(stack, str) and stack:
+            if len(stack) > _STACK_CHARS:
+                stack = "...\n" + stack[-(_STACK_CHARS - 4) :]
+            attributes["exception.stacktrace"] = stack
+        span.events.append(SpanEvent("exception", attributes, at))
+    return _clipped(failure.message, _MESSAGE_CHARS)
 
 
 def _flat(data: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,9 @@ class Tracing:
     Phoenix's ``http://127.0.0.1:6006/v1/traces``); ``headers`` go with every
     export (an API key). ``sampling_ratio``: the share of traces recorded (a
     trace is kept or dropped whole, by its id). ``service_name`` and
-    ``resource`` name the node in the viewer. ``capture_content``: model-call
+    ``resource`` name the node in the viewer; ``service_name`` is also the
+    Arize Phoenix project the spans are filed under (the resource attribute
+    ``openinference.project.name``) unless ``resource`` names one. ``capture_content``: model-call
     spans also carry the prompt and the reply (off by default: they may hold
     what users said). Spans leave through a batching processor: at most
     ``max_queue_size`` wait (past it the oldest are dropped and counted in

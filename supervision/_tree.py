@@ -208,6 +208,7 @@ class Tree:
                 parent_id=info.parent_id,
                 session_kind=info.kind._value_,
                 agent_id=info.agent_id,
+                skill=info.skill,
                 state=core.state._value_,
                 previous=None if previous is None else previous._value_,
                 code=None if code is None else code._value_,
@@ -323,7 +324,9 @@ class Tree:
             if restored:
                 data.update(restored=True, created_at=info.created_at)
             if info.trace is not None:  # a traced node: what its span needs
-                data.update(trace=info.trace, trace_parent=info.trace_parent, ttl=info.ttl)
+                data.update(
+                    trace=info.trace, trace_parent=info.trace_parent, ttl=info.ttl, task=info.task
+                )
                 if cut_off is not None:
                     data["cut_off"] = cut_off
             self.emit(EventKind.SPAWNED, entry, data=data)
@@ -534,16 +537,12 @@ class Tree:
         """Answer the shutdown's waiters once nothing is left to settle: no worker
         or remote step runs, no session is in its cancellation grace, and every
         branch asked to park has parked."""
-        for entry in self.entries.values():
-            if entry.state.is_terminal:
-                continue
-            if entry.kind is SessionKind.WORKER or entry.core.remote is not None:
-                return
-            if entry.cancel_code is not None:
-                return  # cancelled before or during the shutdown: wraps up or is forced
-            if entry.suspend_requested and entry.state is SessionState.ACTIVE:
-                return  # parked by the shutdown, or explicitly suspended: not parked yet
-        self.settle_shutdown()
+        if not any(map(_holds_shutdown, self.entries.values())):
+            self.settle_shutdown()
+
+    def shutdown_pending(self) -> int:
+        """How many sessions the shutdown still waits for (``check_shutdown``)."""
+        return sum(map(_holds_shutdown, self.entries.values()))
 
     def settle_shutdown(self) -> None:
         waiters, self.shutdown_waiters = self.shutdown_waiters, []
@@ -562,6 +561,18 @@ class Tree:
         if not releasing and reply is not None:
             self.release_reply = None
             reply.set(None)
+
+
+def _holds_shutdown(entry: TreeEntry) -> bool:
+    """Whether a shutdown waits for ``entry`` to settle."""
+    if entry.state.is_terminal:
+        return False
+    if entry.kind is SessionKind.WORKER or entry.core.remote is not None:
+        return True
+    if entry.cancel_code is not None:
+        return True  # cancelled before or during the shutdown: wraps up or is forced
+    # parked by the shutdown, or explicitly suspended: not parked yet
+    return entry.suspend_requested and entry.state is SessionState.ACTIVE
 
 
 def _post_to(ref: pykka.ActorRef[Any], activity: Activity, message: object) -> None:

@@ -20,10 +20,11 @@ START_WAIT = 60.0  # real seconds a node may take to start listening
 
 class RunningNode:
     """``sessiontree node start --port 0`` in a subprocess; ``url`` once it listens.
+    ``program`` is how ``sessiontree`` is run (``python -m``, or the console script).
 
-    The effective-config line is parsed into ``config``/``sources``. Both
-    output streams are read by threads of their own, so a chatty node never
-    blocks on a pipe and a test waits for a log line on an Event, not a sleep.
+        The effective-config line is parsed into ``config``/``sources``. Both
+        output streams are read by threads of their own, so a chatty node never
+        blocks on a pipe and a test waits for a log line on an Event, not a sleep.
     """
 
     def __init__(
@@ -34,8 +35,9 @@ class RunningNode:
         agents: str = "tests.node_agents:agents",
         port: int | None = 0,
         cwd: Path = ROOT,
+        program: tuple[str, ...] = (sys.executable, "-m", "sessiontree.cli"),
     ) -> None:
-        command = [sys.executable, "-m", "sessiontree.cli", "-v", "node", "start"]
+        command = [*program, "-v", "node", "start"]
         command += ["--store", str(store), "--agents", agents, *args]
         command += [] if port is None else ["--port", str(port)]  # None: the default port
         self.proc = subprocess.Popen(

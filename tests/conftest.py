@@ -17,27 +17,39 @@ from sessiontree.supervision import _config as node_defaults
 from tests import _remote_skills as remote_skills
 
 #: Modules whose tests never build a node in this process or a child process
-#: (or, for the schema test, build their one node at import), and the backend
-#: tests (where a step runs is apart from what serves mailboxes): they run once.
+#: (or, for the schema test, build their one node at import; for the CLI's
+#: imports, one that only answers the commands; for the Quick start, the demo's
+#: in a fresh venv), the backend tests (where a step runs is apart from what
+#: serves mailboxes), the HTTP server's guards, the agents' import path and the
+#: terminal escapes (no session actor takes part in what they try), and the
+#: embedded script's end (signals and exit hooks, in subprocesses that cost
+#: seconds each): they run once.
 SINGLE_RUN = frozenset(
     {
+        "test_agents_path",
         "test_backends",
         "test_chat",
+        "test_cli_lazy",
+        "test_cross_site",
         "test_conversation_property",
         "test_conversations",
+        "test_embedded_exit",
         "test_export",
         "test_http_schema",
         "test_loop_dispatch",
+        "test_node_connections",
         "test_pooled_actor",
         "test_remote_models",
         "test_scale",
         "test_standin",
         "test_protocol",
+        "test_quick_start",
         "test_record_damage",
         "test_record_fuzz",
         "test_store",
         "test_store_backup",
         "test_store_damage",
+        "test_terminal_escapes",
         "test_tree_html",
         "test_virtual_clock",
     }

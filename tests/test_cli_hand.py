@@ -269,6 +269,62 @@ def test_the_cancel_route_takes_a_checked_grace(served: ServedNode) -> None:
     assert "/v1/sessions/{session_id}/terminate" in schema["paths"]
 
 
+# -- skills ----------------------------------------------------------------------------------
+
+
+def test_ls_filters_by_skill_and_ls_and_tree_show_each_sessions_skill(
+    served: ServedNode, tmp_path: Path
+) -> None:
+    tree_of(served)  # the Main runs chat, the two workers the default skill, work
+    at = ["--node", served.url]
+    crashed = js("sessions", "spawn", *at, "--parent", "aaaa", "--skill", "crash")["info"]
+    assert js("sessions", "wait", *at, crashed["session_id"], "--timeout", "30")
+    listed = js("sessions", "ls", *at, "--skill", "work")
+    assert [i["session_id"] for i in listed["items"]] == [W1, W2]
+    assert [i["session_id"] for i in js("sessions", "ls", *at, "--skill", "chat")["items"]] == [
+        MAIN
+    ]
+    both = js("sessions", "ls", *at, "--skill", "crash", "--state", "failed")["items"]
+    assert [i["session_id"] for i in both] == [crashed["session_id"]]
+    none = cli("sessions", "ls", *at, "--skill", "nosuch")
+    assert none.exit_code == 0
+    assert none.stdout == ""
+    assert "0 sessions" in none.stderr
+    # the table's fourth column is the skill
+    skills = {
+        line.split()[2]: line.split()[3] for line in ok("sessions", "ls", *at).stdout.splitlines()
+    }
+    assert skills == {
+        MAIN[:8]: "chat",
+        W1[:8]: "work",
+        W2[:8]: "work",
+        crashed["session_id"][:8]: "crash",
+    }
+    tree = ok("sessions", "tree", *at, MAIN).stdout.splitlines()
+    assert re.search(r"main\s+active\s+aaaa0000  chat\s+created", tree[0]), tree[0]
+    assert all(re.search(r"  (work|crash)\s+created", line) for line in tree[1:]), tree
+    # the HTTP API's filter, and a bad one named
+    answer = served.http.get("/v1/sessions", params={"skill": "work"})
+    assert [i["session_id"] for i in answer.json()["items"]] == [W1, W2]
+    long = served.http.get("/v1/sessions", params={"skill": "x" * 129})
+    assert long.status_code == 400
+    assert "skill" in long.text
+    # from a store, the same answer
+    served.node.shutdown(grace=0, timeout=10.0)
+    store = ["--store", str(tmp_path / "store")]
+    stored = js("sessions", "ls", *store, "--skill", "work")["items"]
+    assert [i["session_id"] for i in stored] == [W1, W2]
+
+
+def test_node_status_lists_each_agents_skills(served: ServedNode) -> None:
+    at = ["--node", served.url]
+    status = js("node", "status", *at)
+    assert status["skills"] == {"assistant": ["chat", "model", "work", "fan_out", "crash"]}
+    assert served.node.skills == status["skills"]
+    text = ok("node", "status", *at).stdout
+    assert "  agent assistant: skills chat, model, work, fan_out, crash\n" in text
+
+
 # -- times -----------------------------------------------------------------------------------
 
 
@@ -282,11 +338,14 @@ def test_tables_say_human_times_and_json_says_iso_8601(served: ServedNode) -> No
     line = ok("sessions", "ls", *at).stdout.splitlines()[1]
     assert re.search(r"created (just now|\d+s ago), ttl in (9|10)m", line), line
     table = ok("sessions", "show", *at, W1).stdout
-    assert re.search(r"created_at: \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(", table), table
-    assert re.search(r"deadline: \S+ \S+ \(in (9|10)m\)", table), table
+    assert re.search(r"Created +\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(", table), table
+    assert re.search(r"TTL +600 s, runs out \S+ \S+ \(in (9|10)m\)", table), table
     ok("sessions", "terminate", *at, W1)
     ended = js("sessions", "show", *at, W1)["result"]["timings"]
     assert ISO.match(ended["ended_at"])
+    table = ok("sessions", "show", *at, W1).stdout  # an ended session has no deadline
+    assert re.search(r"\n  TTL +600 s\n", table), table
+    assert re.search(r"\n  Ended +\S+ \S+ \((just now|\d+s ago)\), ran \d+\.\d\d s\n", table)
 
 
 # -- --agents from the current folder -------------------------------------------------------
@@ -334,9 +393,13 @@ def test_node_start_imports_agents_from_the_current_folder(tmp_path: Path) -> No
 
 
 def walk(command: click.Command, path: str) -> Iterator[tuple[str, click.Command]]:
+    """Every command under ``command``, the ones a group imports lazily included."""
     yield path, command
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, f"{path} lists {name} but has no such command"
             yield from walk(sub, f"{path} {name}")
 
 

@@ -189,3 +189,10 @@ def test_reads_work_beside_a_live_node_and_writes_are_refused(store_dir: Path) -
         )
         assert write.returncode == 1
         assert "held by another node" in write.stderr
+
+
+def test_a_conversation_of_one_branch_says_branch(tmp_path: Path) -> None:
+    with Node([AGENT], NodeConfig(), clock=VirtualClock(), store=tmp_path) as node:
+        say(node, "/new", "p1")  # a conversation of one branch
+    text = cli("conv", "tree", *target(tmp_path)).output
+    assert ": 1 branch, current" in text.splitlines()[0]

@@ -109,6 +109,84 @@ def test_append_keeps_tool_calls_usage_and_the_platform_id(conv: Conversation) -
     assert conv.by_platform_id("tg-78") is None
 
 
+class Keys:
+    """``keys`` for a handle: the ids a cycle's appends take, in order; ``rerun``
+    starts the sequence again (as a rerun of the same cycle would), whose
+    appends look for what they replace."""
+
+    def __init__(self) -> None:
+        self.ids = [uuid.uuid4() for _ in range(8)]
+        self.next = 0
+        self.again = False
+
+    def __call__(self) -> tuple[uuid.UUID, bool]:
+        self.next += 1
+        return self.ids[self.next - 1], self.again
+
+    def rerun(self) -> None:
+        self.next = 0
+        self.again = True
+
+
+def test_a_keyed_append_written_again_replaces_its_message_where_it_stands(
+    conversations: Conversations, clock: VirtualClock
+) -> None:
+    keys = Keys()
+    sid = uuid.uuid4()
+    plain = conversations.get(sid)
+    first = conversations.get(sid, keys=keys)
+    say(plain, "before")
+    asked = first.append("user", "question")
+    answer = first.append("assistant", "answer one", usage={"output_tokens": 2})
+    assert (asked.id, answer.id) == (keys.ids[0], keys.ids[1])
+    say(plain, "a child's result lands")  # written by someone else meanwhile
+    clock.advance(5.0)
+
+    keys.rerun()  # the cycle runs again: the same keys, in the same order
+    again = conversations.get(sid, keys=keys)
+    asked_again = again.append("user", "question")
+    replaced = again.append("assistant", "answer two", platform_id="tg-9")
+    assert asked_again.id == asked.id
+    assert (replaced.id, replaced.parent_id, replaced.seq) == (answer.id, asked.id, answer.seq)
+    assert replaced.content == "answer two"
+    assert replaced.usage is None  # what the rerun wrote, all of it
+    assert replaced.timestamp == answer.timestamp + 5.0
+    assert texts(plain.context(10)) == [
+        "before",
+        "question",
+        "answer two",
+        "a child's result lands",
+    ]
+    assert len(plain) == 4
+    assert plain.by_platform_id("tg-9") == replaced
+    exported = [json.loads(line)["content"] for line in plain.transcript()]
+    assert exported.count("question") == 1
+    assert "answer one" not in exported
+
+    extra = again.append("assistant", "a third, only in the rerun")
+    assert extra.id == keys.ids[2]
+    assert plain.context(1) == [extra]
+
+
+def test_a_keyed_append_awaited_replaces_as_the_blocking_one_does(
+    conversations: Conversations,
+) -> None:
+    keys = Keys()
+    conv = conversations.get(uuid.uuid4(), keys=keys)
+
+    async def run() -> list[Message]:
+        first = await conv.aappend("assistant", "one", platform_id="a")
+        keys.rerun()
+        second = await conv.aappend("assistant", "two", platform_id="b")
+        return [first, second]
+
+    first, second = asyncio.run(run())
+    assert first.id == second.id
+    assert texts(conv.context(10)) == ["two"]
+    assert conv.by_platform_id("b") == second
+    assert conv.by_platform_id("a") is None  # the replaced message's old id is gone
+
+
 def test_concurrent_appends_to_one_conversation_form_one_chain(conv: Conversation) -> None:
     def append_many(worker: int) -> None:
         for i in range(25):

@@ -14,8 +14,8 @@ import pytest
 
 from sessiontree.actors import AsyncSession, VirtualClock
 from sessiontree.cli._api._http_metrics import HttpMetrics
-from sessiontree.cli._standin import StandinServer
 from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics, Price, Provider
+from sessiontree.testing import StandinServer
 from tests._promtool import promtool
 from tests.conftest import WAIT, settle
 
@@ -118,7 +118,8 @@ def test_every_query_parses_as_promql(dashboard: dict[str, Any], tmp_path: pathl
     for number, expr in enumerate(queries(dashboard)):
         # Grafana's variables as Grafana fills them in; label_values() is Grafana's, not PromQL
         promql = expr.replace("$__rate_interval", "1m").replace("$__range", "1h")
-        promql = promql.replace("$instance", ".*")
+        for variable in ("$instance", "$agent", "$skill"):
+            promql = promql.replace(variable, ".*")
         promql = re.sub(r"^label_values\((.+), *\w+\)$", r"\1", promql)
         assert "$" not in promql, expr
         rules.append({"record": f"dashboard:query_{number}", "expr": promql})
@@ -126,6 +127,31 @@ def test_every_query_parses_as_promql(dashboard: dict[str, Any], tmp_path: pathl
     path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
     checked = promtool("check", "rules", str(path))
     assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
+
+
+def test_a_row_breaks_the_sessions_down_by_agent_and_skill(dashboard: dict[str, Any]) -> None:
+    rows = [p for p in dashboard["panels"] if p["type"] == "row"]
+    titles = [row["title"] for row in rows]
+    assert "By agent and skill" in titles
+    start = dashboard["panels"].index(rows[titles.index("By agent and skill")])
+    end = dashboard["panels"].index(rows[titles.index("By agent and skill") + 1])
+    row = dashboard["panels"][start + 1 : end]
+    exprs = [t["expr"] for panel in row for t in panel["targets"]]
+    for family in (
+        "sessiontree_sessions{",
+        "sessiontree_sessions_spawned_total",
+        "sessiontree_sessions_terminated_total",
+        "sessiontree_session_duration_seconds_bucket",
+    ):
+        assert any(family in expr for expr in exprs), family
+    for expr in exprs:  # every one grouped by both, narrowed by the variables
+        assert re.search(r"by \((le, )?agent, skill", expr), expr
+        assert 'agent=~"$agent",skill=~"$skill"' in expr, expr
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    for name in ("agent", "skill"):
+        query = variables[name]["query"]["query"]
+        assert query.startswith("label_values(sessiontree_sessions_spawned_total"), query
+        assert query.endswith(f", {name})"), query
 
 
 def test_the_dashboard_picks_a_prometheus_datasource_through_a_variable(

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import sessiontree.cli
 from sessiontree.cli import main
-from sessiontree.cli._standin import StandinServer
+from sessiontree.testing import StandinServer
 
 DEMO_TIMEOUT = 45.0  # real seconds; the demo itself takes about two (seven on an endpoint)
 CODES = ("crashed", "ttl_expired", "parent_terminated", "terminated_by_force", "budget_exhausted")

@@ -269,16 +269,27 @@ def test_a_child_runs_without_an_actor_of_its_own(
     assert node.failure is None
 
 
-def test_a_run_that_times_out_leaves_its_session_running_and_the_node_serving(
-    make_node: Any,
+def test_a_run_that_times_out_ends_its_session_and_the_node_goes_on_serving(
+    make_node: Any, clock: VirtualClock
 ) -> None:
     node = make_node(Agent("agent", {"main": idle_main, "waits": waits, "quick": quick}))
     main = node.main("agent")
-    assert node.run(main, kind="worker", skill="waits", timeout=0.05) is None
-    (running,) = node.sessions(kind=SessionKind.WORKER)
+    spawned = threading.Event()
+    node.subscribe(lambda event: spawned.set() if event.kind is EventKind.SPAWNED else None)
+    out: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: out.append(node.run(main, kind="worker", skill="waits", timeout=0.05))
+    )
+    runner.start()
+    assert spawned.wait(WAIT)  # the run reached the Cortex
+    (running,) = node.sessions(kind=SessionKind.WORKER)  # after that turn: its timer armed
     assert running.state is SessionState.ACTIVE
-    assert node.cancel(running.session_id) is None  # it ends with its waiter gone
-    assert node.wait(running.session_id, timeout=WAIT).status is SessionState.CANCELLED
+    clock.advance(0.05)
+    runner.join(WAIT)
+    (timed_out,) = out
+    assert timed_out.error.code is ErrorCode.TIMED_OUT
+    assert timed_out.session_id == running.session_id
+    assert node.get(running.session_id).state is SessionState.CANCELLED  # nothing left behind
     result = node.run(main, kind="worker", skill="quick", timeout=WAIT)
     assert result is not None
     assert result.summary == "ok"

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from sessiontree.actors import VirtualClock
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import GatherStatus, RejectedInputError
 from sessiontree.supervision import Agent, EventKind, Hedge, Node, Provider
 from sessiontree.supervision._patterns import fan_out
 from sessiontree.supervision._retry import Restarts
+from sessiontree.testing import StandinServer
 from tests.conftest import WAIT
 from tests.test_patterns import finish
 
@@ -150,11 +150,47 @@ def test_a_duplicate_counts_against_the_children_limit(make_node: Any, clock: Vi
         ({"percentile": 0}, "hedge.percentile"),
         ({"percentile": 100}, "hedge.percentile"),
         ({"percentile": 90, "min_samples": 0}, "hedge.min_samples"),
+        # a bool is not a number (``hedge_after=True`` is refused too)
+        ({"after": True}, "hedge.after"),
+        ({"after": "1"}, "hedge.after"),
+        ({"after": float("inf")}, "hedge.after"),
+        ({"percentile": True}, "hedge.percentile"),
+        ({"percentile": float("nan")}, "hedge.percentile"),
+        ({"percentile": 90, "min_samples": True}, "hedge.min_samples"),
     ],
 )
 def test_a_bad_hedge_is_refused_naming_its_field(fields: dict[str, Any], named: str) -> None:
     with pytest.raises(RejectedInputError) as raised:
         Hedge(**fields)
+    assert raised.value.field == named
+
+
+def test_a_hedge_given_as_a_mapping_of_its_fields_hedges_the_same(
+    make_node: Any, clock: VirtualClock
+) -> None:
+    seen: dict[str, Any] = {}
+    run(make_node, clock, lead_of(seen, ["a", f"tail first {SLOW}"], hedge={"after": 3.0}))
+    tail = seen["gathered"].reports[1]
+    assert [a.hedge for a in tail.attempts] == [False, True]
+    assert tail.result.summary == f"tail first {SLOW} #2"
+
+
+@pytest.mark.parametrize(
+    ("hedge", "named"),
+    [
+        ({"after": True}, "hedge.after"),
+        ({"after": float("nan")}, "hedge.after"),
+        ({"percentile": 50, "min_samples": 1.5}, "hedge.min_samples"),
+        ({"after": 1.0, "later": 2.0}, "hedge.later"),
+        ({}, "hedge"),
+    ],
+)
+def test_a_bad_hedge_mapping_is_refused_naming_the_field_as_a_hedge_is(
+    hedge: dict[str, Any], named: str
+) -> None:
+    pattern = fan_out(uuid.uuid4(), Restarts(), ["a"], hedge=hedge)
+    with pytest.raises(RejectedInputError) as raised:
+        next(pattern)
     assert raised.value.field == named
 
 
@@ -225,7 +261,12 @@ def test_a_call_that_answers_within_the_delay_sends_no_duplicate(
 
 @pytest.mark.parametrize(
     "options",
-    [{"hedge_after": -1.0}, {"hedge_after": "soon"}, {"hedge_after": 1.0, "stream": True}],
+    [
+        {"hedge_after": -1.0},
+        {"hedge_after": "soon"},
+        {"hedge_after": True},
+        {"hedge_after": 1.0, "stream": True},
+    ],
 )
 def test_a_bad_hedged_call_is_refused_naming_hedge_after(
     make_node: Any, options: dict[str, Any]

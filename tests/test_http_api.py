@@ -19,6 +19,7 @@ from tests._fakes import FakeMetrics
 from tests.conftest import settle
 
 Client = TestClient[Any]
+JSON = {"content-type": "application/json"}  # a client that sends raw bytes says they are JSON
 
 
 async def sleeper(session: Any) -> str:
@@ -238,7 +239,8 @@ def test_a_body_over_the_cap_is_refused_before_it_is_decoded(
     client, _ = api
     main = main_of(client)
     garbage = b"\xff" * 10_000  # not JSON at all: a decode would say "malformed"
-    error = error_of(client.post(f"/v1/sessions/{main}/children", content=garbage), 413)
+    answer = client.post(f"/v1/sessions/{main}/children", content=garbage, headers=JSON)
+    error = error_of(answer, 413)
     assert "over the cap of 4096 bytes" in error["message"]
     assert metrics.rejected == ["too_large"]
 
@@ -256,7 +258,8 @@ def test_malformed_and_nested_bodies_are_400s(
 ) -> None:
     client, _ = api
     main = main_of(client)
-    error = error_of(client.post(f"/v1/sessions/{main}/children", content=content), 400)
+    answer = client.post(f"/v1/sessions/{main}/children", content=content, headers=JSON)
+    error = error_of(answer, 400)
     assert error["code"] == "rejected_input"
     assert metrics.rejected == [reason]
 

@@ -1,7 +1,8 @@
 """The house's shape: which package may import which, read from the source.
 
-DESIGN.md §2: ``protocol`` imports no other package; ``store``, the session
-runtime (``actors``) and the conversation tree import only ``protocol``;
+DESIGN.md §2: ``protocol`` and ``testing`` (the stand-in model) import no
+other package; ``store``, the session runtime (``actors``) and the
+conversation tree import only ``protocol``;
 nothing imports ``cli``; no package imports another package's private
 (``_``-prefixed) module; and no module imports itself back through others,
 not even under ``TYPE_CHECKING``.
@@ -22,6 +23,7 @@ PACKAGES = {
     "store": "sessiontree.store",
     "actors": "sessiontree.actors",
     "conversations": "sessiontree.conversations",
+    "testing": "sessiontree.testing",
     "supervision": "sessiontree.supervision",
     "cli": "sessiontree.cli",
 }
@@ -31,13 +33,14 @@ ALLOWED = {
     "store": {"protocol"},
     "actors": {"protocol"},
     "conversations": {"protocol"},
+    "testing": set(),
     "supervision": {"protocol", "store", "actors", "conversations"},
-    "cli": {"protocol", "store", "actors", "conversations", "supervision"},
+    "cli": {"protocol", "store", "actors", "conversations", "testing", "supervision"},
 }
 
 
 def _modules() -> dict[str, Path]:
-    """Every module of the five packages (and their subpackages) by import name."""
+    """Every module of the packages (and their subpackages) by import name."""
     found: dict[str, Path] = {}
     for folder, name in PACKAGES.items():
         for path in sorted((ROOT / folder).rglob("*.py")):

@@ -14,6 +14,7 @@ from sessiontree.protocol import (
     Budget,
     ErrorCode,
     ErrorInfo,
+    RejectedInputError,
     SessionKind,
     SessionState,
     Usage,
@@ -208,8 +209,9 @@ def test_an_agent_budget_is_each_sessions_default(
 
 @pytest.mark.parametrize("bad", [{"tokens": -1}, {"cost": float("nan")}, {"calls": -2}])
 def test_an_agent_with_a_bad_budget_is_refused(bad: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="invalid budget"):
+    with pytest.raises(RejectedInputError) as refused:  # by the Budget, as it is built
         Agent("agent", {"s": lead}, budget=Budget(**bad))
+    assert refused.value.field == f"budget.{next(iter(bad))}"
 
 
 def test_a_spawn_under_a_worker_kind_is_still_refused_before_budgets(node: Node) -> None:

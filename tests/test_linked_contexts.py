@@ -21,7 +21,6 @@ import pytest
 
 from sessiontree.actors import AsyncSession, Compaction, Session, VirtualClock
 from sessiontree.actors._compaction import SUMMARY_REQUEST
-from sessiontree.cli._standin import Reply, StandinServer, ToolCall
 from sessiontree.conversations import Conversations, MemoryBackend, SessionBranch
 from sessiontree.conversations._session_branch import Entry
 from sessiontree.protocol import (
@@ -41,6 +40,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision import Agent, Node, Provider
 from sessiontree.supervision._continuation import continuation_token, parse_continuation
+from sessiontree.testing import Reply, StandinServer, ToolCall
 from tests import context_crash_node
 from tests._processes import line_then_kill_9
 from tests.conftest import WAIT, settle

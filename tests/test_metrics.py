@@ -20,7 +20,6 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 from sessiontree.actors import AsyncSession, Cancelled, VirtualClock
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
     Budget,
     ErrorCode,
@@ -33,6 +32,8 @@ from sessiontree.supervision import (
     MAX_MODEL_SERIES,
     REJECT_REASONS,
     Agent,
+    Event,
+    EventKind,
     Node,
     NodeConfig,
     NodeMetrics,
@@ -41,6 +42,7 @@ from sessiontree.supervision import (
     Retry,
 )
 from sessiontree.supervision._metric_models import OTHER, bounded
+from sessiontree.testing import StandinServer
 from tests._promtool import promtool
 from tests.conftest import WAIT, settle
 
@@ -135,10 +137,16 @@ def store_node(
 
 
 def value(metrics: NodeMetrics, name: str, **labels: str) -> float:
-    """One sample's value; fails the test if the series does not exist."""
-    found = metrics.registry.get_sample_value(name, labels)
-    assert found is not None, f"no series {name}{labels}"
-    return found
+    """The sum of the samples of ``name`` whose labels include ``labels`` (as
+    PromQL's ``sum`` over the other labels); fails the test if there is none."""
+    found = [
+        sample.value
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]
+    assert found, f"no series {name}{labels}"
+    return sum(found)
 
 
 def series(metrics: NodeMetrics) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
@@ -355,6 +363,139 @@ def test_the_series_are_the_same_before_and_after_ten_thousand_sessions(
     assert elapsed < 60.0, f"10,000 sessions took {elapsed:.1f} s"
 
 
+# -- by agent and skill -----------------------------------------------------------------------
+
+
+def test_sessions_are_counted_by_agent_and_skill(
+    make_node: Any,
+    watch: Callable[..., NodeMetrics],
+    clock: VirtualClock,
+    release: threading.Event,
+    caught: threading.Event,
+) -> None:
+    node = make_node(make_agent(release, caught), grace=30.0)
+    metrics = watch(node)
+    workload(node, clock, caught)
+
+    def of(name: str, skill: str, **labels: str) -> float:
+        return value(metrics, name, agent="agent", skill=skill, **labels)
+
+    skills = ("main", "quick", "crashes", "waits", "wraps_up", "ignores_cancel", "holds")
+    spawned = {skill: of("sessiontree_sessions_spawned_total", skill) for skill in skills}
+    assert spawned == {
+        "main": 1.0, "quick": 1.0, "crashes": 1.0, "waits": 1.0, "wraps_up": 1.0,
+        "ignores_cancel": 1.0, "holds": 0.0,
+    }  # fmt: skip
+    ended = "sessiontree_sessions_terminated_total"
+    assert of(ended, "quick", kind="branch", state="completed") == 1.0
+    assert of(ended, "crashes", kind="worker", state="failed") == 1.0
+    assert of(ended, "waits", kind="branch", state="expired") == 1.0
+    assert of(ended, "wraps_up", state="cancelled") == 1.0
+    assert of(ended, "ignores_cancel", state="cancelled") == 1.0
+    assert of(ended, "quick", state="failed") == 0.0
+    assert of("sessiontree_ttl_expirations_total", "waits") == 1.0
+    assert of("sessiontree_forced_terminations_total", "ignores_cancel") == 1.0
+    assert of("sessiontree_forced_terminations_total", "wraps_up") == 0.0
+    duration = "sessiontree_session_duration_seconds"
+    assert of(f"{duration}_sum", "waits", kind="branch") == 60.0
+    assert of(f"{duration}_sum", "ignores_cancel", kind="branch") == 30.0
+    assert of(f"{duration}_count", "crashes", kind="worker") == 1.0
+    assert of("sessiontree_sessions", "main", kind="main", state="active") == 1.0
+    assert value(metrics, "sessiontree_sessions", state="active") == 1.0  # the Main alone
+
+
+def labelled(metrics: NodeMetrics, name: str) -> set[tuple[str, str, str]]:
+    """The (kind, agent, skill) of every sample of ``name``."""
+    return {
+        (sample.labels["kind"], sample.labels["agent"], sample.labels["skill"])
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_the_agent_and_skill_labels_come_only_from_the_registered_agents(
+    make_node: Any, watch: Callable[..., NodeMetrics]
+) -> None:
+    reader = Agent("reader", {"main": idle_main, "read": quick_async, "write": quick})
+    solo = Agent("solo", {"only": quick_async})  # its one skill runs its Main and its children
+    node = make_node(reader, solo)
+    metrics = watch(node)
+    before = series(metrics)
+    expected = {("main", "reader", "main"), ("main", "solo", "only")} | {
+        (kind, agent, skill)
+        for agent, skills in (("reader", ("main", "read", "write")), ("solo", ("only",)))
+        for skill in skills
+        for kind in ("branch", "worker")
+    }
+    assert len(expected) == (1 + 2 * 3) + (1 + 2 * 1)  # 1 + 2 x skills an agent
+    for name in (
+        "sessiontree_sessions_spawned_total",
+        "sessiontree_sessions_terminated_total",
+        "sessiontree_session_duration_seconds_count",
+        "sessiontree_sessions",
+    ):
+        assert labelled(metrics, name) == expected, name
+
+    # what callers send (tasks, keys, a skill the agent lacks) adds no label value
+    main = node.main("reader", key="telegram:dm:42")
+    for task in ("read chapter 1", "x" * 1000, 'ünïcode {label="injection"}'):
+        result = main.run(kind="worker", skill="read", task=task, timeout=WAIT)
+        assert result is not None
+        assert result.ok
+    refused = main.spawn(kind="worker", skill="nosuch", task="other")
+    assert refused.error is not None
+    assert refused.error.code is ErrorCode.UNKNOWN_SKILL
+    assert node.main("solo").run(kind="branch", timeout=WAIT) is not None
+    settle(node)
+    assert series(metrics) == before
+    assert value(metrics, "sessiontree_sessions_spawned_total", agent="reader", skill="read") == 3
+    assert value(metrics, "sessiontree_sessions_spawned_total", skill="only", kind="branch") == 1
+
+
+def test_a_session_of_an_agent_or_skill_the_node_does_not_know_counts_under_other(
+    make_node: Any, watch: Callable[..., NodeMetrics]
+) -> None:
+    """Never from a caller (a spawn names a registered skill or is refused): a
+    record of another configuration, as events the tracker is handed."""
+    node = make_node(Agent("agent", {"main": idle_main, "quick": quick}))
+    metrics = watch(node)
+    before = series(metrics)
+    strangers = [(uuid.uuid4(), "agent", "retired_skill"), (uuid.uuid4(), "retired_agent", "quick")]
+    for sid, agent, skill in strangers:
+        metrics._tracker.on_event(
+            Event(
+                kind=EventKind.SPAWNED,
+                at=0.0,
+                session_id=sid,
+                session_kind="worker",
+                agent_id=agent,
+                skill=skill,
+                state="active",
+            )
+        )
+    other = {"agent": "other", "skill": "other", "kind": "worker"}
+    assert value(metrics, "sessiontree_sessions_spawned_total", **other) == 2.0
+    assert value(metrics, "sessiontree_sessions", state="active", **other) == 2.0
+    metrics._tracker.on_event(
+        Event(
+            kind=EventKind.TRANSITION,
+            at=0.0,
+            session_id=strangers[0][0],
+            session_kind="worker",
+            agent_id="agent",
+            skill="retired_skill",
+            state="completed",
+            previous="active",
+        )
+    )
+    assert value(metrics, "sessiontree_sessions", state="active", **other) == 1.0
+    assert value(metrics, "sessiontree_sessions_terminated_total", state="completed", **other) == 1
+    added = {labels for _, labels in series(metrics) - before}
+    assert all(("agent", "other") in labels and ("skill", "other") in labels for labels in added)
+    assert value(metrics, "sessiontree_sessions_spawned_total", agent="agent", skill="quick") == 0
+
+
 # -- registries, failures ------------------------------------------------------------------
 
 
@@ -454,7 +595,9 @@ def test_a_stopped_node_serves_what_it_still_can(
     node.shutdown(grace=0, timeout=5.0)
     with caplog.at_level(logging.WARNING, logger="sessiontree.metrics"):
         text = metrics.exposition()
-    assert b'sessiontree_sessions{kind="main",state="active"} 1.0' in text
+    assert (
+        b'sessiontree_sessions{agent="agent",kind="main",skill="main",state="active"} 1.0' in text
+    )
     assert b"\nsessiontree_zombie_threads " not in text  # the Cortex no longer answers
     assert b"\nsessiontree_zombie_threads_limit 64.0" in text
     assert any("_cortex_section" in r.getMessage() for r in caplog.records)
@@ -656,7 +799,7 @@ def test_close_stops_observing_frees_the_names_and_is_idempotent(
     metrics.close()
     main = node.main("agent")
     settle(node)
-    assert registry.get_sample_value("sessiontree_sessions_spawned_total", {"kind": "main"}) is None
+    assert [family.name for family in registry.collect()] == []  # nothing left registered
     again = NodeMetrics(node, registry)  # the names are free again
     try:
         assert value(again, "sessiontree_sessions", kind="main", state="active") == 1.0

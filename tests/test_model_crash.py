@@ -1,6 +1,8 @@
 """A ``kill -9`` never loses what model calls spent, nor counts it twice
-(issue 20): usage is durable before a call returns, and a restarted node
-rolls it up from the store exactly as it was."""
+(issue 20): usage is durable before a call returns, a call is on record
+before its request leaves, and a restarted node rolls it up from the store
+exactly as it was, with the calls the kill left in flight counted once at the
+worst case they reserved (issue 37)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ import time
 import uuid
 from pathlib import Path
 
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import Usage
 from sessiontree.store import Store
 from sessiontree.supervision import Node
+from sessiontree.testing import StandinServer
 from tests.conftest import WAIT
 from tests.model_crash_node import AGENT_ID, config, make_agent
 
@@ -74,6 +76,9 @@ def test_kill_9_loses_no_spend_and_counts_none_twice(tmp_path: Path) -> None:
                 assert record is not None
                 assert record.result is not None
                 assert record.result.subtree_usage.tokens == ack["tokens"]
+            lost = sum((call.ask for call in view.calls()), Usage())
+        # what was served and not yet counted was in flight, and is on record as such
+        assert served.requests_received - recorded.calls <= lost.calls
 
         # the restarted node goes on from what the store held: exactly, once
         with Node([make_agent()], config(server.url), store=store) as node:
@@ -87,4 +92,6 @@ def test_kill_9_loses_no_spend_and_counts_none_twice(tmp_path: Path) -> None:
             start.prompt_tokens_served + start.completion_tokens_served
         )
         assert result.subtree_usage.tokens == spent
-        assert main_usage(store).tokens == recorded.tokens + spent
+        assert main_usage(store) == recorded + lost + result.subtree_usage
+        with Store(store, readonly=True) as view:
+            assert view.calls() == []  # each lost call counted once, then dropped

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sessiontree.actors import AsyncSession
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import SessionKind, SessionState, SpawnSpec
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig, Provider
+from sessiontree.testing import StandinServer
 from tests.conftest import WAIT, settle
 
 PROMPT = "one two three four five"

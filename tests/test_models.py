@@ -18,7 +18,6 @@ import pytest
 
 from sessiontree.actors import AsyncSession, Cancelled, Session
 from sessiontree.actors.runtime import Activity, ModelCall
-from sessiontree.cli._standin import Reply, StandinServer, ToolCall
 from sessiontree.protocol import (
     Budget,
     Completion,
@@ -37,6 +36,7 @@ from sessiontree.supervision._ledger import Reserved
 from sessiontree.supervision._model_calls import ModelCalls
 from sessiontree.supervision._models import Models
 from sessiontree.supervision._requests import Call, Settle
+from sessiontree.testing import Reply, StandinServer, ToolCall
 from tests.conftest import WAIT, settle
 
 END_STATES = {"completed", "failed", "cancelled"}

@@ -177,10 +177,11 @@ def test_a_second_node_on_the_same_store_is_refused(node: RunningNode, store: Pa
     assert node.http.get("/readyz").status_code == 200
 
 
-def test_a_bad_agents_path_exits_1_naming_it(store: Path) -> None:
+def test_a_bad_agents_path_is_a_usage_error_naming_it(store: Path) -> None:
     result = run("node", "start", "--store", str(store), "--port", "0", "--agents", "nope:x")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "cannot import 'nope'" in result.stderr
+    assert not store.exists()
 
 
 def test_a_bad_config_file_is_a_usage_error(store: Path, tmp_path: Path) -> None:

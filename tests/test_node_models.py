@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from sessiontree.cli import main as cli_main
-from sessiontree.cli._standin import StandinServer
+from sessiontree.testing import StandinServer
 from tests._running_node import RunningNode
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,8 +18,11 @@ import pytest
 
 from tests._processes import stop
 from tests._running_node import RunningNode
+from tests.node_agents import agents
 
 pytestmark = pytest.mark.timeout(180)
+
+ASSISTANT_SKILLS = frozenset(agents()[0].skills)  # what the running node registers
 
 SCRAPE_WAIT = 90.0  # real seconds for Prometheus to start and scrape the settled workload
 
@@ -121,15 +124,24 @@ def test_prometheus_scrapes_the_expected_series_from_a_running_node(
     assert http.get(f"/v1/sessions/{bounded}").json()["budget_exhausted"] == "descendants"
 
     expected = {
-        'sessiontree_sessions_spawned_total{kind="worker"}': 5.0,
-        'sessiontree_sessions_spawned_total{kind="main"}': 1.0,
-        'sessiontree_sessions_terminated_total{kind="worker",state="completed"}': 4.0,
-        'sessiontree_sessions_terminated_total{kind="worker",state="failed"}': 1.0,
+        'sum(sessiontree_sessions_spawned_total{kind="worker"})': 5.0,
+        'sum(sessiontree_sessions_spawned_total{kind="main"})': 1.0,
+        'sum(sessiontree_sessions_terminated_total{kind="worker",state="completed"})': 4.0,
+        'sum(sessiontree_sessions_terminated_total{kind="worker",state="failed"})': 1.0,
         'sessiontree_spawn_rejections_total{code="parent_not_active"}': 1.0,
         'sessiontree_rejected_inputs_total{reason="invalid_field"}': 1.0,
-        'sessiontree_sessions{kind="main",state="active"}': 1.0,
-        'sessiontree_sessions{kind="worker",state="active"}': 0.0,
-        'sessiontree_session_duration_seconds_count{kind="worker"}': 5.0,
+        'sum(sessiontree_sessions{kind="main",state="active"})': 1.0,
+        'sum(sessiontree_sessions{kind="worker",state="active"})': 0.0,
+        'sum(sessiontree_session_duration_seconds_count{kind="worker"})': 5.0,
+        # by agent and skill: the default skill's workers, the crash, the Main's skill
+        'sum(sessiontree_sessions_terminated_total{agent="assistant",skill="work",'
+        'state="completed"})': 4.0,
+        'sessiontree_sessions_terminated_total{agent="assistant",kind="worker",'
+        'skill="crash",state="failed"}': 1.0,
+        'sessiontree_sessions{agent="assistant",kind="main",skill="chat",state="active"}': 1.0,
+        'count(count by (skill) (sessiontree_sessions_spawned_total{agent="assistant"}))': float(
+            len(ASSISTANT_SKILLS)
+        ),
         'sessiontree_spawn_rejections_total{code="budget_exhausted"}': 1.0,
         "sessiontree_budget_warnings_total": 1.0,
         "sessiontree_budgets_exhausted_total": 1.0,
@@ -155,5 +167,8 @@ def test_prometheus_scrapes_the_expected_series_from_a_running_node(
     assert len(series) > 50
     for sample in series:
         for label, value in sample["metric"].items():
-            assert label not in ("session_id", "parent_id"), sample["metric"]
+            assert label not in ("session_id", "parent_id", "task"), sample["metric"]
             assert len(value) < 64, sample["metric"]
+        # the agent and skill labels name only what the node registered
+        assert sample["metric"].get("agent", "assistant") == "assistant", sample["metric"]
+        assert sample["metric"].get("skill", "work") in ASSISTANT_SKILLS, sample["metric"]

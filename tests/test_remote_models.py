@@ -20,7 +20,6 @@ import pytest
 
 from sessiontree.actors import AsyncSession, VirtualClock
 from sessiontree.actors.backends import ProcessBackend, RayBackend
-from sessiontree.cli._standin import FaultKind, StandinServer
 from sessiontree.protocol import (
     Budget,
     ErrorCode,
@@ -30,6 +29,7 @@ from sessiontree.protocol import (
     Usage,
 )
 from sessiontree.supervision import Agent, Node, Provider, SessionRef
+from sessiontree.testing import FaultKind, StandinServer
 from tests import _remote_skills as skills
 from tests.conftest import WAIT, settle
 

@@ -23,7 +23,6 @@ from click.testing import CliRunner, Result
 
 from sessiontree.actors import Cancelled, Session, VirtualClock
 from sessiontree.cli import main as cli_main
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
     ErrorCode,
     Outcome,
@@ -43,6 +42,7 @@ from sessiontree.protocol import (
     TapeSpawn,
 )
 from sessiontree.supervision import Agent, Node, NodeConfig, load_recording
+from sessiontree.testing import StandinServer
 from tests import replay_tree
 from tests._processes import line_then_kill_9
 from tests.conftest import WAIT, settle

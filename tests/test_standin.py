@@ -21,7 +21,7 @@ from typing import Any
 import openai
 import pytest
 
-from sessiontree.cli._standin import (
+from sessiontree.testing import (
     Fault,
     FaultKind,
     Reply,

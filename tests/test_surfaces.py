@@ -49,6 +49,8 @@ RUNTIME = [
     "ComputeSlots",
     "Counted",
     "CycleDone",
+    "CycleInput",
+    "CycleRefused",
     "Deliver",
     "Dispatcher",
     "EventLoopThread",
@@ -61,6 +63,7 @@ RUNTIME = [
     "Passivate",
     "PooledActor",
     "Reply",
+    "RetryCycle",
     "RunEnd",
     "SessionActorLogic",
     "SessionCond",
@@ -72,6 +75,7 @@ RUNTIME = [
     "Tape",
     "TapedClock",
     "actor_class",
+    "copy_context",
     "crash_info",
     "drain_inbox",
     "finish_run",
@@ -91,6 +95,7 @@ RUNTIME = [
 ]
 
 PROTOCOL = [
+    "COST_UNIT",
     "MAIN_KEY",
     "MAX_BRANCH_NAME_CHARS",
     "MAX_BUDGET_COST",
@@ -100,6 +105,7 @@ PROTOCOL = [
     "MAX_INPUT_BYTES",
     "MAX_INPUT_NESTING",
     "MAX_NESTING",
+    "MAX_REASON_CHARS",
     "MAX_TASK_CHARS",
     "MAX_TEXT_CHARS",
     "NON_RETRYABLE",
@@ -194,6 +200,7 @@ PROTOCOL = [
     "make_spec",
     "new_session_id",
     "parse_traceparent",
+    "plain_input",
     "sampled_by_ratio",
     "session_key_for",
     "span_id_of",
@@ -208,6 +215,7 @@ STORE = [
     "SCHEMA_VERSION",
     "Backup",
     "BranchRecord",
+    "CallRecord",
     "ContextEntry",
     "ContextRecord",
     "ConversationRecord",
@@ -304,6 +312,18 @@ SUPERVISION = [
     "stored_spending",
 ]
 
+TESTING = [
+    "Fault",
+    "FaultKind",
+    "Reply",
+    "StandinServer",
+    "StandinStats",
+    "ToolCall",
+    "completion_tokens",
+    "count_tokens",
+    "prompt_tokens",
+]
+
 CLI = [
     "DemoError",
     "DemoReport",
@@ -319,6 +339,7 @@ SURFACES = {
     "sessiontree.store": STORE,
     "sessiontree.conversations": CONVERSATIONS,
     "sessiontree.supervision": SUPERVISION,
+    "sessiontree.testing": TESTING,
     "sessiontree.cli": CLI,
 }
 

@@ -20,7 +20,6 @@ from sessiontree.actors import AsyncSession, VirtualClock
 from sessiontree.cli import main as cli_main
 from sessiontree.cli._agents import builtin_agents
 from sessiontree.cli._client import NodeRefused, NodeUnreachable
-from sessiontree.cli._standin import StandinServer
 from sessiontree.cli._top_app import ConfirmScreen, TopApp
 from sessiontree.cli._top_data import (
     Counters,
@@ -34,6 +33,7 @@ from sessiontree.cli._top_data import (
 )
 from sessiontree.cli._top_source import ACTIONS, TopSource
 from sessiontree.supervision import Agent, Node, Price, Provider
+from sessiontree.testing import StandinServer
 from tests._served import ServedNode
 from tests.conftest import WAIT, settle
 
@@ -677,3 +677,25 @@ def test_top_refuses_a_root_no_session_of_the_node_starts_with(served: ServedNod
     result = CliRunner().invoke(cli_main, ["top", "--interval", "0"])
     assert result.exit_code == 2
     assert "--interval" in result.output
+
+
+def test_a_node_that_refuses_the_token_stops_the_view_saying_so(node: Node) -> None:
+    """A 401 would answer every poll: the view exits at once (no retries for
+    ever), and ``sessiontree top`` prints why and exits 1."""
+    with ServedNode(node, token="s3cret") as server:
+        app = TopApp(TopSource(server.url), interval=0.1)
+
+        async def scenario(pilot: Any) -> None:
+            await until(pilot, lambda: app.stopped is not None, "the stop")
+            await until(pilot, lambda: not app.is_running, "the exit")
+
+        try:
+            drive(app, scenario)
+        finally:
+            app.source.close()
+    assert app.return_code == 1
+    assert app.polls == 0
+    assert app.stopped is not None
+    assert app.stopped.startswith(f"top stopped: {server.url} refused the request (401 ")
+    assert "requires a bearer token" in app.stopped
+    assert "--token-file FILE" in app.stopped

@@ -30,9 +30,9 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from sessiontree.actors import AsyncSession
-from sessiontree.cli._standin import StandinServer
 from sessiontree.protocol import (
     ErrorCode,
     SessionKind,
@@ -51,6 +51,7 @@ from sessiontree.supervision import (
     TraceIds,
     Tracing,
 )
+from sessiontree.testing import StandinServer
 from tests._processes import stop
 from tests._served import ServedNode
 from tests.conftest import WAIT
@@ -197,12 +198,8 @@ def phoenix_spans(url: str, project: str, at_least: int) -> list[dict[str, Any]]
 
 def test_a_fan_out_is_the_same_tree_of_spans_in_phoenix(phoenix: str) -> None:
     project = f"fanout-{uuid.uuid4().hex[:8]}"
-    tracing = Tracing(
-        endpoint=f"{phoenix}/v1/traces",
-        service_name="sessiontree-test",
-        resource={"openinference.project.name": project},
-        schedule_delay=0.1,
-    )
+    # the service name is the Phoenix project too (no resource attribute needed)
+    tracing = Tracing(endpoint=f"{phoenix}/v1/traces", service_name=project, schedule_delay=0.1)
     with StandinServer(models=(MODEL,)) as standin:
         config = NodeConfig(tracing=tracing, providers=(Provider(base_url=standin.url),))
         node = Node([agent()], config)
@@ -251,10 +248,22 @@ def test_a_fan_out_is_the_same_tree_of_spans_in_phoenix(phoenix: str) -> None:
     second = next(c for c in cycles if c is not first)
     assert second["parent_id"] == branch_span["context"]["span_id"]
 
-    # the crash and the cancellation carry their codes
+    # the crash and the cancellation carry their codes; the crash says why, read back
     crashed = next(s for s in by_session.values() if s["name"] == "worker crashes")
     assert crashed["attributes"]["sessiontree.error.code"] == ErrorCode.CRASHED.value
     assert crashed["status_code"] == "ERROR"
+    assert crashed["status_message"] == "RuntimeError: a worker crashes"
+    (exception,) = [e for e in crashed["events"] if e["name"] == "exception"]
+    assert exception["attributes"]["exception.type"] == "RuntimeError"
+    assert exception["attributes"]["exception.message"] == "a worker crashes"
+    stack = exception["attributes"]["exception.stacktrace"]
+    assert "in crashes" in stack
+    assert stack.rstrip().endswith("RuntimeError: a worker crashes")
+    # the six runs of one skill are told apart by their tasks
+    asking = [s for s in by_session.values() if s["name"] == "worker asks"]
+    assert sorted(s["attributes"]["sessiontree.task"] for s in asking) == [
+        f"task {i}" for i in range(6)
+    ]
     cancelled = next(s for s in by_session.values() if s["name"] == "worker waits")
     assert cancelled["attributes"]["sessiontree.error.code"] == ErrorCode.CANCELLED.value
     assert "cancel_requested" in [e["name"] for e in cancelled["events"]]
@@ -424,6 +433,206 @@ def test_a_skill_runs_with_its_span_as_the_current_one() -> None:
     assert result is not None
     assert result.summary
     assert seen == [result.summary[3:52]]
+
+
+# -- spans that say why and what --------------------------------------------------------
+
+
+class DiskFullError(OSError):
+    """An exception of the application's own (its type is module-qualified)."""
+
+
+async def reads(session: AsyncSession) -> str:
+    if session.task.startswith("crash"):
+        raise DiskFullError(f"no room left for {session.task}")
+    if session.task.startswith("oops"):
+        raise RuntimeError("a plain crash")
+    if session.task.startswith("shout"):
+        raise RuntimeError("A" * 20_000)
+    return session.task
+
+
+async def fails_its_cycle(session: AsyncSession) -> None:
+    if session.message == "raise":
+        raise ValueError("the cycle cannot parse this message")
+
+
+READER = Agent(
+    "reader",
+    {"main": fails_its_cycle, "read": reads, "parks_forever": parks_forever},
+    main_skill="main",
+)
+
+
+def span_of(exporter: InMemorySpanExporter, session_id: uuid.UUID) -> ReadableSpan:
+    found = [
+        s
+        for s in spans_of(exporter)
+        if (s.attributes or {}).get("sessiontree.session.id") == str(session_id)
+        and s.name != "main cycle"
+    ]
+    assert len(found) == 1, [s.name for s in spans_of(exporter)]
+    return found[0]
+
+
+def test_a_crashed_sessions_span_carries_the_exception_type_message_and_stack() -> None:
+    exporter = InMemorySpanExporter()
+    node = Node([READER], traced_config(exporter))
+    try:
+        main = node.main("reader")
+        crashed = main.spawn(kind="worker", skill="read", task="crash chapter 3").ref
+        plain = main.spawn(kind="worker", skill="read", task="oops").ref
+        assert crashed is not None
+        assert plain is not None
+        result = crashed.wait(WAIT)
+        assert plain.wait(WAIT) is not None
+        assert node.flush_traces(WAIT)
+    finally:
+        node.shutdown()
+    assert result is not None
+    assert result.error is not None
+    assert result.error.code is ErrorCode.CRASHED
+    span = span_of(exporter, crashed.session_id)
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == "DiskFullError: no room left for crash chapter 3"
+    (exception,) = [e for e in span.events if e.name == "exception"]
+    attributes = dict(exception.attributes or {})
+    assert attributes["exception.type"] == f"{__name__}.DiskFullError"
+    assert attributes["exception.message"] == "no room left for crash chapter 3"
+    stack = attributes["exception.stacktrace"]
+    assert isinstance(stack, str)
+    assert stack == result.error.detail["traceback"]  # the result's own traceback
+    assert "in reads" in stack
+    assert stack.rstrip().endswith("DiskFullError: no room left for crash chapter 3")
+    assert exception.timestamp == span.end_time
+    # a builtin exception is named as a traceback names it
+    (builtin,) = [e for e in span_of(exporter, plain.session_id).events if e.name == "exception"]
+    assert (builtin.attributes or {})["exception.type"] == "RuntimeError"
+
+
+def test_a_huge_crash_is_clipped_on_its_span_keeping_the_end_of_its_stack() -> None:
+    exporter = InMemorySpanExporter()
+    node = Node([READER], traced_config(exporter))
+    try:
+        result = node.main("reader").run(kind="worker", skill="read", task="shout", timeout=WAIT)
+        assert node.flush_traces(WAIT)
+    finally:
+        node.shutdown()
+    assert result is not None
+    assert result.error is not None
+    (span,) = [s for s in spans_of(exporter) if s.name == "worker read"]
+    assert span.status.description is not None
+    assert len(span.status.description) == 4096
+    (exception,) = [e for e in span.events if e.name == "exception"]
+    attributes = exception.attributes or {}
+    assert len(str(attributes["exception.message"])) == 4096
+    stack = str(attributes["exception.stacktrace"])
+    assert len(stack) == 16_384
+    assert stack.startswith("...\n")
+    assert stack.endswith(result.error.detail["traceback"][-1000:])  # the raise is kept
+
+
+def test_an_ending_that_is_no_crash_has_no_exception_event() -> None:
+    exporter = InMemorySpanExporter()
+    node = Node([READER], traced_config(exporter, grace=0.0))
+    try:
+        main = node.main("reader")
+        done_ref = main.spawn(kind="worker", skill="read", task="fine").ref
+        expiring = main.spawn(kind="branch", skill="parks_forever", ttl=0.05).ref
+        cancelled = main.spawn(kind="branch", skill="parks_forever").ref
+        assert done_ref is not None
+        assert expiring is not None
+        assert cancelled is not None
+        assert node.wait_idle(WAIT)
+        assert node.cancel(cancelled) is None
+        for ref in (done_ref, expiring, cancelled):
+            assert ref.wait(WAIT) is not None
+        assert node.flush_traces(WAIT)
+    finally:
+        node.shutdown()
+    for ref in (done_ref, expiring, cancelled):
+        assert "exception" not in [e.name for e in span_of(exporter, ref.session_id).events]
+    assert span_of(exporter, done_ref.session_id).status.status_code is StatusCode.UNSET
+    expired = span_of(exporter, expiring.session_id)
+    assert expired.status.status_code is StatusCode.ERROR
+    assert expired.status.description is not None
+    assert "ttl" in expired.status.description.lower()
+
+
+def test_a_main_cycle_that_raises_carries_the_exception_and_its_skill() -> None:
+    exporter = InMemorySpanExporter()
+    node = Node([READER], traced_config(exporter))
+    try:
+        main = node.main("reader")
+        assert main.send("raise") is None
+        assert node.wait_idle(WAIT)
+        assert node.flush_traces(WAIT)
+    finally:
+        node.shutdown()
+    (cycle,) = [s for s in spans_of(exporter) if s.name == "main cycle"]
+    assert cycle.attributes is not None
+    assert cycle.attributes["sessiontree.skill"] == "main"
+    assert cycle.status.status_code is StatusCode.ERROR
+    (exception,) = [e for e in cycle.events if e.name == "exception"]
+    attributes = exception.attributes or {}
+    assert attributes["exception.type"] == "ValueError"
+    assert attributes["exception.message"] == "the cycle cannot parse this message"
+    assert "in fails_its_cycle" in str(attributes["exception.stacktrace"])
+
+
+def test_runs_of_one_skill_are_told_apart_by_their_task() -> None:
+    exporter = InMemorySpanExporter()
+    node = Node([READER], traced_config(exporter))
+    long_task = "summarise " + "the whole book " * 40
+    tasks = ["chapter 1", "chapter 2", "chapter 3", long_task, ""]
+    try:
+        main = node.main("reader")
+        refs = [main.spawn(kind="worker", skill="read", task=task).ref for task in tasks]
+        for ref in refs:
+            assert ref is not None
+            assert ref.wait(WAIT) is not None
+        assert node.flush_traces(WAIT)
+    finally:
+        node.shutdown()
+    spans = [span_of(exporter, ref.session_id) for ref in refs if ref is not None]
+    assert {s.name for s in spans} == {"worker read"}  # the name stays low in cardinality
+    for span, task in zip(spans[:3], tasks[:3], strict=True):
+        assert span.attributes is not None
+        assert span.attributes["sessiontree.task"] == task
+        assert span.attributes["input.value"] == task  # what Phoenix shows as the input
+        assert span.attributes["input.mime_type"] == "text/plain"
+        assert span.attributes["sessiontree.skill"] == "read"
+    clipped = (spans[3].attributes or {})["sessiontree.task"]
+    assert isinstance(clipped, str)
+    assert len(clipped) == 200
+    assert clipped == long_task[:199] + "\u2026"
+    assert "sessiontree.task" not in (spans[4].attributes or {})  # no task, no attribute
+
+
+def test_the_service_name_is_the_phoenix_project_unless_the_resource_names_one() -> None:
+    named, overridden = InMemorySpanExporter(), InMemorySpanExporter()
+    configs = [
+        NodeConfig(tracing=Tracing(exporter=named, service_name="research-bot")),
+        NodeConfig(
+            tracing=Tracing(
+                exporter=overridden,
+                service_name="research-bot",
+                resource={"openinference.project.name": "staging"},
+            )
+        ),
+    ]
+    for config in configs:
+        node = Node([READER], config)
+        try:
+            assert node.main("reader").run(kind="worker", skill="read", timeout=WAIT) is not None
+        finally:
+            node.shutdown()
+    for exporter, project in ((named, "research-bot"), (overridden, "staging")):
+        spans = spans_of(exporter)
+        assert spans
+        for span in spans:
+            assert span.resource.attributes["service.name"] == "research-bot"
+            assert span.resource.attributes["openinference.project.name"] == project
 
 
 # -- off costs nothing, a dead endpoint costs little ------------------------------------
@@ -664,12 +873,12 @@ def test_a_retry_is_an_event_on_the_parents_span() -> None:
 def test_the_demo_is_one_trace_in_phoenix(phoenix: str) -> None:
     from sessiontree.cli._demo import run_demo  # noqa: PLC0415
 
-    report = run_demo(otlp_endpoint=f"{phoenix}/v1/traces")  # the default project
+    report = run_demo(otlp_endpoint=f"{phoenix}/v1/traces")  # its service names the project
     runs = {s["session_id"]: s for s in report.sessions if s["kind"] != "main"}
     main_id = next(s["session_id"] for s in report.sessions if s["kind"] == "main")
     deadline = time.monotonic() + 30.0
-    while True:  # other runs export to the default project too: this Main's trace
-        spans = phoenix_spans(phoenix, "default", len(runs) + 1)
+    while True:  # other runs of the demo export to its project too: this Main's trace
+        spans = phoenix_spans(phoenix, "sessiontree-demo", len(runs) + 1)
         roots = [
             s
             for s in spans

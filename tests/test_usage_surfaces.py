@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from sessiontree.actors import AsyncSession, VirtualClock
 from sessiontree.cli import main as cli_main
-from sessiontree.cli._standin import StandinServer
+from sessiontree.cli._words import money
 from sessiontree.protocol import (
     Budget,
     ErrorCode,
@@ -43,6 +43,7 @@ from sessiontree.supervision import (
     stored_spending,
 )
 from sessiontree.supervision._requests import GetActorRef
+from sessiontree.testing import StandinServer
 from tests._served import ServedNode
 from tests.conftest import WAIT, settle
 
@@ -264,11 +265,11 @@ def test_sessions_show_and_tree_print_usage_on_a_node_its_store_and_after_a_rest
             left = 1000 - standin.tokens_served
             lines = shown.output.splitlines()
             assert (
-                f"           usage: {tokens(own)} tokens ({own['prompt_tokens']} prompt, "
-                f"{own['completion_tokens']} completion), 2 calls, cost {own['cost']:.6g}"
+                f"  Own           {tokens(own)} tokens ({own['prompt_tokens']} prompt, "
+                f"{own['completion_tokens']} completion), 2 calls, cost {money(own['cost'])}"
             ) in lines
-            assert f"     budget left: {left} tokens, 2 calls" in lines
-            assert "          budget: 1000 tokens, 5 calls" in lines
+            assert f"  Budget        1000 tokens, 5 calls; left: {left} tokens, 2 calls" in lines
+            assert sum(line.startswith("  Budget") for line in lines) == 1
             drawn = cli("sessions", "tree", *at, main).output.splitlines()
             assert drawn[0].startswith("main   active")
             assert f"({standin.tokens_served} tok, 3 calls, cost " in drawn[0]
@@ -288,7 +289,8 @@ def test_sessions_show_and_tree_print_usage_on_a_node_its_store_and_after_a_rest
         stored_tree["children"][0]["subtree_usage"] == before_tree["children"][0]["subtree_usage"]
     )
     stored_lines = cli("sessions", "show", "--store", str(store), branch).output.splitlines()
-    assert f"     budget left: {1000 - standin.tokens_served} tokens, 2 calls" in stored_lines
+    left = 1000 - standin.tokens_served
+    assert f"  Budget        1000 tokens, 5 calls; left: {left} tokens, 2 calls" in stored_lines
 
     again = Node([agent()], config(standin), clock=clock, store=store)
     try:

@@ -21,12 +21,24 @@ path:
 - ``_errors``: ``ErrorCode`` → HTTP status, the documented error responses,
   the exception handlers
 - ``_bodies``: the strict body hook and the request schemas' closing
+- ``_auth``: the bearer token; ``_cross_site``: the ``Content-Type``,
+  ``Host`` and ``Origin`` rules that keep a web page from driving the node
 - ``_shared``: the caps, the node and metrics in the app's state
 - ``_app``: ``create_app``, which assembles them
 """
 
 from sessiontree.cli._api._app import EVENT_QUEUE, EVENT_RING, create_app
+from sessiontree.cli._api._cross_site import AllowedHosts, parse_authority
 from sessiontree.cli._api._errors import status_for
 from sessiontree.cli._api._shared import MAX_BODY_BYTES, MAX_WAIT
 
-__all__ = ["EVENT_QUEUE", "EVENT_RING", "MAX_BODY_BYTES", "MAX_WAIT", "create_app", "status_for"]
+__all__ = [
+    "EVENT_QUEUE",
+    "EVENT_RING",
+    "MAX_BODY_BYTES",
+    "MAX_WAIT",
+    "AllowedHosts",
+    "create_app",
+    "parse_authority",
+    "status_for",
+]

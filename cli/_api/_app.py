@@ -13,6 +13,12 @@ from sessiontree.cli._api._bodies import close_request_schemas, strict_body
 from sessiontree.cli._api._chat import CHAT_ROUTES
 from sessiontree.cli._api._contract import document_contract, fix_allow
 from sessiontree.cli._api._conversations import CONVERSATION_ROUTES
+from sessiontree.cli._api._cross_site import (
+    AllowedHosts,
+    document_cross_site,
+    guard_hosts,
+    json_only,
+)
 from sessiontree.cli._api._errors import EXCEPTION_HANDLERS
 from sessiontree.cli._api._event_hub import EventHub
 from sessiontree.cli._api._events import EVENT_ROUTES, HEARTBEAT
@@ -50,6 +56,7 @@ def create_app(
     event_queue: int = EVENT_QUEUE,
     event_heartbeat: float = HEARTBEAT,
     token: str | None = None,
+    allowed_hosts: AllowedHosts | None = None,
 ) -> Litestar:
     """The node's ASGI app. ``max_body`` caps request bodies (413 past it);
     ``max_wait`` caps a long-poll's wait in seconds (at most ``MAX_WAIT``).
@@ -57,8 +64,13 @@ def create_app(
     resuming, ``event_queue`` how far one subscriber may fall behind before it
     is cut off, ``event_heartbeat`` the seconds of quiet before a keep-alive.
     ``token``: the bearer token every request but the health probes must
-    carry (``_auth``; None: none). With a ``metrics`` that has a ``registry``
-    (``NodeMetrics``), every request is counted and timed there and the
+    carry (``_auth``; None: none). ``allowed_hosts``: the addresses the node
+    answers to, every other ``Host`` and a state-changing request from a page
+    of another ``Origin`` refused (``_cross_site``; None: not checked, for an
+    app served in-process). A state-changing body that is not
+    ``application/json`` is refused (415) whatever the options. With a
+    ``metrics`` that has a ``registry`` (``NodeMetrics``), every request is
+    counted and timed there and the
     process metrics join it (``_http_metrics``). The app listens to the
     node's events from now until it shuts down; it never shuts the node down
     itself: its owner does.
@@ -97,11 +109,15 @@ def create_app(
     close_request_schemas(app)
     document_contract(app, node.config.max_ttl)
     fix_allow(app)
-    # outermost first: every request timed, the token checked before routing
-    handler = app.asgi_handler
+    document_cross_site(app, hosts_checked=allowed_hosts is not None)
+    # outermost first: every request timed, its Host and Origin checked, then
+    # its token, then its body's type, all before routing
+    handler = json_only(app.asgi_handler)
     if token is not None:
         document_auth(app)
         handler = require_token(handler, token)
+    if allowed_hosts is not None:
+        handler = guard_hosts(handler, allowed_hosts)
     registry = getattr(metrics, "registry", None)
     if isinstance(registry, CollectorRegistry):
         handler = HttpMetrics(registry).wrap(handler)

@@ -3,7 +3,8 @@
 
 With a token, every request but the health probes (``/healthz``,
 ``/readyz``: a load balancer or kubelet asks them without credentials) must
-carry ``Authorization: Bearer <token>``; ``/metrics`` is no exception
+carry ``Authorization: Bearer <token>`` (the scheme in any case, as RFC
+9110 says: ``bearer`` too); ``/metrics`` is no exception
 (Prometheus sends one with ``authorization: {credentials_file: …}``), nor
 is the OpenAPI document. Anything else is a 401 ``not_allowed`` with
 ``WWW-Authenticate: Bearer``, answered before routing, so it says nothing
@@ -44,20 +45,28 @@ def _refusal(reason: str) -> bytes:
     return msgspec.json.encode(ErrorBody(status=401, error=error))
 
 
+def _credentials(header: bytes) -> bytes:
+    """The token of an ``Authorization`` value whose scheme is ``Bearer`` in any
+    case (RFC 9110 §11.1), spaces after the scheme skipped; b"" for another
+    scheme or none (which no token equals)."""
+    scheme, _, rest = header.partition(b" ")
+    return rest.lstrip(b" ") if scheme.lower() == b"bearer" else b""
+
+
 def require_token(app: ASGIApp, token: str) -> ASGIApp:
     """``app`` answering only requests that carry ``token`` as a bearer token
     (the health probes excepted). ``ValueError`` for an empty token."""
     if not token:
         msg = "the bearer token is empty"
         raise ValueError(msg)
-    expected = f"Bearer {token}".encode()
+    expected = token.encode()
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != ScopeType.HTTP or scope["path"] in OPEN_PATHS:
             await app(scope, receive, send)
             return
         sent = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        if sent is not None and hmac.compare_digest(sent, expected):
+        if sent is not None and hmac.compare_digest(_credentials(sent), expected):
             await app(scope, receive, send)
             return
         reason = (

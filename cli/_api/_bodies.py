@@ -24,6 +24,7 @@ from sessiontree.cli._wire import (
     ForkRequest,
     MainRequest,
     SendRequest,
+    TerminateRequest,
 )
 from sessiontree.protocol import (
     MAX_BUDGET_COST,
@@ -48,6 +49,7 @@ _STRICT_BODIES: tuple[type[msgspec.Struct], ...] = (
     BranchRequest,
     ConfirmDeleteRequest,
     CancelRequest,
+    TerminateRequest,
 )
 
 _DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}

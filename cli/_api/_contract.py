@@ -37,7 +37,7 @@ from litestar.openapi.spec import (
 from litestar.routes import HTTPRoute
 
 from sessiontree.actors.backends import BACKENDS
-from sessiontree.protocol import SCOPES
+from sessiontree.protocol import MAX_REASON_CHARS, SCOPES
 
 __all__ = ["SESSION_KEY_PATTERN", "document_contract", "fix_allow"]
 
@@ -106,6 +106,15 @@ def _cancel_bounds(app: Litestar) -> None:
         cancel["grace"] = Schema(
             one_of=[Schema(type=OpenAPIType.NUMBER, minimum=0), Schema(type=OpenAPIType.NULL)]
         )
+    for body in ("CancelRequest", "TerminateRequest"):
+        fields = _properties(app, body)
+        if "reason" in fields:  # and of an optional string
+            fields["reason"] = Schema(
+                one_of=[
+                    Schema(type=OpenAPIType.STRING, max_length=MAX_REASON_CHARS),
+                    Schema(type=OpenAPIType.NULL),
+                ]
+            )
 
 
 def _spawn_bounds(app: Litestar, max_ttl: float) -> None:
@@ -127,7 +136,10 @@ def _spawn_bounds(app: Litestar, max_ttl: float) -> None:
 
 
 # Operations whose body may be left out (Litestar marks every body required).
-_OPTIONAL_BODIES = (("/v1/sessions/{session_id}/cancel", "post"),)
+_OPTIONAL_BODIES = (
+    ("/v1/sessions/{session_id}/cancel", "post"),
+    ("/v1/sessions/{session_id}/terminate", "post"),
+)
 
 
 def _optional_bodies(app: Litestar) -> None:

@@ -76,6 +76,7 @@ async def node_status(state: State) -> NodeStatus:
         state="closing" if node.closed else "open",
         uptime_s=node.clock.time() - state.started_at,
         agents=sorted(node.agents),
+        skills=node.skills,
         sessions=by_state,
         stats=stats,
         config=settings_of(node.config),

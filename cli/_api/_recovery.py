@@ -100,7 +100,8 @@ def recovery(state: State) -> RecoveryView:
     "/recovery/release", tags=["recovery"], status_code=200, responses=ERRORS, sync_to_thread=True
 )
 def release(state: State) -> Released:
-    """Run what a held replay kept back (the node had kept crashing)."""
+    """Run what a held replay kept back (the node had kept crashing), and retry
+    at once the Main cycles a store refusal kept."""
     return Released(released=node_of(state).release_replay())
 
 

@@ -29,6 +29,7 @@ from sessiontree.cli._wire import (
     SessionPage,
     SessionView,
     Spawn,
+    TerminateRequest,
     TreeView,
     WaitResult,
     session_view,
@@ -48,7 +49,11 @@ from sessiontree.supervision import Node
 __all__ = ["SESSION_ROUTES"]
 
 MAX_PAGE = 1000
-_CANCEL_BODY = "Optional: this cancel's grace in seconds (absent: the node's grace)."
+_CANCEL_BODY = (
+    "Optional: this cancel's grace in seconds (absent: the node's grace) and its reason "
+    "(who or why: on the subtree's cancel_requested events and in their results' error detail)."
+)
+_TERMINATE_BODY = "Optional: the reason (who or why), recorded as a cancel's is."
 # a created_at as Python's repr writes it (maybe with an exponent), "_", a session id
 _CURSOR = (
     r"^[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,3})?"
@@ -119,6 +124,10 @@ async def list_sessions(
     session_state: Annotated[SessionState | None, QueryParameter(name="state")] = None,
     kind: Annotated[SessionKind | None, QueryParameter()] = None,
     agent: Annotated[str | None, QueryParameter(max_length=128)] = None,
+    skill: Annotated[
+        str | None,
+        QueryParameter(max_length=128, description="Only sessions this skill runs."),
+    ] = None,
     key: Annotated[str | None, QueryParameter(max_length=1024)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 100,
     cursor: Annotated[str | None, QueryParameter(pattern=_CURSOR)] = None,
@@ -145,7 +154,7 @@ async def list_sessions(
         ),
     ] = False,
 ) -> SessionPage:
-    """Sessions oldest first, filtered by state, kind, agent, key, id prefix
+    """Sessions oldest first, filtered by state, kind, agent, skill, key, id prefix
     and marks (``stuck=true``, ``wedged=true``); paginated: ``limit`` items,
     and ``next_cursor`` (null on the last page) to pass as ``cursor`` for
     the next, in a stable order (created_at, then id).
@@ -157,6 +166,7 @@ async def list_sessions(
         info
         for info in await _candidates(node, session_state, kind, {"stuck": stuck, "wedged": wedged})
         if (agent is None or info.agent_id == agent)
+        and (skill is None or info.skill == skill)
         and (key is None or info.key == key)
         and (prefix is None or str(info.session_id).startswith(prefix))
         and (after is None or _sort_key(info) > after)
@@ -269,19 +279,25 @@ async def cancel_session(
     ``invalid_transition``; a second cancel of one still stopping may bring
     its deadline closer, never push it back."""
     node = node_of(state)
-    grace = data.grace if data is not None else None
-    refuse(await node.acancel(session_id, grace), session_id)
+    grace, reason = (None, None) if data is None else (data.grace, data.reason)
+    refuse(await node.acancel(session_id, grace, reason=reason), session_id)
     return await _view(node, session_id)
 
 
 @post("/sessions/{session_id:uuid}/terminate", tags=["sessions"], status_code=202, responses=ERRORS)
-async def terminate_session(state: State, session_id: Sid) -> SessionView:
+async def terminate_session(
+    state: State,
+    session_id: Sid,
+    data: Annotated[TerminateRequest | None, Body(description=_TERMINATE_BODY)] = None,
+) -> SessionView:
     """Terminate a session and its subtree at once: a cancel with no grace;
     what still runs ends ``cancelled`` with ``terminated_by_force``.
 
+    The optional body ``{"reason": TEXT}`` is recorded as a cancel's is.
     A session that already ended is a 409 ``invalid_transition``."""
     node = node_of(state)
-    refuse(await node.aterminate(session_id), session_id)
+    reason = None if data is None else data.reason
+    refuse(await node.aterminate(session_id, reason=reason), session_id)
     return await _view(node, session_id)
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from sessiontree.cli._standin._chat import ChatHandler
-from sessiontree.cli._standin._http import (
+from sessiontree.testing._chat import ChatHandler
+from sessiontree.testing._http import (
     CREATED,
     HOST,
     ClientGoneError,
@@ -28,8 +28,8 @@ from sessiontree.cli._standin._http import (
     send_error,
     send_json,
 )
-from sessiontree.cli._standin._ledger import Ledger
-from sessiontree.cli._standin._script import Fault, FaultKind, Reply, StandinStats
+from sessiontree.testing._ledger import Ledger
+from sessiontree.testing._script import Fault, FaultKind, Reply, StandinStats
 
 _START_TIMEOUT = 10.0  # seconds start() waits for the server thread to listen
 _CLOSE_TIMEOUT = 10.0  # seconds close() waits for the server thread to end
@@ -153,6 +153,34 @@ class StandinServer:
         fault = Fault(FaultKind(kind), retry_after, delay, chunk_delay, after_chunks)
         self._ledger.queue_faults(fault, times)
 
+    def hold(self) -> None:
+        """From now on, hold every chat request once it is received (counted in
+        ``requests_received``) and answer it only after ``release``: calls in
+        flight for exactly as long as a test needs. ``close`` ends held ones."""
+        self._set_gate(open_=False)
+
+    def release(self) -> None:
+        """Answer the held requests, and every later one at once."""
+        self._set_gate(open_=True)
+
+    def _set_gate(self, *, open_: bool) -> None:
+        """Open or close the gate on the server's loop, and return once it is."""
+        loop, gate = self._loop, self._chat.gate
+        if loop is None or gate is None:
+            raise RuntimeError("StandinServer is not running")
+        done = threading.Event()
+
+        def apply() -> None:
+            if open_:
+                gate.set()
+            else:
+                gate.clear()
+            done.set()
+
+        loop.call_soon_threadsafe(apply)
+        if not done.wait(_START_TIMEOUT):
+            raise RuntimeError("StandinServer did not take the hold or release in time")
+
     # --- observing -----------------------------------------------------------------
 
     def stats(self) -> StandinStats:
@@ -216,6 +244,8 @@ class StandinServer:
     async def _serve(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = stopping = asyncio.Event()
+        self._chat.gate = asyncio.Event()
+        self._chat.gate.set()
         transports: set[asyncio.Transport] = set()
 
         def connection() -> asyncio.Protocol:
@@ -292,7 +322,7 @@ class StandinServer:
             self._ledger.count(disconnects=1)
             return False
         finally:
-            conn.stop_watching()
+            await conn.unwatch()
         return keep and request.keep_alive and not conn.dirty
 
     async def _route(self, conn: Conn, request: Request) -> bool:

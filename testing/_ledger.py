@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sessiontree.cli._standin._script import Fault, Reply, StandinStats
+from sessiontree.testing._script import Fault, Reply, StandinStats
 
 
 class Ledger:

@@ -9,12 +9,13 @@ mid-reply raises ``ClientGoneError`` with nothing counted served.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sessiontree.cli._standin._http import (
+from sessiontree.testing._http import (
     CREATED,
     STREAM_HEADERS,
     ClientGoneError,
@@ -26,8 +27,8 @@ from sessiontree.cli._standin._http import (
     send_raw,
     write,
 )
-from sessiontree.cli._standin._ledger import Ledger
-from sessiontree.cli._standin._script import (
+from sessiontree.testing._ledger import Ledger
+from sessiontree.testing._script import (
     Fault,
     FaultKind,
     Reply,
@@ -59,6 +60,9 @@ class ChatHandler:
     def __init__(self, ledger: Ledger, words_per_chunk: int) -> None:
         self._ledger = ledger
         self._words_per_chunk = words_per_chunk
+        # set while requests may be answered (``StandinServer.hold``); made on the
+        # server's loop, which alone touches it
+        self.gate: asyncio.Event | None = None
 
     async def handle(self, conn: Conn, request: Request) -> bool:
         """Answer one chat request; False if the connection must close. Raises
@@ -72,6 +76,9 @@ class ChatHandler:
                 400, f"request body is not valid JSON: {err}", code="invalid_json"
             ) from err
         self._ledger.receive(body)
+        gate = self.gate
+        if gate is not None and not gate.is_set():  # held: received, not yet answered
+            await gate.wait()
         messages, model, stream, include_usage, limit = _validate(body)
         fault = self._take_fault(request.headers.get("x-standin-fault"))
         kind = fault.kind if fault else None

@@ -138,6 +138,17 @@ class Conn:
             self.eof.cancel()
             self.eof = None
 
+    async def unwatch(self) -> None:
+        """``stop_watching``, and wait until the watching read has let go of the
+        reader: the next request's read would otherwise find it still waiting
+        ("readuntil() called while another coroutine is already waiting")."""
+        eof, self.eof = self.eof, None
+        if eof is None:
+            return
+        eof.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+            await eof
+
 
 async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request | None:
     """The next request, or None at a clean end of the connection; raises

@@ -1,4 +1,6 @@
-"""A local stand-in for an OpenAI-compatible chat model, over real sockets.
+"""``sessiontree.testing``: a local stand-in for an OpenAI-compatible chat
+model, over real sockets, for an application's tests and for trying
+sessiontree offline (``sessiontree standin`` runs one from the shell).
 
 ``StandinServer`` is a real HTTP/1.1 server on 127.0.0.1 that speaks the
 chat-completions API (``POST /v1/chat/completions``, ``GET /v1/models``), so
@@ -58,7 +60,8 @@ Only 127.0.0.1 is served. Bodies over ``max_body_bytes`` get 413; invalid
 JSON and bad fields get 400 with an OpenAI-style error body
 (``{"error": {"message", "type", "param", "code"}}``); other paths 404.
 
-The package, one concern a module:
+It needs the standard library alone (it imports nothing of sessiontree, so
+any test suite can use it). The package, one concern a module:
 
 - ``_script``: token counting, ``ToolCall``, ``Reply``, ``FaultKind``,
   ``Fault``, ``StandinStats`` (plain data, any thread)
@@ -72,7 +75,7 @@ The package, one concern a module:
   routing
 """
 
-from sessiontree.cli._standin._script import (
+from sessiontree.testing._script import (
     Fault,
     FaultKind,
     Reply,
@@ -82,7 +85,7 @@ from sessiontree.cli._standin._script import (
     count_tokens,
     prompt_tokens,
 )
-from sessiontree.cli._standin._server import StandinServer
+from sessiontree.testing._server import StandinServer
 
 __all__ = [
     "Fault",
