@@ -267,6 +267,11 @@ class CallRecord(msgspec.Struct, kw_only=True):
     ask: Usage
     reserved_at: float
 
+    def __post_init__(self) -> None:
+        if not self.chain or self.chain[0] != self.session_id:
+            msg = "a call's chain starts with its own session"
+            raise ValueError(msg)
+
 
 class MetaRecord(msgspec.Struct, kw_only=True):
     """The store's identity: the schema version it was written with and its node."""
@@ -304,6 +309,7 @@ _KEY_OF: dict[type[Any], Callable[[Any, bytes], bytes]] = {
     MessageRecord: lambda r, _k: pair_key(r.session_id, r.message.id),
     MemoryRecord: lambda r, _k: memory_key(r.agent_id, r.key),
     UsageRecord: lambda r, _k: r.session_id.bytes,
+    CallRecord: lambda r, _k: pair_key(r.session_id, r.call_id),
     QuarantineRecord: lambda r, _k: quarantine_key(r.db, r.key),
 }
 

@@ -343,25 +343,28 @@ class Store:
         return self._reads.get(UsageRecord, "usage", session_id.bytes)
 
     def calls(self) -> list[CallRecord]:
-        """Every model call in flight as the store knows it (unreadable records
-        skipped and logged)."""
-        return list(self._reads.readable(CallRecord, "calls"))
+        """Every model call in flight as the store knows it;
+        ``CorruptRecordError`` at the first record that does not decode."""
+        return list(self._reads.every(CallRecord, "calls"))
 
-    def settle_lost_calls(self) -> list[CallRecord]:
-        """Count every call a stopped node left in flight at the worst case it
-        reserved (``CallRecord``): in its session's own usage and in the
-        subtree usage of every session of its chain, in one commit that also
-        drops the call records. For a node's start-up, before anything else
-        writes; returns the calls counted. The store's error if the write fails
+    def settle_lost_calls(self, lost: list[CallRecord]) -> None:
+        """Count the calls a stopped node left in flight (``lost``, read from
+        ``calls``) at the worst case each reserved: in its session's own usage
+        and in the subtree usage of every session of its chain, in one commit
+        that also drops their records. For a node's start-up, before anything
+        else writes. A usage record that does not decode is left as it is (the
+        start-up quarantines it). The store's error if the write fails
         (nothing counted)."""
-        lost = self.calls()
         if not lost:
-            return lost
+            return
         changed: dict[uuid.UUID, UsageRecord] = {}
         batch = WriteBatch()
         for call in lost:
             for i, session_id in enumerate(call.chain):
-                record = changed.get(session_id) or self.usage(session_id)
+                try:
+                    record = changed.get(session_id) or self.usage(session_id)
+                except CorruptRecordError:
+                    continue
                 if record is None:
                     record = UsageRecord(session_id=session_id, own=Usage(), subtree=Usage())
                 changed[session_id] = UsageRecord(
@@ -373,7 +376,6 @@ class Store:
         for record in changed.values():
             batch.usage(record)
         self.write(batch)
-        return lost
 
     def cycle(self, session_id: uuid.UUID) -> CycleRecord | None:
         """The cycle a Main started and has not snapshotted, or None;

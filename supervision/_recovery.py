@@ -51,6 +51,7 @@ from sessiontree.protocol import (
     Usage,
 )
 from sessiontree.store import (
+    CallRecord,
     CycleRecord,
     InboxRecord,
     OutboxRecord,
@@ -128,6 +129,17 @@ class _Recovery:
         self.back: set[uuid.UUID] = set()  # sessions that come back after this restart
         self.cycles: dict[uuid.UUID, CycleRecord] = {}  # a Main's cycle in flight at the crash
         self.set_aside: set[tuple[str, bytes]] = set()  # (db, key) quarantined in this batch
+
+    def lost_calls(self) -> list[CallRecord]:
+        """The model calls the stopped node left in flight (``CallRecord``); one
+        that does not decode is quarantined (its chain unknown, it counts nowhere)."""
+        lost = []
+        for key, raw in self.store.scan("calls"):
+            try:
+                lost.append(decode_record(CallRecord, raw, db="calls", key=key))
+            except CorruptRecordError as exc:
+                self.quarantine("calls", exc, raw)
+        return lost
 
     def quarantine(self, db: str, error: CorruptRecordError, raw: bytes) -> None:
         """Move the value aside in this recovery's batch (once per entry: a later
@@ -441,7 +453,8 @@ class _Recovery:
     def run(self) -> Recovered:
         # First: what the sessions spent, with the calls a crash left in flight
         # counted at their worst case, is what the endings below report.
-        lost = self.store.settle_lost_calls()
+        lost = self.lost_calls()
+        self.store.settle_lost_calls(lost)
         if lost:
             self.figures["lost_calls"] = len(lost)
             log.warning(

@@ -34,6 +34,7 @@ from sessiontree.protocol import (
     Usage,
 )
 from sessiontree.store import (
+    CallRecord,
     ContextEntry,
     ContextRecord,
     CycleRecord,
@@ -271,6 +272,15 @@ def build(path: Path) -> type[Ids]:
     own = Usage(prompt_tokens=10, completion_tokens=5, cost=0.25, calls=1, descendants=4)
     batch.usage(UsageRecord(session_id=ids.main, own=own, subtree=own))
     batch.usage(UsageRecord(session_id=ids.parked, own=Usage(), subtree=Usage(descendants=1)))
+    batch.call(  # a model call the worker had in flight when its node stopped
+        CallRecord(
+            session_id=ids.worker,
+            call_id=_id(0xCA11),
+            chain=(ids.worker, ids.parked, ids.main),
+            ask=Usage(prompt_tokens=40, completion_tokens=16, calls=1),
+            reserved_at=T0 + 3,
+        )
+    )
     batch.quarantine(
         QuarantineRecord(
             db="sessions", key=_id(0x999).bytes, raw=b"\xc1 not msgpack", reason="old damage", at=T0

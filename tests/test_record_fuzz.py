@@ -56,7 +56,18 @@ FLIPS = 8  # per stored value: half whole bytes, half single bits
 #: What a node start reads, and so quarantines when it does not decode (the
 #: meta record on opening the store, the rest in recovery).
 START_READS = frozenset(
-    {"sessions", "mains", "outbox", "received", "inbox", "meta", "usage", "cycles", "wedged"}
+    {
+        "sessions",
+        "mains",
+        "outbox",
+        "received",
+        "inbox",
+        "meta",
+        "usage",
+        "cycles",
+        "wedged",
+        "calls",
+    }
 )
 SESSIONS = (IDS.main, IDS.done, IDS.parked, IDS.worker, IDS.owed)
 MAIN = str(IDS.main)
@@ -133,6 +144,7 @@ TEMPLATE_DBS = (
     "cycles",
     "wedged",
     "recordings",
+    "calls",
 )
 
 
@@ -172,6 +184,7 @@ def _read_everything(store: Store) -> int:
         store.recordings,
         store.quarantine_list,
         store.starts,
+        store.calls,
         lambda: store.main_of("assistant", "internal:main:main"),
         lambda: store.memory("assistant", "facts"),
         lambda: store.memory_by_id("mem-1"),
