@@ -54,6 +54,7 @@ class ErrorCode(enum.StrEnum):
     WEDGED = "wedged"
     NODE_CLOSED = "node_closed"
     REJECTED_INPUT = "rejected_input"
+    NOT_FOUND = "not_found"
     NOT_ALLOWED = "not_allowed"
     STORE_FULL = "store_full"
     STORE_FAILED = "store_failed"

@@ -329,8 +329,27 @@ def test_bad_query_parameters_name_the_parameter(api: tuple[Client, Node]) -> No
 
 def test_unknown_routes_and_methods_get_the_error_body(api: tuple[Client, Node]) -> None:
     client, _ = api
-    assert error_of(client.get("/v2/anything"), 404)["code"] == "rejected_input"
+    assert error_of(client.get("/v2/anything"), 404)["code"] == "not_found"
+    assert error_of(client.get("/v1/sessions/x/nothing/here"), 404)["field"] == "session_id"
     assert error_of(client.delete("/v1/sessions"), 405)["code"] == "rejected_input"
+
+
+def test_an_id_that_is_not_one_is_a_404_naming_its_field(api: tuple[Client, Node]) -> None:
+    client, _ = api
+    for method, path, field in [
+        ("GET", "/v1/sessions/not-a-uuid", "session_id"),
+        ("GET", "/v1/sessions/123/tree", "session_id"),
+        ("POST", "/v1/sessions/abc/cancel", "session_id"),
+        ("GET", "/v1/sessions/abc/conversation/branches", "session_id"),
+        ("GET", "/v1/wedged/zzz", "wedged_id"),
+    ]:
+        error = error_of(client.request(method, path), 404)
+        assert error["code"] == "unknown_session", path
+        assert error["field"] == field, path
+        assert "not an id" in error["message"], path
+    error = error_of(client.get("/v1/nothing-here"), 404)
+    assert error["code"] == "not_found"
+    assert error["message"] == "no route /v1/nothing-here"
 
 
 def test_an_unknown_agent_is_a_404_naming_the_field(api: tuple[Client, Node]) -> None:

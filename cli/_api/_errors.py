@@ -11,6 +11,7 @@ answered 500 ``internal_error`` without a word of the exception's text.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from typing import Any
@@ -172,16 +173,43 @@ def _http_error(request: Request[Any, Any, State], exc: HTTPException) -> Respon
     elif status == 413:
         count_rejected(request, "too_large")
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    code = ErrorCode.NODE_CLOSED if status == 503 else ErrorCode.REJECTED_INPUT
     if status == 413:
         detail = f"the request body is over the cap of {request.app.state.max_body} bytes"
-    elif status in (404, 405) and field is None:
+    elif status == 404 and field is None:
+        code, field, detail = _not_found(request.url.path)
+    elif status == 405 and field is None:
         detail = f"{detail}: {request.method} {request.url.path}"
     message = detail if field is None else f"{detail}: {field}"
     if isinstance(exc.extra, list) and exc.extra and isinstance(exc.extra[0], dict):
         message = f"{message} ({exc.extra[0].get('message', '')})"
-    code = ErrorCode.NODE_CLOSED if status == 503 else ErrorCode.REJECTED_INPUT
     # keep the framework's headers: a 405 must say what is Allowed (RFC 9110)
     return _body(status, ApiError(code=code, message=message, field=field), exc.headers)
+
+
+#: Path segments an id follows, and the code and field a malformed one is answered with.
+_ID_AFTER = {
+    "sessions": (ErrorCode.UNKNOWN_SESSION, "session_id"),
+    "wedged": (ErrorCode.UNKNOWN_SESSION, "wedged_id"),
+}
+
+
+def _not_found(path: str) -> tuple[ErrorCode, str | None, str]:
+    """What a 404 the router gave means: an id that is not one, where a session's
+    (or a held-back item's) goes, is ``unknown_session`` naming its field;
+    anything else is a route that does not exist (``not_found``)."""
+    parts = path.strip("/").split("/")
+    if parts[0] != "v1":
+        return ErrorCode.NOT_FOUND, None, f"no route {path[:200]}"
+    for before, segment in itertools.pairwise(parts):
+        known = _ID_AFTER.get(before)
+        if known is not None:
+            try:
+                uuid.UUID(segment)
+            except ValueError:
+                code, field = known
+                return code, field, f"not an id: {segment[:64]!r}"
+    return ErrorCode.NOT_FOUND, None, f"no route {path[:200]}"
 
 
 def _unexpected(_: Request[Any, Any, State], exc: Exception) -> Response[ErrorBody]:
