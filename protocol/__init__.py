@@ -72,7 +72,7 @@ from sessiontree.protocol._errors import (
     UnknownSessionError,
 )
 from sessiontree.protocol._ids import SCOPES, SessionId, SessionKey, new_session_id
-from sessiontree.protocol._json import as_json, check_text
+from sessiontree.protocol._json import MAX_MESSAGE_CHARS, as_json, check_message, check_text
 from sessiontree.protocol._messages import (
     CancelCmd,
     ControlMessage,
@@ -137,6 +137,7 @@ __all__ = [
     "MAX_CONTROL_BYTES",
     "MAX_INPUT_BYTES",
     "MAX_INPUT_NESTING",
+    "MAX_MESSAGE_CHARS",
     "MAX_NESTING",
     "MAX_REASON_CHARS",
     "MAX_TASK_CHARS",
@@ -221,6 +222,7 @@ __all__ = [
     "Usage",
     "as_json",
     "chat_message",
+    "check_message",
     "check_text",
     "child_traceparent",
     "decode_control",

@@ -9,7 +9,13 @@ import msgspec
 from sessiontree.protocol._conversation import MAX_CONTENT_BYTES
 from sessiontree.protocol._errors import RejectedInputError
 
-__all__ = ["as_json", "check_text"]
+__all__ = ["MAX_MESSAGE_CHARS", "as_json", "check_message", "check_text"]
+
+#: A Main's inbound message, in characters (a structured message: of its JSON
+#: text), named as a spawn's task is (``MAX_TASK_CHARS``, a quarter of it): a
+#: message may carry a pasted document, and at most 4 bytes a character it
+#: still fits a conversation message's content (``MAX_CONTENT_BYTES``).
+MAX_MESSAGE_CHARS = 1 << 18
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -31,6 +37,25 @@ def as_json(name: str, value: Any) -> Any:
         msg = f"{name} is {len(encoded)} bytes encoded; at most {MAX_CONTENT_BYTES}"
         raise RejectedInputError(msg, field=name)
     return msgspec.json.decode(encoded)
+
+
+def check_message(message: Any) -> None:
+    """``RejectedInputError`` naming ``message`` when it is over
+    ``MAX_MESSAGE_CHARS``. A value JSON cannot hold is left to whatever keeps it
+    (an embedding's own object, on a node without a store)."""
+    if type(message) is str:
+        size = len(message)
+    else:
+        try:
+            encoded = _ENCODER.encode(message)
+        except (TypeError, msgspec.EncodeError, RecursionError, UnicodeEncodeError):
+            return
+        size = len(encoded)
+        if size > MAX_MESSAGE_CHARS:  # bytes; the characters may be fewer
+            size = len(encoded.decode())
+    if size > MAX_MESSAGE_CHARS:
+        msg = f"a message is at most {MAX_MESSAGE_CHARS} characters; this one is {size}"
+        raise RejectedInputError(msg, field="message")
 
 
 def check_text(text: str, field: str) -> None:

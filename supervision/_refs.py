@@ -31,6 +31,7 @@ from sessiontree.protocol import (
     SessionState,
     SpawnSpec,
     Spending,
+    check_message,
     make_spec,
     parse_traceparent,
     spawn_batch,
@@ -378,6 +379,7 @@ class NodeSessions(NodeBase):
                 self._parts.contexts.fork_point(info, spec)
 
     def _send_request(self, session_id: SessionIdLike, message: Any, trace: str | None) -> Send:
+        check_message(message)
         if self.config.tracing is not None:
             trace = caller_traceparent() if trace is None else parse_traceparent(trace)
         else:

@@ -14,6 +14,7 @@ from litestar.testing import TestClient
 from sessiontree.actors import VirtualClock
 from sessiontree.cli._agents import builtin_agents
 from sessiontree.cli._api import create_app
+from sessiontree.protocol import MAX_MESSAGE_CHARS, RejectedInputError
 from sessiontree.supervision import Agent, Node
 from tests._fakes import FakeMetrics
 from tests.conftest import settle
@@ -499,3 +500,24 @@ def test_tree_html_in_a_chat_answers_with_the_pages_address(api: tuple[Client, N
     assert page.headers["content-type"].startswith("text/html")
     text = client.post("/v1/route", json=inbound("/tree text")).json()["reply"]
     assert "content" in text["data"]  # other formats still answer with the tree
+
+
+def test_a_message_is_capped_as_a_task_is(
+    make_node: Callable[..., Node], metrics: FakeMetrics
+) -> None:
+    node = make_node(*agents(), grace=5.0)
+    app = create_app(node, metrics, max_wait=0.2)  # the default body cap: 1 MiB
+    long = "x" * (MAX_MESSAGE_CHARS + 1)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        main = main_of(client)
+        error = error_of(client.post(f"/v1/sessions/{main}/messages", json={"message": long}), 400)
+        assert error["code"] == "rejected_input"
+        assert error["field"] == "message"
+        structured = {"text": "y" * MAX_MESSAGE_CHARS}  # its JSON text is over the cap
+        refused = client.post(f"/v1/sessions/{main}/messages", json={"message": structured})
+        assert error_of(refused, 400)["field"] == "message"
+        fits = {"message": "x" * MAX_MESSAGE_CHARS}
+        assert client.post(f"/v1/sessions/{main}/messages", json=fits).status_code == 202
+    with pytest.raises(RejectedInputError) as raised:
+        node.send(main, long)
+    assert raised.value.field == "message"
