@@ -118,6 +118,10 @@ class Ledger:
         """What the budget counts: the subtree's usage (a Main's, this cycle's)."""
         return self.subtree - self.window
 
+    def committed(self) -> Usage:
+        """What is counted and what calls in flight hold: where the soft threshold is read."""
+        return self.subtree - self.window + self.reserved
+
 
 @dataclass(frozen=True, slots=True)
 class Reserved:

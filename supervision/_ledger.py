@@ -102,7 +102,7 @@ class Ledgers:
         for entry in _chain(parent):
             ledger = entry.ledger
             if ledger is not None and ledger.budget is not None:
-                before = ledger.counted()
+                before = ledger.committed()
                 ledger.subtree = ledger.subtree + ONE_SPAWN
                 self._warn_if_crossed(entry, ledger, before)
                 counted.append(entry)
@@ -166,7 +166,10 @@ class Ledgers:
                 return self._refuse(holder, ledger, dimension)
         for holder in chain:
             ledger = self._ledger(holder)
+            before = ledger.committed()
             ledger.reserved = ledger.reserved + ask
+            if ledger.budget is not None:  # announced as it is reserved: before the limit
+                self._warn_if_crossed(holder, ledger, before)
         return Reserved(ask, cap, tuple(e.session_id for e in chain))
 
     def settle(self, reserved: Reserved, used: Usage) -> list[TreeEntry]:
@@ -186,7 +189,7 @@ class Ledgers:
             ledger = self._ledger(holder)
             if i == 0:
                 ledger.own = ledger.own + used
-            before = ledger.counted()
+            before = ledger.committed()
             ledger.reserved = ledger.reserved - reserved.ask
             ledger.subtree = ledger.subtree + used
             if ledger.budget is not None:
@@ -234,10 +237,13 @@ class Ledgers:
             self.cancelling.cancel_group(group, ErrorCode.BUDGET_EXHAUSTED)
 
     def _warn_if_crossed(self, entry: TreeEntry, ledger: Ledger, before: Usage) -> None:
+        """The soft threshold, announced once: it counts what is used and what
+        is reserved (``committed``), as "fits" does, so a fan-out launched at
+        once hears it as its calls are reserved, before the hard limit refuses one."""
         assert ledger.budget is not None
         if ledger.warned:
             return
-        dimension = crossed_soft(ledger.budget, before, ledger.counted())
+        dimension = crossed_soft(ledger.budget, before, ledger.committed())
         if dimension is not None:
             ledger.warned = True
             self.tree.rt.counters["budget_warnings"] += 1

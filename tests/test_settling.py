@@ -474,3 +474,23 @@ def test_the_settled_figures_reach_the_event_stream(node: Node, server: StandinS
     mine = [m for m in settled if m["session_id"] == str(result.session_id)]
     assert len(mine) == 1  # once
     assert mine[0]["data"]["subtree_usage"]["calls"] == spending.subtree_usage.calls == 5
+
+
+def test_the_soft_warning_comes_before_the_hard_limit_while_calls_are_out(
+    node: Node, server: StandinServer
+) -> None:
+    watch = Watch(node)
+    server.hold()  # no call settles before the limit is reached: reservations alone
+    spawned = node.main("agent").spawn(kind="branch", skill="quick", budget=Budget(calls=5))
+    assert spawned.ref is not None
+    result = spawned.ref.wait(WAIT)
+    assert result is not None
+    server.release()
+    final(node, watch, result)
+    kinds = [
+        e.kind
+        for e in watch.events
+        if e.session_id == result.session_id
+        and e.kind in (EventKind.BUDGET_WARNING, EventKind.BUDGET_EXHAUSTED)
+    ]
+    assert kinds == [EventKind.BUDGET_WARNING, EventKind.BUDGET_EXHAUSTED]
