@@ -101,9 +101,10 @@ def transcript(node: Node, main: Any) -> list[tuple[str, Any]]:
     return [(m.role.value, m.content) for m in conversation.context(100)]
 
 
-def inbox(store: Store, main: Any) -> list[Any]:
+def inbox(store: Store, main: Any) -> list[tuple[bytes, bytes]]:
+    """The Main's stored inbox entries: (key, raw record)."""
     store.flush()
-    return [record for _, record in store.scan("inbox", main.session_id.bytes)]
+    return list(store.scan("inbox", main.session_id.bytes))
 
 
 def test_a_refused_cycle_keeps_its_message_and_runs_once_the_store_takes_writes(
@@ -141,7 +142,7 @@ def test_a_refused_cycle_keeps_its_message_and_runs_once_the_store_takes_writes(
     refusals = [r for r in caplog.records if "refused a write" in r.getMessage()]
     assert len(refusals) == 1, caplog.text
     assert "--map-size" in refusals[0].getMessage()
-    assert "fill" in [record_message(raw) for raw in inbox(store, main)]
+    assert "fill" in [record_message(key, raw) for key, raw in inbox(store, main)]
     assert node.get(main).state.value == "active"
     # the working context is as the cycle found it
     assert [m.content for m in node.inspect(main, lambda core: core.context.messages)] == []
@@ -159,10 +160,10 @@ def test_a_refused_cycle_keeps_its_message_and_runs_once_the_store_takes_writes(
     assert noted.count("noted fill") == 1
 
 
-def record_message(raw: bytes) -> Any:
+def record_message(key: bytes, raw: bytes) -> Any:
     from sessiontree.store import InboxRecord, decode_record  # noqa: PLC0415
 
-    return decode_record(InboxRecord, raw, db="inbox", key=b"").message
+    return decode_record(InboxRecord, raw, db="inbox", key=key).message
 
 
 def test_messages_behind_a_kept_one_wait_and_run_after_it_in_order(
