@@ -27,6 +27,7 @@ MAX_BUDGET_COST = 1e12  # in the price table's currency
 Count = Annotated[float, msgspec.Meta(ge=0, le=MAX_BUDGET_COUNT, multiple_of=1)]
 Cost = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_BUDGET_COST)]
 Fraction = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+Tally = Annotated[int, msgspec.Meta(ge=0)]  # a usage figure, as decoded
 
 #: Costs are kept to a billionth of the price table's currency (a nano-dollar
 #: for a table in dollars) and added as integers of that unit, so what is
@@ -49,14 +50,17 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     ``cost`` is a number of the currency kept to ``1 / COST_UNIT`` of it:
     ``+`` and ``-`` add it as whole units (``cost_units``), so sums are exact
-    and a reservation settled is exactly zero."""
+    and a reservation settled is exactly zero.
 
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost: float = 0.0
-    calls: int = 0
-    descendants: int = 0
-    unpriced_calls: int = 0  # calls to a model the price table does not name
+    Decoding refuses a negative figure and a NaN or infinite cost (a damaged
+    record is corrupt, never a figure that fails the arithmetic later)."""
+
+    prompt_tokens: Tally = 0
+    completion_tokens: Tally = 0
+    cost: Cost = 0.0
+    calls: Tally = 0
+    descendants: Tally = 0
+    unpriced_calls: Tally = 0  # calls to a model the price table does not name
 
     @property
     def tokens(self) -> int:

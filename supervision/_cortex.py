@@ -18,6 +18,7 @@ instead of running headless.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 from typing import Any
 
@@ -39,10 +40,12 @@ from sessiontree.supervision import _queries as queries
 from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._commits import Commits, answer_written, store_error
 from sessiontree.supervision._endings import Endings
+from sessiontree.supervision._entry import Reserved, TreeEntry
 from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._ledger import Ledgers
 from sessiontree.supervision._messages import Messages
 from sessiontree.supervision._periodic import Periodic
+from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._reports import (
     AfterWrite,
     ChildUpdate,
@@ -397,7 +400,18 @@ class Cortex:
         traced node, emitted for its span."""
         reserved, traced = settle.reserved, settle.traced
         counted = self.ledgers.settle(reserved, settle.used)
-        written = self.rt.persist.usage(counted, settled=reserved)
+        persist = self.rt.persist
+        written = persist.usage(counted, settled=reserved)
+        if written is not None:  # told only when it failed (a hop per settle cost more)
+            ref, activity = self.commits.ref, self.rt.activity
+
+            def refused(finished: concurrent.futures.Future[None]) -> None:
+                error = finished.exception()
+                if error is not None and ref is not None:
+                    then = functools.partial(_settle_refused, persist, counted, reserved)
+                    post(ref, AfterWrite(then, error), activity)
+
+            written.add_done_callback(refused)
         if traced is not None:
             entry = self.tree.entries.get(reserved.chain[0])
             self.tree.emit(EventKind.MODEL_CALL, entry, data=traced, at=traced["ended_at"])
@@ -459,3 +473,11 @@ class Cortex:
             Event(kind=EventKind.NODE_FAILED, at=tree.now(), data={"error": repr(error)})
         )
         self.rt.on_failed(error)
+
+
+def _settle_refused(
+    persist: Persister, counted: list[TreeEntry], reserved: Reserved, error: BaseException | None
+) -> None:
+    """On the Cortex thread: a settle's write failed; it goes again with the next."""
+    if error is not None:
+        persist.settle_refused(counted, reserved)

@@ -28,7 +28,7 @@ from sessiontree.actors import TimerHandle
 from sessiontree.actors.runtime import Passivate, post
 from sessiontree.protocol import SessionState
 from sessiontree.store import SessionRecord
-from sessiontree.supervision._entry import TreeEntry, with_state
+from sessiontree.supervision._entry import TreeEntry, unsettled, with_state
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._pressure import MemoryWatch, Step, step
 from sessiontree.supervision._reports import Idle, Tick
@@ -194,7 +194,8 @@ class Periodic:
 
 def passivable(entry: TreeEntry) -> bool:
     """Whether a Main may be written out and its actor stopped: active, idle,
-    nothing owed to it or in flight, its creation durable."""
+    nothing owed to it or in flight (a model call below it included), its
+    creation durable."""
     core = entry.core
     return (
         entry.state is SessionState.ACTIVE
@@ -208,4 +209,5 @@ def passivable(entry: TreeEntry) -> bool:
         and not entry.waiters
         and not entry.receipts
         and not entry.unconsumed
+        and not unsettled(entry)  # a call below it still to settle into its ledger
     )

@@ -94,6 +94,8 @@ class Persister:
         self._open: WriteBatch | None = None
         self.shared: Future | None = None
         """While a batch is open: the one future every write submitted returns."""
+        # settles whose write the store refused: written again with the next one
+        self._unwritten: list[tuple[list[TreeEntry], Reserved]] = []
 
     def open_batch(self) -> None:
         """Until ``close_batch``, every write goes into one batch (one commit, one
@@ -274,12 +276,19 @@ class Persister:
     def usage(self, entries: list[TreeEntry], settled: Reserved | None = None) -> Future | None:
         """What ``entries`` and their subtrees have spent (accounting, whatever
         their kind): after a model call settles (``settled``: its record goes
-        in the same commit), or a spawn under a budget."""
+        in the same commit), or a spawn under a budget. A settle the store
+        refused before (``settle_refused``) goes again in this commit: its
+        call's record must go with usage that counts it, never without."""
         if self.store is None:
             return None
         if settled is None and not entries:
             return None
         batch = self._batch()
+        if self._unwritten:
+            for earlier, call in self._unwritten:
+                batch.call_done(call.chain[0], call.call_id)
+                entries = [*entries, *earlier]
+            self._unwritten = []
         if settled is not None:
             batch.call_done(settled.chain[0], settled.call_id)
         for entry in entries:
@@ -290,6 +299,14 @@ class Persister:
                 )
                 batch.usage(record)
         return self._submit(batch)
+
+    def settle_refused(self, entries: list[TreeEntry], settled: Reserved) -> None:
+        """The store refused a settle's write (``usage(entries, settled)``): its
+        call's record stays until the next usage write, which writes these
+        entries' accounts again with it (a record dropped while the usage it
+        counts was lost would lose the call; one kept beside usage that counts
+        it would count it twice after a restart)."""
+        self._unwritten.append((entries, settled))
 
     def ended(self, entry: TreeEntry, result: SessionResult, now: float) -> Future | None:
         """A terminal state and, in the same batch, the result owed to the parent:

@@ -494,3 +494,62 @@ def test_the_soft_warning_comes_before_the_hard_limit_while_calls_are_out(
         and e.kind in (EventKind.BUDGET_WARNING, EventKind.BUDGET_EXHAUSTED)
     ]
     assert kinds == [EventKind.BUDGET_WARNING, EventKind.BUDGET_EXHAUSTED]
+
+
+async def twice(session: AsyncSession) -> str:
+    """Two model calls, one after the other: what each answered."""
+    answers = []
+    for i in range(2):
+        completion = await session.complete(f"{session.task} {i}")
+        answers.append(completion.text if completion.error is None else completion.error.code)
+    return "|".join(answers)
+
+
+def test_a_settle_the_store_refused_is_written_again_with_the_next(
+    open_node: Callable[..., Node], server: StandinServer, tmp_path: Path
+) -> None:
+    from tests.test_persistence import FailingIO  # noqa: PLC0415 - its failing commits
+
+    io = FailingIO()
+    store = Store(tmp_path / "store", io=io)
+    try:
+        skills = {**SKILLS, "twice": twice}
+        agent = Agent("agent", skills, main_skill="main", models={"small": "m", "large": "m"})
+        node = open_node(store, agent, grace=30.0, providers=(provider(server),))
+        server.hold()
+        spawned = node.main("agent").spawn(kind="worker", skill="twice", task="q")
+        assert spawned.ref is not None
+        assert server.wait_for_requests(1, WAIT)  # its first call is out, on record
+        io.fail_next(1)  # the next commit: that call's settle
+        server.release()
+        result = spawned.ref.wait(WAIT)
+        assert result is not None
+        assert result.summary == "store_failed|echo q 1"  # the reply came; its write did not
+        store.flush()
+        # the second settle wrote the first's usage again and dropped its record:
+        # nothing a restart would count a second time
+        assert store.calls() == []
+        record = store.usage(result.session_id)
+        assert record is not None
+        assert record.own.calls == 2 == server.stats().requests_received
+        node.shutdown(timeout=WAIT)
+    finally:
+        store.close()
+
+
+def test_a_usage_record_with_a_cost_that_is_not_a_number_is_corrupt() -> None:
+    from sessiontree.protocol import CorruptRecordError  # noqa: PLC0415
+    from sessiontree.store import UsageRecord, decode_record  # noqa: PLC0415
+
+    sid = uuid.UUID(int=7)
+    for bad in (float("nan"), float("inf"), -0.5):
+        raw = msgspec.msgpack.encode(
+            {"v": 4, "session_id": str(sid), "own": {"cost": bad}, "subtree": {}}
+        )
+        with pytest.raises(CorruptRecordError):
+            decode_record(UsageRecord, raw, db="usage", key=sid.bytes)
+    negative = msgspec.msgpack.encode(
+        {"v": 4, "session_id": str(sid), "own": {"calls": -1}, "subtree": {}}
+    )
+    with pytest.raises(CorruptRecordError):
+        decode_record(UsageRecord, negative, db="usage", key=sid.bytes)
