@@ -175,20 +175,27 @@ class Endings:
         if entry.unconsumed:
             consumed += entry.unconsumed
             entry.unconsumed = None
+        receipts = list(entry.receipts)  # the snapshot files those it takes
         write = entry.snapshot_write = tree.persist.snapshot(entry, now, consumed=consumed)
-        if write is not None and consumed:
+        filed = [r for r in receipts if not any(r is kept for kept in entry.receipts)]
+        if write is not None and (consumed or filed):
             # told only when it failed (a message to the Cortex per cycle cost more)
-            write.add_done_callback(functools.partial(self._snapshot_settled, entry, consumed))
+            settled = functools.partial(self._snapshot_settled, entry, consumed, filed)
+            write.add_done_callback(settled)
 
     def _snapshot_settled(
-        self, entry: TreeEntry, consumed: list[int], write: concurrent.futures.Future[None]
+        self,
+        entry: TreeEntry,
+        consumed: list[int],
+        filed: list[SessionResult],
+        write: concurrent.futures.Future[None],
     ) -> None:
         """On the writer thread: a Main's snapshot settled; if it failed, the
-        Cortex notes what it consumed for the next one."""
+        Cortex notes what it consumed and filed for the next one."""
         error = write.exception()
         ref = self.tree.ref
         if error is not None and ref is not None:
-            then = functools.partial(_unconsumed, entry, consumed)
+            then = functools.partial(_unconsumed, entry, consumed, filed)
             post(ref, AfterWrite(then, error), self.tree.rt.activity)
 
     def finish(
@@ -450,8 +457,16 @@ def _unwired(entry: TreeEntry) -> None:
     raise AssertionError(msg)
 
 
-def _unconsumed(entry: TreeEntry, consumed: list[int], error: BaseException | None) -> None:
+def _unconsumed(
+    entry: TreeEntry,
+    consumed: list[int],
+    filed: list[SessionResult],
+    error: BaseException | None,
+) -> None:
     """A Main's snapshot was written, or refused: then the messages it consumed
-    are consumed by the next one (they ran; a restart must not run them again)."""
+    are consumed, and the results it filed are filed, by the next one (they
+    ran; a restart must not run them again)."""
     if error is not None and not entry.state.is_terminal:
-        entry.unconsumed = consumed + (entry.unconsumed or [])
+        if consumed:
+            entry.unconsumed = consumed + (entry.unconsumed or [])
+        entry.receipts[:0] = filed
