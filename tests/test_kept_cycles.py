@@ -293,3 +293,34 @@ def test_every_held_main_runs_again_once_the_first_retry_runs_through(
     assert caplog.text.count("the store takes writes again") == 1
     for ref, text in ((one, "fill one"), (two, "fill two")):
         assert transcript(node, ref).count(("assistant", f"reply to {text}")) == 1
+
+
+def test_a_result_whose_cycle_snapshot_is_refused_runs_once_across_a_restart(
+    open_node: Callable[..., Node], io: FullIO, store: Store
+) -> None:
+    runs: list[Any] = []
+
+    def main_skill(session: Any) -> None:
+        message = session.message
+        if isinstance(message, SessionResult):
+            runs.append(message.summary)
+            store.flush()  # what came before (the worker's end) is in
+            io.full.set()  # the cycle ran; its snapshot, filing the result, is refused
+        elif message == "spawn":
+            session.spawn(kind="worker", skill="answers", task="worker done")
+
+    agent = Agent("agent", {"main": main_skill, "answers": answers}, main_skill="main")
+    node = open_node(agent)
+    main = node.main("agent")
+    assert main.send("spawn") is None
+    settle(node)
+    assert runs == ["worker done"]
+    io.full.clear()
+    assert main.send("after") is None  # its snapshot files the result the refused one took
+    settle(node)
+    node.shutdown(timeout=WAIT)
+
+    again = open_node(agent)
+    again.main("agent")
+    settle(again)
+    assert runs == ["worker done"]  # filed once: never delivered a second time
