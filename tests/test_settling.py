@@ -51,6 +51,7 @@ from tests.conftest import WAIT
 from tests.settle_crash_node import AGENT_ID, BRANCH_CALLS, WORKERS, make_agent, node_config
 from tests.test_hedging import Latencies
 from tests.test_patterns import finish
+from tests.test_persistence import FailingIO
 
 ROOT = Path(__file__).resolve().parent.parent
 PRICES = {"m": Price(0.0000013, 0.0000071)}  # per token: costs a float sum would not keep
@@ -414,6 +415,28 @@ def test_the_span_of_a_branch_that_ended_first_carries_the_settled_usage(
 # -- a call the store will not put on record ----------------------------------------
 
 
+@pytest.fixture
+def failing(tmp_path: Path) -> Iterator[tuple[FailingIO, Store]]:
+    """A store whose commits fail on demand (``FailingIO.fail_next``); each
+    test shuts its node down before the store closes."""
+    io = FailingIO()
+    store = Store(tmp_path / "store", io=io)
+    yield io, store
+    store.close()
+
+
+def on_store(
+    open_node: Callable[..., Node],
+    store: Store,
+    server: StandinServer,
+    **skills: Callable[..., Any],
+) -> Node:
+    agent = Agent(
+        "agent", {**SKILLS, **skills}, main_skill="main", models={"small": "m", "large": "m"}
+    )
+    return open_node(store, agent, grace=30.0, providers=(provider(server),))
+
+
 async def after_a_nap(session: AsyncSession) -> str:
     """Sleeps one clock second, then calls: what the call answered."""
     await session.sleep(1.0)
@@ -422,38 +445,33 @@ async def after_a_nap(session: AsyncSession) -> str:
 
 
 def test_a_call_whose_record_the_store_refuses_is_never_sent_and_reserves_nothing(
-    open_node: Callable[..., Node], server: StandinServer, clock: VirtualClock, tmp_path: Path
+    open_node: Callable[..., Node],
+    server: StandinServer,
+    clock: VirtualClock,
+    failing: tuple[FailingIO, Store],
 ) -> None:
-    from tests.test_persistence import FailingIO  # noqa: PLC0415 - its failing commits
-
-    io = FailingIO()
-    store = Store(tmp_path / "store", io=io)
-    try:
-        skills = {**SKILLS, "nap": after_a_nap}
-        agent = Agent("agent", skills, main_skill="main", models={"small": "m", "large": "m"})
-        node = open_node(store, agent, grace=30.0, providers=(provider(server),))
-        main = node.main("agent")
-        spawned = main.spawn(kind="worker", skill="nap", task="on record", budget=Budget(calls=1))
-        assert spawned.ref is not None
-        assert node.wait_idle(WAIT)  # asleep: nothing more to write until it wakes
-        io.fail_next(1)  # the next commit: its call's record
-        clock.advance(1.0)
-        result = spawned.ref.wait(WAIT)
-        assert result is not None
-        assert result.ok, result
-        assert result.summary == "store_failed"
-        assert server.stats().requests_received == 0  # never sent
-        spending = node.spending(result.session_id)
-        assert spending.usage.calls == 0
-        assert spending.reserved == Usage()
-        assert spending.budget_left is not None
-        assert spending.budget_left.calls == 1  # the refused call took nothing
-        assert node.spending(main.session_id).reserved == Usage()
-        assert store.calls() == []
-        assert not node.closed
-        node.shutdown(timeout=WAIT)
-    finally:
-        store.close()
+    io, store = failing
+    node = on_store(open_node, store, server, nap=after_a_nap)
+    main = node.main("agent")
+    spawned = main.spawn(kind="worker", skill="nap", task="on record", budget=Budget(calls=1))
+    assert spawned.ref is not None
+    assert node.wait_idle(WAIT)  # asleep: nothing more to write until it wakes
+    io.fail_next(1)  # the next commit: its call's record
+    clock.advance(1.0)
+    result = spawned.ref.wait(WAIT)
+    assert result is not None
+    assert result.ok, result
+    assert result.summary == "store_failed"
+    assert server.stats().requests_received == 0  # never sent
+    spending = node.spending(result.session_id)
+    assert spending.usage.calls == 0
+    assert spending.reserved == Usage()
+    assert spending.budget_left is not None
+    assert spending.budget_left.calls == 1  # the refused call took nothing
+    assert node.spending(main.session_id).reserved == Usage()
+    assert store.calls() == []
+    assert not node.closed
+    node.shutdown(timeout=WAIT)
 
 
 def test_the_settled_figures_reach_the_event_stream(node: Node, server: StandinServer) -> None:
@@ -506,35 +524,27 @@ async def twice(session: AsyncSession) -> str:
 
 
 def test_a_settle_the_store_refused_is_written_again_with_the_next(
-    open_node: Callable[..., Node], server: StandinServer, tmp_path: Path
+    open_node: Callable[..., Node], server: StandinServer, failing: tuple[FailingIO, Store]
 ) -> None:
-    from tests.test_persistence import FailingIO  # noqa: PLC0415 - its failing commits
-
-    io = FailingIO()
-    store = Store(tmp_path / "store", io=io)
-    try:
-        skills = {**SKILLS, "twice": twice}
-        agent = Agent("agent", skills, main_skill="main", models={"small": "m", "large": "m"})
-        node = open_node(store, agent, grace=30.0, providers=(provider(server),))
-        server.hold()
-        spawned = node.main("agent").spawn(kind="worker", skill="twice", task="q")
-        assert spawned.ref is not None
-        assert server.wait_for_requests(1, WAIT)  # its first call is out, on record
-        io.fail_next(1)  # the next commit: that call's settle
-        server.release()
-        result = spawned.ref.wait(WAIT)
-        assert result is not None
-        assert result.summary == "store_failed|echo q 1"  # the reply came; its write did not
-        store.flush()
-        # the second settle wrote the first's usage again and dropped its record:
-        # nothing a restart would count a second time
-        assert store.calls() == []
-        record = store.usage(result.session_id)
-        assert record is not None
-        assert record.own.calls == 2 == server.stats().requests_received
-        node.shutdown(timeout=WAIT)
-    finally:
-        store.close()
+    io, store = failing
+    node = on_store(open_node, store, server, twice=twice)
+    server.hold()
+    spawned = node.main("agent").spawn(kind="worker", skill="twice", task="q")
+    assert spawned.ref is not None
+    assert server.wait_for_requests(1, WAIT)  # its first call is out, on record
+    io.fail_next(1)  # the next commit: that call's settle
+    server.release()
+    result = spawned.ref.wait(WAIT)
+    assert result is not None
+    assert result.summary == "store_failed|echo q 1"  # the reply came; its write did not
+    store.flush()
+    # the second settle wrote the first's usage again and dropped its record:
+    # nothing a restart would count a second time
+    assert store.calls() == []
+    record = store.usage(result.session_id)
+    assert record is not None
+    assert record.own.calls == 2 == server.stats().requests_received
+    node.shutdown(timeout=WAIT)
 
 
 def test_a_usage_record_with_a_cost_that_is_not_a_number_is_corrupt() -> None:
