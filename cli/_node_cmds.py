@@ -30,7 +30,7 @@ bounded by the header, body and idle timeouts, and at most
 
 The node owns its signals (uvicorn's handlers would re-raise them and exit
 143): the first SIGTERM or SIGINT stops accepting connections and shuts the
-node down as DESIGN.md §3 says (Mains kept, running Branches suspended so
+node down as the README's Execution model says (Mains kept, running Branches suspended so
 they resume after a restart, Workers cancelled with the grace and their
 parents told), flushes the store and exits 0; a second signal cuts the grace
 short (what still runs is forced), flushes and exits 1. Open event streams

@@ -2,7 +2,7 @@
 ``--json`` says ISO 8601 in UTC (``2026-05-24T10:00:03.250Z``).
 
 The node and the store keep every instant as float seconds since the epoch
-(DESIGN.md §3); only the command line turns them into text, here.
+(as the README's Execution model says); only the command line turns them into text, here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 node per directory (a lock file), stale reader slots cleared, fork-aware,
 and a damaged file refused before LMDB maps it (``_pages``).
 
-The traps (DESIGN.md §6): a second ``lmdb.open`` of the same path in one
+The traps of LMDB: a second ``lmdb.open`` of the same path in one
 process breaks its locks; an environment must never be used across
 ``fork()``; readers left by killed processes hold pages until
 ``reader_check()``.

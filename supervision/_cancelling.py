@@ -2,7 +2,7 @@
 
 One cancellation request fixes one deadline (now + grace) for the whole
 subtree it reaches; at the deadline what still runs is fenced and ended
-``terminated_by_force`` (DESIGN.md §3, "Cancellation, in one table").
+``terminated_by_force`` (the cancellation table in the README's Execution model).
 """
 
 from __future__ import annotations

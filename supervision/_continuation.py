@@ -1,7 +1,7 @@
 """Continuation tokens: a finished run named by what ran and what it concluded.
 
-The Fresh-Session ADR says continuing a sub-agent's work passes an explicit
-token and explicit context, never the old session itself. A token is a
+Every run is a fresh session, so continuing a sub-agent's work passes an
+explicit token and explicit context, never the old session itself. A token is a
 versioned msgpack body in URL-safe base64: the run's session id, its kind,
 skill and task, its result's summary, and (version 2) the conversation and
 the last message of its context branch, so a continuation forks from the

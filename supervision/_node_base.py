@@ -159,9 +159,9 @@ class NodeBase:
     # -- shutdown -----------------------------------------------------------------------
 
     def shutdown(self, grace: float | None = None, timeout: float | None = None) -> None:
-        """Stop the node as DESIGN.md §3 says: Mains kept, running Branches suspended
-        within the grace, Workers cancelled with grace (their parents told); then
-        every actor, the executor and the loop stop. Idempotent.
+        """Stop the node (the README's Execution model, "Shutdown"): Mains kept,
+        running Branches suspended within the grace, Workers cancelled with grace
+        (their parents told); then every actor, the executor and the loop stop. Idempotent.
 
         ``grace`` defaults to ``config.grace`` on the node's clock; ``timeout``
         bounds the real time spent waiting (default: grace + 5 s with the real

@@ -92,7 +92,7 @@ class NodeRecovery(NodeSessions):
         """Run held-back work again, as a first attempt: a message goes back to
         its Main's inbox (in the commit that drops the held item), a result runs
         its Main's cycle again, a wedged branch is spawned afresh under its
-        parent (a new session: the Fresh-Session ADR) with its task, context
+        parent (a new session: every run is a fresh one) with its task, context
         summary, skill, metadata and input. A refusal comes back in ``Requeued.error``
         (``unknown_session`` for an id not held, the Main's or the spawn's own
         error) and leaves the item held."""

@@ -312,7 +312,7 @@ def continue_run(
 ) -> Engine:
     """A fresh session continuing a finished run: the token says what ran and
     what it concluded, ``context`` is the explicit context for this step;
-    nothing else carries over (the Fresh-Session ADR). When the run wrote a
+    nothing else carries over (every run is a fresh session). When the run wrote a
     context branch, the new session forks from its tip and sees that branch
     (``ContextScope.BRANCH``); a token whose message is not in the parent's
     conversation (forged, or its branch deleted) is refused at the spawn with

@@ -1,6 +1,6 @@
 """Retry policy of coordination patterns: opt-in, exponential backoff with jitter, bounded.
 
-The Fresh-Session ADR forbids implicit retries: ``max_attempts`` is 1 unless
+No retry is implicit: ``max_attempts`` is 1 unless
 a caller asks for more, and every attempt is a fresh session. The backoff
 schedule is tenacity's ``wait_exponential``; the jitter comes from a
 generator that a ``seed`` makes repeatable; the waiting itself happens on the

@@ -74,7 +74,7 @@ def check_spawn(
     config: NodeConfig,
     capacity: Capacity,
 ) -> ErrorInfo | None:
-    """Validate a spawn in the order of DESIGN.md §4; ``None`` means allowed.
+    """Validate a spawn in the order the README's Limits and defaults gives; ``None`` means allowed.
 
     Order: unknown_session, parent_not_active, worker_cannot_spawn,
     depth_exceeded, children_exceeded, invalid_ttl, unknown_skill,
@@ -159,7 +159,7 @@ def check_spawn(
 
 def model_tier(spec: SpawnSpec, agent: Agent, parent_tier: str | None, *, root: bool) -> str | None:
     """The model tier a new session gets: the spawn's own; else the cheapest for
-    a Worker, its parent's for a Branch, the best for a root (DESIGN.md §1)."""
+    a Worker, its parent's for a Branch, the best for a root."""
     if spec.model_tier is not None:
         return spec.model_tier
     if spec.kind is SessionKind.WORKER:

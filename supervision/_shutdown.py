@@ -1,4 +1,4 @@
-"""A node's shutdown as the Cortex runs it (DESIGN.md §3, "Shutdown"): no new
+"""A node's shutdown as the Cortex runs it (the README's Execution model, "Shutdown"): no new
 work; running Branches park (they resume after a restart); Workers and remote
 steps are cancelled with the grace, forced at its end; a session already
 cancelled wraps up within the grace (or its own deadline) or is forced; Mains

@@ -225,8 +225,9 @@ class Spawning:
     def _admit(
         self, parent: TreeEntry | None, parent_id: uuid.UUID, spec: SpawnSpec
     ) -> _Admitted | ErrorInfo:
-        """Validate a spawn under ``parent`` (DESIGN.md §4's order) and resolve what
-        its child gets; a refusal is counted, emitted and returned."""
+        """Validate a spawn under ``parent`` (in the order the README's Limits and
+        defaults gives) and resolve what its child gets; a refusal is counted,
+        emitted and returned."""
         tree = self.tree
         view = None
         if parent is not None:

@@ -1,4 +1,4 @@
-"""A runtime guard for DESIGN.md §4, "No ambient state in sessions" (tests only).
+"""A runtime guard for "no ambient state in sessions" (the README's Execution model) (tests only).
 
 While installed, :class:`AmbientGuard` replaces ``os.environ`` (and
 ``os.environb``) with a proxy and wraps ``os.getenv``, ``os.getenvb``,

@@ -64,7 +64,7 @@ POOLED_ON_THREADS = "pooled-threads"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Run every test that can build a node on each actor type (DESIGN: the
+    """Run every test that can build a node on each actor type (the
     suite passes on pooled and on ``ThreadingActor`` session actors)."""
     stem = Path(metafunc.definition.path).stem
     if stem not in SINGLE_RUN:
@@ -147,7 +147,7 @@ def settle(node: Node) -> None:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
-    """A real local Ray cluster for the whole test session (DESIGN §6), shared
+    """A real local Ray cluster for the whole test session , shared
     by every module whose steps run on Ray."""
     try:
         import ray  # noqa: PLC0415 - optional and heavy: only the ray tests need it

@@ -1,5 +1,5 @@
 """A node under a write-heavy workload, to be killed with SIGKILL by
-``tests/test_crash_recovery.py`` (RELIABILITY.md line 19).
+``tests/test_crash_recovery.py`` (nothing acknowledged is lost to a kill -9).
 
 Run as ``python -m tests.crash_node STORE_DIR ACK_LOG SEED`` from the
 repository root. It opens a ``Node`` on STORE_DIR (recovering whatever an

@@ -1,5 +1,5 @@
 """A cancel's own grace and force termination (``Node.cancel(sid, grace=…)``,
-``Node.terminate``), on the virtual clock: DESIGN.md §3's table holds, one
+``Node.terminate``), on the virtual clock: the README's cancellation table holds, one
 request fixes one deadline, a later one may bring it closer, never later."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """kill -9 of a real node at random points of a write-heavy workload
-(RELIABILITY.md line 19; DESIGN.md §4 "Exactly one result per child").
+(exactly one result per child, also across a restart).
 
 Each chain runs ``tests/crash_node.py`` on one store ROUNDS times. A round
 SIGKILLs the node once its ack log holds a random number of lines, reads the

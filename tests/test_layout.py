@@ -1,6 +1,6 @@
 """The house's shape: which package may import which, read from the source.
 
-DESIGN.md §2: ``protocol`` and ``testing`` (the stand-in model) import no
+The README's Layout: ``protocol`` and ``testing`` (the stand-in model) import no
 other package; ``store``, the session runtime (``actors``) and the
 conversation tree import only ``protocol``;
 nothing imports ``cli``; no package imports another package's private

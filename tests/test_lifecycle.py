@@ -1,4 +1,4 @@
-"""Every row of the cancellation table (DESIGN.md §3), for sync and async skills."""
+"""Every row of the cancellation table (the README's Execution model), for sync and async skills."""
 
 from __future__ import annotations
 

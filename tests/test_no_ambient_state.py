@@ -1,4 +1,4 @@
-"""DESIGN.md §4, "No ambient state in sessions": no ``os.chdir``, ``os.environ``,
+"""No ambient state in sessions (the README's Execution model): no ``os.chdir``, ``os.environ``,
 ``os.getenv`` or ``os.putenv`` in skill execution paths.
 
 Two checks, as issue 2 asks: an AST scan of every source file of the packages

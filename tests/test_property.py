@@ -12,7 +12,7 @@ step, once the tree has settled, checks:
   terminal parent is being cleaned up;
 * every terminal session's parent received exactly one result for it (in
   ``results()`` and as one ``result_delivered`` event), and that result
-  matches the cancellation table (DESIGN.md §3);
+  matches the README's cancellation table;
 * the tree index matches the actors alive: the ids the test created and
   nothing else, a running actor for each live session (agreeing on its
   state), none for an ended one, no zombie threads, no compute slot held by a
@@ -304,7 +304,7 @@ class SessionTreeMachine(RuleBasedStateMachine):
     def _expected_refusal(
         self, parent: SessionInfo, kind: SessionKind, snapshot: dict[uuid.UUID, SessionInfo]
     ) -> ErrorCode | None:
-        """What the spawn rules (DESIGN.md §4, in order) must answer right now."""
+        """What the spawn rules (in the README's order) must answer right now."""
         if (
             parent.state not in (SessionState.PENDING, SessionState.ACTIVE)
             or self._cancel_mark(parent.session_id) is not None
@@ -676,7 +676,7 @@ class SessionTreeMachine(RuleBasedStateMachine):
             self._check_table(info, result)
 
     def _check_table(self, info: SessionInfo, result: SessionResult) -> None:
-        """The one result of a terminal session, against DESIGN.md §3's table."""
+        """The one result of a terminal session, against the README's cancellation table."""
         sid = info.session_id
         assert result.session_id == sid
         assert result.status is info.state
@@ -853,7 +853,7 @@ def test_a_suspended_branch_that_is_cancelled_is_active_while_it_wraps_up(
     tree_node: tuple[Node, Control], clock: VirtualClock
 ) -> None:
     """Cancelling a suspended branch wakes its skill to wrap up within the grace
-    (DESIGN.md §3: the session "stays active (cancel requested) until its skill ends
+    (the README: the session "stays active (cancel requested) until its skill ends
     or the deadline passes"); the index must not go on calling it suspended."""
     node, _ = tree_node
     ref = node.spawn(node.main(AGENT), kind=SessionKind.BRANCH, skill="stubborn").ref

@@ -1,4 +1,5 @@
-"""The lines of RELIABILITY.md marked "→ runtime"."""
+"""The faults and bad input the runtime must survive: a skill that hangs,
+crashes, floods or ignores its cancel; a caller that sends garbage."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The LMDB store under faults and bad input (RELIABILITY.md 19-28, 30, 34, 35).
+"""The LMDB store under faults and bad input: a kill -9 mid-write, a full
+map, a damaged file, stale readers.
 
 Every test opens real LMDB files in ``tmp_path``. Events are ordered with
 ``threading.Event`` and bounded waits, other processes are real
