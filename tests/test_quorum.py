@@ -428,8 +428,17 @@ def test_collect_with_a_quorum_out_of_reach_stops_the_rest_at_once(
         "lead": lead,
     }
     node: Node = make_node(Agent("agent", skills, default_skill="main"), grace=5.0)
+    wrapped = threading.Event()  # a's wrap-up ended it, within the grace
+    node.subscribe(
+        lambda e: (
+            wrapped.set()
+            if e.kind is EventKind.TRANSITION and e.skill == "answer" and e.state == "cancelled"
+            else None
+        )
+    )
     lead_ref = node.spawn(node.main("agent"), kind="branch", skill="lead", task="lead").ref
     assert caught.wait(WAIT)
+    assert wrapped.wait(WAIT)  # before the grace ends: its thread may wake later than z's
     clock.advance(5.0)
     assert lead_ref.wait(WAIT).ok
     entries = seen["entries"]
