@@ -36,11 +36,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import h11
-import msgspec
-from litestar.types import HTTPResponseBodyEvent, HTTPResponseStartEvent, Receive, Scope, Send
+from litestar.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from sessiontree.cli._wire import ApiError, ErrorBody
+from sessiontree.cli._api._refusal import error_body, send_refusal
 from sessiontree.protocol import ErrorCode
 
 __all__ = ["ConnectionLimits", "guarded_protocol"]
@@ -75,36 +74,13 @@ class ConnectionLimits:
             raise ValueError(msg)
 
 
-def _error_bytes(status: int, code: ErrorCode, message: str) -> bytes:
-    return msgspec.json.encode(ErrorBody(status=status, error=ApiError(code=code, message=message)))
-
-
 def _over_capacity(cap: int) -> Any:
     """An ASGI app answering 503 ``capacity_exceeded`` and closing."""
-    body = _error_bytes(
-        503,
-        ErrorCode.CAPACITY_EXCEEDED,
-        f"the node has {cap} connections open (its --max-connections); try again shortly",
-    )
+    message = f"the node has {cap} connections open (its --max-connections); try again shortly"
 
     async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
-        start: HTTPResponseStartEvent = {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"),
-                (b"connection", b"close"),
-            ],
-        }
-        await send(start)
-        end: HTTPResponseBodyEvent = {
-            "type": "http.response.body",
-            "body": body,
-            "more_body": False,
-        }
-        await send(end)
+        headers = [(b"retry-after", b"1"), (b"connection", b"close")]
+        await send_refusal(send, 503, ErrorCode.CAPACITY_EXCEEDED, message, headers=headers)
 
     return refuse
 
@@ -185,7 +161,7 @@ class _GuardedH11(H11Protocol):
         partial = what == "body" or bool(self.conn.trailing_data[0])
         if partial and not started:
             seconds = self.limits.header_timeout if what == "head" else self.limits.body_timeout
-            body = _error_bytes(
+            body = error_body(
                 408,
                 ErrorCode.REJECTED_INPUT,
                 f"the request's {what} did not arrive within {seconds:g} s",

@@ -286,7 +286,7 @@ class Endings:
         own = subtree = None
         settled = True
         if ledger is not None:
-            own, subtree, settled = ledger.own, ledger.subtree, not ledger.reserved.calls
+            own, subtree, settled = ledger.own, ledger.subtree, ledger.settled
         contexts = self.tree.rt.contexts
         leaf = None if contexts is None else contexts.leaf(info)
         conversation = None if leaf is None else info.conversation
@@ -371,7 +371,7 @@ class Endings:
             ledger = entry.ledger
             if ledger is not None:
                 data["usage"] = msgspec.structs.asdict(ledger.subtree)
-                data["settled"] = not ledger.reserved.calls
+                data["settled"] = ledger.settled
             if error is not None:
                 data["failure"] = error
         tree.emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now, data=data)

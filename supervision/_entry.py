@@ -118,6 +118,11 @@ class Ledger:
         """What the budget counts: the subtree's usage (a Main's, this cycle's)."""
         return self.subtree - self.window
 
+    @property
+    def settled(self) -> bool:
+        """True when no model call is in flight in the subtree (its figures are final)."""
+        return not self.reserved.calls
+
     def committed(self) -> Usage:
         """What is counted and what calls in flight hold: where the soft threshold is read."""
         return self.subtree - self.window + self.reserved
@@ -139,7 +144,7 @@ def unsettled(entry: TreeEntry) -> bool:
     """True while a model call is in flight in ``entry``'s subtree: its usage
     still moves, so an ended one stays in the index until the call settles."""
     ledger = entry.ledger
-    return ledger is not None and ledger.reserved.calls > 0
+    return ledger is not None and not ledger.settled
 
 
 @dataclass(eq=False, slots=True)

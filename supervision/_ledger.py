@@ -195,7 +195,7 @@ class Ledgers:
             if ledger.budget is not None:
                 self._warn_if_crossed(holder, ledger, before)
             counted.append(holder)
-            if holder.result is not None and not ledger.reserved.calls:
+            if holder.result is not None and ledger.settled:
                 self.tree.emit(
                     EventKind.USAGE_SETTLED,
                     holder,

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import sys
 import threading
-import time
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -50,6 +49,9 @@ log = logging.getLogger("sessiontree.node")
 
 _CTRL_C_POLL = 0.1  # real seconds between looks at a Ctrl-C while a shutdown waits
 _AFTER_CTRL_C = 1.0  # real seconds a forced shutdown still waits for what it let go
+# A shutdown's timeout bounds real time whatever clock the node runs on (a
+# virtual one included); read through the one real clock (no timer is started).
+_REAL = RealClock()
 
 T = TypeVar("T")
 
@@ -249,9 +251,9 @@ class NodeBase:
         shutdown, and the wait goes on for ``_AFTER_CTRL_C`` s at most."""
         if self._ctrl_c_seen:  # forced by a Ctrl-C already: what is left is quick
             timeout = min(timeout, _AFTER_CTRL_C)
-        deadline = time.monotonic() + timeout
+        deadline = _REAL.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
+            left = deadline - _REAL.monotonic()
             if left <= 0:
                 return reply.done
             try:
@@ -266,7 +268,7 @@ class NodeBase:
                     say(logging.WARNING, "stopping now: what still runs ends by force")
                     self._forced = True
                     self._force_now()
-                deadline = min(deadline, time.monotonic() + _AFTER_CTRL_C)
+                deadline = min(deadline, _REAL.monotonic() + _AFTER_CTRL_C)
 
     def _shut_down_at_exit(self) -> None:
         """The interpreter exits and this node is still open: shut it down (see

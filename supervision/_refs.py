@@ -77,17 +77,23 @@ _FOREVER = 1e9  # real seconds: a wait bounded only by the session's end
 _CANONICAL_LENGTH = 36  # 8-4-4-4-12 hex digits
 
 
-def as_grace(value: object) -> float | None:
-    """A cancel's grace: None (the node's) or a finite number of seconds >= 0;
-    ``RejectedInputError`` naming ``grace`` for anything else."""
+def _seconds(value: object, field: str) -> float | None:
+    """None, or a finite number of seconds >= 0; ``RejectedInputError`` naming
+    ``field`` for anything else (a bool is not a number)."""
     if value is None:
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
         if math.isfinite(seconds) and seconds >= 0:
             return seconds
-    msg = f"grace must be a finite number of seconds >= 0, not {value!r:.40}"
-    raise RejectedInputError(msg, field="grace")
+    msg = f"{field} must be a finite number of seconds >= 0, not {value!r:.40}"
+    raise RejectedInputError(msg, field=field)
+
+
+def as_grace(value: object) -> float | None:
+    """A cancel's grace: None (the node's) or a finite number of seconds >= 0;
+    ``RejectedInputError`` naming ``grace`` for anything else."""
+    return _seconds(value, "grace")
 
 
 def as_reason(value: object) -> str | None:
@@ -107,14 +113,7 @@ def as_reason(value: object) -> str | None:
 def as_run_timeout(value: object) -> float | None:
     """A run's timeout: None (none) or a finite number of seconds >= 0;
     ``RejectedInputError`` naming ``timeout`` for anything else."""
-    if value is None:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-        if math.isfinite(seconds) and seconds >= 0:
-            return seconds
-    msg = f"timeout must be a finite number of seconds >= 0, not {value!r:.40}"
-    raise RejectedInputError(msg, field="timeout")
+    return _seconds(value, "timeout")
 
 
 def as_session_id(value: object, argument: str = "session_id") -> uuid.UUID:

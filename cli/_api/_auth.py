@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import hmac
 
-import msgspec
 from litestar import Litestar
 from litestar.enums import ScopeType
 from litestar.openapi.spec import Components, Operation, SecurityScheme
 from litestar.types import (
     ASGIApp,
-    HTTPResponseBodyEvent,
-    HTTPResponseStartEvent,
     Receive,
     Scope,
     Send,
 )
 
-from sessiontree.cli._wire import ApiError, ErrorBody
+from sessiontree.cli._api._refusal import send_refusal
 from sessiontree.protocol import ErrorCode
 
 __all__ = ["OPEN_PATHS", "document_auth", "require_token"]
@@ -38,11 +35,6 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 """The paths answered without a token: the liveness and readiness probes."""
 
 _SCHEME = "bearer"
-
-
-def _refusal(reason: str) -> bytes:
-    error = ApiError(code=ErrorCode.NOT_ALLOWED, message=reason)
-    return msgspec.json.encode(ErrorBody(status=401, error=error))
 
 
 def _credentials(header: bytes) -> bytes:
@@ -74,23 +66,13 @@ def require_token(app: ASGIApp, token: str) -> ASGIApp:
             if sent is None
             else "the bearer token is not this node's"
         )
-        body = _refusal(reason)
-        start: HTTPResponseStartEvent = {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b'Bearer realm="sessiontree"'),
-            ],
-        }
-        await send(start)
-        end: HTTPResponseBodyEvent = {
-            "type": "http.response.body",
-            "body": body,
-            "more_body": False,
-        }
-        await send(end)
+        await send_refusal(
+            send,
+            401,
+            ErrorCode.NOT_ALLOWED,
+            reason,
+            headers=[(b"www-authenticate", b'Bearer realm="sessiontree"')],
+        )
 
     return guarded
 

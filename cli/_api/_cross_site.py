@@ -34,21 +34,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import msgspec
 from litestar import Litestar
 from litestar.enums import ScopeType
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, Reference
 from litestar.types import (
     ASGIApp,
-    HTTPResponseBodyEvent,
-    HTTPResponseStartEvent,
     Receive,
     Scope,
     Send,
 )
 
 from sessiontree.cli._api._auth import OPEN_PATHS
-from sessiontree.cli._wire import ApiError, ErrorBody
+from sessiontree.cli._api._refusal import send_refusal
 from sessiontree.protocol import ErrorCode
 
 __all__ = [
@@ -154,23 +151,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None if raw is None else raw.decode("latin-1")
 
 
-async def _refuse(send: Send, status: int, code: ErrorCode, field: str, message: str) -> None:
-    body = msgspec.json.encode(
-        ErrorBody(status=status, error=ApiError(code=code, message=message, field=field))
-    )
-    start: HTTPResponseStartEvent = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-    }
-    await send(start)
-    end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": body, "more_body": False}
-    await send(end)
-
-
 def _has_body(scope: Scope) -> bool:
     length = _header(scope, b"content-length")
     if length is not None and length.strip() not in ("", "0"):
@@ -193,7 +173,9 @@ def json_only(app: ASGIApp) -> ASGIApp:
                         f"a request body must be {_JSON} (Content-Type: {shown}); "
                         "the node takes nothing else"
                     )
-                    await _refuse(send, 415, ErrorCode.REJECTED_INPUT, "Content-Type", message)
+                    await send_refusal(
+                        send, 415, ErrorCode.REJECTED_INPUT, message, field="Content-Type"
+                    )
                     return
         await app(scope, receive, send)
 
@@ -212,14 +194,14 @@ def guard_hosts(app: ASGIApp, hosts: AllowedHosts) -> ASGIApp:
         host = _header(scope, b"host")
         if host is None:
             message = "the request names no Host (this node answers to its own address only)"
-            await _refuse(send, 400, ErrorCode.REJECTED_INPUT, "Host", message)
+            await send_refusal(send, 400, ErrorCode.REJECTED_INPUT, message, field="Host")
             return
         if not hosts.allows(host):
             message = (
                 f"this node does not answer to Host {host[:200]!r}: give its address, "
                 "or start it with --allowed-host NAME"
             )
-            await _refuse(send, 421, ErrorCode.REJECTED_INPUT, "Host", message)
+            await send_refusal(send, 421, ErrorCode.REJECTED_INPUT, message, field="Host")
             return
         origin = _header(scope, b"origin")
         if (
@@ -231,7 +213,7 @@ def guard_hosts(app: ASGIApp, hosts: AllowedHosts) -> ASGIApp:
                 f"a page of another origin ({origin[:200]!r}) may not change this node; "
                 "a client that is not a browser sends no Origin"
             )
-            await _refuse(send, 403, ErrorCode.NOT_ALLOWED, "Origin", message)
+            await send_refusal(send, 403, ErrorCode.NOT_ALLOWED, message, field="Origin")
             return
         await app(scope, receive, send)
 
