@@ -6,8 +6,8 @@ A skill receives a :class:`Session` (sync) or an :class:`AsyncSession`
 :class:`SessionContext` of :class:`ContextMessage` values, and its
 conversation (``session.conversation``) is a :class:`ConversationLike`. Time
 is a :class:`Clock`: :class:`RealClock` in production, :class:`VirtualClock`
-in tests. ``NodeConfig.actor_type`` is one of :data:`ACTOR_TYPES`; a call to
-the Cortex that gets no answer in time raises :class:`AskTimeoutError`.
+in tests. A call to the Cortex that gets no answer in time raises
+:class:`AskTimeoutError`.
 
 Where a skill runs (``inline``, ``process``, ``ray``) is
 ``sessiontree.actors.backends``. The runtime's plumbing, which
@@ -19,11 +19,10 @@ from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualCloc
 from sessiontree.actors._compaction import Compaction
 from sessiontree.actors._conversing import ConversationLike
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext
-from sessiontree.actors._mailbox import ACTOR_TYPES, AskTimeoutError
+from sessiontree.actors._mailbox import AskTimeoutError
 from sessiontree.actors._session import AsyncSession, Session
 
 __all__ = [
-    "ACTOR_TYPES",
     "AskTimeoutError",
     "AsyncSession",
     "Cancelled",

@@ -1,52 +1,133 @@
-"""A dispatcher that serves every mailbox on one asyncio event loop's thread.
+"""Actors served on one asyncio event loop: a pykka actor type with a deque for a mailbox.
 
-With :class:`LoopDispatcher` the node's actors (the Cortex and the sessions)
-take their messages on the thread that runs async skills. An async skill
-that spawns, collects or reports then posts to an actor served on its own
-thread: the message is a ``deque`` append and the turn a ``call_soon``, with
-no lock hand-off and no wake-up of another thread. Threads that are not the
-loop's (sync skills, the store's writer, an embedding application) post as
-before; one ``call_soon_threadsafe`` wakes the loop for all that queued
-since its last turn.
+Every actor of a node (the Cortex and each session) is a :class:`LoopActor`
+served by the node's :class:`LoopDispatcher`, on the thread that runs async
+skills. An async skill that spawns, collects or reports posts to an actor
+served on its own thread: the message is a ``deque`` append and the turn a
+``call_soon``, with no lock hand-off and no wake-up of another thread.
+Threads that are not the loop's (sync skills' steps, the store's writer, an
+embedding application) post the same way; one ``call_soon_threadsafe`` wakes
+the loop for all that queued since its last turn.
 
-The rule for handlers holds twice over: a handler that blocks now also holds
-up every async skill. The blocking guard still reports such a handler
-(logged, counted, handed to ``on_blocked``), but no thread can stand in for
-the loop's.
+The semantics are pykka's: one message at a time per actor, in the order they
+were put; ``on_start`` before the first message, ``on_stop`` when stopped,
+``on_failure`` after a told message's handler raised; ``ask``/``tell``/
+``stop`` on the actor's ``ActorRef``; ``ActorDeadError`` for whatever is left
+in a stopped actor's inbox. Messages go to ``on_receive`` (no proxies).
+
+Only pykka's public API is used: ``pykka.Actor``'s hooks for new actor types
+(``_create_actor_inbox``, ``_create_future``, ``_start_actor_loop``),
+``ActorRef``, ``ThreadingFuture`` and ``ActorDeadError``. A stop is this
+module's own message (:data:`STOP`), sent by ``LoopActor.stop``,
+``LoopRef.stop`` and ``stop_actor``.
+
+The rule for handlers: **never block**. A handler that waits (on I/O, a
+lock, another actor's answer) holds up every actor and every async skill of
+the node. The dispatcher reports such a handler (logged, counted, handed to
+``on_blocked``) once it has run ``block_threshold`` real seconds; nothing
+can stand in for the loop's thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
+import logging
+import queue
+import random
+import sys
 import threading
+import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol, overload
+
+import pykka
 
 from sessiontree.actors._clock import RealClock
-from sessiontree.actors._pooled import BlockedHandler, Dispatcher, _Worker
 
-if TYPE_CHECKING:
-    from sessiontree.actors._execution import EventLoopThread
-    from sessiontree.actors._pooled import _Inbox
+__all__ = [
+    "STOP",
+    "BlockedHandler",
+    "LoopActor",
+    "LoopDispatcher",
+    "LoopRef",
+    "stop_unstarted",
+]
 
-__all__ = ["LoopDispatcher"]
+log = logging.getLogger("sessiontree.dispatcher")
 
+# Blocking is a matter of real time, whatever clock a node runs on; a thread
+# serves the guard and the wait of close() (the clock starts no thread for it).
 _REAL_TIME = RealClock()
 
 
-class LoopDispatcher(Dispatcher):
-    """A :class:`Dispatcher` whose one thread is ``loop``'s.
+class ServingLoop(Protocol):
+    """The thread running an asyncio loop (``EventLoopThread``), as the dispatcher sees it."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def is_current(self) -> bool:
+        """True on the loop's own thread."""
+        ...
+
+
+class _Stop:
+    """The message that stops a :class:`LoopActor` after what was put before it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "STOP"
+
+
+STOP = _Stop()
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedHandler:
+    """A report: ``actor``'s handler for a ``message_type`` ran ``seconds`` so far."""
+
+    actor: str
+    message_type: str
+    seconds: float
+
+
+class _Serving:
+    """What the loop's thread is running now, read by the blocking check."""
+
+    __slots__ = ("actor", "handlers", "message", "reported", "started")
+
+    def __init__(self) -> None:
+        self.actor: LoopActor | None = None
+        self.message: object = None
+        self.started: float | None = None
+        self.handlers = 0  # handlers run so far: the number of the one running
+        # the handler reported last (the check runs on its own thread, maybe
+        # late, and reports each handler at most once)
+        self.reported = 0
+
+
+class LoopDispatcher:
+    """Serves the inboxes of :class:`LoopActor` s on ``loop``'s thread.
 
     Each turn of the loop serves the inboxes ready at its start, ``batch``
-    messages each at most, then yields to the loop's other callbacks and
-    tasks (fairness with async skills). On the loop's thread a blocking ask
-    raises ``DeadlockError`` (it would wait for a turn that cannot come).
-    Once the loop is closed, nothing queued is served again.
+    messages each at most (a busy actor then goes to the back of the queue),
+    then yields to the loop's other callbacks and tasks (fairness with async
+    skills). ``block_threshold``: real seconds after which a running handler
+    is reported (see the module docstring); ``on_blocked`` is called with a
+    :class:`BlockedHandler` on the watchdog thread and must not raise (a raise
+    is logged). ``now`` reads the monotonic time (default: the real clock's;
+    tests inject their own and call :meth:`check_blocked` themselves, with
+    ``watchdog=False``). Once the loop is closed, nothing queued is served.
+
+    Raises ``ValueError`` naming a bad ``batch`` or ``block_threshold``.
     """
 
     def __init__(
         self,
-        loop: EventLoopThread,
+        loop: ServingLoop,
         *,
         batch: int = 64,
         block_threshold: float = 1.0,
@@ -55,23 +136,33 @@ class LoopDispatcher(Dispatcher):
         name: str = "sessiontree-loop-dispatch",
         watchdog: bool = True,
     ) -> None:
-        super().__init__(
-            1,
-            batch=batch,
-            block_threshold=block_threshold,
-            max_extra_threads=0,
-            on_blocked=on_blocked,
-            now=now,
-            name=name,
-            watchdog=watchdog,
-        )
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            msg = f"LoopDispatcher batch must be an integer >= 1, got {batch!r}"
+            raise ValueError(msg)
+        if not isinstance(block_threshold, int | float) or not block_threshold > 0:
+            msg = f"LoopDispatcher block_threshold must be > 0 s, got {block_threshold!r}"
+            raise ValueError(msg)
         self.loop = loop
+        self.batch = batch
+        self.block_threshold = block_threshold
+        self.on_blocked = on_blocked
+        self.name = name
+        self.blocked_reports = 0
+        self._now = now or _REAL_TIME.monotonic
         self._queue: collections.deque[_Inbox] = collections.deque()
         self._turn_pending = False
-        self._worker = _Worker()
+        self._serving = _Serving()
+        self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)
+        self._pending = 0  # inboxes queued or being served
         self._started = False
+        self._closed = threading.Event()
+        self._watchdog = watchdog
+        self._watchdog_thread: threading.Thread | None = None
 
-    def _start_pool(self) -> None:
+    # -- scheduling --------------------------------------------------------
+
+    def _start(self) -> None:
         with self._lock:
             if self._started or self._closed.is_set():
                 return
@@ -89,7 +180,7 @@ class LoopDispatcher(Dispatcher):
 
     def _schedule(self, inbox: _Inbox) -> None:
         if not self._started:
-            self._start_pool()
+            self._start()
         with self._lock:
             self._pending += 1
         self._requeue(inbox)
@@ -107,25 +198,78 @@ class LoopDispatcher(Dispatcher):
         except RuntimeError:  # the loop is closed: nothing will serve it again
             self._turn_pending = False
 
+    def _done(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            if self._pending == 0:
+                self._drained.notify_all()
+
     def _turn(self) -> None:
         # The flag is cleared before the queue is read: an inbox queued after
         # this point finds it clear and asks for another turn.
         self._turn_pending = False
-        queue, worker = self._queue, self._worker
-        for _ in range(len(queue)):
-            self._serve(queue.popleft(), worker)
+        ready = self._queue
+        for _ in range(len(ready)):
+            inbox = ready.popleft()
+            try:
+                more = inbox.serve(self)
+            except BaseException:  # noqa: BLE001 - a hook let it through; the loop lives on
+                inbox.failed()
+                more = False
+            if more:
+                self._requeue(inbox)  # more waiting: to the back of the queue
+            else:
+                self._done()
 
-    def _serve(self, inbox: _Inbox, worker: _Worker) -> None:
+    def _run(
+        self, actor: LoopActor, message: object, step: Callable[..., None], *args: Any
+    ) -> None:
+        serving = self._serving
+        serving.handlers += 1
+        serving.actor, serving.message, serving.started = actor, message, self._now()
         try:
-            inbox.serve(self, worker)
-        except BaseException:  # noqa: BLE001 - a hook pykka lets through; _serve_failed logs it
-            self._serve_failed(inbox)
+            step(*args)
+        finally:
+            serving.actor = serving.message = serving.started = None
 
-    def _serving(self) -> list[_Worker]:
-        return [self._worker]
+    # -- the blocking guard ---------------------------------------------------
+
+    def _watch(self) -> None:
+        interval = min(self.block_threshold / 2, 1.0)
+        while not self._closed.wait(interval):
+            self.check_blocked()
+
+    def check_blocked(self) -> BlockedHandler | None:
+        """Report the handler running now if it has run past ``block_threshold``
+        (once per handler); returns the new report, if any."""
+        serving = self._serving
+        number = serving.handlers
+        started, actor, message = serving.started, serving.actor, serving.message
+        now = self._now()
+        if started is None or number == serving.reported or now - started < self.block_threshold:
+            return None
+        serving.reported = number
+        self.blocked_reports += 1
+        report = BlockedHandler(str(actor), type(message).__name__, now - started)
+        log.warning(
+            "actor handler blocked: %s has run %.1f s on %s (handlers must not block:"
+            " every actor and async skill of the node waits for it)",
+            report.actor,
+            report.seconds,
+            report.message_type,
+        )
+        if self.on_blocked is not None:
+            try:
+                self.on_blocked(report)
+            except Exception:
+                log.exception("on_blocked raised")
+        return report
+
+    # -- closing ----------------------------------------------------------------
 
     def close(self, timeout: float = 5.0) -> None:
-        """Serve what is queued (on the loop), then stop the watchdog; idempotent."""
+        """Wait (off the loop, at most ``timeout`` real seconds) for what is
+        queued to be served, then stop the watchdog; idempotent."""
         if self._closed.is_set():
             return
         deadline = _REAL_TIME.monotonic() + timeout
@@ -136,3 +280,335 @@ class LoopDispatcher(Dispatcher):
         thread = self._watchdog_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(0.0, deadline - _REAL_TIME.monotonic()))
+
+
+class _Inbox:
+    """An actor's mailbox: a deque, and a flag saying it is queued or being served.
+
+    ``put`` schedules the inbox when the flag was clear; serving clears it
+    only when the deque is empty (both under the lock, so no message is ever
+    left unscheduled). Closed, it lets go of its actor (the two refer to each
+    other: kept, a stopped actor would wait for the cyclic garbage collector
+    instead of being freed with its last reference).
+
+    An envelope is what ``pykka.ActorRef`` puts: its ``message`` and its
+    ``reply_to`` future (None for a tell).
+    """
+
+    __slots__ = ("actor", "closed", "dead", "dispatcher", "lock", "messages", "scheduled")
+
+    def __init__(self, actor: LoopActor, dispatcher: LoopDispatcher) -> None:
+        self.actor: LoopActor | None = actor
+        self.dead = ""  # the stopped actor's name, for what is refused after it
+        self.dispatcher = dispatcher
+        self.lock = threading.Lock()
+        self.messages: collections.deque[Any] = collections.deque()
+        self.scheduled = True  # until the actor's start schedules it or clears it
+        self.closed = False
+
+    # what pykka.ActorRef and drain_inbox use --------------------------------
+
+    def put(self, envelope: Any, /) -> None:
+        """Queue ``envelope``; on a stopped actor an ask is answered with
+        ``ActorDeadError`` and a tell raises it."""
+        with self.lock:
+            if not self.closed:
+                self.messages.append(envelope)
+                if self.scheduled:
+                    return
+                self.scheduled = True
+                dead = False
+            else:
+                dead = True
+        if dead:
+            _refuse(self.dead, envelope, raise_for_tell=True)
+            return
+        self.dispatcher._schedule(self)
+
+    def get(self) -> Any:
+        """The oldest envelope (``IndexError`` when empty: check ``empty`` first)."""
+        return self.messages.popleft()
+
+    def empty(self) -> bool:
+        return not self.messages
+
+    def qsize(self) -> int:
+        return len(self.messages)
+
+    # the dispatcher's side -------------------------------------------------
+
+    def serve(self, dispatcher: LoopDispatcher) -> bool:
+        """Run up to a batch of messages; True if more wait (queue it again)."""
+        actor = self.actor
+        assert actor is not None  # a closed inbox is never scheduled again
+        if not actor._loop_started:
+            actor._loop_started = True
+            dispatcher._run(actor, None, actor._setup)
+        stopped = actor.actor_stopped
+        pending = self.messages
+        for _ in range(dispatcher.batch):
+            if not pending or stopped.is_set():
+                break
+            envelope = pending.popleft()
+            dispatcher._run(actor, envelope.message, actor._handle, envelope)
+        if stopped.is_set():
+            self._teardown()
+            return False
+        with self.lock:
+            if not pending:
+                self.scheduled = False
+                return False
+        return True
+
+    def failed(self) -> None:
+        """A hook let a ``BaseException`` through: the actor is stopped, its inbox refused."""
+        actor = self.actor
+        log.exception("%s raised out of its hooks; it is stopped", actor)
+        if actor is not None:
+            pykka.ActorRegistry.unregister(actor.actor_ref)
+            actor.actor_stopped.set()
+        self._teardown()
+
+    def _close(self) -> LoopActor | None:
+        """Close, letting go of the actor (call holding the lock); the actor."""
+        actor, self.actor = self.actor, None
+        if actor is not None:
+            self.dead = f"{type(actor).__name__} ({actor.actor_urn})"  # as ActorRef says it
+        self.closed = True
+        return actor
+
+    def _teardown(self) -> None:
+        with self.lock:
+            self._close()
+            left = list(self.messages)
+            self.messages.clear()
+        for envelope in left:
+            _refuse(self.dead, envelope, raise_for_tell=False)
+
+    def close_unstarted(self) -> LoopActor | None:
+        """Close an inbox that never got a message (so its actor never ran a hook
+        and was never served); its actor, or None if it did get one."""
+        with self.lock:
+            actor = self.actor
+            if self.scheduled or self.messages or actor is None or actor._loop_started:
+                return None
+            self.scheduled = True  # never served from now on
+            return self._close()  # nothing queued to refuse
+
+
+def stop_unstarted(ref: pykka.ActorRef[Any]) -> bool:
+    """Stop a loop actor that never got a message, on the calling thread and
+    without a turn of the loop: it ran no hook (``start_on_first_message``), so
+    none runs now. True if it was stopped so; False for any other actor (stop
+    it as usual). A message sent to it afterwards gets ``ActorDeadError``.
+
+    A node ends tens of thousands of worker sessions whose actors never got a
+    message; a stop message each would cost a turn each.
+    """
+    inbox = ref.actor_inbox
+    if not isinstance(inbox, _Inbox):
+        return False
+    actor = inbox.close_unstarted()
+    if actor is None:
+        return False
+    actor.actor_stopped.set()
+    return True
+
+
+def _refuse(name: str, envelope: Any, *, raise_for_tell: bool) -> None:
+    reply = envelope.reply_to
+    if reply is None:
+        if raise_for_tell:
+            msg = f"{name} not found"
+            raise pykka.ActorDeadError(msg)
+        return
+    with contextlib.suppress(queue.Full):  # answered already
+        if envelope.message is STOP:
+            reply.set(None)  # stopped, as asked
+        else:
+            error = pykka.ActorDeadError(f"{name} stopped before handling the message")
+            reply.set_exception(exc_info=(pykka.ActorDeadError, error, None))
+
+
+# Seeded from the OS once; URNs need uniqueness, not secrecy.
+_urns = random.Random()  # noqa: S311
+
+
+class _StopFlag:
+    """What pykka reads of ``actor_stopped`` (``is_set``, ``set``, ``wait``),
+    without a Condition and a Lock per actor until someone waits on it."""
+
+    __slots__ = ("_event", "_set")
+
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+
+class LoopRef(pykka.ActorRef[Any]):
+    """A :class:`LoopActor`'s ``ActorRef``: pykka's, with ``stop`` sending :data:`STOP`."""
+
+    @overload
+    def stop(self, *, block: Literal[True], timeout: float | None = None) -> bool: ...
+
+    @overload
+    def stop(
+        self, *, block: Literal[False], timeout: float | None = None
+    ) -> pykka.Future[bool]: ...
+
+    @overload
+    def stop(self, *, block: bool = True, timeout: float | None = None) -> Any: ...
+
+    def stop(self, *, block: bool = True, timeout: float | None = None) -> Any:
+        """As ``pykka.ActorRef.stop``: True once stopped (or being stopped),
+        False if the actor was already dead; a future of that with ``block=False``."""
+        asked = self.ask(STOP, block=False)
+
+        def stopped(timeout: float | None) -> bool:
+            try:
+                asked.get(timeout=timeout)
+            except pykka.ActorDeadError:
+                return False
+            return True
+
+        future: pykka.ThreadingFuture[bool] = pykka.ThreadingFuture()
+        future.set_get_hook(stopped)
+        return future.get(timeout=timeout) if block else future
+
+
+class LoopActor(pykka.Actor):
+    """A pykka ``Actor`` served on an event loop by a :class:`LoopDispatcher`.
+
+    Subclass it and set ``dispatcher`` (a class attribute) to the dispatcher
+    of the loop that serves it; a start without one raises ``RuntimeError``.
+    ``on_start``, ``on_receive``, ``on_stop`` and ``on_failure`` run on the
+    loop's thread, one at a time per actor. A handler that raises is handled
+    as pykka does: the asker gets the exception; a tell logs it, stops the
+    actor and calls ``on_failure``. A ``BaseException`` (``SystemExit``...)
+    from a handler stops this actor (``on_stop`` runs; an asker gets it
+    raised) and nothing else: the loop and the other actors live on.
+    """
+
+    dispatcher: ClassVar[LoopDispatcher | None] = None
+    start_on_first_message: ClassVar[bool] = False
+    """True: ``on_start`` runs when the first message is served (still before
+    it), not on a turn of its own as soon as the actor starts. For an actor
+    type with no ``on_start`` of its own, that saves a turn a start; an actor
+    that never gets a message then never runs ``on_start``."""
+    _loop_started: bool
+
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+        # What pykka's Actor.__init__ sets, with two costs taken out of every
+        # start: the URN from a seeded generator instead of one read of the OS's
+        # random source each, and a plain flag instead of a threading.Event.
+        self.actor_urn = self._new_urn()
+        self.actor_inbox = self._create_actor_inbox()
+        self.actor_stopped = _StopFlag()  # type: ignore[assignment]
+        self._loop_ref = LoopRef(self)
+
+    @property
+    def actor_ref(self) -> LoopRef:
+        """This actor's :class:`LoopRef`."""
+        return self._loop_ref
+
+    def _new_urn(self) -> str:
+        """This actor's ``actor_urn``: a random UUID URN (a subclass may name its own)."""
+        return f"urn:uuid:{uuid.UUID(int=_urns.getrandbits(128), version=4)}"
+
+    # pykka's hooks for an actor type ----------------------------------------
+
+    def _create_actor_inbox(self) -> _Inbox:  # type: ignore[override]
+        self._loop_started = False
+        dispatcher = self.dispatcher
+        if dispatcher is None:
+            msg = f"{type(self).__name__} has no dispatcher: set the class's dispatcher"
+            raise RuntimeError(msg)
+        return _Inbox(self, dispatcher)
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return pykka.ThreadingFuture()
+
+    def _start_actor_loop(self) -> None:
+        inbox = self.actor_inbox
+        assert isinstance(inbox, _Inbox)
+        if self.start_on_first_message:
+            with inbox.lock:  # the first put schedules it; serving runs on_start first
+                if not inbox.messages:
+                    inbox.scheduled = False
+                    return
+        inbox.dispatcher._schedule(inbox)  # serving runs on_start first
+
+    # what pykka's actor loop does, one message at a time -----------------------
+
+    def stop(self) -> None:
+        """Stop the actor after the messages already in its inbox (as ``pykka.Actor.stop``)."""
+        self._loop_ref.tell(STOP)
+
+    def _setup(self) -> None:
+        try:
+            self.on_start()
+        except Exception:  # noqa: BLE001 - pykka's rule: a failing hook is logged
+            self._failed()
+
+    def _handle(self, envelope: Any) -> None:
+        message, reply = envelope.message, envelope.reply_to
+        try:
+            if message is STOP:
+                self._stopped()
+                response = None
+            else:
+                response = self.on_receive(message)
+            if reply is not None:
+                reply.set(response)
+        except Exception:
+            if reply is not None:
+                log.info("Exception returned from %s to caller:", self, exc_info=sys.exc_info())
+                reply.set_exception()
+            else:
+                self._failed()
+                try:
+                    self.on_failure(*sys.exc_info())
+                except Exception:  # noqa: BLE001 - pykka's rule: a failing hook is logged
+                    self._failed()
+        except BaseException:
+            log.exception("%s raised out of its handler; it is stopped", self)
+            if reply is not None:
+                reply.set_exception()
+            if not self.actor_stopped.is_set():
+                self._stopped()
+
+    def _stopped(self) -> None:
+        # Out of pykka's registry if ``start`` put it there (a node's actors never are).
+        pykka.ActorRegistry.unregister(self._loop_ref)
+        self.actor_stopped.set()
+        try:
+            self.on_stop()
+        except Exception:  # noqa: BLE001 - pykka's rule: a failing hook is logged
+            self._failed()
+
+    def _failed(self) -> None:
+        log.error("Unhandled exception in %s:", self, exc_info=sys.exc_info())
+        pykka.ActorRegistry.unregister(self._loop_ref)
+        self.actor_stopped.set()

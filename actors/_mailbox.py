@@ -1,9 +1,8 @@
-"""Mailbox plumbing: which pykka actor type runs actors, posting, and replies.
+"""Mailbox plumbing: the actor class of a node's actors, posting, and replies.
 
-The actor type is chosen here and nowhere else: session logic is written as a
-mixin and combined with the configured pykka base class, so a faster actor
-implementation replaces ``ThreadingActor`` by adding one entry to
-:data:`ACTOR_TYPES`.
+Session logic is written as a mixin and combined here with
+:class:`LoopActor`, served on the node's event loop by its
+:class:`LoopDispatcher` (the one execution mode: see ``_loop_dispatch``).
 
 Actors started here are kept out of pykka's global ``ActorRegistry`` (one
 list, O(n) to unregister, and ``stop_all`` on any ``BaseException``): the node
@@ -15,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,11 +22,10 @@ import pykka
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._core import _set_done, call_soon
-from sessiontree.actors._pooled import Dispatcher, PooledActor, _Inbox
+from sessiontree.actors._loop_dispatch import STOP, LoopActor, LoopDispatcher
 from sessiontree.protocol import DeadlockError, SessionTreeError
 
 __all__ = [
-    "ACTOR_TYPES",
     "AskTimeoutError",
     "Counted",
     "Reply",
@@ -47,13 +44,6 @@ __all__ = [
 
 A = TypeVar("A", bound=pykka.Actor)
 
-#: The actor implementations a node can run its actors on, by config name.
-ACTOR_TYPES: dict[str, type[pykka.Actor]] = {
-    "pooled": PooledActor,
-    "threading": pykka.ThreadingActor,
-}
-
-_classes: dict[tuple[type[Any], str], type[pykka.Actor]] = {}
 _local = threading.local()
 
 
@@ -61,30 +51,10 @@ class AskTimeoutError(SessionTreeError):
     """Raised when an actor did not answer within the ask's timeout."""
 
 
-def actor_class(
-    logic: type[Any], actor_type: str, dispatcher: Dispatcher | None = None
-) -> type[pykka.Actor]:
-    """``logic`` (a mixin with ``on_receive``) on the pykka base named ``actor_type``.
-
-    ``dispatcher`` binds a ``pooled`` class to that pool (the class is then
-    new, not shared; without one, pooled actors share a process-wide pool).
-    Raises ``ValueError`` naming the known types for an unknown name.
-    """
-    try:
-        base = ACTOR_TYPES[actor_type]
-    except KeyError:
-        msg = f"unknown actor_type {actor_type!r}; known: {sorted(ACTOR_TYPES)}"
-        raise ValueError(msg) from None
-    name = f"{logic.__name__}[{actor_type}]"
-    if dispatcher is not None and issubclass(base, PooledActor):
-        return type(name, (logic, base), {"dispatcher": dispatcher})
-    key = (logic, actor_type)
-    cls = _classes.get(key)
-    if cls is None:
-        attrs: dict[str, Any] = {"use_daemon_thread": True}
-        cls = type(name, (logic, base), attrs)
-        _classes[key] = cls
-    return cls
+def actor_class(logic: type[Any], dispatcher: LoopDispatcher) -> type[LoopActor]:
+    """``logic`` (a mixin with ``on_receive``) as a :class:`LoopActor` served by
+    ``dispatcher`` (a class of its own per call: one per node)."""
+    return type(f"{logic.__name__}[loop]", (logic, LoopActor), {"dispatcher": dispatcher})
 
 
 def start_actor(cls: type[A], *args: Any, **kwargs: Any) -> pykka.ActorRef[A]:
@@ -115,22 +85,19 @@ def post(ref: pykka.ActorRef[Any], message: object, activity: Activity) -> bool:
 
 
 def mailbox_depth(ref: pykka.ActorRef[Any]) -> int:
-    """How many messages wait in ``ref``'s inbox (a threading or a pooled actor's)."""
-    inbox = ref.actor_inbox
-    return inbox.qsize() if isinstance(inbox, queue.Queue | _Inbox) else 0
+    """How many messages wait in ``ref``'s inbox (0 for an inbox that cannot say)."""
+    qsize = getattr(ref.actor_inbox, "qsize", None)
+    return int(qsize()) if qsize is not None else 0
 
 
 def stop_actor(ref: pykka.ActorRef[Any]) -> None:
-    """``ref.stop(block=False)`` without the reply future pykka would create for it.
+    """``ref.stop(block=False)`` without the reply future it would create.
 
     The actor stops after the messages already in its inbox; messages posted
-    later get ``ActorDeadError`` (or are answered with it).
+    later get ``ActorDeadError`` (or are answered with it). Already dead: nothing.
     """
     with contextlib.suppress(pykka.ActorDeadError):
-        ref.tell(_STOP)
-
-
-_STOP = pykka.messages._ActorStop()
+        ref.tell(STOP)
 
 
 def drain_inbox(actor: pykka.Actor, activity: Activity, refuse: Callable[[object], None]) -> None:
@@ -149,14 +116,18 @@ def drain_inbox(actor: pykka.Actor, activity: Activity, refuse: Callable[[object
                 refuse(message.message)
             finally:
                 activity.end()
-        if envelope.reply_to is not None and not isinstance(message, type(_STOP)):
+        if envelope.reply_to is None:
+            continue
+        if message is STOP:
+            envelope.reply_to.set(None)  # stopped, as asked
+        else:
             error = pykka.ActorDeadError(f"{actor} stopped before handling the message")
             envelope.reply_to.set_exception(exc_info=(type(error), error, None))
 
 
 def in_actor_handler() -> bool:
     """True on a thread where blocking on an actor's answer is refused: inside
-    an actor's message handler, or on the node's event loop (it may serve the
+    an actor's message handler, or on the node's event loop (it serves the
     actors themselves, see ``LoopDispatcher``, and it runs every async skill)."""
     return getattr(_local, "handler", False) or getattr(_local, "serves", 0) > 0
 

@@ -148,16 +148,16 @@ class RetryCycle:
 
 
 class SessionActorLogic:
-    """Message handling of a session actor; combined with a pykka base by ``actor_class``.
+    """Message handling of a session actor; made a ``LoopActor`` by ``actor_class``.
 
-    Handlers run on the actor's thread (or the dispatcher's); a handler that
+    Handlers run on the node's event loop, one at a time; a handler that
     raises is logged and counted, never fatal to the actor. A
     ``KeyboardInterrupt``/``SystemExit`` in a handler is handed to ``on_fatal``
     (the node shuts down in order) instead of pykka's ``stop_all``.
     """
 
-    #: A pooled session actor has no ``on_start``: it takes a pool thread only
-    #: once it has a message (see ``PooledActor.start_on_first_message``).
+    #: A session actor has no ``on_start``: it takes a turn of the loop only
+    #: once it has a message (see ``LoopActor.start_on_first_message``).
     start_on_first_message = True
 
     def __init__(
@@ -172,7 +172,7 @@ class SessionActorLogic:
         on_rejected: Callable[[object], None],
         on_fatal: Callable[[BaseException], None],
     ) -> None:
-        self.core = core  # before the base's __init__: a pooled actor's URN reads it
+        self.core = core  # before the base's __init__: the actor's URN reads it
         super().__init__()
         self.host = host
         self.skill = skill
@@ -189,7 +189,7 @@ class SessionActorLogic:
         self.held = False  # the store refused a cycle: none starts until RetryCycle
 
     def _new_urn(self) -> str:
-        """A pooled session actor is named after its session: no UUID made per spawn."""
+        """A session actor is named after its session: no UUID made per spawn."""
         return f"urn:uuid:{self.core.session_id}"
 
     def on_stop(self) -> None:

@@ -2,7 +2,7 @@
 
 Not for applications, and not a stable API: these are the parts the Cortex
 and the ``Node`` assemble a runtime from (the session actor and its messages,
-mailboxes and dispatchers, the step executor and event loop, compute slots,
+mailboxes and the loop's dispatcher, the step executor and event loop, compute slots,
 the shared per-session state, the node's execution backends). They change
 whenever the runtime does. A skill author or an embedding application uses
 ``sessiontree.actors`` (the ``Session`` handles, ``Cancelled``, clocks,
@@ -27,7 +27,13 @@ from sessiontree.actors._execution import (
     to_outcome,
 )
 from sessiontree.actors._host import ModelCall, RunEnd, SessionHost, SpawnedLike
-from sessiontree.actors._loop_dispatch import LoopDispatcher
+from sessiontree.actors._loop_dispatch import (
+    BlockedHandler,
+    LoopActor,
+    LoopDispatcher,
+    LoopRef,
+    stop_unstarted,
+)
 from sessiontree.actors._mailbox import (
     Counted,
     Reply,
@@ -41,7 +47,6 @@ from sessiontree.actors._mailbox import (
     start_actor,
     stop_actor,
 )
-from sessiontree.actors._pooled import BlockedHandler, Dispatcher, PooledActor, stop_unstarted
 from sessiontree.actors._session_actor import (
     CancelSignal,
     CycleDone,
@@ -72,16 +77,16 @@ __all__ = [
     "CycleInput",
     "CycleRefused",
     "Deliver",
-    "Dispatcher",
     "EventLoopThread",
     "ForceStop",
     "Inbound",
     "Inspect",
+    "LoopActor",
     "LoopDispatcher",
+    "LoopRef",
     "LoopTimer",
     "ModelCall",
     "Passivate",
-    "PooledActor",
     "Reply",
     "RetryCycle",
     "RunEnd",

@@ -4,21 +4,18 @@
 
 What it measures (the keys of the last stdout line, one JSON object):
 
-* Side by side, pooled session actors vs pykka's ``ThreadingActor``, each on
-  a fresh node with an LMDB store, ``compare_sessions`` (10,000) resident
-  sessions:
-  - ``spawn_per_s_*`` — one ``Node.spawn_many`` of that many async workers
+* On a fresh node with an LMDB store, ``compare_sessions`` (10,000) resident
+  sessions (these keys were ``*_pooled`` while the node had other actor types
+  to compare with):
+  - ``spawn_per_s`` — one ``Node.spawn_many`` of that many async workers
     under one Main (the agent allows that many children), from the call
     until every one is answered (records durable) and the node has settled
-    (every skill started and waiting at a checkpoint). Branches and Workers
-    hold no actor of either type (the Cortex steers them), so the two differ
-    only by noise here;
-  - ``msgs_per_s_*`` — messages told round robin to the actors of that many
+    (every skill started and waiting at a checkpoint);
+  - ``msgs_per_s`` — messages told round robin to the actors of that many
     Mains (one per session key; a Main is the session that holds a mailbox
     actor), ``Inspect`` probes that count, through the node's own ``post``,
-    from the first tell until the last has been handled;
-  - ``spawn_ratio`` and ``msgs_ratio``: pooled ÷ threading.
-* Pooled alone, on one node with a store:
+    from the first tell until the last has been handled.
+* On one node with a store:
   - ``dormant`` idle Mains created, then passivated (``passivate_after``
     1 s); then 20 full trees (1 Main + 8 + 64 + 512 Branches + 4,096
     Workers = 4,681 each, 93,620 in all), every skill in flight and waiting;
@@ -33,7 +30,7 @@ Every node runs with ``gc_tuning`` (the collector thresholds a node holding
 many sessions wants; ``sessiontree node start`` turns it on too), and every
 phase starts on a collected heap.
 
-``--quick``: 2,000 sessions side by side, 2 trees, 2,000 passivated Mains,
+``--quick``: 2,000 resident sessions, 2 trees, 2,000 passivated Mains,
 100 reactivations (full: 10,000, 20 trees, 10,000 Mains, 1,000).
 """
 
@@ -108,9 +105,8 @@ def agent(max_children: int) -> Agent:
     return Agent("bench", skills, main_skill="main", max_children=max_children)
 
 
-def make_node(store_dir: str, actor_type: str, n: int, **config: Any) -> Node:
+def make_node(store_dir: str, n: int, **config: Any) -> Node:
     settings: dict[str, Any] = {
-        "actor_type": actor_type,
         "max_sessions": 4 * n + 1000,
         "max_running_skills": 4 * n + 1000,
         "ask_timeout": 600.0,
@@ -120,13 +116,13 @@ def make_node(store_dir: str, actor_type: str, n: int, **config: Any) -> Node:
     return Node([agent(max(n, FANOUT))], NodeConfig(**settings), store=store_dir)
 
 
-# -- side by side ------------------------------------------------------------------------
+# -- resident sessions ---------------------------------------------------------------------
 
 
-def compare(actor_type: str, n: int, messages: int, workdir: str) -> dict[str, float]:
+def compare(n: int, messages: int, workdir: str) -> dict[str, float]:
     gc.collect()  # each phase starts on a collected heap: not the garbage of the last
-    store_dir = tempfile.mkdtemp(prefix=f"compare-{actor_type}-", dir=workdir)
-    node = make_node(store_dir, actor_type, n, passivate_after=None)
+    store_dir = tempfile.mkdtemp(prefix="compare-", dir=workdir)
+    node = make_node(store_dir, n, passivate_after=None)
     try:
         main = node.main("bench")
         specs = [SpawnSpec(kind=SessionKind.WORKER, skill="resident")] * n
@@ -135,7 +131,7 @@ def compare(actor_type: str, n: int, messages: int, workdir: str) -> dict[str, f
         assert all(s.ok for s in spawned), next(s.error for s in spawned if not s.ok)
         assert node.wait_idle(600), "spawned sessions did not settle"
         spawn_s = time.perf_counter() - t0
-        log(f"  {actor_type}: {n} spawned in {spawn_s:.2f} s ({n / spawn_s:,.0f}/s)")
+        log(f"  {n} spawned in {spawn_s:.2f} s ({n / spawn_s:,.0f}/s)")
 
         async def open_mains() -> list[Any]:
             keys = [f"internal:channel:m{i}" for i in range(n)]
@@ -159,23 +155,23 @@ def compare(actor_type: str, n: int, messages: int, workdir: str) -> dict[str, f
             post(refs[i % n], message, activity)
         assert done.wait(600), "messages were not all handled"
         msgs_s = time.perf_counter() - t0
-        log(f"  {actor_type}: {messages} messages in {msgs_s:.2f} s ({messages / msgs_s:,.0f}/s)")
+        log(f"  {messages} messages in {msgs_s:.2f} s ({messages / msgs_s:,.0f}/s)")
         return {"spawn_per_s": n / spawn_s, "msgs_per_s": messages / msgs_s}
     finally:
         t0 = time.perf_counter()
         node.shutdown(grace=0, timeout=600)
-        log(f"  {actor_type}: shutdown {time.perf_counter() - t0:.2f} s")
+        log(f"  shutdown {time.perf_counter() - t0:.2f} s")
         shutil.rmtree(store_dir, ignore_errors=True)
 
 
-# -- pooled at scale ---------------------------------------------------------------------
+# -- at scale ----------------------------------------------------------------------------
 
 
 def scale(trees: int, dormant: int, reactivations: int, workdir: str) -> dict[str, Any]:
     gc.collect()
     store_dir = tempfile.mkdtemp(prefix="scale-", dir=workdir)
     n = trees * TREE + dormant
-    node = make_node(store_dir, "pooled", n, passivate_after=1.0, check_interval=0.25)
+    node = make_node(store_dir, n, passivate_after=1.0, check_interval=0.25)
     figures: dict[str, Any] = {}
     try:
         # idle Mains, created concurrently (their records share commits), then passivated
@@ -276,22 +272,17 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="bench-scale-", dir=args.dir)
     started_at = time.perf_counter()
     try:
-        log(f"side by side, {n} resident sessions each")
-        pooled = compare("pooled", n, 20 * n, workdir)
-        threading_ = compare("threading", n, 2 * n, workdir)
-        log(f"pooled alone: {trees} trees, {dormant} passivated Mains")
+        log(f"{n} resident sessions")
+        resident_figures = compare(n, 20 * n, workdir)
+        log(f"at scale: {trees} trees, {dormant} passivated Mains")
         figures = scale(trees, dormant, reactivations, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out = {
         "bench": "scale",
         "compare_sessions": n,
-        "spawn_per_s_pooled": round(pooled["spawn_per_s"], 1),
-        "spawn_per_s_threading": round(threading_["spawn_per_s"], 1),
-        "spawn_ratio": round(pooled["spawn_per_s"] / threading_["spawn_per_s"], 2),
-        "msgs_per_s_pooled": round(pooled["msgs_per_s"], 1),
-        "msgs_per_s_threading": round(threading_["msgs_per_s"], 1),
-        "msgs_ratio": round(pooled["msgs_per_s"] / threading_["msgs_per_s"], 2),
+        "spawn_per_s": round(resident_figures["spawn_per_s"], 1),
+        "msgs_per_s": round(resident_figures["msgs_per_s"], 1),
         **figures,
         "quick": args.quick,
         "cpus": os.cpu_count(),

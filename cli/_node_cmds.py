@@ -66,7 +66,6 @@ from typing import Any
 import click
 import uvicorn
 
-from sessiontree.actors import ACTOR_TYPES
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
 from sessiontree.cli._api import (
@@ -94,7 +93,6 @@ from sessiontree.cli._wire import settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.store import Store
 from sessiontree.supervision import (
-    DISPATCHES,
     Agent,
     Node,
     NodeConfig,
@@ -102,6 +100,7 @@ from sessiontree.supervision import (
     Price,
     Provider,
     Tracing,
+    removed_setting,
 )
 
 __all__ = ["start", "stopped_line"]
@@ -133,9 +132,6 @@ _NODE_FLAGS = (
     "max_sessions",
     "max_step_threads",
     "max_running_skills",
-    "actor_type",
-    "dispatch",
-    "dispatcher_threads",
     "passivate_after",
     "backend",
     "process_workers",
@@ -165,12 +161,22 @@ def _read_config(path: Path | None) -> dict[str, Any]:
     return raw
 
 
+def _removed(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """A removed setting's flag (or its environment variable): refused, never ignored."""
+    if value is not None and param.name is not None:
+        raise click.BadParameter(removed_setting(param.name) or "removed", ctx, param)
+
+
 def _effective(ctx: click.Context, file: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """Merge defaults < file < environment < flags; also say where each came from."""
     settings: dict[str, Any] = {}
     sources: dict[str, str] = {}
     fields = {f.name for f in dataclasses.fields(NodeConfig)}
     node_table: dict[str, Any] = dict(file.get("node", {}))
+    for name in sorted(node_table):
+        why = removed_setting(name)
+        if why is not None:
+            raise click.BadParameter(f"[node] {name}: {why}", param_hint="--config")
     unknown = sorted(set(node_table) - fields)
     if unknown:
         msg = f"unknown [node] setting {unknown[0]!r}"
@@ -567,24 +573,9 @@ async def _serve(
     default=None,
     help="NodeConfig.max_running_skills.",
 )
-@click.option(
-    "--actor-type",
-    type=click.Choice(sorted(ACTOR_TYPES)),
-    default=None,
-    help="NodeConfig.actor_type: pooled mailboxes (default) or a thread per session.",
-)
-@click.option(
-    "--dispatch",
-    type=click.Choice(DISPATCHES),
-    default=None,
-    help="NodeConfig.dispatch: pooled actors on the event loop (default) or on threads.",
-)
-@click.option(
-    "--dispatcher-threads",
-    type=click.IntRange(1),
-    default=None,
-    help="NodeConfig.dispatcher_threads: the pool serving pooled actors (--dispatch threads).",
-)
+@click.option("--actor-type", hidden=True, callback=_removed, expose_value=False)
+@click.option("--dispatch", hidden=True, callback=_removed, expose_value=False)
+@click.option("--dispatcher-threads", hidden=True, callback=_removed, expose_value=False)
 @click.option(
     "--passivate-after",
     type=click.FloatRange(0.0, min_open=True),

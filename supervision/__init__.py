@@ -7,7 +7,7 @@ from sessiontree.supervision._aggregate import (
     normalise_answer,
 )
 from sessiontree.supervision._chat import COMMANDS, chat_command, is_command
-from sessiontree.supervision._config import DISPATCHES, Agent, NodeConfig
+from sessiontree.supervision._config import Agent, NodeConfig, removed_setting
 from sessiontree.supervision._continuation import continuation_token, parse_continuation
 from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
@@ -33,7 +33,6 @@ from sessiontree.supervision._tracing_config import Tracing
 
 __all__ = [
     "COMMANDS",
-    "DISPATCHES",
     "MAX_BRANCH_DEPTH",
     "MAX_MODEL_SERIES",
     "MAX_WORKER_DEPTH",
@@ -74,6 +73,7 @@ __all__ = [
     "normalise_answer",
     "parse_continuation",
     "recovery_summary",
+    "removed_setting",
     "stored_recording",
     "stored_spending",
 ]

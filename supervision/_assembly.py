@@ -2,8 +2,8 @@
 
 ``NodeParts`` makes everything a ``Node`` is built of besides its Cortex and
 its own state — the clock, the store, shared memory, the conversations, the
-dispatcher, the two step executors, the backends and the event loop (made
-with a dispatcher that serves actors on it, else on first use) — and knows
+event loop and the dispatcher that serves every actor on it, the two step
+executors, the backends — and knows
 the steps of a start that touch them: recovery from the store, starting the
 node's own backend, the ``Runtime`` the Cortex drives, housekeeping. A step
 that fails releases what the start had taken (``abort``) and raises out of
@@ -29,7 +29,6 @@ from sessiontree.actors.runtime import (
     Activity,
     Backends,
     ComputeSlots,
-    Dispatcher,
     EventLoopThread,
     LoopDispatcher,
     SessionHost,
@@ -76,16 +75,10 @@ def agents_by_id(agents: Iterable[Agent]) -> dict[str, Agent]:
 def start_cortex(runtime: Runtime) -> pykka.ActorRef[Any]:
     """Start the Cortex actor over ``runtime`` and wait until it has started
     (``NodeClosedError`` if it does not within ``ask_timeout``). It decides
-    every change of the tree: on the event loop with the sessions' actors
-    when they are served there, else on a thread of its own, never a turn in
-    a pool of threads its sessions share (a busy pool would delay every
-    decision)."""
-    if isinstance(runtime.dispatcher, LoopDispatcher):
-        ref = start_actor(actor_class(Cortex, "pooled", runtime.dispatcher), runtime)
-    else:
-        ref = start_actor(actor_class(Cortex, "threading"), runtime)
-    # Its start (the periodic check's first timer) happens on its own thread or
-    # turn: a node is started once that is done, whatever the clock does next.
+    every change of the tree, on the event loop with the sessions' actors."""
+    ref = start_actor(actor_class(Cortex, runtime.dispatcher), runtime)
+    # Its start (the periodic check's first timer) happens on its own turn of
+    # the loop: a node is started once that is done, whatever the clock does next.
     if not runtime.started.wait(runtime.config.ask_timeout):
         stop_actor(ref)
         msg = f"the cortex did not start within {runtime.config.ask_timeout} s"
@@ -130,12 +123,12 @@ class NodeParts:
         )
         self.contexts = Contexts(self.conversations)  # spawned sessions' branches of them
         self.loop: EventLoopThread | None = None
-        """The event loop for async skills (and, with ``dispatch="loop"``, for
-        every actor), made with the dispatcher that needs it or on first use."""
+        """The event loop for every actor and every async skill (made with the
+        dispatcher that serves the actors on it)."""
         self._loop_lock = threading.Lock()
-        if loop is not None:  # adopted now, off its thread (see EventLoopThread)
-            self.event_loop()
-        self.dispatcher = self._dispatcher_for(config)
+        # the node's actors are served on its loop: it starts with the node (an
+        # application's running loop, adopted now off its thread: see EventLoopThread)
+        self.dispatcher = LoopDispatcher(self.event_loop(), block_threshold=config.block_threshold)
         self.executor = StepExecutor(config.max_step_threads)
         self.main_executor = StepExecutor(config.max_step_threads, "sessiontree-step-main")
         self.backends = _backends_for(config)
@@ -153,20 +146,6 @@ class NodeParts:
             if self.loop is None:
                 self.loop = EventLoopThread(loop=self.adopt)
             return self.loop
-
-    def _dispatcher_for(self, config: NodeConfig) -> Dispatcher | None:
-        """What serves the node's actors: the event loop, a pool of threads, or
-        nothing (``threading`` actors: a thread each)."""
-        if config.actor_type != "pooled":
-            return None
-        if config.dispatch == "loop":
-            loop = self.event_loop()
-            return LoopDispatcher(loop, block_threshold=config.block_threshold)
-        return Dispatcher(
-            config.dispatcher_threads,
-            block_threshold=config.block_threshold,
-            name="sessiontree-session",
-        )
 
     # -- the steps of a start ------------------------------------------------------
 
@@ -241,8 +220,7 @@ class NodeParts:
     def abort(self) -> None:
         """``Node()`` failed: release what it had taken (the dispatcher, the
         event loop, started backends, a store it opened)."""
-        if self.dispatcher is not None:
-            self.dispatcher.close()
+        self.dispatcher.close()
         if self.loop is not None:
             self.loop.close()
         self.backends.close()
@@ -255,8 +233,7 @@ class NodeParts:
         event loop (a remote step still awaited is killed here), the backends, an
         owned clock, housekeeping; then the store is flushed (an error is
         logged, not raised) and, if the node opened it, closed."""
-        if self.dispatcher is not None:
-            self.dispatcher.close()
+        self.dispatcher.close()
         self.executor.close()
         self.main_executor.close()
         if self.loop is not None:

@@ -5,26 +5,42 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 
-from sessiontree.actors import ACTOR_TYPES, Compaction
+from sessiontree.actors import Compaction
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.actors.runtime import is_async_skill
 from sessiontree.protocol import Budget, DmScope, SessionKind
 from sessiontree.supervision._providers import Price, Provider
 from sessiontree.supervision._tracing_config import Tracing
 
-__all__ = ["Agent", "NodeConfig", "Price", "Provider"]
+__all__ = ["Agent", "NodeConfig", "Price", "Provider", "removed_setting"]
 
 Skill = Callable[[Any], Any]
 
 MAIN_SKILL = "main"  # the skill that runs Main cycles when main_skill names none
 
-# Process-wide defaults of NodeConfig fields that tests run both ways.
-_DEFAULTS: dict[str, Any] = {"actor_type": "pooled", "dispatch": "loop"}
-DISPATCHES = ("loop", "threads")
+_ONE_MODE = (
+    "a node has one execution mode: the Cortex and every session actor on the"
+    " node's event loop, sync skills' steps on the step threads, async skills on"
+    " the loop; drop the setting"
+)
+
+# NodeConfig settings that are gone, and why: a config that still names one
+# (``NodeConfig(...)``, a ``[node]`` table, an environment variable, a flag) is refused.
+_REMOVED: Mapping[str, str] = {
+    "actor_type": "the thread-per-session and pooled actor types are gone: " + _ONE_MODE,
+    "dispatch": "serving actors on a pool of threads is gone: " + _ONE_MODE,
+    "dispatcher_threads": "the pool of dispatcher threads is gone: " + _ONE_MODE,
+}
+
+
+def removed_setting(name: str) -> str | None:
+    """Why the NodeConfig setting ``name`` is refused if it was removed, else None."""
+    why = _REMOVED.get(name)
+    return None if why is None else f"NodeConfig.{name} was removed ({why})"
 
 
 @dataclass(frozen=True)
@@ -39,17 +55,13 @@ class NodeConfig:
     children or parked holds none). ``max_sessions``/``max_zombies``: past
     either, spawns are refused with ``capacity_exceeded``. ``stuck_after``: a
     running skill with no checkpoint for that long is flagged (never killed).
-    ``actor_type``: what runs session actors: ``pooled`` (default; actors
-    share what ``dispatch`` names, and a handler still running after
-    ``block_threshold`` real seconds is reported) or ``threading`` (pykka's
-    ``ThreadingActor``, a thread per session, and one for the Cortex).
-    ``dispatch`` (pooled actors only): ``loop`` (default) serves the Cortex
-    and every session actor on the node's event loop, the thread async skills
-    run on, so an async skill's spawns, results and collects never cross a
-    thread; ``threads`` serves session actors on a pool of
-    ``dispatcher_threads`` threads and gives the Cortex a thread of its own
-    (a handler that blocks then holds one pool thread, and a compensating one
-    stands in; on the loop it would hold up every async skill). ``passivate_after``: a Main that
+    The Cortex and every session actor take their messages on the node's
+    event loop, the thread async skills run on (sync skills' steps run on
+    the step threads): an actor handler never blocks, and one still running
+    after ``block_threshold`` real seconds is reported (logged and counted).
+    A setting that was removed (``actor_type``, ``dispatch``,
+    ``dispatcher_threads``) is refused with ``ValueError`` naming it.
+    ``passivate_after``: a Main that
     took no message for that long is written out and its actor stopped (it
     holds no actor until its next message brings it back; None: never).
     ``backend``: where workers' skills run unless their spawn says otherwise
@@ -115,9 +127,6 @@ class NodeConfig:
     memory_probe: bool = True
     memory_high: float = 0.90
     memory_low: float = 0.80
-    actor_type: str = field(default_factory=lambda: _DEFAULTS["actor_type"])
-    dispatch: str = field(default_factory=lambda: _DEFAULTS["dispatch"])
-    dispatcher_threads: int = 2
     block_threshold: float = 1.0
     ask_timeout: float = 30.0
     retain_terminal: int = 10_000
@@ -138,6 +147,15 @@ class NodeConfig:
     restart_intensity: int = 5
     restart_period: float = 300.0
     tracing: Tracing | None = None
+
+    def __new__(cls, *_args: Any, **kwargs: Any) -> Self:
+        # Before the dataclass's __init__, which would say only "unexpected
+        # keyword argument": a removed setting is refused saying it is gone.
+        for name in kwargs:
+            why = removed_setting(name)
+            if why is not None:
+                raise ValueError(why)
+        return super().__new__(cls)
 
     def _check_recovery(self) -> None:
         for name in ("recovery_attempts", "restart_intensity"):
@@ -160,11 +178,7 @@ class NodeConfig:
                 raise ValueError(msg)
 
     def _check_choices(self) -> None:
-        for name, known in (
-            ("actor_type", sorted(ACTOR_TYPES)),
-            ("dispatch", list(DISPATCHES)),
-            ("backend", list(BACKENDS)),
-        ):
+        for name, known in (("backend", list(BACKENDS)),):
             value = getattr(self, name)
             if value not in known:
                 msg = f"NodeConfig.{name} must be one of {known}, got {value!r}"
@@ -229,7 +243,6 @@ class NodeConfig:
             "max_zombies",
             "retain_terminal",
             "max_retained_results",
-            "dispatcher_threads",
             "ray_actors",
         ):
             value = getattr(self, name)

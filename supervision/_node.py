@@ -221,9 +221,8 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
         """The asyncio loop every async skill of this node runs on (inline ones:
         a ``process`` or ``ray`` step runs in its worker), on the node's one
         thread ``sessiontree-loop``, or the application's own loop for a node
-        started with ``astart`` (with ``dispatch="loop"`` the Cortex and
-        the session actors take their messages there too; it starts with the
-        node then, else on first use); sync skills run on the step
+        started with ``astart``; the Cortex and the session actors take their
+        messages there too, and it starts with the node; sync skills run on the step
         executor's threads instead. A client that async skills share
         (``httpx.AsyncClient``, ``AsyncOpenAI``) belongs to this loop: use it
         only from skills, and hand it work from other threads with

@@ -13,8 +13,8 @@ from sessiontree.actors.runtime import (
     Activity,
     Backends,
     ComputeSlots,
-    Dispatcher,
     EventLoopThread,
+    LoopDispatcher,
     SessionHost,
     StepExecutor,
 )
@@ -46,11 +46,11 @@ class Runtime:
     on_fatal: Callable[[BaseException], None]
     on_failed: Callable[[BaseException], None]
     persist: Persister
+    dispatcher: LoopDispatcher  # serves the Cortex and the sessions on the node's loop
     recovered: Recovered | None = None
     models: Models | None = None  # the node's model providers, when it has any
     contexts: Contexts | None = None  # spawned sessions' context branches
     tapes: Recorder | None = None  # recorded runs (a replay's node: its Player)
-    dispatcher: Dispatcher | None = None
     backends: Backends = field(default_factory=lambda: Backends({}))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     # the fraction of memory in use at the last periodic check (NaN: no reading)

@@ -65,9 +65,7 @@ class Tree:
         self.commits = commits
         self.persist = runtime.persist
         self.store = runtime.persist.store
-        self.session_class = actor_class(
-            SessionActorLogic, runtime.config.actor_type, runtime.dispatcher
-        )
+        self.session_class = actor_class(SessionActorLogic, runtime.dispatcher)
         self.ref: pykka.ActorRef[Any] | None = None  # the Cortex, once started
         self.entries: dict[uuid.UUID, TreeEntry] = {}
         self.mains: dict[tuple[str, str], uuid.UUID] = {}
@@ -507,7 +505,7 @@ class Tree:
         refs, self.to_stop = self.to_stop, []
         stop, activity = StopSession(), self.rt.activity
         for ref in refs:
-            # a worker's actor that never got a message stops here, no pool turn
+            # a worker's actor that never got a message stops here, no turn of the loop
             if not stop_unstarted(ref):
                 post(ref, stop, activity)
 

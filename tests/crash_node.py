@@ -49,13 +49,7 @@ MAIN_KEYS = tuple(f"internal:thread:m{i}" for i in range(4))
 _BRANCHES = ("branch", "branch_async")
 _WORKERS = ("worker", "worker_async")
 RUN_FOR = 60.0  # real seconds; the test kills the process long before
-# The test runs once per actor type and says which in the environment.
-CONFIG = NodeConfig(
-    grace=0.5,
-    max_step_threads=128,
-    ask_timeout=20.0,
-    actor_type=os.environ.get("SESSIONTREE_TEST_ACTOR_TYPE", "pooled"),
-)
+CONFIG = NodeConfig(grace=0.5, max_step_threads=128, ask_timeout=20.0)
 
 Ack = Callable[..., None]
 

@@ -18,7 +18,6 @@ test wants it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -52,7 +51,7 @@ def main() -> None:
 
     skills = {"main": idle_main, "stuck": stuck, "wraps_up": wraps_up, "quick": quick}
     agent = Agent("agent", skills, main_skill="main")
-    config = NodeConfig(actor_type=os.environ.get("SESSIONTREE_TEST_ACTOR_TYPE", "pooled"))
+    config = NodeConfig()
     if mode in ("stuck", "wraps_up"):
         with Node([agent], config) as node:
             main_ref = node.main("agent")

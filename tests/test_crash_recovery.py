@@ -31,7 +31,6 @@ in the assertion messages), so a failure replays.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import random
 import signal
@@ -55,7 +54,7 @@ from sessiontree.store import (
     Store,
     decode_record,
 )
-from sessiontree.supervision import Node, NodeConfig
+from sessiontree.supervision import Node
 from tests.conftest import WAIT
 from tests.crash_node import AGENT_ID, CONFIG, AckLog, make_agents
 
@@ -328,10 +327,8 @@ def check_cycles_once(acks: Acks, where: str) -> None:
 def recover(store: Path, log: Path) -> dict[str, int]:
     """Open a node on the store (recovery runs), let it settle, shut it down;
     the cycles it runs are logged to ``log``."""
-    # the actor type under test (CONFIG was built when this module was imported)
-    config = dataclasses.replace(CONFIG, actor_type=NodeConfig().actor_type)
     ack = AckLog(str(log))
-    node = Node(make_agents(ack), config, store=store)
+    node = Node(make_agents(ack), CONFIG, store=store)
     try:
         assert node.wait_idle(WAIT), f"the recovered node did not settle: {node.activity.busy}"
         return node.recovery

@@ -4,8 +4,9 @@ The README's Layout: ``protocol`` and ``testing`` (the stand-in model) import no
 other package; ``store``, the session runtime (``actors``) and the
 conversation tree import only ``protocol``;
 nothing imports ``cli``; no package imports another package's private
-(``_``-prefixed) module; and no module imports itself back through others,
-not even under ``TYPE_CHECKING``.
+(``_``-prefixed) module; no module imports itself back through others,
+not even under ``TYPE_CHECKING``; and nothing uses a private pykka name
+(pykka is used through its public API only).
 """
 
 from __future__ import annotations
@@ -110,6 +111,69 @@ def test_no_package_imports_another_packages_private_module() -> None:
         for module, path in MODULES.items()
         for target, line in _imports(module, path)
         if _package_of(target) != _package_of(module) and _is_private(target)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def _private_pykka_names(source: str) -> Iterator[tuple[str, int]]:
+    """Every private (``_``-prefixed) pykka name ``source`` imports or reads:
+    ``pykka._envelope``, ``from pykka.messages import _ActorStop``,
+    ``messages._ActorStop`` after ``from pykka import messages``..."""
+    tree = ast.parse(source)
+    bound: set[str] = set()  # local names of pykka modules and objects
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] != "pykka":
+                    continue
+                if any(part.startswith("_") for part in alias.name.split(".")):
+                    yield alias.name, node.lineno
+                bound.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pykka":
+            module = node.module or ""
+            if any(part.startswith("_") for part in module.split(".")):
+                yield module, node.lineno
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    yield f"{module}.{alias.name}", node.lineno
+                bound.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        chain = [node.attr]
+        root: ast.expr = node.value
+        while isinstance(root, ast.Attribute):
+            chain.append(root.attr)
+            root = root.value
+        if isinstance(root, ast.Name) and root.id in bound:
+            parts = [root.id, *reversed(chain)]
+            if any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+                yield ".".join(parts), node.lineno
+
+
+def test_the_pykka_scan_sees_private_names() -> None:
+    source = (
+        "import pykka\n"
+        "from pykka import messages\n"
+        "from pykka._envelope import Envelope\n"
+        "from pykka.messages import _ActorStop\n"
+        "a = pykka.messages._ActorStop()\n"
+        "b = messages._ActorStop()\n"
+        "c = pykka.ActorRef\n"
+    )
+    assert [name for name, _ in _private_pykka_names(source)] == [
+        "pykka._envelope",
+        "pykka.messages._ActorStop",
+        "pykka.messages._ActorStop",
+        "messages._ActorStop",
+    ]
+
+
+def test_no_module_uses_a_private_pykka_name() -> None:
+    wrong = [
+        f"{module}:{line} uses {name}"
+        for module, path in MODULES.items()
+        for name, line in _private_pykka_names(path.read_text(encoding="utf-8"))
     ]
     assert not wrong, "\n".join(wrong)
 

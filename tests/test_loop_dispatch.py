@@ -1,14 +1,14 @@
-"""``NodeConfig.dispatch``: where the Cortex and the session actors take their messages.
-
-``loop`` (the default) serves them on the node's event loop, the thread that
-runs async skills; ``threads`` on a pool of threads, with the Cortex on a
-thread of its own. Both run the same tree; on the loop, a blocking ask
-would wait for a turn that cannot come, so it is refused at once.
+"""The one execution mode: the Cortex and every session actor take their
+messages on the node's event loop, the thread that runs async skills; sync
+skills' steps run on the step threads. On the loop a blocking ask would wait
+for a turn that cannot come, so it is refused at once. The settings that
+chose other modes are refused, saying they are gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,6 @@ from sessiontree.actors import AsyncSession
 from sessiontree.cli import main as cli_main
 from sessiontree.protocol import DeadlockError, ErrorCode, SessionState
 from sessiontree.supervision import Agent, Node, NodeConfig
-from tests._running_node import RunningNode
 from tests.conftest import WAIT, settle
 
 WHERE: dict[str, str] = {}  # task -> the thread its skill ran on
@@ -50,27 +49,14 @@ def actor_threads(node: Node, session_id: Any) -> str:
     return name
 
 
-def test_on_loop_dispatch_the_cortex_and_the_sessions_take_their_messages_on_the_loop(
+def test_the_cortex_and_the_sessions_take_their_messages_on_the_loop(
     make_node: Any,
 ) -> None:
     node: Node = make_node(agent())
-    assert node.config.dispatch == "loop"
     main = node.main("agent")
     assert actor_threads(node, main.session_id) == "sessiontree-loop"
     names = {thread.name for thread in threading.enumerate()}
     assert not any("Cortex" in name or name.startswith("sessiontree-session") for name in names)
-
-    result = main.run(kind="branch", skill="fan", timeout=WAIT)
-    assert result.artifacts["summaries"] == sorted(f"t{n}" for n in range(8))
-
-
-def test_on_thread_dispatch_the_cortex_has_its_thread_and_sessions_a_pool(
-    make_node: Any,
-) -> None:
-    node: Node = make_node(agent(), dispatch="threads", dispatcher_threads=2)
-    main = node.main("agent")
-    assert actor_threads(node, main.session_id).startswith("sessiontree-session-")
-    assert any("Cortex" in thread.name for thread in threading.enumerate())
 
     result = main.run(kind="branch", skill="fan", timeout=WAIT)
     assert result.artifacts["summaries"] == sorted(f"t{n}" for n in range(8))
@@ -82,14 +68,12 @@ async def blocks_on_the_node(session: AsyncSession) -> str:
     return "never"
 
 
-@pytest.mark.parametrize("dispatch", ["loop", "threads"])
 def test_a_blocking_node_call_from_an_async_skill_fails_that_session_at_once(
-    make_node: Any, dispatch: str
+    make_node: Any,
 ) -> None:
-    """On the loop it would deadlock; on threads it is refused all the same, so
-    a skill behaves alike whatever serves the actors."""
+    """On the loop it would deadlock: it is refused."""
     skills = {"main": idle, "blocks": blocks_on_the_node}
-    node: Node = make_node(Agent("agent", skills, main_skill="main"), dispatch=dispatch)
+    node: Node = make_node(Agent("agent", skills, main_skill="main"))
     WHERE_NODE["node"] = node
     try:
         result = node.main("agent").run(kind="worker", skill="blocks", timeout=WAIT)
@@ -104,13 +88,16 @@ def test_a_blocking_node_call_from_an_async_skill_fails_that_session_at_once(
     assert node.stats()["live_sessions"] == 1  # the node lives on, and its Main
 
 
-def test_an_unknown_dispatch_is_refused_naming_the_field() -> None:
-    wanted = r"NodeConfig\.dispatch must be one of \['loop', 'threads'\], got 'fibers'"
+@pytest.mark.parametrize("name", ["actor_type", "dispatch", "dispatcher_threads"])
+def test_a_removed_setting_is_refused_naming_it_and_saying_it_is_gone(name: str) -> None:
+    wanted = rf"NodeConfig\.{name} was removed \(.*a node has one execution mode"
     with pytest.raises(ValueError, match=wanted):
-        NodeConfig(dispatch="fibers")
+        NodeConfig(**{name: "threads"})
+    with pytest.raises(ValueError, match=wanted):
+        dataclasses.replace(NodeConfig(), **{name: 2})
 
 
-def test_a_sync_skill_fan_out_runs_on_step_threads_whatever_serves_the_actors(
+def test_a_sync_skill_fan_out_runs_on_step_threads(
     make_node: Any,
 ) -> None:
     def sync_leaf(session: Any) -> str:
@@ -129,20 +116,40 @@ def test_a_sync_skill_fan_out_runs_on_step_threads_whatever_serves_the_actors(
     assert all(name.startswith("sessiontree-step-") for name in WHERE.values())
 
 
-@pytest.mark.timeout(120)
-def test_node_start_takes_the_dispatch_from_its_flag(tmp_path: Path) -> None:
-    running = RunningNode(tmp_path / "store", "--dispatch", "threads")
-    try:
-        assert running.config["node"]["dispatch"] == "threads"
-        assert running.sources["dispatch"] == "flag"
-        assert running.http.get("/v1/node").json()["config"]["dispatch"] == "threads"
-    finally:
-        assert running.stop() == 0
-
-
-def test_node_start_refuses_an_unknown_dispatch_naming_the_flag(tmp_path: Path) -> None:
-    args = ["node", "start", "--store", str(tmp_path / "store"), "--dispatch", "fibers"]
+@pytest.mark.parametrize(
+    ("flag", "name"),
+    [
+        ("--actor-type", "actor_type"),
+        ("--dispatch", "dispatch"),
+        ("--dispatcher-threads", "dispatcher_threads"),
+    ],
+)
+def test_node_start_refuses_a_removed_flag_saying_it_is_gone(
+    tmp_path: Path, flag: str, name: str
+) -> None:
+    args = ["node", "start", "--store", str(tmp_path / "store"), flag, "threads"]
     outcome = CliRunner().invoke(cli_main, args)
     assert outcome.exit_code == 2
-    assert "--dispatch" in outcome.output
+    assert flag in outcome.output
+    assert f"NodeConfig.{name} was removed" in outcome.output
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("name", ["actor_type", "dispatch", "dispatcher_threads"])
+def test_node_start_refuses_a_removed_setting_in_the_environment(tmp_path: Path, name: str) -> None:
+    env = {f"SESSIONTREE_NODE_START_{name.upper()}": "pooled"}
+    args = ["node", "start", "--store", str(tmp_path / "store")]
+    outcome = CliRunner().invoke(cli_main, args, env=env)
+    assert outcome.exit_code == 2
+    assert f"NodeConfig.{name} was removed" in outcome.output
+    assert not (tmp_path / "store").exists()
+
+
+def test_node_start_refuses_a_removed_setting_in_its_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text('[node]\ndispatch = "threads"\n')
+    args = ["node", "start", "--store", str(tmp_path / "store"), "--config", str(config)]
+    outcome = CliRunner().invoke(cli_main, args)
+    assert outcome.exit_code == 2
+    assert "[node] dispatch: NodeConfig.dispatch was removed" in outcome.output
     assert not (tmp_path / "store").exists()

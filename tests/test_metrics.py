@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 from sessiontree.actors import AsyncSession, Cancelled, VirtualClock
+from sessiontree.actors.runtime import Inspect, Reply, post
 from sessiontree.protocol import (
     Budget,
     ErrorCode,
@@ -42,6 +43,7 @@ from sessiontree.supervision import (
     Retry,
 )
 from sessiontree.supervision._metric_models import OTHER, bounded
+from sessiontree.supervision._requests import GetActorRef, GetStats
 from sessiontree.testing import StandinServer
 from tests._promtool import promtool
 from tests.conftest import WAIT, settle
@@ -853,28 +855,29 @@ def test_sessions_restored_after_a_restart_are_counted_in_their_states(
 def test_session_mailbox_depth_counts_messages_waiting_in_session_actors(
     make_node: Any, watch: Callable[..., NodeMetrics]
 ) -> None:
-    # The test holds a Main's handler on purpose: on the event loop (dispatch
-    # "loop") that would hold the Cortex too, so its actors get threads here.
-    node = make_node(Agent("a", {"main": idle_main}), dispatch="threads")
+    # The loop serves every actor: it is held while the Cortex gets the
+    # question the metric reads and then the Main's actor a message, so the
+    # Cortex (first in the loop's queue) answers with that message still waiting.
+    node = make_node(Agent("a", {"main": idle_main}))
     metrics = watch(node)
     main = node.main("a")
     settle(node)
+    ref = node._call(GetActorRef(main.session_id))
     inside, gate = threading.Event(), threading.Event()
 
-    def busy(_: Any) -> None:  # holds the Main's actor inside one handler
+    def hold() -> None:
         inside.set()
         gate.wait(WAIT)
 
-    holder = threading.Thread(target=node.inspect, args=(main.session_id, busy))
-    holder.start()
+    node.loop.call_soon_threadsafe(hold)
+    asked = Reply()
     try:
         assert inside.wait(WAIT)
-        assert node.send(main, "one") is None  # queued behind the busy handler
-        depth = value(metrics, "sessiontree_session_mailbox_depth")
+        node._send(GetStats(), asked)
+        assert post(ref, Inspect(lambda core: None), node.activity)  # behind the question
     finally:
         gate.set()
-        holder.join(WAIT)
-    assert depth >= 1
+    assert asked.get(WAIT)["session_mailbox_depth"] >= 1
     settle(node)
     assert value(metrics, "sessiontree_session_mailbox_depth") == 0
 

@@ -50,29 +50,22 @@ def settled_main(make_node: Any, clock: VirtualClock) -> tuple[Node, Any, int]:
     return node, main, clock.pending_timers
 
 
-def test_pooled_sessions_share_a_few_threads(make_node: Any) -> None:
+def test_sessions_hold_no_thread_of_their_own(make_node: Any) -> None:
     before = threading.active_count()
-    node = make_node(AGENT, actor_type="pooled", dispatcher_threads=2)
-    spawn_all(node)
-    # the session pool, its watchdog, the Cortex, the event loop: not one per session
+    node = make_node(AGENT)
+    spawn_all(node)  # a Branch or Worker holds no actor
+    # the event loop serving every actor, its watchdog, the step threads: not one per session
     assert threading.active_count() - before < 10
-
-
-def test_threading_mains_hold_a_thread_each_and_children_none(make_node: Any) -> None:
-    before = threading.active_count()
-    node = make_node(AGENT, actor_type="threading")
-    spawn_all(node)  # a Branch or Worker holds no actor, whatever the actor type
-    assert threading.active_count() - before < 10
-    mains = 200
-    for i in range(mains):
+    for i in range(200):  # a Main's actor is served on the loop too
         node.main("agent", f"internal:channel:c{i}")
-    assert threading.active_count() - before >= mains
+    settle(node)
+    assert threading.active_count() - before < 10
 
 
 def test_ttls_of_every_session_share_one_timer_heap_and_thread() -> None:
     clock = RealClock()
     before = threading.active_count()
-    with Node([AGENT], NodeConfig(grace=0.0, actor_type="pooled"), clock=clock) as node:
+    with Node([AGENT], NodeConfig(grace=0.0), clock=clock) as node:
         spawn_all(node)  # one batch: its children share one timer
         main = node.main("agent", "internal:channel:other")
         for _ in range(10):  # a spawn of its own has a timer of its own
@@ -170,13 +163,10 @@ def test_ttls_fire_for_every_session_from_the_one_heap(make_node: Any, clock: Vi
 # -- what a session leaves for the garbage collector ---------------------------
 
 
-@pytest.mark.parametrize("actor_type", ["pooled", "threading"])
-def test_ended_sessions_leave_no_cyclic_garbage(
-    make_node: Any, clock: VirtualClock, actor_type: str
-) -> None:
+def test_ended_sessions_leave_no_cyclic_garbage(make_node: Any, clock: VirtualClock) -> None:
     # Freed with their last reference, not by the cyclic collector: a node
     # ending thousands of sessions must not leave them all for a collection.
-    node = make_node(AGENT, grace=0.0, actor_type=actor_type, retain_terminal=1)
+    node = make_node(AGENT, grace=0.0, retain_terminal=1)
     main = node.main("agent")
     ended = 200
     gc.collect()

@@ -14,7 +14,6 @@ import importlib
 import pytest
 
 ACTORS = [
-    "ACTOR_TYPES",
     "AskTimeoutError",
     "AsyncSession",
     "Cancelled",
@@ -52,16 +51,16 @@ RUNTIME = [
     "CycleInput",
     "CycleRefused",
     "Deliver",
-    "Dispatcher",
     "EventLoopThread",
     "ForceStop",
     "Inbound",
     "Inspect",
+    "LoopActor",
     "LoopDispatcher",
+    "LoopRef",
     "LoopTimer",
     "ModelCall",
     "Passivate",
-    "PooledActor",
     "Reply",
     "RetryCycle",
     "RunEnd",
@@ -269,7 +268,6 @@ CONVERSATIONS = [
 
 SUPERVISION = [
     "COMMANDS",
-    "DISPATCHES",
     "MAX_BRANCH_DEPTH",
     "MAX_MODEL_SERIES",
     "MAX_WORKER_DEPTH",
@@ -310,6 +308,7 @@ SUPERVISION = [
     "normalise_answer",
     "parse_continuation",
     "recovery_summary",
+    "removed_setting",
     "stored_recording",
     "stored_spending",
 ]

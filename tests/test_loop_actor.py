@@ -1,8 +1,8 @@
-"""PooledActor keeps pykka's actor semantics on a Dispatcher's small, shared pool of threads.
+"""LoopActor keeps pykka's actor semantics on one event loop's thread.
 
 Every test orders events with ``threading.Event``/``Barrier`` waits bounded by
 ``WAIT``; the ``rt`` fixture releases every gate, stops every actor and closes
-every dispatcher a test made, whatever happened in it.
+every dispatcher and loop a test made, whatever happened in it.
 """
 
 from __future__ import annotations
@@ -18,21 +18,18 @@ from typing import Any, TypeVar
 import pykka
 import pytest
 from pykka import ActorDeadError, ActorRegistry
-from pykka._envelope import Envelope
 
-from sessiontree.actors import _pooled
 from sessiontree.actors.runtime import (
     BlockedHandler,
-    Dispatcher,
     EventLoopThread,
+    LoopActor,
     LoopDispatcher,
-    PooledActor,
     stop_unstarted,
 )
 
 WAIT = 5.0  # real seconds any bounded wait may take before the test fails
 
-A = TypeVar("A", bound=PooledActor)
+A = TypeVar("A", bound=LoopActor)
 
 
 # -- helpers -----------------------------------------------------------------
@@ -66,44 +63,32 @@ class FakeNow:
         self.value += seconds
 
 
+class Envelope:
+    """What ``pykka.ActorRef`` puts into an inbox: a message and, for an ask, its future."""
+
+    def __init__(self, message: Any, reply_to: pykka.Future[Any] | None = None) -> None:
+        self.message = message
+        self.reply_to = reply_to
+
+
 class Runtime:
-    """What a test made: dispatchers, actors and gates, all cleaned up by ``rt``.
+    """What a test made: loops, dispatchers, actors and gates, all cleaned up by ``rt``."""
 
-    ``dispatch``: ``threads`` makes pools of threads, ``loop`` makes each
-    dispatcher a ``LoopDispatcher`` on an event loop of its own (the pool's
-    size and its compensating threads do not apply there).
-    """
-
-    def __init__(self, dispatch: str = "threads") -> None:
-        self.dispatch = dispatch
+    def __init__(self) -> None:
         self.loops: list[EventLoopThread] = []
-        self.dispatchers: list[Dispatcher] = []
+        self.dispatchers: list[LoopDispatcher] = []
         self.refs: list[pykka.ActorRef[Any]] = []
         self.gates: list[threading.Event] = []
-        self._bound: dict[tuple[type[PooledActor], int], type[PooledActor]] = {}
+        self._bound: dict[tuple[type[LoopActor], int], type[LoopActor]] = {}
 
-    def dispatcher(self, threads: int = 2, **options: Any) -> Dispatcher:
-        options.setdefault("name", f"test-pool-{len(self.dispatchers)}")
-        dispatcher: Dispatcher
-        if self.dispatch == "loop":
-            options.pop("max_extra_threads", None)
-            loop = EventLoopThread(f"loop-of-{options['name']}")
-            self.loops.append(loop)
-            dispatcher = LoopDispatcher(loop, **options)
-        else:
-            dispatcher = Dispatcher(threads, **options)
+    def dispatcher(self, **options: Any) -> LoopDispatcher:
+        """A dispatcher on an event loop of its own, named ``loop-of-<name>``."""
+        options.setdefault("name", f"test-loop-{len(self.dispatchers)}")
+        loop = EventLoopThread(f"loop-of-{options['name']}")
+        self.loops.append(loop)
+        dispatcher = LoopDispatcher(loop, **options)
         self.dispatchers.append(dispatcher)
         return dispatcher
-
-    def pool(self, threads: int) -> int:
-        """How many threads serve a dispatcher made with ``threads`` (a loop: its one)."""
-        return threads if self.dispatch == "threads" else 1
-
-    def serves(self, thread_name: str, name: str) -> bool:
-        """Whether ``thread_name`` is one that serves the dispatcher named ``name``."""
-        if self.dispatch == "threads":
-            return thread_name.startswith(f"{name}-")
-        return thread_name == f"loop-of-{name}"
 
     def gate(self) -> threading.Event:
         """An Event a handler may block on; set at teardown so none is left waiting."""
@@ -112,21 +97,15 @@ class Runtime:
         return event
 
     def start(
-        self,
-        actor_class: type[A],
-        *args: Any,
-        dispatcher: Dispatcher | None = None,
-        **kwargs: Any,
+        self, actor_class: type[A], *args: Any, dispatcher: LoopDispatcher, **kwargs: Any
     ) -> pykka.ActorRef[A]:
-        """Start ``actor_class`` on ``dispatcher`` (a subclass binding it), or as it is."""
-        cls: type[A] = actor_class
-        if dispatcher is not None:
-            key = (actor_class, id(dispatcher))
-            if key not in self._bound:
-                self._bound[key] = type(
-                    actor_class.__name__, (actor_class,), {"dispatcher": dispatcher}
-                )
-            cls = self._bound[key]  # type: ignore[assignment]
+        """Start ``actor_class`` on ``dispatcher`` (a subclass binding it)."""
+        key = (actor_class, id(dispatcher))
+        if key not in self._bound:
+            self._bound[key] = type(
+                actor_class.__name__, (actor_class,), {"dispatcher": dispatcher}
+            )
+        cls: type[A] = self._bound[key]  # type: ignore[assignment]
         ref = cls.start(*args, **kwargs)
         self.refs.append(ref)
         return ref
@@ -151,26 +130,9 @@ class Runtime:
         return stuck
 
 
-# What only a pool of threads has: its threads, their names and counts, and
-# a compensating thread standing in for a blocked handler.
-POOL_THREADS_ONLY = frozenset(
-    {
-        "test_a_blocked_handler_is_reported_once_and_an_extra_thread_serves_the_rest",
-        "test_the_compensating_thread_leaves_once_the_blocked_handler_returned",
-    }
-)
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test of the actor semantics runs on a pool of threads and on an event loop."""
-    if "rt" in metafunc.fixturenames:
-        loop = metafunc.function.__name__ not in POOL_THREADS_ONLY
-        metafunc.parametrize("dispatch", ["threads", "loop"] if loop else ["threads"])
-
-
 @pytest.fixture
-def rt(dispatch: str) -> Iterator[Runtime]:
-    runtime = Runtime(dispatch)
+def rt() -> Iterator[Runtime]:
+    runtime = Runtime()
     try:
         yield runtime
     finally:
@@ -185,10 +147,10 @@ def rt(dispatch: str) -> Iterator[Runtime]:
 
 @dataclass(frozen=True)
 class Block:
-    """A message that makes a Gate hold its pool thread."""
+    """A message that makes a Gate hold the loop's thread."""
 
 
-class Echo(PooledActor):
+class Echo(LoopActor):
     """Answers every message with itself; ``"thread"`` with the thread it runs on."""
 
     def on_receive(self, message: Any) -> Any:
@@ -197,7 +159,7 @@ class Echo(PooledActor):
         return message
 
 
-class Gate(PooledActor):
+class Gate(LoopActor):
     """Its handler for a ``Block`` sets ``entered``, holds its thread until ``release``,
     then sets ``left`` (if given) as it returns."""
 
@@ -222,7 +184,7 @@ class Gate(PooledActor):
         return message
 
 
-class Signal(PooledActor):
+class Signal(LoopActor):
     """Sets ``done`` when it handles ``"signal"``."""
 
     def __init__(self, done: threading.Event) -> None:
@@ -235,7 +197,7 @@ class Signal(PooledActor):
         return message
 
 
-class Lifecycle(PooledActor):
+class Lifecycle(LoopActor):
     """Journals its hooks (with the thread each ran on) and the messages it handled."""
 
     def __init__(
@@ -272,19 +234,7 @@ class Lifecycle(PooledActor):
         self.failed.set()
 
 
-class Account(PooledActor):
-    """A plain object reached through a proxy."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.balance = 0
-
-    def deposit(self, amount: int) -> int:
-        self.balance += amount
-        return self.balance
-
-
-class OrderChecker(PooledActor):
+class OrderChecker(LoopActor):
     """Records ``(producer, seq)`` messages per producer; counts handlers running at once."""
 
     def __init__(self) -> None:
@@ -308,7 +258,7 @@ class OrderChecker(PooledActor):
         return None
 
 
-class StopsItself(PooledActor):
+class StopsItself(LoopActor):
     """``"stop yourself"`` calls ``self.stop()``, then holds until ``go_on``."""
 
     def __init__(
@@ -329,7 +279,7 @@ class StopsItself(PooledActor):
         return message
 
 
-class Sequenced(PooledActor):
+class Sequenced(LoopActor):
     """Appends its label to a shared sequence for every message but ``"ping"``."""
 
     def __init__(self, label: str, sequence: list[str], lock: threading.Lock) -> None:
@@ -346,7 +296,7 @@ class Sequenced(PooledActor):
         return None
 
 
-class Numbered(PooledActor):
+class Numbered(LoopActor):
     """Answers with its number; notes the dispatcher's thread count on every message."""
 
     def __init__(self, number: int, thread_counts: list[int]) -> None:
@@ -361,7 +311,7 @@ class Numbered(PooledActor):
         return self.number
 
 
-class Exits(PooledActor):
+class Exits(LoopActor):
     """Raises ``SystemExit`` for ``"exit"``; sets ``stopped`` in on_stop."""
 
     def __init__(self, stopped: threading.Event) -> None:
@@ -377,7 +327,7 @@ class Exits(PooledActor):
         self.stopped.set()
 
 
-class ExitsOnStart(PooledActor):
+class ExitsOnStart(LoopActor):
     """Raises ``SystemExit`` from on_start."""
 
     def on_start(self) -> None:
@@ -387,19 +337,12 @@ class ExitsOnStart(PooledActor):
         return message
 
 
-class PlainOne(PooledActor):
-    """No ``dispatcher`` set: runs on the process-wide default pool."""
-
-    def on_receive(self, message: Any) -> Any:
-        return threading.current_thread().name
+class Unbound(LoopActor):
+    """No ``dispatcher`` set."""
 
 
-class PlainTwo(PlainOne):
-    pass
-
-
-def block_pool(rt: Runtime, dispatcher: Dispatcher) -> threading.Event:
-    """Occupy one of ``dispatcher``'s threads with a Gate's handler (until the returned Event)."""
+def block_loop(rt: Runtime, dispatcher: LoopDispatcher) -> threading.Event:
+    """Hold ``dispatcher``'s loop in a Gate's handler (until the returned Event)."""
     entered, release = threading.Event(), rt.gate()
     gate = rt.start(Gate, entered, release, dispatcher=dispatcher)
     assert gate.ask("ping", timeout=WAIT) == "ping"
@@ -412,7 +355,7 @@ def block_pool(rt: Runtime, dispatcher: Dispatcher) -> threading.Event:
 
 
 def test_messages_to_one_actor_are_handled_one_at_a_time_and_in_order(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=4, batch=3)
+    dispatcher = rt.dispatcher(batch=3)
     actors = [rt.start(OrderChecker, dispatcher=dispatcher) for _ in range(2)]
     producers, per_producer = 8, 400
     barrier = threading.Barrier(producers)
@@ -445,14 +388,12 @@ def test_messages_to_one_actor_are_handled_one_at_a_time_and_in_order(rt: Runtim
 
 
 def test_a_message_is_handled_only_after_the_one_before_it_returned(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=3, watchdog=False)
+    dispatcher = rt.dispatcher(watchdog=False)
     entered, release = threading.Event(), rt.gate()
     ref = rt.start(Gate, entered, release, dispatcher=dispatcher)
     held = ref.ask(Block(), block=False)
     assert entered.wait(WAIT)
     behind = ref.ask("behind", block=False)
-    # Other threads are free, yet the actor's next message waits for its handler.
-    assert dispatcher.live_threads == rt.pool(3)
     with pytest.raises(pykka.Timeout):
         behind.get(timeout=0.2)
     release.set()
@@ -463,8 +404,8 @@ def test_a_message_is_handled_only_after_the_one_before_it_returned(rt: Runtime)
 # -- lifecycle hooks ----------------------------------------------------------------
 
 
-def test_on_start_runs_on_a_pool_thread_before_the_first_message(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2, name="starting")
+def test_on_start_runs_on_the_loop_before_the_first_message(rt: Runtime) -> None:
+    dispatcher = rt.dispatcher(name="starting")
     journal: list[tuple[str, str]] = []
     ref = rt.start(Lifecycle, journal, threading.Event(), threading.Event(), dispatcher=dispatcher)
     ref.tell("first")
@@ -473,12 +414,12 @@ def test_on_start_runs_on_a_pool_thread_before_the_first_message(rt: Runtime) ->
     assert [kind for kind, _ in journal] == ["on_start", "message", "message", "message"]
     assert [what for kind, what in journal if kind == "message"] == ["first", "second", "third"]
     start_thread = journal[0][1]
-    assert rt.serves(start_thread, "starting")
+    assert start_thread == "loop-of-starting"
     assert start_thread != threading.current_thread().name
 
 
-def test_on_stop_runs_on_a_pool_thread_when_the_actor_is_stopped(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2, name="stopping")
+def test_on_stop_runs_on_the_loop_when_the_actor_is_stopped(rt: Runtime) -> None:
+    dispatcher = rt.dispatcher(name="stopping")
     journal: list[tuple[str, str]] = []
     stopped = threading.Event()
     ref = rt.start(Lifecycle, journal, stopped, threading.Event(), dispatcher=dispatcher)
@@ -486,7 +427,7 @@ def test_on_stop_runs_on_a_pool_thread_when_the_actor_is_stopped(rt: Runtime) ->
     assert ref.stop(timeout=WAIT) is True
     assert stopped.is_set()
     assert journal[-1][0] == "on_stop"
-    assert rt.serves(journal[-1][1], "stopping")
+    assert journal[-1][1] == "loop-of-stopping"
     assert not ref.is_alive()
     assert ref not in ActorRegistry.get_all()
 
@@ -494,7 +435,7 @@ def test_on_stop_runs_on_a_pool_thread_when_the_actor_is_stopped(rt: Runtime) ->
 def test_a_told_message_whose_handler_raises_calls_on_failure_and_stops_the_actor(
     rt: Runtime,
 ) -> None:
-    dispatcher = rt.dispatcher(threads=2)
+    dispatcher = rt.dispatcher()
     journal: list[tuple[str, str]] = []
     stopped, failed = threading.Event(), threading.Event()
     ref = rt.start(Lifecycle, journal, stopped, failed, dispatcher=dispatcher)
@@ -511,7 +452,7 @@ def test_a_told_message_whose_handler_raises_calls_on_failure_and_stops_the_acto
 def test_an_asked_message_whose_handler_raises_gives_the_asker_the_exception_and_the_actor_lives_on(
     rt: Runtime,
 ) -> None:
-    dispatcher = rt.dispatcher(threads=2)
+    dispatcher = rt.dispatcher()
     failed = threading.Event()
     ref = rt.start(Lifecycle, [], threading.Event(), failed, dispatcher=dispatcher)
     with pytest.raises(ValueError, match="handler failed"):
@@ -525,27 +466,26 @@ class LazyLifecycle(Lifecycle):
     start_on_first_message = True
 
 
-def test_an_actor_started_on_its_first_message_takes_no_pool_thread_until_then(
+def test_an_actor_started_on_its_first_message_takes_no_turn_until_then(
     rt: Runtime,
 ) -> None:
-    dispatcher = rt.dispatcher(threads=2, name="lazy")
+    dispatcher = rt.dispatcher(name="lazy")
     journal: list[tuple[str, str]] = []
     ref = rt.start(
         LazyLifecycle, journal, threading.Event(), threading.Event(), dispatcher=dispatcher
     )
-    assert not ref.actor_inbox.scheduled  # no pool thread will serve it until a message
+    assert not ref.actor_inbox.scheduled  # no turn will serve it until a message
     assert journal == []  # on_start waits for the first message
-    assert dispatcher.live_threads == 0
     ref.tell("first")
     assert ref.ask("second", timeout=WAIT) == "second"
     assert [kind for kind, _ in journal] == ["on_start", "message", "message"]
-    assert rt.serves(journal[0][1], "lazy")
+    assert journal[0][1] == "loop-of-lazy"
 
 
 def test_an_actor_started_on_its_first_message_runs_on_start_and_on_stop_when_stopped(
     rt: Runtime,
 ) -> None:
-    dispatcher = rt.dispatcher(threads=2, name="lazy-stop")
+    dispatcher = rt.dispatcher(name="lazy-stop")
     journal: list[tuple[str, str]] = []
     stopped = threading.Event()
     ref = rt.start(LazyLifecycle, journal, stopped, threading.Event(), dispatcher=dispatcher)
@@ -557,7 +497,7 @@ def test_an_actor_started_on_its_first_message_runs_on_start_and_on_stop_when_st
 def test_an_actor_that_never_got_a_message_is_stopped_on_the_calling_thread_without_hooks(
     rt: Runtime,
 ) -> None:
-    dispatcher = rt.dispatcher(threads=2, name="unstarted")
+    dispatcher = rt.dispatcher(name="unstarted")
     journal: list[tuple[str, str]] = []
     ref = rt.start(
         LazyLifecycle, journal, threading.Event(), threading.Event(), dispatcher=dispatcher
@@ -565,24 +505,27 @@ def test_an_actor_that_never_got_a_message_is_stopped_on_the_calling_thread_with
     assert stop_unstarted(ref) is True
     assert not ref.is_alive()
     assert journal == []  # it ran no hook, so none runs now
-    assert dispatcher.live_threads == 0  # and no pool thread was taken for it
+    assert dispatcher.live_threads == 0  # and no turn was taken for it
     with pytest.raises(ActorDeadError, match="LazyLifecycle"):
         ref.tell("anyone?")
     assert ref.stop(timeout=WAIT) is False
 
 
 def test_an_actor_that_got_a_message_is_not_stopped_unstarted(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2)
+    dispatcher = rt.dispatcher()
     journal: list[tuple[str, str]] = []
     lazy = rt.start(
         LazyLifecycle, journal, threading.Event(), threading.Event(), dispatcher=dispatcher
     )
     assert lazy.ask("hello", timeout=WAIT) == "hello"
     eager = rt.start(Echo, dispatcher=dispatcher)
-    threading_ref = rt.start(pykka.ThreadingActor)  # not a pooled actor
-    assert stop_unstarted(lazy) is False
-    assert stop_unstarted(eager) is False
-    assert stop_unstarted(threading_ref) is False
+    threading_ref = pykka.ThreadingActor.start()  # not a loop actor
+    try:
+        assert stop_unstarted(lazy) is False
+        assert stop_unstarted(eager) is False
+        assert stop_unstarted(threading_ref) is False
+    finally:
+        threading_ref.stop(timeout=WAIT)
     assert lazy.ask("still there", timeout=WAIT) == "still there"
     assert lazy.stop(timeout=WAIT) is True
     assert [kind for kind, _ in journal][-1] == "on_stop"
@@ -591,8 +534,8 @@ def test_an_actor_that_got_a_message_is_not_stopped_unstarted(rt: Runtime) -> No
 def test_on_start_raising_stops_the_actor_and_its_asks_get_actor_dead_error(
     rt: Runtime,
 ) -> None:
-    dispatcher = rt.dispatcher(threads=1, watchdog=False)
-    release = block_pool(rt, dispatcher)  # so a message is queued before on_start runs
+    dispatcher = rt.dispatcher(watchdog=False)
+    release = block_loop(rt, dispatcher)  # so a message is queued before on_start runs
     journal: list[tuple[str, str]] = []
     stopped = threading.Event()
     ref = rt.start(
@@ -610,28 +553,20 @@ def test_on_start_raising_stops_the_actor_and_its_asks_get_actor_dead_error(
     assert ref not in ActorRegistry.get_all()
 
 
-# -- ask, tell, proxies, stop ---------------------------------------------------------
+# -- ask, tell, stop ---------------------------------------------------------------------
 
 
-def test_ask_tell_and_proxy_calls_gets_and_sets_reach_the_actor(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2)
+def test_ask_and_tell_reach_the_actor(rt: Runtime) -> None:
+    dispatcher = rt.dispatcher()
     echo = rt.start(Echo, dispatcher=dispatcher)
     echo.tell("told")
     assert echo.ask("asked", timeout=WAIT) == "asked"
     future = echo.ask({"a": 1}, block=False)
     assert future.get(timeout=WAIT) == {"a": 1}
 
-    account = rt.start(Account, dispatcher=dispatcher).proxy()
-    assert account.deposit(5).get(timeout=WAIT) == 5
-    assert account.deposit(7).get(timeout=WAIT) == 12
-    assert account.balance.get(timeout=WAIT) == 12
-    account.balance = 100
-    assert account.balance.get(timeout=WAIT) == 100
-    assert account.deposit(1).get(timeout=WAIT) == 101
-
 
 def test_stop_returns_true_and_a_second_stop_returns_false(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2)
+    dispatcher = rt.dispatcher()
     ref = rt.start(Echo, dispatcher=dispatcher)
     assert ref.stop(timeout=WAIT) is True
     assert ref.stop(timeout=WAIT) is False
@@ -639,10 +574,10 @@ def test_stop_returns_true_and_a_second_stop_returns_false(rt: Runtime) -> None:
 
 
 def test_two_stops_queued_together_both_return_true(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=1, watchdog=False)
+    dispatcher = rt.dispatcher(watchdog=False)
     ref = rt.start(Echo, dispatcher=dispatcher)
     assert ref.ask("ping", timeout=WAIT) == "ping"
-    release = block_pool(rt, dispatcher)
+    release = block_loop(rt, dispatcher)
     first, second = ref.stop(block=False), ref.stop(block=False)
     release.set()
     assert first.get(timeout=WAIT) is True
@@ -655,7 +590,7 @@ def test_two_stops_queued_together_both_return_true(rt: Runtime) -> None:
 def test_messages_left_behind_a_stop_from_a_handler_are_answered_with_actor_dead_error(
     rt: Runtime,
 ) -> None:
-    dispatcher = rt.dispatcher(threads=2, watchdog=False)
+    dispatcher = rt.dispatcher(watchdog=False)
     handled: list[Any] = []
     stop_queued, go_on = threading.Event(), rt.gate()
     ref = rt.start(StopsItself, handled, stop_queued, go_on, dispatcher=dispatcher)
@@ -678,10 +613,10 @@ def test_messages_left_behind_a_stop_from_a_handler_are_answered_with_actor_dead
 def test_messages_before_a_stop_are_handled_and_those_after_it_get_actor_dead_error(
     rt: Runtime,
 ) -> None:
-    dispatcher = rt.dispatcher(threads=1, watchdog=False)
+    dispatcher = rt.dispatcher(watchdog=False)
     ref = rt.start(Echo, dispatcher=dispatcher)
     assert ref.ask("ping", timeout=WAIT) == "ping"
-    release = block_pool(rt, dispatcher)
+    release = block_loop(rt, dispatcher)
     before = ref.ask("before", block=False)
     stop = ref.stop(block=False)
     after = ref.ask("after", block=False)
@@ -693,7 +628,7 @@ def test_messages_before_a_stop_are_handled_and_those_after_it_get_actor_dead_er
 
 
 def test_a_tell_or_an_ask_to_a_stopped_actor_raises_actor_dead_error(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2)
+    dispatcher = rt.dispatcher()
     ref = rt.start(Echo, dispatcher=dispatcher)
     assert ref.stop(timeout=WAIT) is True
     with pytest.raises(ActorDeadError):
@@ -709,7 +644,7 @@ def test_a_stopped_actor_is_freed_with_its_last_reference_not_by_the_collector(
 ) -> None:
     # The inbox and its actor refer to each other; a stopped inbox lets go, so
     # ten thousand ended actors are not left for a cyclic collection.
-    dispatcher = rt.dispatcher(threads=2)
+    dispatcher = rt.dispatcher()
     ref = rt.start(Echo, dispatcher=dispatcher)
     freed = threading.Event()
     actor = ref._actor_weakref()
@@ -728,7 +663,7 @@ def test_a_stopped_actor_is_freed_with_its_last_reference_not_by_the_collector(
 
 def test_a_message_put_into_a_closed_inbox_is_refused(rt: Runtime) -> None:
     # The race a ref's is_alive() check cannot close: a put that lands after teardown.
-    dispatcher = rt.dispatcher(threads=2)
+    dispatcher = rt.dispatcher()
     ref = rt.start(Echo, dispatcher=dispatcher)
     assert ref.stop(timeout=WAIT) is True
     assert wait_until(lambda: getattr(ref.actor_inbox, "closed", False))
@@ -743,8 +678,8 @@ def test_a_message_put_into_a_closed_inbox_is_refused(rt: Runtime) -> None:
 # -- fairness and scale ----------------------------------------------------------------------
 
 
-def test_a_busy_actor_yields_its_thread_after_a_batch_so_others_are_served(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=1, batch=4, watchdog=False)
+def test_a_busy_actor_yields_the_loop_after_a_batch_so_others_are_served(rt: Runtime) -> None:
+    dispatcher = rt.dispatcher(batch=4, watchdog=False)
     sequence: list[str] = []
     lock = threading.Lock()
     busy = rt.start(Sequenced, "A", sequence, lock, dispatcher=dispatcher)
@@ -752,7 +687,7 @@ def test_a_busy_actor_yields_its_thread_after_a_batch_so_others_are_served(rt: R
     assert busy.ask("ping", timeout=WAIT) == "pong"
     assert other.ask("ping", timeout=WAIT) == "pong"
 
-    release = block_pool(rt, dispatcher)  # everything below is queued before any is served
+    release = block_loop(rt, dispatcher)  # everything below is queued before any is served
     for _ in range(1000):
         busy.tell("work")
     other.tell("work")
@@ -770,19 +705,18 @@ def test_a_busy_actor_yields_its_thread_after_a_batch_so_others_are_served(rt: R
 
 
 @pytest.mark.slow
-def test_thousands_of_actors_all_answer_on_two_threads(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2, name="many")
+def test_thousands_of_actors_all_answer_on_the_loops_one_thread(rt: Runtime) -> None:
+    dispatcher = rt.dispatcher(name="many")
     thread_counts: list[int] = []
     count = 5000
     refs = [rt.start(Numbered, n, thread_counts, dispatcher=dispatcher) for n in range(count)]
     futures = [ref.ask("number?", block=False) for ref in refs]
     assert [future.get(timeout=WAIT * 4) for future in futures] == list(range(count))
     assert len(thread_counts) == count
-    assert max(thread_counts) <= 2
-    assert dispatcher.live_threads == rt.pool(2)
-    # The watchdog runs beside the pool and is not one of its threads.
-    pool = {"many-0", "many-1"} if rt.dispatch == "threads" else set()
-    assert thread_names("many-") == pool | {"many-watchdog"}
+    assert max(thread_counts) == 1
+    assert dispatcher.live_threads == 1
+    # The watchdog runs beside the loop: the only thread the dispatcher starts.
+    assert thread_names("many-") == {"many-watchdog"}
 
 
 # -- the blocking guard -------------------------------------------------------------------------
@@ -790,100 +724,79 @@ def test_thousands_of_actors_all_answer_on_two_threads(rt: Runtime) -> None:
 
 @dataclass
 class BlockedScene:
-    dispatcher: Dispatcher
+    dispatcher: LoopDispatcher
     now: FakeNow
     reports: list[BlockedHandler]
     blocked: pykka.ActorRef[Gate]
     release: threading.Event
-    left: threading.Event
     other_done: threading.Event
 
 
-def block_one_of_one(rt: Runtime, *, max_extra_threads: int = 8) -> BlockedScene:
-    """One pool thread, held by actor A's handler (a Block); a "signal" queued to actor B."""
+def block_the_loop(rt: Runtime) -> BlockedScene:
+    """The loop held by actor A's handler (a Block); a "signal" queued to actor B."""
     now = FakeNow()
     reports: list[BlockedHandler] = []
     dispatcher = rt.dispatcher(
-        threads=1,
-        block_threshold=1.0,
-        now=now,
-        watchdog=False,
-        on_blocked=reports.append,
-        max_extra_threads=max_extra_threads,
-        name="guarded",
+        block_threshold=1.0, now=now, watchdog=False, on_blocked=reports.append, name="guarded"
     )
-    entered, release, left = threading.Event(), rt.gate(), threading.Event()
+    entered, release = threading.Event(), rt.gate()
     other_done = threading.Event()
-    blocked = rt.start(Gate, entered, release, left, dispatcher=dispatcher)
+    blocked = rt.start(Gate, entered, release, dispatcher=dispatcher)
     other = rt.start(Signal, other_done, dispatcher=dispatcher)
     assert blocked.ask("ping", timeout=WAIT) == "ping"
     assert other.ask("ping", timeout=WAIT) == "ping"
     blocked.tell(Block())
     assert entered.wait(WAIT)
     other.tell("signal")
-    return BlockedScene(dispatcher, now, reports, blocked, release, left, other_done)
+    return BlockedScene(dispatcher, now, reports, blocked, release, other_done)
 
 
-def test_a_blocked_handler_is_reported_once_and_an_extra_thread_serves_the_rest(
+def test_a_blocked_handler_is_reported_once_and_the_others_are_served_once_it_returns(
     rt: Runtime,
 ) -> None:
-    scene = block_one_of_one(rt)
+    scene = block_the_loop(rt)
     dispatcher = scene.dispatcher
-    assert dispatcher.check_blocked() == []  # not past the threshold yet
+    assert dispatcher.check_blocked() is None  # not past the threshold yet
     scene.now.advance(0.9)
-    assert dispatcher.check_blocked() == []
+    assert dispatcher.check_blocked() is None
     scene.now.advance(0.6)
 
-    new = dispatcher.check_blocked()
-    assert len(new) == 1
-    assert scene.reports == new
-    report = new[0]
+    report = dispatcher.check_blocked()
+    assert report is not None
+    assert scene.reports == [report]
     assert report.actor == str(scene.blocked)
     assert report.message_type == "Block"
     assert report.seconds == pytest.approx(1.5)
 
-    assert scene.other_done.wait(WAIT), "no compensating thread served the other actor"
-    assert dispatcher.live_threads == 2
-    assert "guarded-extra" in thread_names("guarded-")
-
-    assert dispatcher.check_blocked() == []
+    assert dispatcher.check_blocked() is None  # once per handler
     scene.now.advance(60.0)
-    assert dispatcher.check_blocked() == []
+    assert dispatcher.check_blocked() is None
+    assert not scene.other_done.is_set()  # nothing stands in for the loop's thread
 
     scene.release.set()
+    assert scene.other_done.wait(WAIT)
     assert scene.blocked.ask("ping", timeout=WAIT) == "ping"
     assert dispatcher.blocked_reports == 1
     assert len(scene.reports) == 1
 
 
-def test_the_compensating_thread_leaves_once_the_blocked_handler_returned(rt: Runtime) -> None:
-    scene = block_one_of_one(rt)
-    dispatcher = scene.dispatcher
+def test_the_next_handler_that_blocks_is_reported_too(rt: Runtime) -> None:
+    scene = block_the_loop(rt)
     scene.now.advance(1.5)
-    assert len(dispatcher.check_blocked()) == 1
-    assert scene.other_done.wait(WAIT)
-    assert dispatcher.live_threads == 2
-
+    assert scene.dispatcher.check_blocked() is not None
+    entered, release = threading.Event(), rt.gate()
+    second = rt.start(Gate, entered, release, dispatcher=scene.dispatcher)
+    second.tell(Block())  # queued behind the first
     scene.release.set()
-    assert scene.left.wait(WAIT)
-    # Nothing else is sent: the extra thread must leave on its own, not on the next message.
-    assert wait_until(lambda: dispatcher.live_threads == 1), (
-        f"the compensating thread stayed: live_threads={dispatcher.live_threads}"
-    )
-    assert wait_until(lambda: thread_names("guarded-") == {"guarded-0"})
-    assert scene.blocked.ask("ping", timeout=WAIT) == "ping"
-    assert dispatcher.blocked_reports == 1
-
-
-def test_without_extra_threads_allowed_a_blocked_handler_is_reported_but_no_thread_is_added(
-    rt: Runtime,
-) -> None:
-    scene = block_one_of_one(rt, max_extra_threads=0)
-    scene.now.advance(2.0)
-    assert len(scene.dispatcher.check_blocked()) == 1
-    assert scene.dispatcher.live_threads == 1
-    scene.release.set()
-    assert scene.other_done.wait(WAIT)
+    assert entered.wait(WAIT)
+    assert scene.dispatcher.check_blocked() is None  # it has only begun
+    scene.now.advance(1.5)
+    report = scene.dispatcher.check_blocked()
+    assert report is not None
+    assert report.actor == str(second)
+    release.set()
+    assert second.ask("ping", timeout=WAIT) == "ping"
+    assert scene.dispatcher.blocked_reports == 2
 
 
 def test_an_on_blocked_callback_that_raises_does_not_break_the_check(rt: Runtime) -> None:
@@ -892,15 +805,15 @@ def test_an_on_blocked_callback_that_raises_does_not_break_the_check(rt: Runtime
     def on_blocked(report: BlockedHandler) -> None:
         raise RuntimeError("callback failed")
 
-    dispatcher = rt.dispatcher(
-        threads=1, block_threshold=1.0, now=now, watchdog=False, on_blocked=on_blocked
-    )
+    dispatcher = rt.dispatcher(block_threshold=1.0, now=now, watchdog=False, on_blocked=on_blocked)
     entered, release = threading.Event(), rt.gate()
     ref = rt.start(Gate, entered, release, dispatcher=dispatcher)
     ref.tell(Block())
     assert entered.wait(WAIT)
     now.advance(5.0)
-    assert [r.message_type for r in dispatcher.check_blocked()] == ["Block"]
+    report = dispatcher.check_blocked()
+    assert report is not None
+    assert report.message_type == "Block"
     release.set()
     assert ref.ask("ping", timeout=WAIT) == "ping"
 
@@ -913,15 +826,12 @@ def test_the_watchdog_reports_a_blocked_handler_on_its_own(rt: Runtime) -> None:
         reports.append(report)
         reported.set()
 
-    dispatcher = rt.dispatcher(threads=1, block_threshold=0.1, on_blocked=on_blocked)
-    entered, release, other_done = threading.Event(), rt.gate(), threading.Event()
+    dispatcher = rt.dispatcher(block_threshold=0.1, on_blocked=on_blocked)
+    entered, release = threading.Event(), rt.gate()
     blocked = rt.start(Gate, entered, release, dispatcher=dispatcher)
-    other = rt.start(Signal, other_done, dispatcher=dispatcher)
     blocked.tell(Block())
     assert entered.wait(WAIT)
-    other.tell("signal")
     assert reported.wait(WAIT), "the watchdog never reported the blocked handler"
-    assert other_done.wait(WAIT)
     release.set()
     assert blocked.ask("ping", timeout=WAIT) == "ping"
     assert [r.actor for r in reports] == [str(blocked)]
@@ -930,76 +840,70 @@ def test_the_watchdog_reports_a_blocked_handler_on_its_own(rt: Runtime) -> None:
 # -- BaseException -----------------------------------------------------------------------------
 
 
-def test_a_system_exit_in_a_handler_stops_that_actor_but_not_the_pool(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2)
+def test_a_system_exit_in_a_handler_stops_that_actor_and_nothing_else(rt: Runtime) -> None:
+    dispatcher = rt.dispatcher()
     bystander = rt.start(Echo, dispatcher=dispatcher)
     assert bystander.ask("ping", timeout=WAIT) == "ping"
     stopped = threading.Event()
     victim = rt.start(Exits, stopped, dispatcher=dispatcher)
     assert victim.ask("ping", timeout=WAIT) == "ping"
 
-    victim.tell("exit")
+    with pytest.raises(SystemExit):
+        victim.ask("exit", timeout=WAIT)  # the asker is answered, not left waiting
     assert victim.actor_stopped.wait(WAIT)
-    assert stopped.wait(WAIT), "on_stop runs, as pykka's _stop() does"
+    assert stopped.wait(WAIT), "on_stop runs, as pykka's stop does"
     with pytest.raises(ActorDeadError):
         victim.ask("ping", timeout=WAIT)
-    # As in pykka, every registered actor is asked to stop.
-    assert bystander.actor_stopped.wait(WAIT)
-
-    # The pool itself lives on, with all its threads.
+    assert victim not in ActorRegistry.get_all()
+    # Unlike pykka's stop_all, the others and the loop live on.
+    assert bystander.ask("still served?", timeout=WAIT) == "still served?"
     fresh = rt.start(Echo, dispatcher=dispatcher)
     assert fresh.ask("still served?", timeout=WAIT) == "still served?"
-    assert dispatcher.live_threads == rt.pool(2)
 
 
-def test_a_system_exit_in_on_start_stops_that_actor_and_keeps_the_pool_threads(
+def test_a_system_exit_in_on_start_stops_that_actor_and_the_loop_serves_on(
     rt: Runtime,
 ) -> None:
-    dispatcher = rt.dispatcher(threads=2)
+    dispatcher = rt.dispatcher()
     ref = rt.start(ExitsOnStart, dispatcher=dispatcher)
     assert ref.actor_stopped.wait(WAIT)
     with pytest.raises(ActorDeadError):
         ref.ask("ping", timeout=WAIT)
+    assert ref not in ActorRegistry.get_all()
     other = rt.start(Echo, dispatcher=dispatcher)
     assert other.ask("ping", timeout=WAIT) == "ping"
-    assert dispatcher.live_threads == rt.pool(2)
+    assert dispatcher.live_threads == 1
 
 
-def test_an_actor_stopped_by_a_system_exit_in_on_start_is_unregistered(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2)
-    ref = rt.start(ExitsOnStart, dispatcher=dispatcher)
-    assert ref.actor_stopped.wait(WAIT)
-    assert ref not in ActorRegistry.get_all()
-
-
-# -- the Dispatcher itself ---------------------------------------------------------------------
+# -- the dispatcher itself ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("options", "argument"),
     [
-        ({"threads": 0}, "threads"),
-        ({"threads": -1}, "threads"),
-        ({"threads": 1.5}, "threads"),
         ({"batch": 0}, "batch"),
         ({"batch": -3}, "batch"),
+        ({"batch": 1.5}, "batch"),
         ({"block_threshold": 0}, "block_threshold"),
         ({"block_threshold": -1.0}, "block_threshold"),
         ({"block_threshold": float("nan")}, "block_threshold"),
     ],
 )
-def test_dispatcher_rejects_a_bad_argument_naming_it(
-    options: dict[str, Any], argument: str
+def test_the_dispatcher_rejects_a_bad_argument_naming_it(
+    rt: Runtime, options: dict[str, Any], argument: str
 ) -> None:
+    loop = EventLoopThread("loop-of-refused")
+    rt.loops.append(loop)
     with pytest.raises(ValueError, match=rf"\b{argument}\b"):
-        Dispatcher(**options)
+        LoopDispatcher(loop, **options)
 
 
-def test_close_stops_the_pool_threads_and_is_idempotent(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=3, name="closing")
+def test_close_stops_the_watchdog_and_is_idempotent(rt: Runtime) -> None:
+    dispatcher = rt.dispatcher(name="closing")
     ref = rt.start(Echo, dispatcher=dispatcher)
     assert ref.ask("ping", timeout=WAIT) == "ping"
-    assert dispatcher.live_threads == rt.pool(3)
+    assert dispatcher.live_threads == 1
+    assert thread_names("closing-") == {"closing-watchdog"}
     assert ref.stop(timeout=WAIT) is True
 
     dispatcher.close()
@@ -1010,22 +914,15 @@ def test_close_stops_the_pool_threads_and_is_idempotent(rt: Runtime) -> None:
 
 
 def test_closing_an_unused_dispatcher_starts_no_threads(rt: Runtime) -> None:
-    dispatcher = rt.dispatcher(threads=2, name="unused")
+    dispatcher = rt.dispatcher(name="unused")
     dispatcher.close()
     dispatcher.close()
     assert dispatcher.live_threads == 0
     assert thread_names("unused-") == set()
 
 
-def test_actors_without_a_dispatcher_share_the_process_wide_default_pool(rt: Runtime) -> None:
-    assert PlainOne.dispatcher is None
-    one, two = rt.start(PlainOne), rt.start(PlainTwo)
-    default = _pooled._default_dispatcher()
-    assert default is _pooled._default_dispatcher()
-    assert getattr(one.actor_inbox, "dispatcher", None) is default
-    assert getattr(two.actor_inbox, "dispatcher", None) is default
-    for ref in (one, two):
-        where: Any = ref.ask("where?", timeout=WAIT)
-        assert where.startswith(f"{default.name}-")
-    assert one.stop(timeout=WAIT) is True
-    assert two.stop(timeout=WAIT) is True
+def test_an_actor_class_without_a_dispatcher_is_refused_naming_it() -> None:
+    assert Unbound.dispatcher is None
+    with pytest.raises(RuntimeError, match="Unbound has no dispatcher"):
+        Unbound.start()
+    assert not any(isinstance(ref, Unbound) for ref in ActorRegistry.get_all())
