@@ -120,8 +120,9 @@ _STOP_WHEN_QUIET = 256  # ...and past this whenever the inbox is empty
 
 
 class Cortex:
-    """The Cortex's message handling; combined with a pykka base by ``actor_class``
-    (a thread of its own). Every method runs on the Cortex thread."""
+    """The Cortex's message handling; made a ``LoopActor`` by ``actor_class``,
+    served on the node's event loop. Every method runs there, one message at a
+    time ("the Cortex thread" in the docstrings of the rooms)."""
 
     def __init__(self, runtime: Runtime) -> None:
         super().__init__()

@@ -439,5 +439,5 @@ def test_node_config_rejects_nonsense() -> None:
         NodeConfig(grace=-1)
     with pytest.raises(ValueError, match="max_sessions"):
         NodeConfig(max_sessions=0)
-    with pytest.raises(ValueError, match="NodeConfig.actor_type was removed"):
+    with pytest.raises(ValueError, match=r"NodeConfig\.actor_type was removed"):
         NodeConfig(actor_type="greenlet")
