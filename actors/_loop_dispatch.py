@@ -1,13 +1,11 @@
 """Actors served on one asyncio event loop: a pykka actor type with a deque for a mailbox.
 
 Every actor of a node (the Cortex and each session) is a :class:`LoopActor`
-served by the node's :class:`LoopDispatcher`, on the thread that runs async
-skills. An async skill that spawns, collects or reports posts to an actor
-served on its own thread: the message is a ``deque`` append and the turn a
-``call_soon``, with no lock hand-off and no wake-up of another thread.
-Threads that are not the loop's (sync skills' steps, the store's writer, an
-embedding application) post the same way; one ``call_soon_threadsafe`` wakes
-the loop for all that queued since its last turn.
+served by the node's :class:`LoopDispatcher` on the thread that runs async
+skills: an async skill's message is a ``deque`` append and the turn a
+``call_soon``, no thread crossed. Other threads (sync skills' steps, the
+store's writer, an application) post the same way; one
+``call_soon_threadsafe`` wakes the loop for all that queued since its last turn.
 
 The semantics are pykka's: one message at a time per actor, in the order they
 were put; ``on_start`` before the first message, ``on_stop`` when stopped,
@@ -21,11 +19,10 @@ Only pykka's public API is used: ``pykka.Actor``'s hooks for new actor types
 module's own message (:data:`STOP`), sent by ``LoopActor.stop``,
 ``LoopRef.stop`` and ``stop_actor``.
 
-The rule for handlers: **never block**. A handler that waits (on I/O, a
-lock, another actor's answer) holds up every actor and every async skill of
-the node. The dispatcher reports such a handler (logged, counted, handed to
-``on_blocked``) once it has run ``block_threshold`` real seconds; nothing
-can stand in for the loop's thread.
+The rule for handlers: **never block** (on I/O, a lock, another actor's
+answer): it holds up every actor and async skill of the node. The dispatcher
+reports a handler still running after ``block_threshold`` real seconds
+(logged, counted, handed to ``on_blocked``).
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, overload
+from typing import Any, ClassVar, Protocol
 
 import pykka
 
@@ -468,17 +465,6 @@ class _StopFlag:
 
 class LoopRef(pykka.ActorRef[Any]):
     """A :class:`LoopActor`'s ``ActorRef``: pykka's, with ``stop`` sending :data:`STOP`."""
-
-    @overload
-    def stop(self, *, block: Literal[True], timeout: float | None = None) -> bool: ...
-
-    @overload
-    def stop(
-        self, *, block: Literal[False], timeout: float | None = None
-    ) -> pykka.Future[bool]: ...
-
-    @overload
-    def stop(self, *, block: bool = True, timeout: float | None = None) -> Any: ...
 
     def stop(self, *, block: bool = True, timeout: float | None = None) -> Any:
         """As ``pykka.ActorRef.stop``: True once stopped (or being stopped),
