@@ -250,6 +250,8 @@ class SessionCore:
         self.resumed = False
         self.cycle_input: CycleInput | None = None
         self.attempt = 1
+        # a Main's cycle with a store: waits until its start is on record (``attempt``)
+        self.mark_durable: Callable[[], None] | None = None
         self.last_checkpoint = clock.monotonic()
         self.stuck = False
         self.holds_slot = False

@@ -251,7 +251,7 @@ class Endings:
             self.commits.count_failures(write)
         if entry.waiters:
             for reply in entry.waiters:
-                answer_durable(entry, reply)
+                answer_durable(entry, reply, tree.persist)
             entry.waiters.clear()
         if entry.parent is not None:
             self._deliver(entry, entry.parent, result, now)

@@ -11,7 +11,9 @@ batch (the outbox); the parent's next snapshot files the result on the
 parent and drops it from the outbox (its receipt). Every method returns the
 write's future, or None when the node has no store (nothing to wait for).
 Writes are queued in the order the Cortex decides them and commit in that
-order.
+order. They are queued *lazily*: carried along with the next write someone
+waits on; whoever comes to wait for one calls ``hurry``, so a write commits
+at once only when somebody is waiting for it.
 """
 
 from __future__ import annotations
@@ -96,6 +98,17 @@ class Persister:
         """While a batch is open: the one future every write submitted returns."""
         # settles whose write the store refused: written again with the next one
         self._unwritten: list[tuple[list[TreeEntry], Reserved]] = []
+        self._hurry_at_close = False  # someone waits for the open batch
+
+    def hurry(self) -> None:
+        """Someone waits for a write made so far: commit it now (the open batch
+        as soon as it is submitted), not at the store's linger."""
+        if self.store is None:
+            return
+        if self._open is not None:
+            self._hurry_at_close = True
+        else:
+            self.store.hurry()
 
     def open_batch(self) -> None:
         """Until ``close_batch``, every write goes into one batch (one commit, one
@@ -107,6 +120,7 @@ class Persister:
         """Submit the open batch; ``shared`` then finishes with its commit."""
         batch, shared = self._open, self.shared
         self._open = self.shared = None
+        hurry, self._hurry_at_close = self._hurry_at_close, False
         if batch is None or shared is None:
             return
         if not batch:
@@ -115,6 +129,8 @@ class Persister:
         submitted = self._submit(batch)
         assert submitted is not None  # there is a store: a batch is open only then
         submitted.add_done_callback(functools.partial(_finish_like, shared))
+        if hurry:
+            self.hurry()
 
     def _record(
         self, entry: TreeEntry, *, context: bool, now: float, resume: bool = False
@@ -181,7 +197,7 @@ class Persister:
             self._open.extend(batch)
             return self.shared
         try:
-            return self.store.submit(batch)
+            return self.store.submit(batch, lazy=True)
         except Exception as exc:  # noqa: BLE001 - a closed store: counted, never fails the Cortex
             self.counters["store_write_errors"] += 1
             future: Future = concurrent.futures.Future()

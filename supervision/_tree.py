@@ -413,7 +413,8 @@ class Tree:
             for then in self.new_written(entry, error, unstored):
                 then(error)
 
-        self.commits.when_written(future, written)
+        # a record started early is waited on by nobody outside: it goes lazily
+        self.commits.when_written(future, written, urgent=unstored is None)
         return True
 
     def new_written(

@@ -194,6 +194,14 @@ def check_acknowledged(acks: Acks, view: StoreView) -> None:
         assert record is not None, f"acknowledged spawn {line} is not stored"
         assert record.info.kind.value == line["kind"]
         assert str(record.info.parent_id) == line["parent"]
+    for line in acks.of("child"):
+        # a skill's spawn promised nothing outside the process: it may be gone
+        # with its parent's run, or kept (a worker under a running branch is
+        # never written); kept, it is what was spawned, and ended
+        record = view.sessions.get(uuid.UUID(line["id"]))
+        if record is not None:
+            assert record.info.kind.value == line["kind"], line
+            assert str(record.info.parent_id) == line["parent"], line
     for key, line in acks.last_memory_writes().items():
         stored = view.by_id[line["id"]]
         if stored is not None:

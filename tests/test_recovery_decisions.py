@@ -233,15 +233,18 @@ def leave_as_a_crash_would(
         store.write(batch)
 
 
-def test_a_cycle_is_marked_as_started_before_its_skill_runs_and_unmarked_with_its_snapshot(
+def test_a_cycle_is_on_record_once_its_skill_reads_its_attempt_and_unmarked_with_its_snapshot(
     nodes: Callable[..., Node], tmp_path: pathlib.Path
 ) -> None:
+    """The cycle does not wait for its mark; a skill that reads its attempt (to
+    deduplicate effects outside the store) waits until the mark is durable."""
     seen: list[CycleRecord | None] = []
     node: Node | None = None
 
     def main(session: Any) -> None:
         assert node is not None
         assert node.store is not None
+        assert session.attempt == 1
         seen.append(node.store.cycle(session.session_id))
 
     node = nodes(tmp_path, Agent("agent", {"main": main}, main_skill="main"))
@@ -274,12 +277,14 @@ def test_the_snapshot_ending_a_cycle_reaches_the_store_before_the_next_cycles_ma
     second_mark = threading.Event()
     submit, post = Store.submit, Tree.post
 
-    def spied_submit(store: Store, batch: WriteBatch) -> concurrent.futures.Future[None]:
+    def spied_submit(
+        store: Store, batch: WriteBatch, *, lazy: bool = False
+    ) -> concurrent.futures.Future[None]:
         with lock:
             cycle_writes.extend(kind for kind, db, _, _ in batch.ops if db == "cycles")
             if cycle_writes.count("put") == 2:
                 second_mark.set()
-        return submit(store, batch)
+        return submit(store, batch, lazy=lazy)
 
     cycles_done: list[TreeEntry] = []
 
