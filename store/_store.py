@@ -106,7 +106,7 @@ class Store:
         io: StoreIO | None = None,
         long_read_warn: float = 60.0,
         group_commit: bool = True,
-        linger: float = 0.05,
+        linger: float = 1.0,
     ) -> None:
         self._opened = open_env(
             path, readonly=readonly, map_size=map_size, max_readers=max_readers, sync=sync

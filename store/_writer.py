@@ -11,7 +11,7 @@ commit, and are acknowledged, in submission order.
 A *lazy* batch (``submit(batch, lazy=True)``: a write nobody waits on yet)
 does not start a commit by itself: it is carried along with the next batch
 someone waits on (any other submission, ``hurry``, ``flush``), or committed
-``linger`` seconds after it was queued, whichever comes first. Inside a
+``linger`` seconds (default 1) after it was queued, whichever comes first. Inside a
 tree most writes are lazy (a child's record, a Main's cycle mark and
 snapshot), so a tree costs the commits of what leaves the process only.
 
@@ -100,7 +100,7 @@ class Writer:
         name: str,
         *,
         group_commit: bool = True,
-        linger: float = 0.05,
+        linger: float = 1.0,
     ) -> None:
         self._env = env
         self._max_group = _MAX_GROUP if group_commit else 1

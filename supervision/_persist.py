@@ -207,8 +207,9 @@ class Persister:
     # -- the writes ------------------------------------------------------------------
 
     def created(self, entry: TreeEntry, now: float) -> Future | None:
-        """A new session: its record, its link under its parent, a Main's key."""
-        if self.store is None:
+        """A new session: its record, its link under its parent, a Main's key
+        (nothing for one that is not ``recorded``)."""
+        if self.store is None or not entry.recorded:
             return None
         batch = self._batch()
         self._add_record(batch, entry, now=now)
@@ -259,13 +260,24 @@ class Persister:
         *,
         consumed: Sequence[int] = (),
         resume: bool = False,
+        late: Sequence[TreeEntry] = (),
     ) -> Future | None:
         """A live session's full state: a Main after a cycle (dropping the inbox
         messages ``consumed`` numbers), a Branch on suspend or resume; with the
-        receipts of the results it got since the last one."""
+        receipts of the results it got since the last one. A Branch that
+        suspends may come back after a restart: its children not written so
+        far (``late``, live) are written now, and the results it has not
+        taken yet are owed in the outbox, so a restart fails the first and
+        delivers the second."""
         if self.store is None:
             return None
         batch = WriteBatch()
+        for child in late:
+            child.recorded = True
+            self._add_record(batch, child, now=now)
+            batch.link(entry.session_id, child.session_id)
+        if entry.kind is SessionKind.BRANCH:
+            self._owe_untaken(batch, entry)
         self._add_record(batch, entry, now=now, resume=resume)
         for seq in consumed:
             batch.consumed(entry.session_id, seq)
@@ -273,6 +285,21 @@ class Persister:
             batch.cycle_done(entry.session_id)
         self._receipts(batch, entry, ended=False)
         return self._submit(batch)
+
+    def _owe_untaken(self, batch: WriteBatch, entry: TreeEntry) -> None:
+        """Owe (in the outbox) each result ``entry`` has not taken and that is not
+        owed yet: those of children that were not written (an outbox entry is
+        keyed by the child, so owing one twice writes it once)."""
+        core = entry.core
+        with core.cond:
+            untaken = list(core.unclaimed.values())
+        if not untaken:
+            return
+        owed = {r.session_id for r in entry.receipts}
+        for result in untaken:
+            if result.session_id not in owed:
+                batch.owe(entry.session_id, result)
+                entry.receipts.append(result)  # a later snapshot records its receipt
 
     def call(self, reserved: Reserved, now: float) -> Future | None:
         """A model call about to leave the node, with the worst case it reserved
@@ -328,9 +355,11 @@ class Persister:
         """A terminal state and, in the same batch, the result owed to the parent:
         in the outbox if the parent lives, filed on its record if it has ended.
 
+        Nothing for a session that is not ``recorded``.
+
         ``RejectedInputError`` if the record cannot be stored even without its
         context."""
-        if self.store is None:
+        if self.store is None or not entry.recorded:
             return None
         batch = self._batch()
         core = entry.core

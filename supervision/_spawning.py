@@ -141,7 +141,7 @@ class Spawning:
         if isinstance(admitted, ErrorInfo):
             return SpawnAnswer(None, admitted)
         assert parent is not None  # admitted: it exists
-        entry = self._create_child(parent, admitted, spec)
+        entry = self._create_child(parent, admitted, spec, early=early)
         if not tree.persist_new(entry, self.cancelling.unstored if early else None):
             self.starting.want_slot(entry)
             return _created(entry)
@@ -220,7 +220,7 @@ class Spawning:
                     if isinstance(admitted, ErrorInfo):
                         waiting.answer(i, SpawnAnswer(None, admitted))
                         continue
-                created.append((i, self._create_child(parent, admitted, spec)))
+                created.append((i, self._create_child(parent, admitted, spec, early=early)))
             if created:
                 self._persist_children(created, waiting, early)
         return DEFERRED if reply is not None else answers
@@ -300,9 +300,13 @@ class Spawning:
             )
         )
 
-    def _create_child(self, parent: TreeEntry, admitted: _Admitted, spec: SpawnSpec) -> TreeEntry:
+    def _create_child(
+        self, parent: TreeEntry, admitted: _Admitted, spec: SpawnSpec, *, early: bool
+    ) -> TreeEntry:
         """Index a child of ``spec``, admitted as ``admitted``, under ``parent`` (a
-        child holds no actor: nothing here can fail for want of a thread)."""
+        child holds no actor: nothing here can fail for want of a thread).
+        ``early``: its parent's skill spawned it; a worker then is not written
+        while its parent is a running Branch (see ``TreeEntry.recorded``)."""
         ttl = admitted.ttl
         share = admitted.ttl_share
         if share is None and ttl is not None:
@@ -351,6 +355,8 @@ class Spawning:
         if admitted.budget is not None:
             counted = self.ledgers.spawned(parent, entry, admitted.budget, clamped=admitted.clamped)
             self.tree.rt.persist.usage(counted)  # in the spawn's commit when it has one
+        if early and spec.kind is SessionKind.WORKER and parent.kind is SessionKind.BRANCH:
+            entry.recorded = False
         return entry
 
     def _new_entry(
@@ -411,16 +417,19 @@ class Spawning:
         queued, and a failed write ends them."""
         tree = self.tree
         future = None
-        for _, entry in created:
-            future = tree.persist.created(entry, entry.info.created_at)
-            if future is None:  # no store: they start now
-                break
-            entry.persisted = False
-        if future is None:
-            for i, entry in created:
+        written_ones = []
+        for i, entry in created:
+            wrote = tree.persist.created(entry, entry.info.created_at)
+            if wrote is None:  # no store, or a child not written: it starts now
                 self.starting.want_slot(entry)
                 waiting.answer(i, _created(entry))
+                continue
+            future = wrote
+            entry.persisted = False
+            written_ones.append((i, entry))
+        if future is None:
             return
+        created = written_ones
         if early:  # answered now: nothing outside the process has seen them yet
             self._start_when_submitted([entry for _, entry in created])
             for i, entry in created:
