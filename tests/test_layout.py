@@ -1,11 +1,13 @@
 """The house's shape: which package may import which, read from the source.
 
-The README's Layout: ``protocol`` and ``testing`` (the stand-in model) import no
-other package; ``store``, the session runtime (``actors``) and the
+ARCHITECTURE.md's "Packages": ``protocol`` and ``testing`` (the stand-in model)
+import no other package; ``store``, the session runtime (``actors``) and the
 conversation tree import only ``protocol``;
 nothing imports ``cli``; no package imports another package's private
 (``_``-prefixed) module; and no module imports itself back through others,
-not even under ``TYPE_CHECKING``.
+not even under ``TYPE_CHECKING``. Inside ``cli``, the commands, the HTTP
+server, the live view and the demo stay apart; the demo imports only what an
+application could.
 """
 
 from __future__ import annotations
@@ -146,3 +148,54 @@ def test_no_module_imports_itself_back() -> None:
         if module not in state:
             visit(module, [module])
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+#: cli's parts (subpackages) and the ones each may import; its top-level
+#: modules (``_client``, ``_text``, ``_wire``…) are what they share.
+CLI_PARTS = {
+    "commands": {"server", "top", "demo"},
+    "server": set(),
+    "top": set(),
+    "demo": set(),
+}
+
+
+def _cli_part(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["sessiontree", "cli"] or len(parts) < 4:
+        return None
+    return parts[2] if parts[2] in CLI_PARTS else None
+
+
+def test_cli_keeps_its_commands_server_live_view_and_demo_apart() -> None:
+    for part in CLI_PARTS:
+        assert f"sessiontree.cli.{part}" in MODULES, f"cli/{part}/ has no __init__.py"
+    wrong = [
+        f"{module}:{line} imports {target}"
+        for module, path in MODULES.items()
+        if _package_of(module) == "cli"
+        for target, line in _imports(module, path)
+        if (part := _cli_part(module)) is not None
+        and (other := _cli_part(target)) is not None
+        and other != part
+        and other not in CLI_PARTS[part]
+    ]
+    assert not wrong, "\n".join(wrong)
+    # only the top of cli (the group and its lazy loading) names the commands
+    loose = sorted(p.name for p in (ROOT / "cli").glob("_*cmd*.py"))
+    assert not loose, f"commands outside cli/commands/: {loose}"
+
+
+def test_the_demo_imports_only_what_an_application_could() -> None:
+    """The demo reads as an application's code: the library's public packages
+    and its own modules, never another part of the command line."""
+    wrong = [
+        f"{module}:{line} imports {target}"
+        for module, path in MODULES.items()
+        if module.startswith("sessiontree.cli.demo")
+        for target, line in _imports(module, path)
+        if not target.startswith("sessiontree.cli.demo")
+        and (_package_of(target) == "cli" or _is_private(target))
+    ]
+    assert not wrong, "\n".join(wrong)
+
