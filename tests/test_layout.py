@@ -1,18 +1,20 @@
 """The house's shape: which package may import which, read from the source.
 
 ARCHITECTURE.md's "Packages": ``protocol`` and ``testing`` (the stand-in model)
-import no other package; ``store``, the session runtime (``actors``) and the
+import no other package; ``store``, sessions at run time (``actors``) and the
 conversation tree import only ``protocol``;
 nothing imports ``cli``; no package imports another package's private
 (``_``-prefixed) module; and no module imports itself back through others,
 not even under ``TYPE_CHECKING``. Inside ``cli``, the commands, the HTTP
 server, the live view and the demo stay apart; the demo imports only what an
-application could.
+application could. No file of the repository cites a document that is not in it.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,3 +201,61 @@ def test_the_demo_imports_only_what_an_application_could() -> None:
     ]
     assert not wrong, "\n".join(wrong)
 
+
+#: A citation of a document the repository does not hold: the shared design
+#: and its ADRs lived outside it, and a reader of the code cannot open them.
+_DANGLING = re.compile(
+    r"DESIGN\.md|\bADRs?\b|\.\./shared\b|Fresh-Session|Session Tree Model|Per-Sender"
+)
+
+
+def _tracked_files() -> list[Path]:
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=30
+        ).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an sdist): walk it
+        skip = {".git", ".venv", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache"}
+        return [
+            p
+            for p in ROOT.rglob("*")
+            if p.is_file() and not skip.intersection(p.relative_to(ROOT).parts)
+        ]
+    return [ROOT / name for name in listed.split("\0") if name]
+
+
+def test_no_file_cites_a_document_that_is_not_in_the_repository() -> None:
+    this = Path(__file__).resolve()
+    wrong = []
+    for path in _tracked_files():
+        if path.resolve() == this or path.suffix in {".png", ".svg", ".ico", ".lock"}:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError):
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if _DANGLING.search(line):
+                wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_readme_first_screen_names_the_packages_and_points_to_the_map() -> None:
+    first_screen = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:40]
+    assert any("ARCHITECTURE.md" in line for line in first_screen)
+    for folder in PACKAGES:
+        assert any(f"`{folder}`" in line for line in first_screen), folder
+
+
+def test_the_architecture_document_names_every_package_and_only_files_that_exist() -> None:
+    """The map stays true: a module moved or removed is moved or removed there too."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    for folder in PACKAGES:
+        assert f"`{folder}/`" in text, f"ARCHITECTURE.md does not name {folder}/"
+    known = {path.name for path in MODULES.values()}
+    missing = [
+        name
+        for name in sorted(set(re.findall(r"[\w./]+\.py\b", text)))
+        if not ((ROOT / name).is_file() if "/" in name else name in known)
+    ]
+    assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"
