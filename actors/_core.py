@@ -92,7 +92,7 @@ class ContextMessage:
 
 @dataclass
 class SessionContext:
-    """The ADR's conversation state: messages, tool results and a system prompt."""
+    """A session's working context: its messages, tool results and system prompt."""
 
     system_prompt: str = ""
     messages: list[ContextMessage] = field(default_factory=list)

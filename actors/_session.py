@@ -510,8 +510,8 @@ class Session(_Base):
     def broadcast(self, key: str, value: Any) -> str:
         """Share ``value`` with siblings as a shared-memory write (they read it
         with ``memory_get``); returns its memory id. There is no message between
-        siblings: the Session Tree Model routes everything through the parent
-        or shared memory, so no session depends on a sibling being alive."""
+        siblings: the tree routes everything through the parent or shared
+        memory, so no session depends on a sibling being alive."""
         return self.memory_put(key, value)
 
     def fan_out(self, tasks: Iterable[Any], **options: Any) -> Gathered:

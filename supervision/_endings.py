@@ -1,9 +1,10 @@
 """Endings: a session becomes terminal, its one result goes to its parent,
 then its subtree is cleaned up; the oldest endings are evicted from the index.
 
-The order is the specification's: the state is terminal at once and the
-result is delivered at once, then the descendants are cancelled (through
-``on_orphans``, which the Cortex wires to ``Cancelling.orphans``).
+The order is the tree's rule (ARCHITECTURE.md, "How a result travels back"):
+the state is terminal at once and the result is delivered at once, then the
+descendants are cancelled (through ``on_orphans``, which the Cortex wires to
+``Cancelling.orphans``).
 """
 
 from __future__ import annotations

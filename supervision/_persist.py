@@ -1,4 +1,4 @@
-"""What the Cortex writes to the store, and when (the ADR's persistence per kind).
+"""What the Cortex writes to the store, and when (ARCHITECTURE.md, "Persistence").
 
 - Main: its record at creation, its full context after every message cycle
   (with the inbound message that cycle consumed), its end.
@@ -136,7 +136,7 @@ class Persister:
         self, entry: TreeEntry, *, context: bool, now: float, resume: bool = False
     ) -> SessionRecord:
         info, state = entry.info, entry.state
-        if info.kind is SessionKind.WORKER:  # identity and state only (the ADR)
+        if info.kind is SessionKind.WORKER:  # identity and state: a restart can fail it
             info = msgspec.structs.replace(
                 info, state=state, task="", context_summary="", metadata={}, input=None
             )
