@@ -264,12 +264,15 @@ class NodeHost:
             started_at=self.parts.clock.time(),
             trace=core.cycle_trace,
         )
-        # While the store takes writes the cycle runs at once: nothing outside the
-        # process waits for its mark, and reading ``session.attempt`` waits for
-        # it (``mark_durable``). While it refuses them the cycle waits, so that
-        # one it cannot record never runs (its input is kept for a retry); so
-        # does one that recorded the user's turn, whose replies build on it.
-        wait = turn is not None or store.refusing
+        # While the store takes writes a fresh input's cycle runs at once: nothing
+        # outside the process waits for its mark, and reading ``session.attempt``
+        # waits for it (``mark_durable``). One replayed after a restart waits, so
+        # a crash it causes again is counted (a poison message is held back);
+        # so does one that recorded the user's turn, whose replies build on it;
+        # and, while the store refuses writes, every one, so that a cycle it
+        # cannot record never runs (its input is kept for a retry).
+        replayed = cycle_input is not None and not cycle_input.fresh
+        wait = turn is not None or replayed or store.refusing
         try:
             marked = store.submit(WriteBatch().cycle(mark), lazy=not wait)
         except Exception as exc:  # noqa: BLE001 - a closed store: the cycle runs, the mark failed
