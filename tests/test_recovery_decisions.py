@@ -260,6 +260,33 @@ def test_a_cycle_is_on_record_once_its_skill_reads_its_attempt_and_unmarked_with
     assert node.store.inbox(ref.session_id) == []
 
 
+def test_a_replayed_cycle_runs_only_once_its_mark_is_durable(
+    nodes: Callable[..., Node], tmp_path: pathlib.Path
+) -> None:
+    """A fresh input's cycle does not wait for its mark; one replayed after a
+    restart does, so a crash it causes again counts against it (a poison
+    message is held back after ``recovery_attempts``), whether or not its
+    skill reads its attempt."""
+    seen: list[CycleRecord | None] = []
+    node: Node | None = None
+
+    def main(session: Any) -> None:
+        assert node is not None
+        assert node.store is not None
+        seen.append(node.store.cycle(session.session_id))  # before reading the attempt
+
+    agent = Agent("agent", {"main": main}, main_skill="main")
+    node = nodes(tmp_path, agent)
+    main_id = node.main("agent").session_id
+    node.shutdown()
+    leave_as_a_crash_would(tmp_path, main_id, ["cut"], cut_off=1)
+    node = nodes(tmp_path, agent)
+    settle(node)
+    (mark,) = seen
+    assert mark is not None
+    assert (mark.session_id, mark.seq, mark.attempt) == (main_id, 0, 2)
+
+
 def test_the_snapshot_ending_a_cycle_reaches_the_store_before_the_next_cycles_mark(
     nodes: Callable[..., Node],
     tmp_path: pathlib.Path,
