@@ -92,7 +92,7 @@ class ContextMessage:
 
 @dataclass
 class SessionContext:
-    """The ADR's conversation state: messages, tool results and a system prompt."""
+    """A session's working context: its messages, tool results and system prompt."""
 
     system_prompt: str = ""
     messages: list[ContextMessage] = field(default_factory=list)
@@ -250,6 +250,8 @@ class SessionCore:
         self.resumed = False
         self.cycle_input: CycleInput | None = None
         self.attempt = 1
+        # a Main's cycle with a store: waits until its start is on record (``attempt``)
+        self.mark_durable: Callable[[], None] | None = None
         self.last_checkpoint = clock.monotonic()
         self.stuck = False
         self.holds_slot = False

@@ -193,9 +193,11 @@ class SessionHost(Protocol):
     ) -> concurrent.futures.Future[None] | None:
         """A Main is about to run a cycle for inbox message ``seq`` or child
         ``child_id``'s result (attempt ``attempt``; ``message``: what the cycle
-        runs for): None to run it now, or a future that finishes (on another
-        thread) once the start is durable (it may write the user's turn with
-        it: see ``record_input``); it fails with the store's error."""
+        runs for): None to run it now (its start is queued, and commits before
+        anything the cycle writes), or, while the store refuses writes, a
+        future that finishes (on another thread) once the start is durable (it
+        may write the user's turn with it: see ``record_input``); it fails with
+        the store's error."""
         ...
 
     def refused(self, core: SessionCore, what: str) -> None:

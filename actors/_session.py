@@ -131,8 +131,13 @@ class _Base:
         """Which run of this work this is: 1, or more when crashes of the node cut
         earlier runs off (a Main's cycle whose message is replayed after a
         restart, a branch run again after one). A skill whose effects live
-        outside the store deduplicates them on it."""
-        return self._core.attempt
+        outside the store deduplicates them on it. In a Main's cycle on a node
+        with a store, reading it waits until the cycle's start is on record (one
+        commit at most), so a crash after the read counts against the input."""
+        core = self._core
+        if core.mark_durable is not None:
+            core.mark_durable()
+        return core.attempt
 
     @property
     def traceparent(self) -> str | None:
@@ -505,8 +510,8 @@ class Session(_Base):
     def broadcast(self, key: str, value: Any) -> str:
         """Share ``value`` with siblings as a shared-memory write (they read it
         with ``memory_get``); returns its memory id. There is no message between
-        siblings: the Session Tree Model routes everything through the parent
-        or shared memory, so no session depends on a sibling being alive."""
+        siblings: the tree routes everything through the parent or shared
+        memory, so no session depends on a sibling being alive."""
         return self.memory_put(key, value)
 
     def fan_out(self, tasks: Iterable[Any], **options: Any) -> Gathered:

@@ -322,8 +322,9 @@ class SessionActorLogic:
             trace = self.host.cycle_traced(core, self.cycles, item.trace, item.cut_off)
             if trace is not None or core.cycle_trace is not None:  # see SessionCore
                 core.cycle_trace = trace
-            # With a store the cycle is marked as started, durably, before the
-            # skill runs: a crash in it is then counted against its input.
+            # With a store the cycle's start is marked, queued before anything the
+            # cycle writes: a crash in it then counts against its input. It waits
+            # for the mark only while the store refuses writes (see the host).
             marked = self.host.cycle_starting(core, core.input_seq, child, item.attempt, message)
             if marked is None:
                 self._submit(message, self.cycles)

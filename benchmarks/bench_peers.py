@@ -27,23 +27,51 @@ differs), the parent collects. Systems, each measured on a fresh instance
   which is part of what a tree costs;
 * ``thread/spawn_many``: the same in memory on a node made with ``Node()``,
   whose loop runs on a thread of its own (the application's calls then
-  cross threads); reported beside the others, not in the summary keys.
+  cross threads); reported beside the others, not in the summary keys;
+* ``asyncio/same_gc`` and ``langgraph/same_gc``: the two baselines again,
+  under the cyclic garbage collector's settings a running node sets. A node
+  may change them for the whole process when it starts (``NodeConfig.gc_tuning``
+  raises the thresholds) and put back what it found when it closes, so the
+  baselines as-is run under the interpreter's defaults. The settings are read
+  at the start of the run from a node started in memory (thresholds, on or
+  off, whether it froze the heap with ``gc.freeze``: ``node_gc_*``), set
+  when such a baseline's instance starts and put back when it closes.
 
-Measurements (each with a fresh instance per system per round):
+Measurements (each with a fresh instance per system per round; the
+``same_gc`` baselines alternate with the others):
 
 1. CPU per sub-task with no wait: the process's CPU time (every thread:
    ``time.process_time``) over N sequential trees (and, for sessiontree,
    until the node is idle after the last) / (N * 8); the median over
    rounds. ``subtask_cpu_us_memory`` / ``_durable`` are sessiontree's best
    of (``fan_out``, ``spawn_many``); ``vs_langgraph_d0_*`` = LangGraph's CPU
-   per sub-task ÷ ours (> 1: we are cheaper).
+   per sub-task ÷ ours (> 1: we are cheaper), ``vs_langgraph_d0_*_same_gc``
+   the same with LangGraph under the node's collector settings.
+   ``subtask_cpu_x_asyncio_memory`` / ``_durable`` = ours ÷ ``asyncio.gather``'s
+   under the node's settings (how many times a bare coroutine's CPU a
+   sub-task costs), ``..._as_is`` ÷ asyncio's as-is; the baselines
+   themselves are ``asyncio_cpu_us_as_is`` / ``_same_gc`` and
+   ``langgraph_cpu_us_as_is`` / ``_same_gc``.
 2. Throughput with 1,000 trees started at once (``asyncio.gather`` of 1,000
    tree coroutines on the application's loop), 50 ms wait: sub-tasks/s from
    the start until the last tree's result, the median over rounds.
-   ``vs_asyncio_t1000`` = sessiontree's best in memory ÷ bare asyncio.
+   ``vs_asyncio_t1000`` = sessiontree's best in memory ÷ bare asyncio,
+   ``vs_asyncio_t1000_same_gc`` ÷ bare asyncio under the node's collector
+   settings (as-is, the collector's share of asyncio's wall time there is
+   large: ``t1000_gc_share_asyncio`` beside ``..._asyncio_same_gc``).
 3. Added latency of one tree: the wall time of one tree with a 50 ms wait
    minus 50 ms, over many sequential trees; p50 and p99 per system.
-   ``added_latency_p99_ms`` is sessiontree's best in memory.
+   ``added_latency_p99_ms`` is sessiontree's best in memory;
+   ``added_latency_p50_ms_over_asyncio`` = sessiontree's best p50 in memory
+   minus bare asyncio's p50 (``..._same_gc``: minus asyncio's under the
+   node's settings).
+4. Store commits per tree (the two store systems, 50 ms wait): the LMDB
+   writer's commits (``Store.stats()["commits"]``) over N trees run one at
+   a time (``commits_per_tree_t1``), and over rounds of 100 trees started
+   at once (``commits_per_tree_t100``), each counted after a warm-up from an
+   idle node with the store flushed to an idle node with the store flushed
+   (the flush's own empty commit not counted); the best of (``fan_out``,
+   ``spawn_many``), each also reported.
 
 The machine: ``fsync_ms`` (one synced write on the stores' disk) and
 ``idle_slowdown``, how many times as long the same small piece of Python
@@ -60,10 +88,11 @@ stream=True)`` (in memory and with the store); the two alternate, one tree
 at a time; ``stream_added_latency_*`` is the session tree's p50 (p99) minus
 the bare one's.
 
-``--quick``: fewer trees and rounds (the 1,000 trees of measurement 2 are
-kept). ``--systems`` and ``--only`` narrow a run, e.g. for a profiler:
-``py-spy record -- python benchmarks/bench_peers.py --only cpu --systems
-memory/spawn_many --trees 5000 --rounds 1``.
+``--quick``: fewer trees and rounds (the 1,000 trees of measurement 2 and
+the 100 at once of measurement 4 are kept). ``--systems`` and ``--only``
+narrow a run, e.g. for a profiler: ``py-spy record -- python
+benchmarks/bench_peers.py --only cpu --systems memory/spawn_many --trees
+5000 --rounds 1``.
 
 The peers come from the ``bench`` extra: ``pip install -e '.[bench]'``.
 """
@@ -104,6 +133,7 @@ WAIT = 0.05
 TREES_AT_ONCE = 1000
 DAY = 24 * 3600.0
 ASYNCIO, LANGGRAPH = "asyncio", "langgraph"
+SAME_GC = "/same_gc"  # a baseline run under the node's collector settings
 ST_SYSTEMS = (
     "memory/fan_out",
     "memory/spawn_many",
@@ -111,7 +141,7 @@ ST_SYSTEMS = (
     "store/spawn_many",
     "thread/spawn_many",
 )
-SYSTEMS = (ASYNCIO, LANGGRAPH, *ST_SYSTEMS)
+SYSTEMS = (ASYNCIO, ASYNCIO + SAME_GC, LANGGRAPH, LANGGRAPH + SAME_GC, *ST_SYSTEMS)
 
 
 def idle_slowdown(pause: float = WAIT, rounds: int = 41) -> float:
@@ -316,7 +346,69 @@ class Sessiontree(System):
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def make_system(name: str, base: str | None) -> System:
+@dataclass(frozen=True)
+class GcSettings:
+    """The cyclic collector's settings: thresholds, on or off, and whether
+    what was alive has been moved out of its reach (``gc.freeze``)."""
+
+    thresholds: tuple[int, int, int]
+    enabled: bool
+    frozen: bool
+
+
+async def node_gc_settings() -> GcSettings:
+    """The collector settings a running node has set: a node is started in
+    memory on this loop, the settings read while it runs, and it is shut
+    down (which puts back what it found)."""
+    frozen_before = gc.get_freeze_count()
+    node = await Node.astart([make_agent()], NodeConfig())
+    try:
+        return GcSettings(gc.get_threshold(), gc.isenabled(), gc.get_freeze_count() > frozen_before)
+    finally:
+        await node.ashutdown(grace=0)
+
+
+class SameGc(System):
+    """A baseline under the node's collector settings: they are set when it
+    starts (after its own set-up, as a node sets them last) and the ones
+    found are put back when it closes, so the systems after it run as-is."""
+
+    def __init__(self, inner: System, settings: GcSettings) -> None:
+        self.inner = inner
+        self.settings = settings
+        self.name = inner.name + SAME_GC
+        self._found = GcSettings(gc.get_threshold(), gc.isenabled(), gc.get_freeze_count() > 0)
+
+    async def start(self) -> None:
+        await self.inner.start()
+        self._found = GcSettings(gc.get_threshold(), gc.isenabled(), gc.get_freeze_count() > 0)
+        gc.set_threshold(*self.settings.thresholds)
+        if not self.settings.enabled:
+            gc.disable()
+        if self.settings.frozen:
+            gc.collect()
+            gc.freeze()
+
+    async def tree(self, wait: float) -> None:
+        await self.inner.tree(wait)
+
+    async def settle(self) -> None:
+        await self.inner.settle()
+
+    async def close(self) -> None:
+        try:
+            await self.inner.close()
+        finally:
+            if self.settings.frozen and not self._found.frozen:
+                gc.unfreeze()
+            gc.set_threshold(*self._found.thresholds)
+            if self._found.enabled:
+                gc.enable()
+
+
+def make_system(name: str, base: str | None, node_gc: GcSettings) -> System:
+    if name.endswith(SAME_GC):
+        return SameGc(make_system(name.removesuffix(SAME_GC), base, node_gc), node_gc)
     if name == ASYNCIO:
         return Gather()
     if name == LANGGRAPH:
@@ -324,9 +416,11 @@ def make_system(name: str, base: str | None) -> System:
     return Sessiontree(name, base)
 
 
-async def on_fresh(name: str, base: str | None, run: Callable[[System], Awaitable[Any]]) -> Any:
-    """``run(system)`` on a fresh instance of ``name``, closed after."""
-    system = make_system(name, base)
+Make = Callable[[str], System]
+
+
+async def on_fresh(system: System, run: Callable[[System], Awaitable[Any]]) -> Any:
+    """``run(system)`` on ``system`` (a fresh instance), closed after."""
     await system.start()
     try:
         gc.collect()
@@ -403,13 +497,13 @@ async def latency_round(system: System, trees: int, wait: float) -> list[float]:
 
 
 async def measure_cpu(
-    systems: list[str], base: str | None, trees: int, rounds: int
+    systems: list[str], make: Make, trees: int, rounds: int
 ) -> dict[str, dict[str, float]]:
     cpu: dict[str, list[float]] = {name: [] for name in systems}
     wall: dict[str, list[float]] = {name: [] for name in systems}
     for r in range(rounds):
         for name in systems:
-            c, w = await on_fresh(name, base, lambda s: cpu_round(s, trees, max(10, trees // 20)))
+            c, w = await on_fresh(make(name), lambda s: cpu_round(s, trees, max(10, trees // 20)))
             cpu[name].append(c)
             wall[name].append(w)
             log(f"  cpu round {r + 1}/{rounds} {name}: {c:.1f} us cpu, {w:.1f} us wall / sub-task")
@@ -424,14 +518,14 @@ async def measure_cpu(
 
 
 async def measure_throughput(
-    systems: list[str], base: str | None, trees: int, rounds: int
+    systems: list[str], make: Make, trees: int, rounds: int
 ) -> dict[str, dict[str, float]]:
     rate: dict[str, list[float]] = {name: [] for name in systems}
     cpu: dict[str, list[float]] = {name: [] for name in systems}
     gcs: dict[str, list[float]] = {name: [] for name in systems}
     for r in range(rounds):
         for name in systems:
-            got, c, g = await on_fresh(name, base, lambda s: throughput_round(s, trees, WAIT))
+            got, c, g = await on_fresh(make(name), lambda s: throughput_round(s, trees, WAIT))
             rate[name].append(got)
             cpu[name].append(c)
             gcs[name].append(g)
@@ -450,12 +544,12 @@ async def measure_throughput(
 
 
 async def measure_latency(
-    systems: list[str], base: str | None, trees: int, rounds: int
+    systems: list[str], make: Make, trees: int, rounds: int
 ) -> dict[str, dict[str, float]]:
     samples: dict[str, list[float]] = {name: [] for name in systems}
     for r in range(rounds):
         for name in systems:
-            got = await on_fresh(name, base, lambda s: latency_round(s, trees, WAIT))
+            got = await on_fresh(make(name), lambda s: latency_round(s, trees, WAIT))
             samples[name].extend(got)
             log(
                 f"  latency round {r + 1}/{rounds} {name}: added p50 "
@@ -465,6 +559,43 @@ async def measure_latency(
         name: {"p50_ms": percentile(s, 50), "p99_ms": percentile(s, 99), "n": len(s)}
         for name, s in samples.items()
     }
+
+
+async def flushed_commits(system: System) -> int:
+    """The commits of ``system``'s store once everything queued is committed
+    (the flush's own, empty, commit included)."""
+    store = system.node.store if isinstance(system, Sessiontree) else None
+    if store is None:
+        raise RuntimeError(f"{system.name}: no store to count the commits of")
+    await asyncio.to_thread(store.flush)
+    return int(store.stats()["commits"])
+
+
+async def commits_round(system: System, at_once: int, rounds: int, wait: float) -> float:
+    """The store's commits per tree over ``rounds`` of ``at_once`` trees started
+    together, counted until the node is idle after the last and the store flushed."""
+    await asyncio.gather(*(system.tree(wait) for _ in range(at_once)))  # warm-up
+    await system.settle()
+    before = await flushed_commits(system)
+    for _ in range(rounds):
+        await asyncio.gather(*(system.tree(wait) for _ in range(at_once)))
+    await system.settle()
+    after = await flushed_commits(system) - 1  # not the flush's own commit
+    return (after - before) / (at_once * rounds)
+
+
+async def measure_commits(
+    systems: list[str], make: Make, t1_trees: int, t100_rounds: int
+) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name in systems:
+        if not name.startswith("store/"):
+            continue
+        t1 = await on_fresh(make(name), lambda s: commits_round(s, 1, t1_trees, WAIT))
+        t100 = await on_fresh(make(name), lambda s: commits_round(s, 100, t100_rounds, WAIT))
+        out[name] = {"t1": t1, "t100": t100}
+        log(f"  commits {name}: {t1:.3f} per tree one at a time, {t100:.3f} with 100 at once")
+    return out
 
 
 # -- the streamed variant -----------------------------------------------------------------
@@ -545,6 +676,14 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else round(a / b, 3)
 
 
+def rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def difference(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 3)
+
+
 def version(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -559,24 +698,43 @@ async def run(args: argparse.Namespace, base: str | None) -> dict[str, Any]:
         raise SystemExit(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
     if base is None:
         systems = [s for s in systems if not s.startswith("store/")]
-    only = set(args.only.split(",")) if args.only else {"cpu", "throughput", "latency"}
+    only = set(args.only.split(",")) if args.only else {"cpu", "throughput", "latency", "commits"}
     quick = args.quick
-    out: dict[str, Any] = {}
+    node_gc = await node_gc_settings()
+    off = "" if node_gc.enabled else ", turns it off"
+    frozen = ", freezes the heap" if node_gc.frozen else ""
+    log(
+        f"a node sets the collector's thresholds to {node_gc.thresholds}{off}{frozen} "
+        f"(as found: {gc.get_threshold()}); the {SAME_GC[1:]} baselines run so"
+    )
+    out: dict[str, Any] = {"node_gc": node_gc}
+
+    def make(name: str) -> System:
+        return make_system(name, base, node_gc)
+
     if "cpu" in only:
         trees = args.trees or (150 if quick else 500)
         rounds = args.rounds or (3 if quick else 5)
         log(f"1. CPU per sub-task, no wait: {trees} sequential trees x {rounds} rounds")
-        out["cpu"] = await measure_cpu(systems, base, trees, rounds)
+        out["cpu"] = await measure_cpu(systems, make, trees, rounds)
         out["cpu_trees"] = trees
     if "throughput" in only:
         rounds = args.rounds or (1 if quick else 3)
         log(f"2. throughput: {TREES_AT_ONCE} trees at once, {WAIT:.3f} s wait, {rounds} rounds")
-        out["throughput"] = await measure_throughput(systems, base, TREES_AT_ONCE, rounds)
+        out["throughput"] = await measure_throughput(systems, make, TREES_AT_ONCE, rounds)
     if "latency" in only:
         trees = args.latency_trees or (60 if quick else 200)
         rounds = args.rounds or (2 if quick else 5)
         log(f"3. added latency: {trees} sequential trees x {rounds} rounds, {WAIT:.3f} s wait")
-        out["latency"] = await measure_latency(systems, base, trees, rounds)
+        out["latency"] = await measure_latency(systems, make, trees, rounds)
+    if "commits" in only:
+        t1_trees = args.commit_trees or (40 if quick else 200)
+        t100_rounds = 3 if quick else 10
+        log(
+            f"4. store commits per tree: {t1_trees} trees one at a time, then "
+            f"{t100_rounds} rounds of 100 at once, {WAIT:.3f} s wait"
+        )
+        out["commits"] = await measure_commits(systems, make, t1_trees, t100_rounds)
     if args.stream:
         trees = 100 if quick else 400
         log(f"streamed: {trees} sequential trees of {FANOUT} streamed replies, each way")
@@ -596,7 +754,13 @@ def summarise(got: dict[str, Any]) -> dict[str, Any]:
     mem_cpu = best(cpu, "memory", "cpu_us", low=True)
     dur_cpu = best(cpu, "store", "cpu_us", low=True)
     lg_cpu = cpu.get(LANGGRAPH, {}).get("cpu_us")
+    lg_cpu_gc = cpu.get(LANGGRAPH + SAME_GC, {}).get("cpu_us")
+    aio_cpu = cpu.get(ASYNCIO, {}).get("cpu_us")
+    aio_cpu_gc = cpu.get(ASYNCIO + SAME_GC, {}).get("cpu_us")
     mem_thr = best(thr, "memory", "per_s", low=False)
+    mem_p50 = best(lat, "memory", "p50_ms", low=True)
+    commits = got.get("commits", {})
+    node_gc: GcSettings | None = got.get("node_gc")
     summary: dict[str, Any] = {
         "bench": "peers",
         "subtask_cpu_us_memory": None if mem_cpu is None else round(mem_cpu, 1),
@@ -604,6 +768,28 @@ def summarise(got: dict[str, Any]) -> dict[str, Any]:
         "vs_langgraph_d0_memory": ratio(lg_cpu, mem_cpu),
         "vs_langgraph_d0_durable": ratio(lg_cpu, dur_cpu),
         "vs_asyncio_t1000": ratio(mem_thr, thr.get(ASYNCIO, {}).get("per_s")),
+        "subtask_cpu_x_asyncio_memory": ratio(mem_cpu, aio_cpu_gc),
+        "subtask_cpu_x_asyncio_durable": ratio(dur_cpu, aio_cpu_gc),
+        "subtask_cpu_x_asyncio_memory_as_is": ratio(mem_cpu, aio_cpu),
+        "subtask_cpu_x_asyncio_durable_as_is": ratio(dur_cpu, aio_cpu),
+        "asyncio_cpu_us_as_is": rounded(aio_cpu, 2),
+        "asyncio_cpu_us_same_gc": rounded(aio_cpu_gc, 2),
+        "langgraph_cpu_us_as_is": rounded(lg_cpu, 1),
+        "langgraph_cpu_us_same_gc": rounded(lg_cpu_gc, 1),
+        "vs_langgraph_d0_memory_same_gc": ratio(lg_cpu_gc, mem_cpu),
+        "vs_langgraph_d0_durable_same_gc": ratio(lg_cpu_gc, dur_cpu),
+        "vs_asyncio_t1000_same_gc": ratio(mem_thr, thr.get(ASYNCIO + SAME_GC, {}).get("per_s")),
+        "commits_per_tree_t1": rounded(best(commits, "store", "t1", low=True), 3),
+        "commits_per_tree_t100": rounded(best(commits, "store", "t100", low=True), 3),
+        "added_latency_p50_ms_over_asyncio": difference(
+            mem_p50, lat.get(ASYNCIO, {}).get("p50_ms")
+        ),
+        "added_latency_p50_ms_over_asyncio_same_gc": difference(
+            mem_p50, lat.get(ASYNCIO + SAME_GC, {}).get("p50_ms")
+        ),
+        "node_gc_thresholds": None if node_gc is None else list(node_gc.thresholds),
+        "node_gc_enabled": None if node_gc is None else node_gc.enabled,
+        "node_gc_frozen": None if node_gc is None else node_gc.frozen,
         "added_latency_p99_ms": (
             None if (v := best(lat, "memory", "p99_ms", low=True)) is None else round(v, 3)
         ),
@@ -628,6 +814,9 @@ def summarise(got: dict[str, Any]) -> dict[str, Any]:
     for name, v in lat.items():
         summary[f"added_latency_p50_ms_{key(name)}"] = round(v["p50_ms"], 3)
         summary[f"added_latency_p99_ms_{key(name)}"] = round(v["p99_ms"], 3)
+    for name, v in commits.items():
+        summary[f"commits_per_tree_t1_{key(name)}"] = round(v["t1"], 3)
+        summary[f"commits_per_tree_t100_{key(name)}"] = round(v["t100"], 3)
     summary["vs_langgraph_t1000"] = ratio(mem_thr, thr.get(LANGGRAPH, {}).get("per_s"))
     for where, v in got.get("stream", {}).items():
         for figure, value in v.items():
@@ -641,9 +830,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="where the LMDB stores go (a real disk; default: tmp)")
     parser.add_argument("--stream", action="store_true", help="also the streamed variant")
     parser.add_argument("--systems", help=f"comma-separated subset of {', '.join(SYSTEMS)}")
-    parser.add_argument("--only", help="comma-separated subset of cpu, throughput, latency")
+    parser.add_argument(
+        "--only", help="comma-separated subset of cpu, throughput, latency, commits"
+    )
     parser.add_argument("--trees", type=int, help="sequential trees per CPU round (500; quick 150)")
     parser.add_argument("--latency-trees", type=int, help="trees per latency round (200; quick 60)")
+    parser.add_argument("--commit-trees", type=int, help="trees one at a time (200; quick 40)")
     parser.add_argument("--rounds", type=int, help="rounds of every measurement")
     args = parser.parse_args(argv)
     started = time.perf_counter()

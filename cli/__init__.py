@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sessiontree.cli._main import main
 
 if TYPE_CHECKING:
-    from sessiontree.cli._demo import DemoError, DemoReport, run_demo
+    from sessiontree.cli.demo import DemoError, DemoReport, run_demo
 
 __all__ = ["DemoError", "DemoReport", "main", "run_demo"]
 
@@ -21,8 +21,8 @@ _DEMO = frozenset({"DemoError", "DemoReport", "run_demo"})
 def __getattr__(name: str) -> Any:
     """The demo's names, imported with the runtime on first use."""
     if name in _DEMO:
-        from sessiontree.cli import _demo  # noqa: PLC0415 - the runtime, only when asked for
+        from sessiontree.cli import demo  # noqa: PLC0415 - the runtime, only when asked for
 
-        return getattr(_demo, name)
+        return getattr(demo, name)
     msg = f"module {__name__!r} has no attribute {name!r}"
     raise AttributeError(msg)

@@ -84,52 +84,53 @@ class _SafeGroup(LazyGroup):
 #: against the commands' own).
 COMMANDS = {
     "conv": Lazy(
-        f"{_CLI}_conv_cmds:conv",
+        f"{_CLI}commands._conv:conv",
         "A session's conversation tree: branches, context, fork, checkout, merge, delete.",
     ),
     "demo": Lazy(
-        f"{_CLI}_demo_cmd:demo",
+        f"{_CLI}commands._demo:demo",
         "Run a fixed, deterministic scenario on simulated skills and a model (a few seconds).",
     ),
     "events": Lazy(
-        f"{_CLI}_events_cmds:events_cmd",
+        f"{_CLI}commands._events:events_cmd",
         "Print a node's events: what its ring holds now, or (--follow) as they come.",
     ),
     "export": Lazy(
-        f"{_CLI}_store_cmds:export_cmd",
+        f"{_CLI}commands._store:export_cmd",
         "Write the store as canonical JSONL: one JSON object a line.",
     ),
     "import": Lazy(
-        f"{_CLI}_store_cmds:import_cmd", "Restore a store from FILE, an export ('-' reads stdin)."
+        f"{_CLI}commands._store:import_cmd",
+        "Restore a store from FILE, an export ('-' reads stdin).",
     ),
     "recovery": Lazy(
-        f"{_CLI}_recovery_cmds:recovery",
+        f"{_CLI}commands._recovery:recovery",
         "What recovery decided at the node's start; release a held replay.",
     ),
     "replay": Lazy(
-        f"{_CLI}_replay_cmds:replay_cmd",
+        f"{_CLI}commands._replay:replay_cmd",
         "Replay a recorded run (or list the store's recordings, or export one).",
     ),
     "sessions": Lazy(
-        f"{_CLI}_session_cmds:sessions",
+        f"{_CLI}commands._sessions:sessions",
         "List, inspect, draw, spawn, message, cancel, terminate, suspend, resume and wait "
         "on sessions.",
     ),
     "standin": Lazy(
-        f"{_CLI}_standin_cmd:standin",
+        f"{_CLI}commands._standin:standin",
         "Run the stand-in chat model (an OpenAI-compatible chat-completions server) on "
         "127.0.0.1 until SIGINT or SIGTERM.",
     ),
     "store": Lazy(
-        f"{_CLI}_store_cmds:store", "Back a store up, verify it, export it and import it."
+        f"{_CLI}commands._store:store", "Back a store up, verify it, export it and import it."
     ),
     "top": Lazy(
-        f"{_CLI}_top:top",
+        f"{_CLI}commands._top:top",
         "A live view of a node: its session tree (kind, state, age, TTL left, tokens and "
         "cost), its figures and its rates of spawns, endings and failures.",
     ),
     "wedged": Lazy(
-        f"{_CLI}_recovery_cmds:wedged",
+        f"{_CLI}commands._recovery:wedged",
         "Work recovery held back: list, inspect, requeue or drop it.",
     ),
 }
@@ -166,12 +167,12 @@ def main(ctx: click.Context, verbose: int, token_file: Path | None) -> None:
     cls=LazyGroup,
     lazy={
         "start": Lazy(
-            f"{_CLI}_node_cmds:start",
+            f"{_CLI}commands._node:start",
             "Run a node: the runtime on an LMDB store, its HTTP API and /metrics.",
             extra="node",
         ),
         "status": Lazy(
-            f"{_CLI}_node_status:status",
+            f"{_CLI}commands._node_status:status",
             "A node's state, sessions by state, counters and store (from a node or a store).",
         ),
     },

@@ -1,9 +1,9 @@
 """Inbound chat messages, how they map to session keys, and chat replies.
 
 ``Inbound`` is what a chat gateway hands the node; ``session_key_for``
-turns it into the per-sender ``SessionKey`` (the Per-Sender Session ADR):
-direct messages by the agent's ``dm_scope``, groups, channels and threads
-always by their own chat id.
+turns it into the per-sender ``SessionKey``: direct messages by the agent's
+``dm_scope``, groups, channels and threads always by their own chat id (the
+README's "Conversations and per-sender sessions").
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class ContextEntry(msgspec.Struct, kw_only=True):
 
 
 class ContextRecord(msgspec.Struct, kw_only=True):
-    """A session's working context: the ADR's messages, tool results and system prompt."""
+    """A session's working context: its messages, tool results and system prompt."""
 
     system_prompt: str = ""
     messages: list[ContextEntry] = msgspec.field(default_factory=list)

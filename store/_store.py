@@ -87,6 +87,9 @@ class Store:
     ``sync`` (default on): a commit returns only once fsync'd. ``group_commit``
     (default on): batches queued together share one commit; off, every batch
     is its own transaction (the naive baseline of ``bench_store``).
+    ``linger``: how long a lazy write (``submit(batch, lazy=True)``, one
+    nobody waits on yet) may wait for a commit someone waits on before it
+    commits by itself (seconds).
     ``long_read_warn``: a read transaction open longer than this is counted
     and logged (it pins old pages, so the file grows). ``io``: the I/O layer
     (tests inject faults with a subclass).
@@ -103,6 +106,7 @@ class Store:
         io: StoreIO | None = None,
         long_read_warn: float = 60.0,
         group_commit: bool = True,
+        linger: float = 1.0,
     ) -> None:
         self._opened = open_env(
             path, readonly=readonly, map_size=map_size, max_readers=max_readers, sync=sync
@@ -122,6 +126,7 @@ class Store:
                     io or StoreIO(),
                     "sessiontree-store-writer",
                     group_commit=group_commit,
+                    linger=linger,
                 )
                 self._writer.on_commit = self._reads.check_long_reads
                 self.meta: MetaRecord | None = self._meta_or_create()
@@ -207,11 +212,24 @@ class Store:
         """A new, empty batch of writes that commit together."""
         return WriteBatch()
 
-    def submit(self, batch: WriteBatch) -> concurrent.futures.Future[None]:
+    def submit(self, batch: WriteBatch, *, lazy: bool = False) -> concurrent.futures.Future[None]:
         """Queue ``batch`` for the writer; the future resolves once it is durably
         committed, or fails with ``StoreFullError``/``StoreError``. Cancelling
-        it before the writer takes the batch withdraws the batch."""
-        return self._usable_writer().submit(batch)
+        it before the writer takes the batch withdraws the batch. ``lazy``: a
+        write nobody waits on yet, carried along with the next one someone
+        does (within ``linger`` seconds); who comes to wait calls ``hurry``."""
+        return self._usable_writer().submit(batch, lazy=lazy)
+
+    @property
+    def refusing(self) -> bool:
+        """Whether the last commit failed (a full map, an I/O error): writes are
+        likely refused until one succeeds again."""
+        return self._writer is not None and self._writer.refusing
+
+    def hurry(self) -> None:
+        """Commit the lazy writes queued so far at once (a no-op on a closed store)."""
+        if self._writer is not None and not self._closed:
+            self._writer.hurry()
 
     def _usable_writer(self) -> Writer:
         self._check_usable()

@@ -8,6 +8,13 @@ acknowledged only once that commit returned, yet concurrent writers share
 it, so durable writes per second far exceed the disk's fsync rate. Batches
 commit, and are acknowledged, in submission order.
 
+A *lazy* batch (``submit(batch, lazy=True)``: a write nobody waits on yet)
+does not start a commit by itself: it is carried along with the next batch
+someone waits on (any other submission, ``hurry``, ``flush``), or committed
+``linger`` seconds (default 1) after it was queued, whichever comes first. Inside a
+tree most writes are lazy (a child's record, a Main's cycle mark and
+snapshot), so a tree costs the commits of what leaves the process only.
+
 Speed (``benchmarks/bench_store.py``): under load the acknowledgments of
 one commit go out after the next group's puts, right before its commit, so
 the woken callers run while that fsync is in flight (each put drops the
@@ -63,6 +70,7 @@ class _Job:
     waiter: asyncio.Future[None] | None = None
     loop: asyncio.AbstractEventLoop | None = None
     error: BaseException | None = None
+    lazy: bool = False
 
     def take(self) -> bool:
         """The writer takes the batch: False if its future was cancelled (then
@@ -92,9 +100,11 @@ class Writer:
         name: str,
         *,
         group_commit: bool = True,
+        linger: float = 1.0,
     ) -> None:
         self._env = env
         self._max_group = _MAX_GROUP if group_commit else 1
+        self._linger = linger
         self._dbs = dbs
         self._io = io
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -104,6 +114,7 @@ class Writer:
         self.batches = 0
         self.errors = 0
         self.full = 0
+        self.refusing = False  # the last commit failed (a full map, an I/O error)
         self.on_commit: Callable[[], None] | None = None
         self._commit_observers: tuple[Callable[[float, int], None], ...] = ()
         self._observers_lock = threading.Lock()
@@ -130,13 +141,19 @@ class Writer:
 
         return unsubscribe
 
-    def submit(self, batch: WriteBatch) -> concurrent.futures.Future[None]:
+    def submit(self, batch: WriteBatch, *, lazy: bool = False) -> concurrent.futures.Future[None]:
         """Queue ``batch``; the future resolves once it is durably committed, or
         fails with ``StoreFullError`` / ``StoreError`` (nothing of it written).
-        Cancelling the future before the writer takes the batch withdraws it."""
+        Cancelling the future before the writer takes the batch withdraws it.
+        ``lazy``: carried along with the next write someone waits on (see the
+        module's docstring); whoever comes to wait for it calls ``hurry``."""
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._enqueue(_Job(list(batch.ops), batch.size, future))
+        self._enqueue(_Job(list(batch.ops), batch.size, future, lazy=lazy))
         return future
+
+    def hurry(self) -> None:
+        """Commit the lazy batches queued so far now rather than at their linger's end."""
+        self._enqueue(_Job([], 0))
 
     def write(self, batch: WriteBatch, timeout: float | None) -> None:
         """Queue ``batch`` and block until it is durably committed; raise
@@ -191,41 +208,75 @@ class Writer:
 
     def _run(self) -> None:
         committed: list[_Job] = []  # committed, not yet acknowledged (see _transact)
+        carried: list[_Job] = []  # lazy batches waiting for a commit someone waits on
+        size = 0  # their bytes
+        due = 0.0  # when the first of them must commit (monotonic seconds)
         stop = False
         while not stop:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 self._acknowledge(committed)  # no next group to overlap with: tell them now
-                job = self._queue.get()
+                try:
+                    wait = max(0.0, due - time.monotonic()) if carried else None
+                    job = self._queue.get(timeout=wait)
+                except queue.Empty:  # the linger is over: commit them as they are
+                    committed = self._commit(carried, committed)
+                    carried, size = [], 0
+                    continue
             if job is None:
                 break
             if job.action is not None:
+                if carried:  # queued before the action: committed before it runs
+                    committed = self._commit(carried, committed)
+                    carried, size = [], 0
                 self._acknowledge(committed)
                 self._run_action(job)
                 continue
             if not job.take():
                 continue
-            group, size, pending = [job], job.size, None
-            while len(group) < self._max_group and size < _MAX_GROUP_BYTES:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                if more.action is not None:
-                    pending = more
-                    break
-                if more.take():
-                    group.append(more)
-                    size += more.size
-            committed = self._commit(group, committed)
+            if not carried:
+                due = time.monotonic() + self._linger
+            group = carried
+            group.append(job)
+            size += job.size
+            size, urgent, stop, pending = self._gather(group, size)
+            urgent = urgent or not job.lazy
+            full = len(group) >= self._max_group or size >= _MAX_GROUP_BYTES
+            if urgent or full or stop or pending is not None:
+                committed = self._commit(group, committed)
+                carried, size = [], 0
+            else:
+                carried = group
             if pending is not None:
                 self._acknowledge(committed)
                 self._run_action(pending)
+        if carried:
+            committed = self._commit(carried, committed)
         self._acknowledge(committed)
+
+    def _gather(self, group: list[_Job], size: int) -> tuple[int, bool, bool, _Job | None]:
+        """Add what is queued now to ``group`` (up to a group's limits); return its
+        size, whether a batch in it is waited on (not lazy), whether ``close``
+        was met, and an action met (it runs after the group commits)."""
+        urgent = stop = False
+        pending = None
+        while len(group) < self._max_group and size < _MAX_GROUP_BYTES:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                stop = True
+                break
+            if more.action is not None:
+                pending = more
+                break
+            if more.take():
+                group.append(more)
+                size += more.size
+                urgent = urgent or not more.lazy
+        return size, urgent, stop, pending
 
     def _acknowledge(self, committed: list[_Job]) -> None:
         """Tell the callers of committed batches (and empty the list)."""
@@ -267,7 +318,12 @@ class Writer:
     def _commit(self, group: list[_Job], committed: list[_Job]) -> list[_Job]:
         """Commit ``group`` (``committed``, the previous commit's batches, are
         acknowledged on the way, see ``_transact``); return the batches now
-        committed and not yet acknowledged. Failures are told at once."""
+        committed and not yet acknowledged. Failures are told at once. A group
+        with nothing to write (``hurry``, ``flush`` alone) needs no transaction."""
+        if not any(job.ops for job in group):
+            self._acknowledge(committed)
+            self._settle(group, None)
+            return []
         started = time.perf_counter()  # measurement only: never drives behaviour
         try:
             self._transact(group, committed)
@@ -286,6 +342,7 @@ class Writer:
                 return committed
             self.full += 1
             self.errors += 1
+            self.refusing = True
             self._settle(
                 group,
                 StoreFullError(
@@ -297,6 +354,7 @@ class Writer:
         except Exception as exc:  # noqa: BLE001 - OSError, lmdb.Error, or a bug (an unknown db, a
             # raising I/O layer): the batches fail, the writer thread must live on
             self.errors += 1
+            self.refusing = True
             log.error("store commit failed (%d batches not acknowledged): %r", len(group), exc)
             error: StoreError = StoreError(f"the store could not commit: {exc!r}")
             if isinstance(exc, CORRUPTION):
@@ -304,6 +362,7 @@ class Writer:
             self._settle(group, error)
             return []
         elapsed = time.perf_counter() - started
+        self.refusing = False
         self.commits += 1
         self.batches += len(group)
         if self.on_commit is not None:

@@ -22,6 +22,7 @@ import pykka
 from sessiontree.actors.runtime import Reply, post
 from sessiontree.protocol import ErrorCode, ErrorInfo
 from sessiontree.supervision._entry import TreeEntry
+from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._reports import AfterWrite
 from sessiontree.supervision._runtime import Runtime
 
@@ -44,12 +45,18 @@ class Commits:
         # the open batch's future and how many writes in it count_failures counts
         self.counted_writes: tuple[concurrent.futures.Future[None], list[int]] | None = None
 
-    def when_written(self, future: concurrent.futures.Future[None] | None, then: Then) -> None:
+    def when_written(
+        self, future: concurrent.futures.Future[None] | None, then: Then, *, urgent: bool = True
+    ) -> None:
         """Run ``then(error)`` on the Cortex thread once the store write ``future``
-        finished (at once without a store). The write counts as activity."""
+        finished (at once without a store). The write counts as activity.
+        ``urgent`` (default): someone outside waits on it, so it commits now;
+        otherwise it goes with the next write someone waits on."""
         if future is None:
             then(None)
             return
+        if urgent:
+            self.persist.hurry()
         if self.batched is not None and future is self.persist.shared:
             self.batched.append(then)  # one AfterWrite for the whole batch
             return
@@ -125,13 +132,15 @@ class Commits:
         future.add_done_callback(count)
 
 
-def answer_durable(entry: TreeEntry, reply: Reply) -> None:
+def answer_durable(entry: TreeEntry, reply: Reply, persist: Persister) -> None:
     """Answer ``reply`` with the ended session's result once its terminal
     write is durable (the store's error if that write failed)."""
     result, future = entry.result, entry.final_write
     if future is None:
         reply.set(result)
         return
+    if not future.done():
+        persist.hurry()
 
     def answer(finished: concurrent.futures.Future[None]) -> None:
         error = finished.exception()
@@ -144,13 +153,17 @@ def answer_durable(entry: TreeEntry, reply: Reply) -> None:
 
 
 def answer_written(
-    future: concurrent.futures.Future[None] | None, reply: Reply, session_id: uuid.UUID
+    future: concurrent.futures.Future[None] | None,
+    reply: Reply,
+    session_id: uuid.UUID,
+    persist: Persister,
 ) -> None:
     """Answer ``reply`` with None once the write ``future`` is durable (at once
     without a store), or with the store's error for ``session_id``."""
     if future is None:
         reply.set(None)
         return
+    persist.hurry()
 
     def answer(finished: concurrent.futures.Future[None]) -> None:
         error = finished.exception()

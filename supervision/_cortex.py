@@ -394,6 +394,7 @@ class Cortex:
                 post(ref, Call(Settle(held, Usage())), activity)
 
         written.add_done_callback(answer)
+        self.rt.persist.hurry()  # the call waits for it
         return DEFERRED
 
     def _settle(self, settle: Settle, reply: Reply | None) -> object:
@@ -418,7 +419,7 @@ class Cortex:
             self.tree.emit(EventKind.MODEL_CALL, entry, data=traced, at=traced["ended_at"])
         if reply is None:
             return None
-        answer_written(written, reply, reserved.chain[0])
+        answer_written(written, reply, reserved.chain[0], persist)
         return DEFERRED
 
     def _control(self, command: object, reply: Reply | None) -> object:

@@ -1,9 +1,10 @@
 """Endings: a session becomes terminal, its one result goes to its parent,
 then its subtree is cleaned up; the oldest endings are evicted from the index.
 
-The order is the specification's: the state is terminal at once and the
-result is delivered at once, then the descendants are cancelled (through
-``on_orphans``, which the Cortex wires to ``Cancelling.orphans``).
+The order is the tree's rule (ARCHITECTURE.md, "How a result travels back"):
+the state is terminal at once and the result is delivered at once, then the
+descendants are cancelled (through ``on_orphans``, which the Cortex wires to
+``Cancelling.orphans``).
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ class Endings:
             self.commits.count_failures(write)
         if entry.waiters:
             for reply in entry.waiters:
-                answer_durable(entry, reply)
+                answer_durable(entry, reply, tree.persist)
             entry.waiters.clear()
         if entry.parent is not None:
             self._deliver(entry, entry.parent, result, now)
@@ -389,7 +390,7 @@ class Endings:
         contexts = tree.rt.contexts
         if contexts is not None:  # first: a Main's cycle for it appends after it
             contexts.landed(entry.info, parent.info, result, live=parent_live)
-        if parent_live and tree.store is not None:
+        if parent_live and tree.store is not None and entry.recorded:
             parent.receipts.append(result)  # its next snapshot records the receipt
         parent.live_children -= 1
         # Filed at once (so results() and a waiting skill see it now); a live

@@ -179,6 +179,9 @@ class TreeEntry:
     # branch that came back from the store)
     receipts: list[SessionResult] = field(default_factory=list)
     next_seq: int = 0
+    # False: nothing of it is written (a worker its running Branch's skill
+    # spawned: that parent does not survive a restart); a suspend writes it
+    recorded: bool = True
     persisted: bool = True
     on_persisted: list[Callable[[BaseException | None], None]] = field(default_factory=list)
     final_write: concurrent.futures.Future[None] | None = None

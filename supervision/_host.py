@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
+import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -35,7 +37,7 @@ from sessiontree.protocol import (
     as_json,
     child_traceparent,
 )
-from sessiontree.store import CycleRecord, WriteBatch
+from sessiontree.store import CycleRecord, Store, WriteBatch
 from sessiontree.supervision._drivers import drive_async, drive_sync
 from sessiontree.supervision._refs import NodeSessions, Spawned
 from sessiontree.supervision._reports import (
@@ -50,6 +52,8 @@ from sessiontree.supervision._reports import (
 from sessiontree.supervision._requests import Call, Cancel, Spawn, SpawnMany
 
 __all__ = ["NodeHost"]
+
+log = logging.getLogger("sessiontree.session")
 
 
 class NodeHost:
@@ -260,12 +264,25 @@ class NodeHost:
             started_at=self.parts.clock.time(),
             trace=core.cycle_trace,
         )
+        # While the store takes writes a fresh input's cycle runs at once: nothing
+        # outside the process waits for its mark, and reading ``session.attempt``
+        # waits for it (``mark_durable``). One replayed after a restart waits, so
+        # a crash it causes again is counted (a poison message is held back);
+        # so does one that recorded the user's turn, whose replies build on it;
+        # and, while the store refuses writes, every one, so that a cycle it
+        # cannot record never runs (its input is kept for a retry).
+        replayed = cycle_input is not None and not cycle_input.fresh
+        wait = turn is not None or replayed or store.refusing
         try:
-            marked = store.submit(WriteBatch().cycle(mark))
+            marked = store.submit(WriteBatch().cycle(mark), lazy=not wait)
         except Exception as exc:  # noqa: BLE001 - a closed store: the cycle runs, the mark failed
             marked = concurrent.futures.Future()
             marked.set_exception(exc)
-        return marked if turn is None else _both(turn, marked)
+        core.mark_durable = functools.partial(_wait_for, marked, store)
+        if wait:
+            return marked if turn is None else _both(turn, marked)
+        marked.add_done_callback(functools.partial(_mark_failed, core.session_id))
+        return None
 
     def refused(self, core: SessionCore, what: str) -> None:
         self.node._tell(Refused(core.session_id, what))
@@ -278,6 +295,22 @@ def _recorded(core: SessionCore) -> bool:
     """Whether the running cycle's user's turn was written with its start."""
     cycle_input = core.cycle_input
     return cycle_input is not None and cycle_input.recorded
+
+
+def _mark_failed(session_id: uuid.UUID, marked: concurrent.futures.Future[None]) -> None:
+    error = marked.exception()
+    if error is not None:
+        log.error("session %s: the start of a cycle could not be recorded: %s", session_id, error)
+
+
+def _wait_for(written: concurrent.futures.Future[None], store: Store) -> None:
+    """Wait until ``written`` is durable (hurried: someone waits); its failure is
+    the writer's to report, and a store that hangs is given up on after a minute."""
+    if written.done():
+        return
+    store.hurry()
+    with contextlib.suppress(Exception):
+        written.result(timeout=60.0)
 
 
 def _both(

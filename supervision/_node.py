@@ -19,8 +19,10 @@ sessions call in ``_host``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Self
 
@@ -37,6 +39,7 @@ from sessiontree.protocol import (
     SessionInfo,
     SessionKind,
     SessionState,
+    StoreError,
     UnknownSessionError,
     decode_control,
 )
@@ -384,8 +387,20 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until every mailbox is empty and every skill is blocked at a
-        checkpoint, parked or finished; False if ``timeout`` real seconds pass."""
-        return self.activity.wait_idle(timeout)
+        checkpoint, parked or finished, and what the node queued for its store
+        is durable; False if ``timeout`` real seconds pass."""
+        started = time.monotonic()
+        if not self.activity.wait_idle(timeout):
+            return False
+        self._flush(max(0.0, timeout - (time.monotonic() - started)))
+        return True
+
+    def _flush(self, timeout: float) -> None:
+        """Commit what the node queued lazily (a store error is the writer's to report)."""
+        store = self.store
+        if store is not None:
+            with contextlib.suppress(StoreError, TimeoutError):
+                store.flush(timeout)
 
     # -- awaitable twins (each fails as its blocking method does) -------------------
 
@@ -413,4 +428,4 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
 
     async def await_idle(self, timeout: float = 10.0) -> bool:
         """Awaitable ``wait_idle`` (runs the wait on a helper thread)."""
-        return await asyncio.to_thread(self.activity.wait_idle, timeout)
+        return await asyncio.to_thread(self.wait_idle, timeout)

@@ -1,4 +1,4 @@
-"""What the Cortex writes to the store, and when (the ADR's persistence per kind).
+"""What the Cortex writes to the store, and when (ARCHITECTURE.md, "Persistence").
 
 - Main: its record at creation, its full context after every message cycle
   (with the inbound message that cycle consumed), its end.
@@ -11,7 +11,9 @@ batch (the outbox); the parent's next snapshot files the result on the
 parent and drops it from the outbox (its receipt). Every method returns the
 write's future, or None when the node has no store (nothing to wait for).
 Writes are queued in the order the Cortex decides them and commit in that
-order.
+order. They are queued *lazily*: carried along with the next write someone
+waits on; whoever comes to wait for one calls ``hurry``, so a write commits
+at once only when somebody is waiting for it.
 """
 
 from __future__ import annotations
@@ -96,6 +98,17 @@ class Persister:
         """While a batch is open: the one future every write submitted returns."""
         # settles whose write the store refused: written again with the next one
         self._unwritten: list[tuple[list[TreeEntry], Reserved]] = []
+        self._hurry_at_close = False  # someone waits for the open batch
+
+    def hurry(self) -> None:
+        """Someone waits for a write made so far: commit it now (the open batch
+        as soon as it is submitted), not at the store's linger."""
+        if self.store is None:
+            return
+        if self._open is not None:
+            self._hurry_at_close = True
+        else:
+            self.store.hurry()
 
     def open_batch(self) -> None:
         """Until ``close_batch``, every write goes into one batch (one commit, one
@@ -107,6 +120,7 @@ class Persister:
         """Submit the open batch; ``shared`` then finishes with its commit."""
         batch, shared = self._open, self.shared
         self._open = self.shared = None
+        hurry, self._hurry_at_close = self._hurry_at_close, False
         if batch is None or shared is None:
             return
         if not batch:
@@ -115,12 +129,14 @@ class Persister:
         submitted = self._submit(batch)
         assert submitted is not None  # there is a store: a batch is open only then
         submitted.add_done_callback(functools.partial(_finish_like, shared))
+        if hurry:
+            self.hurry()
 
     def _record(
         self, entry: TreeEntry, *, context: bool, now: float, resume: bool = False
     ) -> SessionRecord:
         info, state = entry.info, entry.state
-        if info.kind is SessionKind.WORKER:  # identity and state only (the ADR)
+        if info.kind is SessionKind.WORKER:  # identity and state: a restart can fail it
             info = msgspec.structs.replace(
                 info, state=state, task="", context_summary="", metadata={}, input=None
             )
@@ -181,7 +197,7 @@ class Persister:
             self._open.extend(batch)
             return self.shared
         try:
-            return self.store.submit(batch)
+            return self.store.submit(batch, lazy=True)
         except Exception as exc:  # noqa: BLE001 - a closed store: counted, never fails the Cortex
             self.counters["store_write_errors"] += 1
             future: Future = concurrent.futures.Future()
@@ -191,8 +207,9 @@ class Persister:
     # -- the writes ------------------------------------------------------------------
 
     def created(self, entry: TreeEntry, now: float) -> Future | None:
-        """A new session: its record, its link under its parent, a Main's key."""
-        if self.store is None:
+        """A new session: its record, its link under its parent, a Main's key
+        (nothing for one that is not ``recorded``)."""
+        if self.store is None or not entry.recorded:
             return None
         batch = self._batch()
         self._add_record(batch, entry, now=now)
@@ -243,13 +260,24 @@ class Persister:
         *,
         consumed: Sequence[int] = (),
         resume: bool = False,
+        late: Sequence[TreeEntry] = (),
     ) -> Future | None:
         """A live session's full state: a Main after a cycle (dropping the inbox
         messages ``consumed`` numbers), a Branch on suspend or resume; with the
-        receipts of the results it got since the last one."""
+        receipts of the results it got since the last one. A Branch that
+        suspends may come back after a restart: its children not written so
+        far (``late``, live) are written now, and the results it has not
+        taken yet are owed in the outbox, so a restart fails the first and
+        delivers the second."""
         if self.store is None:
             return None
         batch = WriteBatch()
+        for child in late:
+            child.recorded = True
+            self._add_record(batch, child, now=now)
+            batch.link(entry.session_id, child.session_id)
+        if entry.kind is SessionKind.BRANCH:
+            self._owe_untaken(batch, entry)
         self._add_record(batch, entry, now=now, resume=resume)
         for seq in consumed:
             batch.consumed(entry.session_id, seq)
@@ -257,6 +285,21 @@ class Persister:
             batch.cycle_done(entry.session_id)
         self._receipts(batch, entry, ended=False)
         return self._submit(batch)
+
+    def _owe_untaken(self, batch: WriteBatch, entry: TreeEntry) -> None:
+        """Owe (in the outbox) each result ``entry`` has not taken and that is not
+        owed yet: those of children that were not written (an outbox entry is
+        keyed by the child, so owing one twice writes it once)."""
+        core = entry.core
+        with core.cond:
+            untaken = list(core.unclaimed.values())
+        if not untaken:
+            return
+        owed = {r.session_id for r in entry.receipts}
+        for result in untaken:
+            if result.session_id not in owed:
+                batch.owe(entry.session_id, result)
+                entry.receipts.append(result)  # a later snapshot records its receipt
 
     def call(self, reserved: Reserved, now: float) -> Future | None:
         """A model call about to leave the node, with the worst case it reserved
@@ -312,9 +355,11 @@ class Persister:
         """A terminal state and, in the same batch, the result owed to the parent:
         in the outbox if the parent lives, filed on its record if it has ended.
 
+        Nothing for a session that is not ``recorded``.
+
         ``RejectedInputError`` if the record cannot be stored even without its
         context."""
-        if self.store is None:
+        if self.store is None or not entry.recorded:
             return None
         batch = self._batch()
         core = entry.core

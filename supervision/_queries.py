@@ -61,7 +61,7 @@ def await_result(tree: Tree, session_id: uuid.UUID, reply: Reply) -> object:
             return known.result
         known = tree.lookup(session_id)  # a dormant Main: it can still end
     if known.result is not None:
-        answer_durable(known, reply)
+        answer_durable(known, reply, tree.persist)
     else:
         known.waiters.append(reply)
     return DEFERRED

@@ -1,4 +1,4 @@
-"""Recovery on start (the Session Tree Model's ADR): read the store, decide what
+"""Recovery on start (ARCHITECTURE.md, "Persistence"): read the store, decide what
 comes back, write the endings of what cannot, and hand the Cortex its plan.
 
 - Mains come back lazily: only their records are kept (``dormant``); an

@@ -4,10 +4,11 @@ and created, a batch of children in one turn and one commit.
 A refused spawn is an answer (``SpawnAnswer`` with an ``ErrorInfo``), counted
 and emitted, never raised. With a store, a spawn is answered once the new
 session's record is durable, and a failed write takes the session out again.
-A spawn by the parent's own skill and a ``Run`` start the child as soon as
-its record is queued (``early``), while it commits: the writer commits in
-order, so the record is durable no later than anything the child writes,
-and a failed write ends the child ``failed`` with the store's code.
+A spawn by the parent's own skill and a ``Run`` are answered, and start the
+child, as soon as its record is queued (``early``): nothing outside the
+process has seen the child yet, the writer commits in order, so the record
+is durable no later than anything the child writes, and a failed write ends
+the child ``failed`` with the store's code.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from sessiontree.protocol import (
     SessionKind,
     SessionState,
     SpawnSpec,
+    StoreError,
     UnknownAgentError,
     UnknownSessionError,
     new_session_id,
@@ -94,7 +96,7 @@ class Spawning:
         if existing is not None and existing in tree.entries:
             entry = tree.entries[existing]
             if not entry.state.is_terminal:
-                return _answer_when_persisted(entry, reply, existing)
+                return _answer_when_persisted(entry, reply, existing, tree)
         ttl = agent.ttl_for(SessionKind.MAIN)
         spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
         entry = self._new_entry(agent, None, spec, ttl, key, budget=agent.budget)
@@ -103,7 +105,7 @@ class Spawning:
         tree.mains[(agent_id, key)] = entry.session_id
         entry.started_at = tree.now()
         tree.persist_new(entry)
-        return _answer_when_persisted(entry, reply, entry.session_id)
+        return _answer_when_persisted(entry, reply, entry.session_id, tree)
 
     def spawn(
         self,
@@ -116,9 +118,9 @@ class Spawning:
         """Validate and create a child; never raises for a refused spawn. With a
         store, the child starts (and ``reply`` is answered) once its record is
         durable; a failed write answers the store's error and leaves no child.
-        ``early`` (the parent's skill asks, or a ``Run``): it starts once its
-        record is queued, and a failed write ends it (``Cancelling.unstored``);
-        the answer, the child, still waits for the write."""
+        ``early`` (the parent's skill asks, or a ``Run``): it starts, and is
+        answered, once its record is queued (nothing outside the process has
+        its id yet); a failed write ends it (``Cancelling.unstored``)."""
         tree = self.tree
         if tree.closing:
             closed = ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
@@ -134,20 +136,21 @@ class Spawning:
                 known = tree.entries.get(first)
                 if known is None:
                     return answer
-                return _answer_when_persisted(known, reply, answer)
+                return _answer_when_persisted(known, reply, answer, tree)
         admitted = self._admit(parent, parent_id, spec)
         if isinstance(admitted, ErrorInfo):
             return SpawnAnswer(None, admitted)
         assert parent is not None  # admitted: it exists
-        entry = self._create_child(parent, admitted, spec)
+        entry = self._create_child(parent, admitted, spec, early=early)
         if not tree.persist_new(entry, self.cancelling.unstored if early else None):
             self.starting.want_slot(entry)
             return _created(entry)
         if early:
             self._start_when_submitted([entry])
+            return _created(entry)
 
         def written(error: BaseException | None) -> None:
-            if error is None and not early and entry.state is SessionState.PENDING:
+            if error is None and entry.state is SessionState.PENDING:
                 self.starting.want_slot(entry)
             answer = _written_answer(entry, error)
             if answer.error is not None:  # the store refused it (store_full…): counted too
@@ -217,7 +220,7 @@ class Spawning:
                     if isinstance(admitted, ErrorInfo):
                         waiting.answer(i, SpawnAnswer(None, admitted))
                         continue
-                created.append((i, self._create_child(parent, admitted, spec)))
+                created.append((i, self._create_child(parent, admitted, spec, early=early)))
             if created:
                 self._persist_children(created, waiting, early)
         return DEFERRED if reply is not None else answers
@@ -297,9 +300,13 @@ class Spawning:
             )
         )
 
-    def _create_child(self, parent: TreeEntry, admitted: _Admitted, spec: SpawnSpec) -> TreeEntry:
+    def _create_child(
+        self, parent: TreeEntry, admitted: _Admitted, spec: SpawnSpec, *, early: bool
+    ) -> TreeEntry:
         """Index a child of ``spec``, admitted as ``admitted``, under ``parent`` (a
-        child holds no actor: nothing here can fail for want of a thread)."""
+        child holds no actor: nothing here can fail for want of a thread).
+        ``early``: its parent's skill spawned it; a worker then is not written
+        while its parent is a running Branch (see ``TreeEntry.recorded``)."""
         ttl = admitted.ttl
         share = admitted.ttl_share
         if share is None and ttl is not None:
@@ -348,6 +355,8 @@ class Spawning:
         if admitted.budget is not None:
             counted = self.ledgers.spawned(parent, entry, admitted.budget, clamped=admitted.clamped)
             self.tree.rt.persist.usage(counted)  # in the spawn's commit when it has one
+        if early and spec.kind is SessionKind.WORKER and parent.kind is SessionKind.BRANCH:
+            entry.recorded = False
         return entry
 
     def _new_entry(
@@ -404,39 +413,45 @@ class Spawning:
         """Write the records of a batch's new children; once durable, each starts
         (wants a slot) and its place in ``waiting`` is answered, in order, before
         whoever else waits for it. A failed write takes every one out again.
-        ``early``: they start once their records are queued, and a failed
-        write ends them."""
+        ``early``: they start, and are answered, once their records are
+        queued, and a failed write ends them."""
         tree = self.tree
         future = None
-        for _, entry in created:
-            future = tree.persist.created(entry, entry.info.created_at)
-            if future is None:  # no store: they start now
-                break
-            entry.persisted = False
-        if future is None:
-            for i, entry in created:
+        written_ones = []
+        for i, entry in created:
+            wrote = tree.persist.created(entry, entry.info.created_at)
+            if wrote is None:  # no store, or a child not written: it starts now
                 self.starting.want_slot(entry)
                 waiting.answer(i, _created(entry))
+                continue
+            future = wrote
+            entry.persisted = False
+            written_ones.append((i, entry))
+        if future is None:
             return
-        if early:
+        created = written_ones
+        if early:  # answered now: nothing outside the process has seen them yet
             self._start_when_submitted([entry for _, entry in created])
+            for i, entry in created:
+                waiting.answer(i, _created(entry))
 
         unstored = self.cancelling.unstored if early else None
 
         def written(error: BaseException | None) -> None:
             for i, entry in created:
                 others = tree.new_written(entry, error, unstored)
-                if error is None and not early and entry.state is SessionState.PENDING:
-                    self.starting.want_slot(entry)
-                answer = _written_answer(entry, error)
-                if answer.error is not None:
-                    self._rejected_spawn(entry.info.parent_id, entry.kind, answer.error)
-                waiting.answer(i, answer)
+                if not early:
+                    if error is None and entry.state is SessionState.PENDING:
+                        self.starting.want_slot(entry)
+                    answer = _written_answer(entry, error)
+                    if answer.error is not None:
+                        self._rejected_spawn(entry.info.parent_id, entry.kind, answer.error)
+                    waiting.answer(i, answer)
                 for then in others:
                     then(error)
 
         # Inside one commit every record shares its future: one callback for all.
-        self.commits.when_written(future, written)
+        self.commits.when_written(future, written, urgent=not early)
 
     def _start_when_submitted(self, entries: list[TreeEntry]) -> None:
         """Start children spawned ``early`` once their records are submitted to
@@ -521,11 +536,14 @@ class Spawning:
         return None
 
 
-def _answer_when_persisted(entry: TreeEntry, reply: Reply | None, value: object) -> object:
+def _answer_when_persisted(
+    entry: TreeEntry, reply: Reply | None, value: object, tree: Tree
+) -> object:
     """``value`` now if ``entry``'s record is durable, else ``DEFERRED`` and
     ``reply`` answered once it is (with the store's error if the write failed)."""
     if entry.persisted:
         return value
+    tree.persist.hurry()  # someone waits for it now
 
     def answer(error: BaseException | None) -> None:
         if reply is None:
@@ -612,7 +630,7 @@ class _RunWaiter:
         self.started = tree.rt.clock.monotonic()
 
     def set(self, answer: SpawnAnswer) -> None:
-        reply = self.reply
+        reply: Reply | _StoreRefusal = self.reply
         sid = answer.session_id
         if sid is None:
             reply.set(answer.error)
@@ -620,7 +638,10 @@ class _RunWaiter:
         if answer.unstored is not None:  # it ran, but its record was refused: so is its end
             reply.set(answer.unstored)
             return
-        waiter: Reply | _TimedWaiter = reply
+        # started before its record was durable: a store that refused its end is
+        # answered as a refused spawn would be, never raised
+        reply = _StoreRefusal(self.reply, sid)
+        waiter: Reply | _StoreRefusal | _TimedWaiter = reply
         if self.timeout is not None:  # armed first: an end answered at once disarms it
             waiter = _TimedWaiter(reply, self._time_out(sid, self.timeout))
         try:
@@ -648,12 +669,31 @@ class _RunWaiter:
         self.reply.fail(error)
 
 
+class _StoreRefusal:
+    """A run's reply: a store error of its session's end is answered as what the
+    store refused (``store_error``), as a refused spawn is."""
+
+    __slots__ = ("reply", "session_id")
+
+    def __init__(self, reply: Reply, session_id: uuid.UUID) -> None:
+        self.reply, self.session_id = reply, session_id
+
+    def set(self, value: Any) -> None:
+        self.reply.set(value)
+
+    def fail(self, error: BaseException) -> None:
+        if isinstance(error, StoreError):
+            self.reply.set(store_error(error, self.session_id))
+        else:
+            self.reply.fail(error)
+
+
 class _TimedWaiter:
     """A run's reply while its timeout is armed: the session's end disarms it."""
 
     __slots__ = ("reply", "timer")
 
-    def __init__(self, reply: Reply, timer: TimerHandle) -> None:
+    def __init__(self, reply: Reply | _StoreRefusal, timer: TimerHandle) -> None:
         self.reply, self.timer = reply, timer
 
     def set(self, value: Any) -> None:

@@ -266,8 +266,22 @@ class Tree:
             # a Branch's context is written on suspend (it may come back after
             # a restart); a resume is written so a crash then fails it instead
             self.persist.snapshot(
-                entry, self.now() if at is None else at, resume=entry.shutdown_park
+                entry,
+                self.now() if at is None else at,
+                resume=entry.shutdown_park,
+                late=self.unrecorded_children(entry),
             )
+
+    def unrecorded_children(self, entry: TreeEntry) -> list[TreeEntry]:
+        """``entry``'s live children that were never written (see ``TreeEntry.recorded``)."""
+        if entry.kind is not SessionKind.BRANCH or not entry.live_children:
+            return []
+        late = []
+        for child_id in entry.children:
+            child = self.entries.get(child_id)
+            if child is not None and not child.recorded and not child.state.is_terminal:
+                late.append(child)
+        return late
 
     def register(
         self,
@@ -411,7 +425,8 @@ class Tree:
             for then in self.new_written(entry, error, unstored):
                 then(error)
 
-        self.commits.when_written(future, written)
+        # a record started early is waited on by nobody outside: it goes lazily
+        self.commits.when_written(future, written, urgent=unstored is None)
         return True
 
     def new_written(

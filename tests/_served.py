@@ -10,8 +10,8 @@ from typing import Any, Self
 import httpx
 import uvicorn
 
-from sessiontree.cli._api import create_app
-from sessiontree.cli._node_cmds import _bind, _Server
+from sessiontree.cli.commands._node import _bind, _Server
+from sessiontree.cli.server import create_app
 from sessiontree.supervision import Node, NodeMetrics
 
 __all__ = ["ServedNode"]

@@ -9,7 +9,11 @@ call returned (so the runtime acknowledged it as durable) is appended to
 ACK_LOG as one JSON line, written and flushed only after the call returned:
 
 - ``{"op": "main", "key", "id"}`` — ``node.main`` returned (record durable)
-- ``{"op": "spawn", "id", "parent", "kind"}`` — a spawn returned a session
+- ``{"op": "spawn", "id", "parent", "kind"}`` — ``node.spawn`` returned a session
+  (record durable)
+- ``{"op": "child", "id", "parent", "kind"}`` — a branch's skill spawned a child
+  (answered at once: nothing outside the process was promised; its record is
+  queued, and is durable no later than anything the child writes)
 - ``{"op": "send", "main", "text"}`` — ``node.send`` accepted (in the durable inbox)
 - ``{"op": "memory", "id", "key", "seq", "nonce", "value"}`` — ``memory_put`` returned
 - ``{"op": "result", "id", "status"}`` — ``ref.wait`` returned (terminal write durable)
@@ -99,7 +103,7 @@ def make_agents(ack: Ack = _no_ack) -> list[Agent]:
         for spec in _children(plan):
             spawned = session.spawn(**spec)
             if spawned.session_id is not None:
-                ack("spawn", id=str(spawned.session_id), parent=id_of(session), kind=spec["kind"])
+                ack("child", id=str(spawned.session_id), parent=id_of(session), kind=spec["kind"])
                 children.append(spawned.session_id)
         if children:
             session.collect(children, timeout=plan["pause"] * 20)
@@ -129,7 +133,7 @@ def make_agents(ack: Ack = _no_ack) -> list[Agent]:
         for spec in _children(plan):
             spawned = await session.spawn(**spec)
             if spawned.session_id is not None:
-                ack("spawn", id=str(spawned.session_id), parent=id_of(session), kind=spec["kind"])
+                ack("child", id=str(spawned.session_id), parent=id_of(session), kind=spec["kind"])
                 children.append(spawned.session_id)
         if children:
             await session.collect(children, timeout=plan["pause"] * 20)

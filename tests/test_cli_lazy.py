@@ -31,8 +31,8 @@ HEAVY = (
     "sessiontree.store",
     "sessiontree.actors",
     "sessiontree.conversations",
-    "sessiontree.cli._demo",
-    "sessiontree.cli._api",
+    "sessiontree.cli.demo._scenario",
+    "sessiontree.cli.server",
     "litestar",
     "uvicorn",
     "textual",
@@ -132,7 +132,7 @@ def _not_installed(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
     node_group = cli_main.get_command(click.Context(cli_main), "node")
     assert isinstance(node_group, click.Group)
     monkeypatch.delitem(node_group.commands, "start", raising=False)
-    monkeypatch.delitem(sys.modules, "sessiontree.cli._node_cmds", raising=False)
+    monkeypatch.delitem(sys.modules, "sessiontree.cli.commands._node", raising=False)
     for module in modules:
         monkeypatch.setitem(sys.modules, module, None)  # its import fails: ModuleNotFoundError
 
@@ -154,7 +154,7 @@ def test_node_start_without_the_node_extra_names_it(
 
 def test_top_without_the_top_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "textual", None)
-    monkeypatch.delitem(sys.modules, "sessiontree.cli._top_app", raising=False)
+    monkeypatch.delitem(sys.modules, "sessiontree.cli.top._app", raising=False)
     result = CliRunner().invoke(
         cli_main, ["top", "--node", "http://127.0.0.1:9"], prog_name="sessiontree"
     )

@@ -193,6 +193,14 @@ def check_acknowledged(acks: Acks, view: StoreView) -> None:
         assert record is not None, f"acknowledged spawn {line} is not stored"
         assert record.info.kind.value == line["kind"]
         assert str(record.info.parent_id) == line["parent"]
+    for line in acks.of("child"):
+        # a skill's spawn promised nothing outside the process: it may be gone
+        # with its parent's run, or kept (a worker under a running branch is
+        # never written); kept, it is what was spawned, and ended
+        record = view.sessions.get(uuid.UUID(line["id"]))
+        if record is not None:
+            assert record.info.kind.value == line["kind"], line
+            assert str(record.info.parent_id) == line["parent"], line
     for key, line in acks.last_memory_writes().items():
         stored = view.by_id[line["id"]]
         if stored is not None:
@@ -268,8 +276,11 @@ def check_one_result_each(view: StoreView) -> None:
         if filed is not None:
             assert filed.result.status is record.info.state
     for parent, children in view.filed.items():
-        for child in children:
-            assert view.sessions[child].info.parent_id == parent
+        for child, filed in children.items():
+            # a worker its branch's skill spawned has no record of its own: the
+            # result names its parent
+            record = view.sessions.get(child)
+            assert (record.info.parent_id if record else filed.result.parent_id) == parent
     for owed in view.outbox.values():
         # a Main that settled has run a cycle for (and filed) every result it got
         assert view.sessions[owed.parent_id].info.kind is not SessionKind.MAIN, owed

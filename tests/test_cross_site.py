@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from sessiontree.cli._agents import BUILTIN
-from sessiontree.cli._api import AllowedHosts, parse_authority
+from sessiontree.cli.server import AllowedHosts, parse_authority
 from tests._running_node import ROOT, RunningNode
 
 pytestmark = pytest.mark.timeout(120)

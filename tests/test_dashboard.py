@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sessiontree.actors import AsyncSession, VirtualClock
-from sessiontree.cli._api._http_metrics import HttpMetrics
+from sessiontree.cli.server._http_metrics import HttpMetrics
 from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics, Price, Provider
 from sessiontree.testing import StandinServer
 from tests._promtool import promtool

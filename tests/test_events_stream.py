@@ -21,9 +21,9 @@ from click.testing import CliRunner
 
 from sessiontree.cli import main as cli_main
 from sessiontree.cli._agents import builtin_agents
-from sessiontree.cli._api import create_app
-from sessiontree.cli._api._event_hub import EventHub
-from sessiontree.cli._events_cmds import SseMessage, render_event, sse_messages
+from sessiontree.cli.commands._events import SseMessage, render_event, sse_messages
+from sessiontree.cli.server import create_app
+from sessiontree.cli.server._event_hub import EventHub
 from sessiontree.supervision import Agent, Event, Node
 from tests._fakes import FakeMetrics
 from tests._running_node import ROOT

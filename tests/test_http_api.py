@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 
 from sessiontree.actors import VirtualClock
 from sessiontree.cli._agents import builtin_agents
-from sessiontree.cli._api import create_app
+from sessiontree.cli.server import create_app
 from sessiontree.protocol import MAX_MESSAGE_CHARS, RejectedInputError
 from sessiontree.supervision import Agent, Node
 from tests._fakes import FakeMetrics

@@ -19,9 +19,9 @@ from litestar.routes import HTTPRoute
 
 from sessiontree.actors import VirtualClock
 from sessiontree.cli._agents import BUILTIN, builtin_agents
-from sessiontree.cli._api import create_app
-from sessiontree.cli._api._auth import OPEN_PATHS
 from sessiontree.cli._token import is_loopback
+from sessiontree.cli.server import create_app
+from sessiontree.cli.server._auth import OPEN_PATHS
 from sessiontree.protocol import ErrorCode
 from sessiontree.store import Store
 from sessiontree.supervision import Agent, Node, NodeConfig, NodeMetrics

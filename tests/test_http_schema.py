@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, settings
 
 from sessiontree.actors import VirtualClock
 from sessiontree.cli._agents import BUILTIN, builtin_agents
-from sessiontree.cli._api import create_app
-from sessiontree.cli._api._contract import SESSION_KEY_PATTERN
+from sessiontree.cli.server import create_app
+from sessiontree.cli.server._contract import SESSION_KEY_PATTERN
 from sessiontree.supervision import Node, NodeConfig
 from tests._fakes import FakeMetrics
 from tests._running_node import RunningNode

@@ -82,7 +82,7 @@ def test_every_acknowledged_message_is_answered_once_after_the_map_grows(
         assert refused, "the map never refused a message"
         log = small.log()
         assert log.count("the store refused a write of Main") == 1  # told once
-        assert "--map-size" in log
+        assert "--map-size" in log, log
         assert "StoreFullError" not in log  # no failed-cycle traceback: nothing was consumed
     finally:
         assert small.stop() == 0, small.log()[-3000:]

@@ -1,17 +1,21 @@
 """The house's shape: which package may import which, read from the source.
 
-The README's Layout: ``protocol`` and ``testing`` (the stand-in model) import no
-other package; ``store``, the session runtime (``actors``) and the
+ARCHITECTURE.md's "Packages": ``protocol`` and ``testing`` (the stand-in model)
+import no other package; ``store``, sessions at run time (``actors``) and the
 conversation tree import only ``protocol``;
 nothing imports ``cli``; no package imports another package's private
 (``_``-prefixed) module; no module imports itself back through others,
-not even under ``TYPE_CHECKING``; and nothing uses a private pykka name
-(pykka is used through its public API only).
+not even under ``TYPE_CHECKING``; nothing uses a private pykka name (pykka is
+used through its public API only). Inside ``cli``, the commands, the HTTP
+server, the live view and the demo stay apart; the demo imports only what an
+application could. No file of the repository cites a document that is not in it.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -210,3 +214,112 @@ def test_no_module_imports_itself_back() -> None:
         if module not in state:
             visit(module, [module])
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+#: cli's parts (subpackages) and the ones each may import; its top-level
+#: modules (``_client``, ``_text``, ``_wire``…) are what they share.
+CLI_PARTS = {
+    "commands": {"server", "top", "demo"},
+    "server": set(),
+    "top": set(),
+    "demo": set(),
+}
+
+
+def _cli_part(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["sessiontree", "cli"] or len(parts) < 4:
+        return None
+    return parts[2] if parts[2] in CLI_PARTS else None
+
+
+def test_cli_keeps_its_commands_server_live_view_and_demo_apart() -> None:
+    for part in CLI_PARTS:
+        assert f"sessiontree.cli.{part}" in MODULES, f"cli/{part}/ has no __init__.py"
+    wrong = [
+        f"{module}:{line} imports {target}"
+        for module, path in MODULES.items()
+        if _package_of(module) == "cli"
+        for target, line in _imports(module, path)
+        if (part := _cli_part(module)) is not None
+        and (other := _cli_part(target)) is not None
+        and other != part
+        and other not in CLI_PARTS[part]
+    ]
+    assert not wrong, "\n".join(wrong)
+    # only the top of cli (the group and its lazy loading) names the commands
+    loose = sorted(p.name for p in (ROOT / "cli").glob("_*cmd*.py"))
+    assert not loose, f"commands outside cli/commands/: {loose}"
+
+
+def test_the_demo_imports_only_what_an_application_could() -> None:
+    """The demo reads as an application's code: the library's public packages
+    and its own modules, never another part of the command line."""
+    wrong = [
+        f"{module}:{line} imports {target}"
+        for module, path in MODULES.items()
+        if module.startswith("sessiontree.cli.demo")
+        for target, line in _imports(module, path)
+        if not target.startswith("sessiontree.cli.demo")
+        and (_package_of(target) == "cli" or _is_private(target))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+#: A citation of a document the repository does not hold: the shared design
+#: and its ADRs lived outside it, and a reader of the code cannot open them.
+_DANGLING = re.compile(
+    r"DESIGN\.md|\bADRs?\b|\.\./shared\b|Fresh-Session|Session Tree Model|Per-Sender"
+)
+
+
+def _tracked_files() -> list[Path]:
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=30
+        ).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (an sdist): walk it
+        skip = {".git", ".venv", "node_modules", "__pycache__", ".mypy_cache", ".ruff_cache"}
+        return [
+            p
+            for p in ROOT.rglob("*")
+            if p.is_file() and not skip.intersection(p.relative_to(ROOT).parts)
+        ]
+    return [ROOT / name for name in listed.split("\0") if name]
+
+
+def test_no_file_cites_a_document_that_is_not_in_the_repository() -> None:
+    this = Path(__file__).resolve()
+    wrong = []
+    for path in _tracked_files():
+        if path.resolve() == this or path.suffix in {".png", ".svg", ".ico", ".lock"}:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError):
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if _DANGLING.search(line):
+                wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_readme_first_screen_names_the_packages_and_points_to_the_map() -> None:
+    first_screen = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:40]
+    assert any("ARCHITECTURE.md" in line for line in first_screen)
+    for folder in PACKAGES:
+        assert any(f"`{folder}`" in line for line in first_screen), folder
+
+
+def test_the_architecture_document_names_every_package_and_only_files_that_exist() -> None:
+    """The map stays true: a module moved or removed is moved or removed there too."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    for folder in PACKAGES:
+        assert f"`{folder}/`" in text, f"ARCHITECTURE.md does not name {folder}/"
+    known = {path.name for path in MODULES.values()}
+    missing = [
+        name
+        for name in sorted(set(re.findall(r"[\w./]+\.py\b", text)))
+        if not ((ROOT / name).is_file() if "/" in name else name in known)
+    ]
+    assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from sessiontree.cli import main as cli_main
-from sessiontree.cli._node_cmds import _bind
+from sessiontree.cli.commands._node import _bind
 from tests._running_node import ROOT, RunningNode
 
 pytestmark = pytest.mark.timeout(120)

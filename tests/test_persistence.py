@@ -1163,8 +1163,10 @@ def test_a_skills_child_starts_while_its_record_commits(
     clock: VirtualClock,
 ) -> None:
     # The record still commits before anything the child writes, and the spawn
-    # returns to the skill only once it is durable.
+    # returns to the skill at once: nothing outside the process has its id. (A
+    # branch: a worker a running branch spawns is not written at all.)
     started = threading.Event()
+    answered = threading.Event()
     answers: list[Any] = []
 
     def child(session: Any) -> str:
@@ -1173,7 +1175,9 @@ def test_a_skills_child_starts_while_its_record_commits(
 
     def spawner(session: Any) -> str:
         session.sleep(1.0)
-        answers.append(session.spawn(kind="worker", skill="child"))
+        answers.append(session.spawn(kind="branch", skill="child"))
+        answered.set()
+        session.collect()
         return "went on"
 
     io, store, node, main = failing_main(
@@ -1185,7 +1189,7 @@ def test_a_skills_child_starts_while_its_record_commits(
     try:
         clock.advance(1.0)
         assert started.wait(WAIT), "the child did not start before its record was durable"
-        assert answers == []  # the spawn has not returned to the skill yet
+        assert answered.wait(WAIT), "the spawn waited for the record"
     finally:
         io.release.set()
     result = ref.wait(WAIT)
@@ -1275,10 +1279,10 @@ def test_a_skills_child_whose_record_cannot_be_written_ends_failed_with_the_stor
     def spawner(session: Any) -> str:
         session.sleep(1.0)
         if how == "spawn":
-            answers.append(session.spawn(kind="worker", skill="waits"))
+            answers.append(session.spawn(kind="branch", skill="waits"))
         else:
             answers.extend(
-                session.spawn_many([SpawnSpec(kind=SessionKind.WORKER, skill="waits")] * 3)
+                session.spawn_many([SpawnSpec(kind=SessionKind.BRANCH, skill="waits")] * 3)
             )
         collected.extend(session.collect())
         return "went on"
@@ -1353,7 +1357,8 @@ def test_a_spawn_repeated_while_the_first_record_fails_gets_the_child_that_ran(
 
     def spawner(session: Any) -> str:
         session.sleep(1.0)
-        got.append(session.spawn(kind="worker", skill="waits", request_id="once"))
+        got.append(session.spawn(kind="branch", skill="waits", request_id="once"))
+        session.sleep(1.0)  # its own end is written after the child's record failed
         return "went on"
 
     io, _store, node, main = failing_main(
@@ -1361,7 +1366,7 @@ def test_a_spawn_repeated_while_the_first_record_fails_gets_the_child_that_ran(
     )
     ref = main.spawn(kind="branch", skill="spawner").ref
     settle(node)
-    spec = SpawnSpec(kind=SessionKind.WORKER, skill="waits", request_id="once")
+    spec = SpawnSpec(kind=SessionKind.BRANCH, skill="waits", request_id="once")
     again = Reply()
     io.hold.set()
     io.fail_next(1)  # the child's record, held until released
@@ -1370,10 +1375,13 @@ def test_a_spawn_repeated_while_the_first_record_fails_gets_the_child_that_ran(
         assert started.wait(WAIT), "the child did not start while its record was held"
         node._send(SpawnMany(ref.session_id, (spec,)), again)  # the repeat, not waited on
         node.get(ref)  # answered after the repeat: the Cortex takes its mailbox in order
-        assert not again.done  # its answer waits for the first record, like the skill's
+        # the skill's own spawn was answered at once; a repeat from outside the
+        # skill waits for the first record
+        assert not again.done
     finally:
         io.release.set()
     (repeat,) = node._all_spawned(again.get(WAIT))
+    clock.advance(1.0)
     assert ref.wait(WAIT) is not None
     (first,) = got
     assert first.ok, first.error
@@ -1878,3 +1886,102 @@ def test_a_repeated_request_id_after_a_restart_returns_the_first_session(
         assert again.session_id == first.session_id
     finally:
         second_node.shutdown()
+
+
+# -- what a tree writes: workers a running branch spawned ---------------------------
+
+
+def worker_done(session: Any) -> str:
+    return "done"
+
+
+def worker_sleeps(session: Any) -> str:
+    session.sleep(1000.0)
+    return "slept"
+
+
+def test_a_worker_its_running_branch_spawned_is_never_written(
+    open_node: Callable[..., Node], store_path: pathlib.Path
+) -> None:
+    """Its parent does not survive a restart (it would end ``failed``), so nothing
+    would read the worker's record: none is written, nor its result; the
+    branch gets it all the same. A worker spawned from outside is written."""
+    children: list[uuid.UUID] = []
+
+    def branch(session: Any) -> str:
+        answers = session.spawn_many([SpawnSpec(kind=SessionKind.WORKER, skill="work")] * 3)
+        children.extend(a.session_id for a in answers)
+        results = session.collect()
+        return ",".join(sorted(str(r.result.summary) for r in results))
+
+    def holds(session: Any) -> str:
+        session.sleep(1000.0)
+        return "held"
+
+    skills = {"main": MainLog(), "branch": branch, "work": worker_done, "holds": holds}
+    node = open_node(store_path, Agent("agent", skills))
+    main = node.main("agent")
+    result = main.run(kind="branch", skill="branch")
+    assert result is not None
+    assert result.summary == "done,done,done"
+    store = node.store
+    assert store is not None
+    store.flush()
+    assert len(children) == 3
+    for child in children:
+        assert node.get(child).state is SessionState.COMPLETED  # known while indexed
+        assert store.session(child) is None
+    assert store.children(result.session_id) == []
+    assert store.received(result.session_id) == []
+    owed = [o for o in store.outbox() if not isinstance(o, CorruptRecordError)]
+    assert not {o.result.session_id for o in owed} & set(children)
+    held = main.spawn(kind="branch", skill="holds").ref
+    assert held is not None
+    outside = node.spawn(held, kind="worker", skill="work").ref  # acknowledged outside
+    assert outside is not None
+    assert stored(node, outside.session_id).info.parent_id == held.session_id
+
+
+def test_a_suspend_writes_the_branchs_workers_and_owes_what_it_has_not_taken(
+    open_node: Callable[..., Node], store_path: pathlib.Path
+) -> None:
+    """A suspended branch may come back after a restart: its live workers are
+    written with its snapshot (a restart can then fail them and tell it), and
+    the results it has not taken yet are owed in the outbox."""
+    ids: dict[str, uuid.UUID] = {}
+
+    def branch(session: Any) -> str:
+        quick, slow = session.spawn_many(
+            [
+                SpawnSpec(kind=SessionKind.WORKER, skill="quick"),
+                SpawnSpec(kind=SessionKind.WORKER, skill="slow"),
+            ]
+        )
+        ids["quick"], ids["slow"] = quick.session_id, slow.session_id
+        session.sleep(500.0)
+        return "woke"
+
+    agent = Agent(
+        "agent",
+        {"main": MainLog(), "branch": branch, "quick": worker_done, "slow": worker_sleeps},
+    )
+    node = open_node(store_path, agent)
+    main = node.main("agent")
+    ref = main.spawn(kind="branch", skill="branch").ref
+    assert ref is not None
+    settle(node)
+    assert node.get(ids["quick"]).state is SessionState.COMPLETED
+    store = node.store
+    assert store is not None
+    store.flush()
+    assert store.session(ids["slow"]) is None  # not written while its branch runs
+    assert ref.suspend() is None
+    settle(node)
+    assert ref.state is SessionState.SUSPENDED
+    slow = stored(node, ids["slow"])
+    assert slow.info.kind is SessionKind.WORKER
+    assert slow.info.parent_id == ref.session_id
+    assert ids["slow"] in store.children(ref.session_id)
+    owed = [o for o in store.outbox() if not isinstance(o, CorruptRecordError)]
+    assert [(o.parent_id, o.result.session_id) for o in owed] == [(ref.session_id, ids["quick"])]
+    assert owed[0].result.status is SessionState.COMPLETED

@@ -29,7 +29,7 @@ from click.testing import CliRunner
 from litestar.testing import TestClient
 
 from sessiontree.cli import main as cli_main
-from sessiontree.cli._api import create_app
+from sessiontree.cli.server import create_app
 from sessiontree.protocol import CorruptRecordError, RecordingError, SessionTreeError
 from sessiontree.store import (
     MetaRecord,

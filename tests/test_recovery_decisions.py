@@ -233,15 +233,18 @@ def leave_as_a_crash_would(
         store.write(batch)
 
 
-def test_a_cycle_is_marked_as_started_before_its_skill_runs_and_unmarked_with_its_snapshot(
+def test_a_cycle_is_on_record_once_its_skill_reads_its_attempt_and_unmarked_with_its_snapshot(
     nodes: Callable[..., Node], tmp_path: pathlib.Path
 ) -> None:
+    """The cycle does not wait for its mark; a skill that reads its attempt (to
+    deduplicate effects outside the store) waits until the mark is durable."""
     seen: list[CycleRecord | None] = []
     node: Node | None = None
 
     def main(session: Any) -> None:
         assert node is not None
         assert node.store is not None
+        assert session.attempt == 1
         seen.append(node.store.cycle(session.session_id))
 
     node = nodes(tmp_path, Agent("agent", {"main": main}, main_skill="main"))
@@ -255,6 +258,33 @@ def test_a_cycle_is_marked_as_started_before_its_skill_runs_and_unmarked_with_it
     node.store.flush()
     assert node.store.cycle(ref.session_id) is None
     assert node.store.inbox(ref.session_id) == []
+
+
+def test_a_replayed_cycle_runs_only_once_its_mark_is_durable(
+    nodes: Callable[..., Node], tmp_path: pathlib.Path
+) -> None:
+    """A fresh input's cycle does not wait for its mark; one replayed after a
+    restart does, so a crash it causes again counts against it (a poison
+    message is held back after ``recovery_attempts``), whether or not its
+    skill reads its attempt."""
+    seen: list[CycleRecord | None] = []
+    node: Node | None = None
+
+    def main(session: Any) -> None:
+        assert node is not None
+        assert node.store is not None
+        seen.append(node.store.cycle(session.session_id))  # before reading the attempt
+
+    agent = Agent("agent", {"main": main}, main_skill="main")
+    node = nodes(tmp_path, agent)
+    main_id = node.main("agent").session_id
+    node.shutdown()
+    leave_as_a_crash_would(tmp_path, main_id, ["cut"], cut_off=1)
+    node = nodes(tmp_path, agent)
+    settle(node)
+    (mark,) = seen
+    assert mark is not None
+    assert (mark.session_id, mark.seq, mark.attempt) == (main_id, 0, 2)
 
 
 def test_the_snapshot_ending_a_cycle_reaches_the_store_before_the_next_cycles_mark(
@@ -272,12 +302,14 @@ def test_the_snapshot_ending_a_cycle_reaches_the_store_before_the_next_cycles_ma
     second_mark = threading.Event()
     submit, post = Store.submit, Tree.post
 
-    def spied_submit(store: Store, batch: WriteBatch) -> concurrent.futures.Future[None]:
+    def spied_submit(
+        store: Store, batch: WriteBatch, *, lazy: bool = False
+    ) -> concurrent.futures.Future[None]:
         with lock:
             cycle_writes.extend(kind for kind, db, _, _ in batch.ops if db == "cycles")
             if cycle_writes.count("put") == 2:
                 second_mark.set()
-        return submit(store, batch)
+        return submit(store, batch, lazy=lazy)
 
     cycles_done: list[TreeEntry] = []
 

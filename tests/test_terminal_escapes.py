@@ -25,8 +25,8 @@ import pytest
 
 from sessiontree.cli._agents import BUILTIN
 from sessiontree.cli._text import SafeFormatter, shown, shown_block, terminal_safe
-from sessiontree.cli._top_app import ConfirmScreen, TopApp
-from sessiontree.cli._top_source import Outcome, Snapshot
+from sessiontree.cli.top._app import ConfirmScreen, TopApp
+from sessiontree.cli.top._source import Outcome, Snapshot
 from tests._running_node import ROOT, RunningNode
 from tests.conftest import WAIT
 

@@ -20,8 +20,8 @@ from sessiontree.actors import AsyncSession, VirtualClock
 from sessiontree.cli import main as cli_main
 from sessiontree.cli._agents import builtin_agents
 from sessiontree.cli._client import NodeRefused, NodeUnreachable
-from sessiontree.cli._top_app import ConfirmScreen, TopApp
-from sessiontree.cli._top_data import (
+from sessiontree.cli.top._app import ConfirmScreen, TopApp
+from sessiontree.cli.top._data import (
     Counters,
     RateMeter,
     Rates,
@@ -31,7 +31,7 @@ from sessiontree.cli._top_data import (
     human_duration,
     parent_of,
 )
-from sessiontree.cli._top_source import ACTIONS, TopSource
+from sessiontree.cli.top._source import ACTIONS, TopSource
 from sessiontree.supervision import Agent, Node, Price, Provider
 from sessiontree.testing import StandinServer
 from tests._served import ServedNode

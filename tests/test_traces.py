@@ -871,7 +871,7 @@ def test_a_retry_is_an_event_on_the_parents_span() -> None:
 
 
 def test_the_demo_is_one_trace_in_phoenix(phoenix: str) -> None:
-    from sessiontree.cli._demo import run_demo  # noqa: PLC0415
+    from sessiontree.cli.demo._scenario import run_demo  # noqa: PLC0415
 
     report = run_demo(otlp_endpoint=f"{phoenix}/v1/traces")  # its service names the project
     runs = {s["session_id"]: s for s in report.sessions if s["kind"] != "main"}

@@ -1,24 +1,26 @@
-"""``sessiontree demo``: the fixed scenario of ``_demo`` on a terminal or as JSON."""
+"""``sessiontree demo``: the example application of ``sessiontree.cli.demo`` run on a
+terminal (the tree as it evolves, then its figures) or as JSON."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
-from sessiontree.cli._demo import (
+from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
+from sessiontree.cli._text import echo
+from sessiontree.cli._words import money, plural
+from sessiontree.cli.demo import (
     DEMO_GRACE,
     REAL_MODEL_GRACE,
     DemoError,
     DemoReport,
     run_demo,
+    usage_of,
 )
-from sessiontree.cli._demo_models import render_models
-from sessiontree.cli._render import EventPrinter, render_rejections, render_summary, render_tree
-from sessiontree.cli._text import echo
-from sessiontree.cli._words import plural
 
 __all__ = ["demo"]
 
@@ -139,3 +141,73 @@ def _run(store: Path | None, printer: EventPrinter | None, options: dict[str, An
         raise click.ClickException(str(exc)) from exc
     except ValueError as exc:  # a bad endpoint URL or key file
         raise click.ClickException(f"the model endpoint cannot be used: {exc}") from exc
+
+
+def _figure(plain: Mapping[str, Any] | None, priced: bool, *, aligned: bool = True) -> str:
+    usage = usage_of(plain)
+    calls, tokens = plural(usage.calls, "call"), plural(usage.tokens, "token")
+    text = f"{calls:>8}, {tokens:>11}" if aligned else f"{calls}, {tokens}"
+    if priced:
+        text += f", {money(usage.cost)}"
+    elif usage.unpriced_calls:
+        text += f" (unpriced: {usage.unpriced_calls})"
+    return text
+
+
+def render_models(figures: Mapping[str, Any]) -> list[str]:
+    """The ``Model calls`` section of the demo's printed output."""
+    priced = bool(figures["stand_in"])
+    models = ", ".join(f"{tier} -> {name}" for tier, name in figures["models"].items())
+    where = "a local stand-in" if figures["stand_in"] else "the endpoint"
+    lines = [f"on {where} at {figures['endpoint']} ({models})"]
+    roll = figures["roll_up"]
+    if roll is not None:
+        lines.append(f'usage rolls up: branch "{roll["task"]}" and its workers')
+        lines.append(f"  {'its own call':<40} {_figure(roll['own'], priced)}")
+        for child in roll["children"]:
+            label = f'worker "{child["task"]}"'
+            note = "  (failed: still counted)" if child["state"] == "failed" else ""
+            lines.append(f"  {label:<40} {_figure(child['usage'], priced)}{note}")
+        lines.append(f"  {'= its subtree usage':<40} {_figure(roll['subtree'], priced)}")
+    spent = figures["budget"]
+    if spent is not None:
+        bound = ", ".join(f"{k} {v}" for k, v in spent["budget"].items())
+        lines.append(
+            f'a budget is hit: branch "{spent["task"]}" ({bound}) fans out to '
+            f"{plural(spent['workers'], 'worker')}"
+        )
+        lines.append(
+            f"  {plural(spent['calls_sent'], 'call')} sent, {spent['calls_refused']} refused "
+            "before sending; the subtree was cancelled with the grace"
+        )
+        lines.append(
+            f"  it ended {spent['state']} [{spent['code']}], keeping "
+            f"{plural(spent['partial_results'], 'partial result')}; its subtree: "
+            f"{_figure(spent['subtree'], priced, aligned=False)}"
+        )
+        if spent["summary"]:
+            lines.append(f"  its result: {spent['summary']}")
+    events = figures["events"]
+    lines.append(
+        f"events: {events.get('budget_warning', 0)} budget_warning, "
+        f"{events.get('budget_exhausted', 0)} budget_exhausted"
+    )
+    total = _figure(figures["usage"], priced, aligned=False)
+    lines.append(f"the whole tree (durable in the store): {total}")
+    served = figures["served"]
+    if served is not None:
+        same = "the same" if _same(figures["usage"], served) else "NOT the same"
+        lines.append(
+            f"the stand-in served {plural(served['calls'], 'call')}, "
+            f"{plural(served['tokens'], 'token')}: {same}"
+        )
+    return lines
+
+
+def _same(usage: Mapping[str, Any] | None, served: Mapping[str, int]) -> bool:
+    counted = usage_of(usage)
+    return (
+        counted.calls == served["calls"]
+        and counted.prompt_tokens == served["prompt_tokens"]
+        and counted.completion_tokens == served["completion_tokens"]
+    )

@@ -8,25 +8,25 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from prometheus_client import CollectorRegistry
 
-from sessiontree.cli._api._auth import document_auth, require_token
-from sessiontree.cli._api._bodies import close_request_schemas, strict_body
-from sessiontree.cli._api._chat import CHAT_ROUTES
-from sessiontree.cli._api._contract import document_contract, fix_allow
-from sessiontree.cli._api._conversations import CONVERSATION_ROUTES
-from sessiontree.cli._api._cross_site import (
+from sessiontree.cli.server._auth import document_auth, require_token
+from sessiontree.cli.server._bodies import close_request_schemas, strict_body
+from sessiontree.cli.server._chat import CHAT_ROUTES
+from sessiontree.cli.server._contract import document_contract, fix_allow
+from sessiontree.cli.server._conversations import CONVERSATION_ROUTES
+from sessiontree.cli.server._cross_site import (
     AllowedHosts,
     document_cross_site,
     guard_hosts,
     json_only,
 )
-from sessiontree.cli._api._errors import EXCEPTION_HANDLERS
-from sessiontree.cli._api._event_hub import EventHub
-from sessiontree.cli._api._events import EVENT_ROUTES, HEARTBEAT
-from sessiontree.cli._api._http_metrics import HttpMetrics
-from sessiontree.cli._api._node import NODE_ROUTES, ROOT_ROUTES
-from sessiontree.cli._api._recovery import RECOVERY_ROUTES
-from sessiontree.cli._api._sessions import SESSION_ROUTES
-from sessiontree.cli._api._shared import MAX_BODY_BYTES, MAX_WAIT, Metrics
+from sessiontree.cli.server._errors import EXCEPTION_HANDLERS
+from sessiontree.cli.server._event_hub import EventHub
+from sessiontree.cli.server._events import EVENT_ROUTES, HEARTBEAT
+from sessiontree.cli.server._http_metrics import HttpMetrics
+from sessiontree.cli.server._node import NODE_ROUTES, ROOT_ROUTES
+from sessiontree.cli.server._recovery import RECOVERY_ROUTES
+from sessiontree.cli.server._sessions import SESSION_ROUTES
+from sessiontree.cli.server._shared import MAX_BODY_BYTES, MAX_WAIT, Metrics
 from sessiontree.supervision import Node
 
 __all__ = ["EVENT_QUEUE", "EVENT_RING", "create_app"]

@@ -1,4 +1,4 @@
-"""``sessiontree top``: a live terminal view of a running node (``_top_app``).
+"""``sessiontree top``: a live terminal view of a running node (``cli/top``).
 
 Exit codes: 0 quit; 1 the node refused the token (401, 403: the view stops
 and says so); 2 a usage error (a bad URL, interval or root id), or the
@@ -13,7 +13,7 @@ import click
 from sessiontree.cli._client import NODE_OPTION, resolve_source
 from sessiontree.cli._ids import resolve_session
 from sessiontree.cli._lazy import needs_extra
-from sessiontree.cli._top_source import TopSource
+from sessiontree.cli.top._source import TopSource
 
 __all__ = ["top"]
 
@@ -47,7 +47,7 @@ def top(node_url: str | None, interval: float, root: str | None) -> None:
     """
     # Textual is imported here, not with the CLI: other commands do not pay for it.
     with needs_extra("sessiontree top", "top"):
-        from sessiontree.cli._top_app import TopApp  # noqa: PLC0415
+        from sessiontree.cli.top._app import TopApp  # noqa: PLC0415
 
     where = resolve_source(node_url)
     if where.node_url is None:

@@ -22,8 +22,8 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
-from sessiontree.cli._api._shared import count_rejected
 from sessiontree.cli._wire import ApiError, ErrorBody
+from sessiontree.cli.server._shared import count_rejected
 from sessiontree.protocol import ErrorCode, ErrorInfo, SessionTreeError
 
 __all__ = ["ERRORS", "EXCEPTION_HANDLERS", "RefusedError", "refuse", "status_for"]

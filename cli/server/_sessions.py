@@ -18,10 +18,6 @@ from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.params import Body, HeaderParameter, JSONBody, QueryParameter
 
-from sessiontree.cli._api._errors import ERRORS, refuse
-from sessiontree.cli._api._listing import every_session
-from sessiontree.cli._api._shared import MAX_WAIT, Sid, node_of
-from sessiontree.cli._api._tree_page import session_tree_html, session_tree_svg
 from sessiontree.cli._wire import (
     CancelRequest,
     MainRequest,
@@ -35,6 +31,10 @@ from sessiontree.cli._wire import (
     session_view,
     tree_view,
 )
+from sessiontree.cli.server._errors import ERRORS, refuse
+from sessiontree.cli.server._listing import every_session
+from sessiontree.cli.server._shared import MAX_WAIT, Sid, node_of
+from sessiontree.cli.server._tree_page import session_tree_html, session_tree_svg
 from sessiontree.protocol import (
     RejectedInputError,
     SessionInfo,

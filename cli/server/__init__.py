@@ -1,4 +1,4 @@
-"""The HTTP API of a standalone node: Litestar on uvicorn, msgspec on the wire.
+"""The HTTP server of a standalone node: Litestar on uvicorn, msgspec on the wire.
 
 Root: ``/healthz``, ``/readyz``, ``/metrics`` and ``/schema/openapi.json``;
 everything else is versioned under ``/v1``. Every request body is decoded by
@@ -25,12 +25,13 @@ path:
   ``Host`` and ``Origin`` rules that keep a web page from driving the node
 - ``_shared``: the caps, the node and metrics in the app's state
 - ``_app``: ``create_app``, which assembles them
+- ``_connections``: the server's timeouts and connection cap (uvicorn's side)
 """
 
-from sessiontree.cli._api._app import EVENT_QUEUE, EVENT_RING, create_app
-from sessiontree.cli._api._cross_site import AllowedHosts, parse_authority
-from sessiontree.cli._api._errors import status_for
-from sessiontree.cli._api._shared import MAX_BODY_BYTES, MAX_WAIT
+from sessiontree.cli.server._app import EVENT_QUEUE, EVENT_RING, create_app
+from sessiontree.cli.server._cross_site import AllowedHosts, parse_authority
+from sessiontree.cli.server._errors import status_for
+from sessiontree.cli.server._shared import MAX_BODY_BYTES, MAX_WAIT
 
 __all__ = [
     "EVENT_QUEUE",

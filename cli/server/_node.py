@@ -15,10 +15,10 @@ from litestar import Response, get
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
-from sessiontree.cli._api._errors import ERRORS
-from sessiontree.cli._api._listing import every_session
-from sessiontree.cli._api._shared import Metrics, node_of
 from sessiontree.cli._wire import NodeStatus, plain_figures, settings_of
+from sessiontree.cli.server._errors import ERRORS
+from sessiontree.cli.server._listing import every_session
+from sessiontree.cli.server._shared import Metrics, node_of
 from sessiontree.protocol import SessionState
 from sessiontree.supervision import recovery_summary
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import msgspec
 
-from sessiontree.cli._words import money, plural
 from sessiontree.protocol import Usage
 from sessiontree.supervision import Price, Provider
 from sessiontree.testing import StandinServer
@@ -33,8 +32,8 @@ __all__ = [
     "Endpoint",
     "model_endpoint",
     "model_figures",
-    "render_models",
     "usage_json",
+    "usage_of",
 ]
 
 STANDIN_MODELS = {"small": "standin-small", "large": "standin-large"}
@@ -115,7 +114,7 @@ def usage_json(usage: Usage | None) -> dict[str, Any] | None:
     return plain
 
 
-def _usage_of(plain: Mapping[str, Any] | None) -> Usage:
+def usage_of(plain: Mapping[str, Any] | None) -> Usage:
     if not plain:
         return Usage()
     fields = {k: v for k, v in plain.items() if k != "tokens"}
@@ -143,7 +142,7 @@ def model_figures(
     root = next((row for row in rows if row["parent_id"] is None), None)
     added = Usage()
     for top in children.get(root["session_id"] if root else "", []):
-        added = added + _usage_of(top["subtree_usage"])
+        added = added + usage_of(top["subtree_usage"])
     return {
         "endpoint": endpoint.url,
         "stand_in": endpoint.standin is not None,
@@ -165,7 +164,7 @@ def _roll_up(
     below = children.get(branch["session_id"], [])
     added = Usage()
     for child in below:
-        added = added + _usage_of(child["subtree_usage"])
+        added = added + usage_of(child["subtree_usage"])
     return {
         "session_id": branch["session_id"],
         "task": branch["task"],
@@ -179,7 +178,7 @@ def _roll_up(
             }
             for c in below
         ],
-        "own_plus_children": usage_json(_usage_of(branch["usage"]) + added),
+        "own_plus_children": usage_json(usage_of(branch["usage"]) + added),
         "subtree": branch["subtree_usage"],
     }
 
@@ -192,7 +191,7 @@ def _budget(
     if branch is None:
         return None
     workers = children.get(branch["session_id"], [])
-    sent = sum(_usage_of(w["subtree_usage"]).calls for w in workers)
+    sent = sum(usage_of(w["subtree_usage"]).calls for w in workers)
     kept = [w for w in workers if w["result"] and w["result"]["summary"]]
     result = branch["result"] or {}
     error = result.get("error") or {}
@@ -204,83 +203,10 @@ def _budget(
         "calls_sent": sent,
         "calls_refused": len(workers) - sent,
         "partial_results": sum(
-            1 for w in kept if _usage_of(w["subtree_usage"]).calls and w["state"] == "cancelled"
+            1 for w in kept if usage_of(w["subtree_usage"]).calls and w["state"] == "cancelled"
         ),
         "state": branch["state"],
         "code": error.get("code"),
         "summary": result.get("summary"),
         "subtree": branch["subtree_usage"],
     }
-
-
-# -- as text -------------------------------------------------------------------------
-
-
-def _figure(plain: Mapping[str, Any] | None, priced: bool, *, aligned: bool = True) -> str:
-    usage = _usage_of(plain)
-    calls, tokens = plural(usage.calls, "call"), plural(usage.tokens, "token")
-    text = f"{calls:>8}, {tokens:>11}" if aligned else f"{calls}, {tokens}"
-    if priced:
-        text += f", {money(usage.cost)}"
-    elif usage.unpriced_calls:
-        text += f" (unpriced: {usage.unpriced_calls})"
-    return text
-
-
-def render_models(figures: Mapping[str, Any]) -> list[str]:
-    """The ``Model calls`` section of the demo's printed output."""
-    priced = bool(figures["stand_in"])
-    models = ", ".join(f"{tier} -> {name}" for tier, name in figures["models"].items())
-    where = "a local stand-in" if figures["stand_in"] else "the endpoint"
-    lines = [f"on {where} at {figures['endpoint']} ({models})"]
-    roll = figures["roll_up"]
-    if roll is not None:
-        lines.append(f'usage rolls up: branch "{roll["task"]}" and its workers')
-        lines.append(f"  {'its own call':<40} {_figure(roll['own'], priced)}")
-        for child in roll["children"]:
-            label = f'worker "{child["task"]}"'
-            note = "  (failed: still counted)" if child["state"] == "failed" else ""
-            lines.append(f"  {label:<40} {_figure(child['usage'], priced)}{note}")
-        lines.append(f"  {'= its subtree usage':<40} {_figure(roll['subtree'], priced)}")
-    spent = figures["budget"]
-    if spent is not None:
-        bound = ", ".join(f"{k} {v}" for k, v in spent["budget"].items())
-        lines.append(
-            f'a budget is hit: branch "{spent["task"]}" ({bound}) fans out to '
-            f"{plural(spent['workers'], 'worker')}"
-        )
-        lines.append(
-            f"  {plural(spent['calls_sent'], 'call')} sent, {spent['calls_refused']} refused "
-            "before sending; the subtree was cancelled with the grace"
-        )
-        lines.append(
-            f"  it ended {spent['state']} [{spent['code']}], keeping "
-            f"{plural(spent['partial_results'], 'partial result')}; its subtree: "
-            f"{_figure(spent['subtree'], priced, aligned=False)}"
-        )
-        if spent["summary"]:
-            lines.append(f"  its result: {spent['summary']}")
-    events = figures["events"]
-    lines.append(
-        f"events: {events.get('budget_warning', 0)} budget_warning, "
-        f"{events.get('budget_exhausted', 0)} budget_exhausted"
-    )
-    total = _figure(figures["usage"], priced, aligned=False)
-    lines.append(f"the whole tree (durable in the store): {total}")
-    served = figures["served"]
-    if served is not None:
-        same = "the same" if _same(figures["usage"], served) else "NOT the same"
-        lines.append(
-            f"the stand-in served {plural(served['calls'], 'call')}, "
-            f"{plural(served['tokens'], 'token')}: {same}"
-        )
-    return lines
-
-
-def _same(usage: Mapping[str, Any] | None, served: Mapping[str, int]) -> bool:
-    counted = _usage_of(usage)
-    return (
-        counted.calls == served["calls"]
-        and counted.prompt_tokens == served["prompt_tokens"]
-        and counted.completion_tokens == served["completion_tokens"]
-    )

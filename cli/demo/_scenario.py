@@ -30,7 +30,7 @@ live children, so a sixth spawn is refused with ``children_exceeded``):
 
 Model calls go to a local chat-completions stand-in the demo starts on
 127.0.0.1 (deterministic replies, tokens counted as words), or with
-``model_url`` to a real endpoint (``_demo_models``). It runs on the real
+``model_url`` to a real endpoint (``_models``). It runs on the real
 clock with a short grace, so it is a real run of the runtime; nothing in it
 races: the skills wait on gates (with checkpoints and bounded waits)
 wherever an order matters, so states, codes, the tree's shape and (on the
@@ -54,8 +54,7 @@ from typing import Any
 import msgspec
 
 from sessiontree.actors import AsyncSession, Cancelled, RealClock, Session
-from sessiontree.cli._demo_models import Endpoint, model_endpoint, model_figures, usage_json
-from sessiontree.cli._words import plural
+from sessiontree.cli.demo._models import Endpoint, model_endpoint, model_figures, usage_json
 from sessiontree.protocol import (
     Budget,
     Completion,
@@ -245,7 +244,7 @@ class _Scenario:
     def read(self, session: Session) -> str:
         paper = session.task.removeprefix("read ")
         reply = session.complete(f"notes on {paper}", max_tokens=MAX_TOKENS)
-        session.progress(f"the model replied: {plural(reply.usage.tokens, 'token')}")
+        session.progress(f"the model replied: {_count(reply.usage.tokens, 'token')}")
         if "corrupt" in session.task:  # its call was made, and counts, though it crashes
             msg = "corrupt PDF: unexpected end of stream"
             raise ValueError(msg)
@@ -326,7 +325,7 @@ class _Scenario:
         refused = len(collected) - len(kept)
         return Outcome(
             summary=f"partial: {len(kept)} of {len(collected)} sources summarised, "
-            f"{plural(refused, 'call')} refused by the budget",
+            f"{_count(refused, 'call')} refused by the budget",
             artifacts={"summaries": kept},
         )
 
@@ -420,6 +419,11 @@ def _store_dir(store: Path | None) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="sessiontree-demo-") as tmp:
         yield Path(tmp)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 call``, ``2 calls``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def run_demo(

@@ -18,9 +18,9 @@ from litestar import Response, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody, QueryParameter
 
-from sessiontree.cli._api._errors import ERRORS
-from sessiontree.cli._api._shared import Sid, node_of
 from sessiontree.cli._wire import BranchRequest, ConfirmDeleteRequest, ForkRequest
+from sessiontree.cli.server._errors import ERRORS
+from sessiontree.cli.server._shared import Sid, node_of
 from sessiontree.conversations import render_html
 from sessiontree.protocol import BranchInfo, DeletePlan, Merged, Message, SessionTreeError
 from sessiontree.supervision import Node

@@ -39,7 +39,7 @@ import h11
 from litestar.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from sessiontree.cli._api._refusal import error_body, send_refusal
+from sessiontree.cli.server._refusal import error_body, send_refusal
 from sessiontree.protocol import ErrorCode
 
 __all__ = ["ConnectionLimits", "guarded_protocol"]

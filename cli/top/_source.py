@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from sessiontree.cli._client import NodeClient, NodeRefused, NodeUnreachable
-from sessiontree.cli._top_data import Counters, counters_of
+from sessiontree.cli.top._data import Counters, counters_of
 
 __all__ = ["ACTIONS", "Outcome", "Snapshot", "TopSource"]
 

@@ -17,8 +17,8 @@ from litestar import delete, get, post
 from litestar.datastructures import State
 from litestar.params import PathParameter
 
-from sessiontree.cli._api._errors import ERRORS, refuse
-from sessiontree.cli._api._shared import node_of
+from sessiontree.cli.server._errors import ERRORS, refuse
+from sessiontree.cli.server._shared import node_of
 from sessiontree.protocol import ErrorCode, ErrorInfo, SessionResult
 from sessiontree.store import WedgedRecord
 

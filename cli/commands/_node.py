@@ -23,10 +23,10 @@ built-in assistant among them), and ``--model-price`` its price.
 
 Without ``--token-file`` (a loopback node) every request must name the node
 by its address (``Host``) or by a name given with ``--allowed-host``, and a
-page of another origin may not change anything (``_api._cross_site``); a
+page of another origin may not change anything (``server._cross_site``); a
 request body must be ``application/json`` either way. Each connection is
 bounded by the header, body and idle timeouts, and at most
-``--max-connections`` are served at once (``_connections``).
+``--max-connections`` are served at once (``server._connections``).
 
 The node owns its signals (uvicorn's handlers would re-raise them and exit
 143): the first SIGTERM or SIGINT stops accepting connections and shuts the
@@ -68,7 +68,13 @@ import uvicorn
 
 from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN, AgentLoadError, load_agents, with_model
-from sessiontree.cli._api import (
+from sessiontree.cli._client import DEFAULT_PORT
+from sessiontree.cli._exits import failure
+from sessiontree.cli._fresh import removed_on_failure
+from sessiontree.cli._text import echo
+from sessiontree.cli._token import is_loopback, read_token, warn_if_exposed
+from sessiontree.cli._wire import settings_of
+from sessiontree.cli.server import (
     EVENT_RING,
     MAX_BODY_BYTES,
     MAX_WAIT,
@@ -76,8 +82,7 @@ from sessiontree.cli._api import (
     create_app,
     parse_authority,
 )
-from sessiontree.cli._client import DEFAULT_PORT
-from sessiontree.cli._connections import (
+from sessiontree.cli.server._connections import (
     BODY_TIMEOUT,
     HEADER_TIMEOUT,
     IDLE_TIMEOUT,
@@ -85,11 +90,6 @@ from sessiontree.cli._connections import (
     ConnectionLimits,
     guarded_protocol,
 )
-from sessiontree.cli._exits import failure
-from sessiontree.cli._fresh import removed_on_failure
-from sessiontree.cli._text import echo
-from sessiontree.cli._token import is_loopback, read_token, warn_if_exposed
-from sessiontree.cli._wire import settings_of
 from sessiontree.protocol import SessionTreeError, StoreLockedError
 from sessiontree.store import Store
 from sessiontree.supervision import (

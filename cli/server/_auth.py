@@ -26,7 +26,7 @@ from litestar.types import (
     Send,
 )
 
-from sessiontree.cli._api._refusal import send_refusal
+from sessiontree.cli.server._refusal import send_refusal
 from sessiontree.protocol import ErrorCode
 
 __all__ = ["OPEN_PATHS", "document_auth", "require_token"]

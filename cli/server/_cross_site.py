@@ -44,8 +44,8 @@ from litestar.types import (
     Send,
 )
 
-from sessiontree.cli._api._auth import OPEN_PATHS
-from sessiontree.cli._api._refusal import send_refusal
+from sessiontree.cli.server._auth import OPEN_PATHS
+from sessiontree.cli.server._refusal import send_refusal
 from sessiontree.protocol import ErrorCode
 
 __all__ = [

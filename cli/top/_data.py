@@ -1,7 +1,7 @@
 """The data of ``sessiontree top``, pure: rows of the session tree, filtered and
 sorted; the rates of spawns, endings and failures between two polls; and the
 header's text. Nothing here touches the network or a terminal, so it is
-tested on plain values (``_top_source`` fetches them, ``_top_app`` shows them).
+tested on plain values (``_source`` fetches them, ``_app`` shows them).
 
 A tree comes as ``GET /v1/sessions/{id}/tree`` answers it: nested dicts with
 ``info``, ``result``, ``usage``, ``subtree_usage`` and ``children``. A tree

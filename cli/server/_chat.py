@@ -14,8 +14,8 @@ from litestar import Request, post
 from litestar.datastructures import State
 from litestar.params import JSONBody, QueryParameter
 
-from sessiontree.cli._api._errors import ERRORS
-from sessiontree.cli._api._shared import node_of
+from sessiontree.cli.server._errors import ERRORS
+from sessiontree.cli.server._shared import node_of
 from sessiontree.protocol import Inbound, Routed
 
 __all__ = ["CHAT_ROUTES"]

@@ -27,9 +27,9 @@ from litestar.openapi import ResponseSpec
 from litestar.params import HeaderParameter, QueryParameter
 from litestar.response import Stream
 
-from sessiontree.cli._api._errors import ERRORS
-from sessiontree.cli._api._event_hub import EventFilter, EventHub, Subscriber, _Item
-from sessiontree.cli._api._shared import node_of
+from sessiontree.cli.server._errors import ERRORS
+from sessiontree.cli.server._event_hub import EventFilter, EventHub, Subscriber, _Item
+from sessiontree.cli.server._shared import node_of
 from sessiontree.protocol import RejectedInputError, SessionKind, UnknownAgentError
 from sessiontree.supervision import EventKind
 

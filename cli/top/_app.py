@@ -2,7 +2,7 @@
 table, a filter, a status line and the footer of keys.
 
 It polls a ``TopSource`` every ``interval`` seconds on a worker thread (the
-event loop never waits on the network) and draws what ``_top_data`` makes of
+event loop never waits on the network) and draws what ``_data`` makes of
 the answer. A node that does not answer or refuses is shown on the status
 line, in red, and the app keeps polling: the view comes back with the node.
 Every action on a session asks first (``ConfirmScreen``).
@@ -29,7 +29,8 @@ from textual.widgets import Button, DataTable, Footer, Label, Static
 
 from sessiontree.cli._client import NodeRefused
 from sessiontree.cli._text import shown
-from sessiontree.cli._top_data import (
+from sessiontree.cli._words import money, plural
+from sessiontree.cli.top._data import (
     SORTS,
     RateMeter,
     Rates,
@@ -38,9 +39,8 @@ from sessiontree.cli._top_data import (
     header_text,
     parent_of,
 )
-from sessiontree.cli._top_data import human_duration as dur
-from sessiontree.cli._top_source import Snapshot, TopSource
-from sessiontree.cli._words import money, plural
+from sessiontree.cli.top._data import human_duration as dur
+from sessiontree.cli.top._source import Snapshot, TopSource
 
 __all__ = ["ConfirmScreen", "TopApp"]
 

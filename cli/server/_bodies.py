@@ -16,7 +16,6 @@ from litestar import Litestar, Request
 from litestar.datastructures import State
 from litestar.openapi.spec import OpenAPIType, Schema
 
-from sessiontree.cli._api._shared import count_rejected
 from sessiontree.cli._wire import (
     BranchRequest,
     CancelRequest,
@@ -26,6 +25,7 @@ from sessiontree.cli._wire import (
     SendRequest,
     TerminateRequest,
 )
+from sessiontree.cli.server._shared import count_rejected
 from sessiontree.protocol import (
     MAX_BUDGET_COST,
     MAX_BUDGET_COUNT,
