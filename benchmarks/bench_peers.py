@@ -116,8 +116,10 @@ from importlib import metadata
 from typing import Annotated, Any, TypedDict
 
 from _common import fdatasync_ms, log, real_disk_dir
+from _kernel_sketch import Handle, Kernel
 
 from sessiontree.protocol import SessionKind, SpawnSpec
+from sessiontree.store import Store
 from sessiontree.supervision import Agent, Node, NodeConfig, Provider
 
 try:
@@ -141,7 +143,15 @@ ST_SYSTEMS = (
     "store/spawn_many",
     "thread/spawn_many",
 )
-SYSTEMS = (ASYNCIO, ASYNCIO + SAME_GC, LANGGRAPH, LANGGRAPH + SAME_GC, *ST_SYSTEMS)
+SKETCH_SYSTEMS = ("sketch/memory", "sketch/store")  # benchmarks/_kernel_sketch.py
+SYSTEMS = (
+    ASYNCIO,
+    ASYNCIO + SAME_GC,
+    LANGGRAPH,
+    LANGGRAPH + SAME_GC,
+    *ST_SYSTEMS,
+    *SKETCH_SYSTEMS,
+)
 
 
 def idle_slowdown(pause: float = WAIT, rounds: int = 41) -> float:
@@ -373,10 +383,10 @@ class SameGc(System):
     starts (after its own set-up, as a node sets them last) and the ones
     found are put back when it closes, so the systems after it run as-is."""
 
-    def __init__(self, inner: System, settings: GcSettings) -> None:
+    def __init__(self, inner: System, settings: GcSettings, name: str | None = None) -> None:
         self.inner = inner
         self.settings = settings
-        self.name = inner.name + SAME_GC
+        self.name = inner.name + SAME_GC if name is None else name
         self._found = GcSettings(gc.get_threshold(), gc.isenabled(), gc.get_freeze_count() > 0)
 
     async def start(self) -> None:
@@ -406,7 +416,67 @@ class SameGc(System):
                 gc.enable()
 
 
+def sketch_skills() -> dict[str, Any]:
+    """The bench's tree for the kernel sketch: the Main's empty cycle, a parent
+    that fans out to 8 workers, a worker that waits."""
+
+    async def inbox(h: Handle) -> None:
+        return None
+
+    async def parent(h: Handle) -> str:
+        results = await h.fan_out([h.task] * FANOUT, "work")
+        return str(sum(1 for r in results if r.ok))
+
+    async def work(h: Handle) -> str:
+        await asyncio.sleep(float(h.task))
+        return "ok"
+
+    return {"inbox": inbox, "parent": parent, "work": work}
+
+
+@dataclass
+class Sketch(System):
+    """The kernel sketch (``_kernel_sketch.py``): in memory, or with a store in a
+    new directory under ``base``; run under the node's collector settings."""
+
+    name: str
+    base: str | None = None
+    store: Store | None = field(default=None, init=False)
+    directory: str | None = field(default=None, init=False)
+
+    async def start(self) -> None:
+        if self.name.endswith("/store"):
+            assert self.base is not None
+            self.directory = tempfile.mkdtemp(prefix="sketch-", dir=self.base)
+            self.store = Store(self.directory)
+        self.kernel = Kernel(
+            sketch_skills(),
+            "inbox",
+            store=self.store,
+            max_children=2 * TREES_AT_ONCE,
+            slots=(FANOUT + 1) * TREES_AT_ONCE + 100,
+        )
+        self.main = await self.kernel.main("peers")
+
+    async def tree(self, wait: float) -> None:
+        result = await self.kernel.run(self.main, SessionKind.BRANCH, "parent", repr(wait))
+        if not result.ok or result.summary != str(FANOUT):
+            raise RuntimeError(f"{self.name}: {result}")
+
+    async def settle(self) -> None:
+        while self.kernel.cycling:
+            await asyncio.gather(*self.kernel.cycling.values())
+
+    async def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
 def make_system(name: str, base: str | None, node_gc: GcSettings) -> System:
+    if name in SKETCH_SYSTEMS:
+        return SameGc(Sketch(name, base), node_gc, name=name)
     if name.endswith(SAME_GC):
         return SameGc(make_system(name.removesuffix(SAME_GC), base, node_gc), node_gc)
     if name == ASYNCIO:
@@ -563,8 +633,12 @@ async def measure_latency(
 
 async def flushed_commits(system: System) -> int:
     """The commits of ``system``'s store once everything queued is committed
-    (the flush's own, empty, commit included)."""
+    (a flush with nothing queued commits nothing)."""
+    if isinstance(system, SameGc):
+        system = system.inner
     store = system.node.store if isinstance(system, Sessiontree) else None
+    if isinstance(system, Sketch):
+        store = system.store
     if store is None:
         raise RuntimeError(f"{system.name}: no store to count the commits of")
     await asyncio.to_thread(store.flush)
@@ -580,7 +654,7 @@ async def commits_round(system: System, at_once: int, rounds: int, wait: float) 
     for _ in range(rounds):
         await asyncio.gather(*(system.tree(wait) for _ in range(at_once)))
     await system.settle()
-    after = await flushed_commits(system) - 1  # not the flush's own commit
+    after = await flushed_commits(system)
     return (after - before) / (at_once * rounds)
 
 
@@ -589,7 +663,7 @@ async def measure_commits(
 ) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name in systems:
-        if not name.startswith("store/"):
+        if not (name.startswith("store/") or name == "sketch/store"):
             continue
         t1 = await on_fresh(make(name), lambda s: commits_round(s, 1, t1_trees, WAIT))
         t100 = await on_fresh(make(name), lambda s: commits_round(s, 100, t100_rounds, WAIT))

@@ -139,7 +139,8 @@ class InboxRecord(msgspec.Struct, kw_only=True):
 class CycleRecord(msgspec.Struct, kw_only=True):
     """The message cycle a Main started and has not yet snapshotted: what it runs
     for (an inbox ``seq``, or a child's result ``child_id``) and which attempt.
-    Durable before the skill runs, so a crash mid-cycle is counted."""
+    Queued before anything the cycle writes; durable before a replayed
+    cycle runs, or once the skill reads its attempt, so a crash is counted."""
 
     v: int = SCHEMA_VERSION
     session_id: uuid.UUID
