@@ -390,8 +390,11 @@ class Endings:
         contexts = tree.rt.contexts
         if contexts is not None:  # first: a Main's cycle for it appends after it
             contexts.landed(entry.info, parent.info, result, live=parent_live)
-        if parent_live and tree.store is not None and entry.recorded:
-            parent.receipts.append(result)  # its next snapshot records the receipt
+        if parent_live and tree.store is not None:
+            if entry.recorded:
+                parent.receipts.append(result)  # its next snapshot records the receipt
+            else:
+                parent.unwritten.append(result)  # written only if the parent suspends
         parent.live_children -= 1
         # Filed at once (so results() and a waiting skill see it now); a live
         # Main also gets it in its mailbox, where it starts a message cycle.

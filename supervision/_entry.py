@@ -180,8 +180,11 @@ class TreeEntry:
     receipts: list[SessionResult] = field(default_factory=list)
     next_seq: int = 0
     # False: nothing of it is written (a worker its running Branch's skill
-    # spawned: that parent does not survive a restart); a suspend writes it
+    # spawned: that parent does not survive a restart); a suspend writes it.
+    # A parent's results of such children, not written either (its suspend
+    # files or owes them)
     recorded: bool = True
+    unwritten: list[SessionResult] = field(default_factory=list)
     persisted: bool = True
     on_persisted: list[Callable[[BaseException | None], None]] = field(default_factory=list)
     final_write: concurrent.futures.Future[None] | None = None

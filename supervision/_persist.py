@@ -265,10 +265,10 @@ class Persister:
         """A live session's full state: a Main after a cycle (dropping the inbox
         messages ``consumed`` numbers), a Branch on suspend or resume; with the
         receipts of the results it got since the last one. A Branch that
-        suspends may come back after a restart: its children not written so
-        far (``late``, live) are written now, and the results it has not
-        taken yet are owed in the outbox, so a restart fails the first and
-        delivers the second."""
+        suspends may come back after a restart, so what it has of children
+        never written goes with it: their records (``late``: live ones, and
+        ended ones still indexed) and their results (``TreeEntry.unwritten``),
+        filed if it took them, owed if not."""
         if self.store is None:
             return None
         batch = WriteBatch()
@@ -276,8 +276,8 @@ class Persister:
             child.recorded = True
             self._add_record(batch, child, now=now)
             batch.link(entry.session_id, child.session_id)
-        if entry.kind is SessionKind.BRANCH:
-            self._owe_untaken(batch, entry)
+        if entry.unwritten:
+            self._file_unwritten(batch, entry)
         self._add_record(batch, entry, now=now, resume=resume)
         for seq in consumed:
             batch.consumed(entry.session_id, seq)
@@ -286,20 +286,19 @@ class Persister:
         self._receipts(batch, entry, ended=False)
         return self._submit(batch)
 
-    def _owe_untaken(self, batch: WriteBatch, entry: TreeEntry) -> None:
-        """Owe (in the outbox) each result ``entry`` has not taken and that is not
-        owed yet: those of children that were not written (an outbox entry is
-        keyed by the child, so owing one twice writes it once)."""
+    def _file_unwritten(self, batch: WriteBatch, entry: TreeEntry) -> None:
+        """File on ``entry`` the results of its never-written children it took;
+        owe (in the outbox) those it has not taken, receipted by a later write."""
         core = entry.core
         with core.cond:
-            untaken = list(core.unclaimed.values())
-        if not untaken:
-            return
-        owed = {r.session_id for r in entry.receipts}
-        for result in untaken:
-            if result.session_id not in owed:
+            untaken = set(core.unclaimed)
+        for result in entry.unwritten:
+            if result.session_id in untaken:
                 batch.owe(entry.session_id, result)
-                entry.receipts.append(result)  # a later snapshot records its receipt
+                entry.receipts.append(result)
+            else:
+                batch.file(entry.session_id, result)
+        entry.unwritten = []
 
     def call(self, reserved: Reserved, now: float) -> Future | None:
         """A model call about to leave the node, with the worst case it reserved

@@ -273,13 +273,14 @@ class Tree:
             )
 
     def unrecorded_children(self, entry: TreeEntry) -> list[TreeEntry]:
-        """``entry``'s live children that were never written (see ``TreeEntry.recorded``)."""
-        if entry.kind is not SessionKind.BRANCH or not entry.live_children:
+        """``entry``'s children that were never written (see ``TreeEntry.recorded``)
+        and are still indexed: live, or ended."""
+        if entry.kind is not SessionKind.BRANCH:
             return []
         late = []
         for child_id in entry.children:
             child = self.entries.get(child_id)
-            if child is not None and not child.recorded and not child.state.is_terminal:
+            if child is not None and not child.recorded:
                 late.append(child)
         return late
 

@@ -1945,9 +1945,9 @@ def test_a_worker_its_running_branch_spawned_is_never_written(
 def test_a_suspend_writes_the_branchs_workers_and_owes_what_it_has_not_taken(
     open_node: Callable[..., Node], store_path: pathlib.Path
 ) -> None:
-    """A suspended branch may come back after a restart: its live workers are
-    written with its snapshot (a restart can then fail them and tell it), and
-    the results it has not taken yet are owed in the outbox."""
+    """A suspended branch may come back after a restart: its workers are
+    written with its snapshot (a restart can then fail the live ones and tell
+    it), and the results it has not taken yet are owed in the outbox."""
     ids: dict[str, uuid.UUID] = {}
 
     def branch(session: Any) -> str:
@@ -1985,3 +1985,6 @@ def test_a_suspend_writes_the_branchs_workers_and_owes_what_it_has_not_taken(
     owed = [o for o in store.outbox() if not isinstance(o, CorruptRecordError)]
     assert [(o.parent_id, o.result.session_id) for o in owed] == [(ref.session_id, ids["quick"])]
     assert owed[0].result.status is SessionState.COMPLETED
+    quick = stored(node, ids["quick"])  # ended, still indexed: known after a restart too
+    assert quick.info.state is SessionState.COMPLETED
+    assert ids["quick"] in store.children(ref.session_id)

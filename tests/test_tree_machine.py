@@ -17,8 +17,9 @@ every step, once the tree has settled:
   the Main ran exactly one cycle per ended child (once a cycle it waits in
   has gone on), and a result once seen never changes;
 * nothing acknowledged is lost: every spawned session is still known after
-  any number of restarts, and every message the Main acknowledged ran to its
-  end once, in order (a cycle let go by a shutdown runs again after it);
+  any number of restarts (a worker its running branch's skill spawned, only
+  while that branch is: it is never written unless the branch suspends), and
+  every message the Main acknowledged ran to its end once, in order (a cycle let go by a shutdown runs again after it);
 * a shutdown leaves no skill thread behind and every Worker ended.
 
 How skills are driven: each branch or worker skill polls, waiting one virtual
@@ -206,6 +207,7 @@ class TreeMachine(RuleBasedStateMachine):
         self.main_log = MainLog(self.commands)
         self.agent = Agent(AGENT, make_skills(self.commands, self.main_log), main_skill="main")
         self.known: dict[uuid.UUID, tuple[SessionKind, uuid.UUID | None]] = {}
+        self.inner: set[uuid.UUID] = set()  # workers a skill spawned (see _forget_unwritten)
         self.seen: dict[uuid.UUID, tuple[SessionState, str | None, str]] = {}  # ended ones
         self.sent: list[str] = []
         self.violations: list[str] = []
@@ -244,6 +246,7 @@ class TreeMachine(RuleBasedStateMachine):
         for parent, answer in self.commands.take_inner():
             if answer.session_id is not None:
                 self.known[answer.session_id] = (SessionKind.WORKER, parent)
+                self.inner.add(answer.session_id)
 
     def _note(self, parent: uuid.UUID, kind: SessionKind, spawned: Spawned) -> uuid.UUID | None:
         if spawned.session_id is None:
@@ -363,6 +366,22 @@ class TreeMachine(RuleBasedStateMachine):
             assert not thread.is_alive(), f"{thread.name} left behind by the shutdown"
         self.node = self._open()
         self._settle()
+        self._forget_unwritten()
+
+    def _forget_unwritten(self) -> None:
+        """A worker its branch's skill spawned is never written while that branch
+        runs (a running branch does not survive a restart): after a restart it
+        is known only if its branch suspended (or a shutdown parked it) with
+        it. One gone is forgotten, and its branch must not have come back."""
+        for sid in sorted(self.inner):
+            try:
+                self.node.get(sid)
+            except UnknownSessionError:
+                parent = self.known.pop(sid)[1]
+                self.inner.discard(sid)
+                assert parent is not None
+                branch = self.node.get(parent)
+                assert branch.state.is_terminal, f"{sid} is lost under {branch.state} {parent}"
 
     # -- invariants -----------------------------------------------------------------------
 
