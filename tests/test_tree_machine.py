@@ -19,7 +19,8 @@ every step, once the tree has settled:
 * nothing acknowledged is lost: every spawned session is still known after
   any number of restarts (a worker its running branch's skill spawned, only
   while that branch is: it is never written unless the branch suspends), and
-  every message the Main acknowledged ran to its end once, in order (a cycle let go by a shutdown runs again after it);
+  every message the Main acknowledged ran to its end once, in order (a cycle
+  let go by a shutdown runs again after it);
 * a shutdown leaves no skill thread behind and every Worker ended.
 
 How skills are driven: each branch or worker skill polls, waiting one virtual
