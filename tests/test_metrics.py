@@ -28,7 +28,7 @@ from sessiontree.protocol import (
     RejectedInputError,
     SessionState,
 )
-from sessiontree.store import Store, StoreIO
+from sessiontree.store import Store, StoreIO, WriteBatch
 from sessiontree.supervision import (
     MAX_MODEL_SERIES,
     REJECT_REASONS,
@@ -633,7 +633,7 @@ def test_store_commits_are_timed_and_sized_with_a_real_store(
     assert 0 < value(metrics, "sessiontree_store_map_used_bytes") <= figures["map_size"]
     metrics.close()
     before = figures["commits"]
-    store.flush()
+    store.write(WriteBatch().unwedge(uuid.uuid4()))  # a commit (a flush alone makes none)
     assert store.stats()["commits"] > before  # the writer goes on without the observer
 
 
@@ -649,7 +649,7 @@ def test_a_commit_observer_that_raises_never_stops_the_writer(
         unhook_broken = store.observe_commits(broken)
         unhook = store.observe_commits(lambda s, b: seen.append((s, b)))
         with caplog.at_level(logging.ERROR, logger="sessiontree.store"):
-            store.flush()
+            store.write(WriteBatch().unwedge(uuid.uuid4()))  # a flush alone commits nothing
         assert len(seen) == 1
         assert seen[0][0] >= 0.0
         assert seen[0][1] == 1
@@ -657,7 +657,7 @@ def test_a_commit_observer_that_raises_never_stops_the_writer(
         unhook()
         unhook()  # idempotent
         unhook_broken()
-        store.flush()
+        store.write(WriteBatch().unwedge(uuid.uuid4()))
         assert len(seen) == 1
 
 

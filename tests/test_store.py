@@ -1225,3 +1225,59 @@ def test_mdb_stat_reads_a_live_store_and_lists_its_databases(tmp_path: pathlib.P
     assert entries["sessions"] == 3
     assert entries["meta"] == 1
     assert {"children", "outbox", "memory", "quarantine"} <= entries.keys()
+
+
+# -- lazy writes: carried along with the next write someone waits on -------------------
+
+
+def test_a_lazy_write_goes_with_the_next_waited_write_in_one_commit(
+    tmp_path: pathlib.Path,
+) -> None:
+    with Store(tmp_path / "db", linger=3600.0) as store:
+        before = store.stats()["commits"]
+        first, second = _record(), _record()
+        lazy = store.submit(WriteBatch().session(first), lazy=True)
+        store.write(WriteBatch().session(second))  # someone waits on this one
+        lazy.result(WAIT)
+        assert store.stats()["commits"] == before + 1  # one commit for both
+        assert store.session(first.info.session_id) is not None
+
+
+def test_hurry_commits_a_lazy_write_and_an_empty_flush_commits_nothing(
+    tmp_path: pathlib.Path,
+) -> None:
+    with Store(tmp_path / "db", linger=3600.0) as store:
+        before = store.stats()["commits"]
+        store.flush()
+        assert store.stats()["commits"] == before  # nothing queued: no transaction
+        record = _record()
+        lazy = store.submit(WriteBatch().session(record), lazy=True)
+        store.hurry()
+        lazy.result(WAIT)
+        assert store.stats()["commits"] == before + 1
+        assert store.session(record.info.session_id) is not None
+
+
+def test_a_lazy_write_commits_by_itself_after_its_linger(tmp_path: pathlib.Path) -> None:
+    with Store(tmp_path / "db", linger=0.01) as store:
+        record = _record()
+        store.submit(WriteBatch().session(record), lazy=True).result(WAIT)  # nobody hurried
+        assert store.session(record.info.session_id) is not None
+
+
+def test_a_lazy_write_commits_before_an_action_queued_after_it(tmp_path: pathlib.Path) -> None:
+    with Store(tmp_path / "db", linger=3600.0) as store:
+        record = _record()
+        lazy = store.submit(WriteBatch().session(record), lazy=True)
+        store.grow(store.stats()["map_size"] * 2, timeout=WAIT)  # runs between transactions
+        assert lazy.done()
+        assert lazy.exception() is None
+
+
+def test_closing_commits_what_was_queued_lazily(tmp_path: pathlib.Path) -> None:
+    record = _record()
+    with Store(tmp_path / "db", linger=3600.0) as store:
+        lazy = store.submit(WriteBatch().session(record), lazy=True)
+    assert lazy.result(WAIT) is None
+    with Store(tmp_path / "db") as store:
+        assert store.session(record.info.session_id) is not None
