@@ -218,6 +218,9 @@ class SessionCore:
     cycle_trace: str | None = None
     # Set only on a session of a recorded or replayed run (see ``_tape``).
     tape: Tape | None = None
+    # Set only on a Main's cycle with a store: waits until its start is on record
+    # (``Session.attempt`` calls it)
+    mark_durable: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -250,8 +253,6 @@ class SessionCore:
         self.resumed = False
         self.cycle_input: CycleInput | None = None
         self.attempt = 1
-        # a Main's cycle with a store: waits until its start is on record (``attempt``)
-        self.mark_durable: Callable[[], None] | None = None
         self.last_checkpoint = clock.monotonic()
         self.stuck = False
         self.holds_slot = False

@@ -229,13 +229,15 @@ def test_demo_help_names_the_store_option() -> None:
 
 def test_demo_runs_on_the_given_store_and_a_second_run_adds_its_own_main(tmp_path: Path) -> None:
     first = sessiontree.cli.run_demo(store=tmp_path)
-    assert first.store["sessions"] == 19
+    # 19 sessions, of which the workers its branches' skills spawned are never
+    # written (their branches do not survive a restart)
+    assert first.store["sessions"] == 8
     assert first.models["served"]["calls"] == first.models["usage"]["calls"] == 8  # in-process too
     assert Counter(s["state"] for s in first.sessions) == STATES
     assert first.store["results_owed"] == 0  # every result reached its parent
     second = sessiontree.cli.run_demo(store=tmp_path)
     assert second.store["recovered"]["mains"] == 1  # the first run's Main came back
-    assert second.store["sessions"] == 38
+    assert second.store["sessions"] == 16
     assert second.store["results_filed"] == 2 * first.store["results_filed"]
     # the model figures are the same on every run (on the stand-in)
     for part in ("usage", "served", "events"):

@@ -573,9 +573,27 @@ async def _serve(
     default=None,
     help="NodeConfig.max_running_skills.",
 )
-@click.option("--actor-type", hidden=True, callback=_removed, expose_value=False)
-@click.option("--dispatch", hidden=True, callback=_removed, expose_value=False)
-@click.option("--dispatcher-threads", hidden=True, callback=_removed, expose_value=False)
+@click.option(
+    "--actor-type",
+    hidden=True,
+    callback=_removed,
+    expose_value=False,
+    help="Removed: a node has one execution mode (refused).",
+)
+@click.option(
+    "--dispatch",
+    hidden=True,
+    callback=_removed,
+    expose_value=False,
+    help="Removed: a node has one execution mode (refused).",
+)
+@click.option(
+    "--dispatcher-threads",
+    hidden=True,
+    callback=_removed,
+    expose_value=False,
+    help="Removed: a node has one execution mode (refused).",
+)
 @click.option(
     "--passivate-after",
     type=click.FloatRange(0.0, min_open=True),
