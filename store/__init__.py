@@ -7,7 +7,12 @@ thread with group commit. Records are msgspec msgpack with a schema version.
 
 from sessiontree.store._backup import Backup, backup_from_meta_page
 from sessiontree.store._batch import WriteBatch
-from sessiontree.store._env import DATABASES, DEFAULT_MAP_SIZE, DEFAULT_MAX_READERS
+from sessiontree.store._env import (
+    DATABASES,
+    DEFAULT_MAP_SIZE,
+    DEFAULT_MAX_READERS,
+    LIVE_INDEXED,
+)
 from sessiontree.store._export import export_jsonl
 from sessiontree.store._import import import_jsonl
 from sessiontree.store._io import StoreIO
@@ -44,6 +49,7 @@ __all__ = [
     "DATABASES",
     "DEFAULT_MAP_SIZE",
     "DEFAULT_MAX_READERS",
+    "LIVE_INDEXED",
     "SCHEMA_VERSION",
     "Backup",
     "BranchRecord",

@@ -106,9 +106,19 @@ class WriteBatch:
     # -- sessions and the tree ------------------------------------------------
 
     def session(self, record: SessionRecord) -> WriteBatch:
-        """Write (or overwrite) a session's record."""
-        self._put("sessions", record.info.session_id.bytes, record)
+        """Write (or overwrite) a session's record, and keep it in (or take it
+        out of) the index of live sessions, in the same transaction."""
+        key = record.info.session_id.bytes
+        self._put("sessions", key, record)
+        self._live(key, not record.info.state.is_terminal)
         return self
+
+    def _live(self, key: bytes, live: bool) -> None:
+        if live:
+            self.ops.append(("put", "live", key, b""))
+            self.size += len(key)
+        else:
+            self.ops.append(("delete", "live", key, b""))
 
     def link(self, parent_id: uuid.UUID, child_id: uuid.UUID) -> WriteBatch:
         """Add ``child_id`` under ``parent_id`` in the tree index."""
@@ -129,6 +139,7 @@ class WriteBatch:
     def forget_session(self, session_id: uuid.UUID) -> WriteBatch:
         """Delete a session's record, its links to children and its filed results."""
         self._delete("sessions", session_id.bytes)
+        self._delete("live", session_id.bytes)
         self._delete("children", session_id.bytes, prefix=True)
         self._delete("received", session_id.bytes, prefix=True)
         self._delete("inbox", session_id.bytes, prefix=True)
@@ -165,8 +176,9 @@ class WriteBatch:
             owed = _encoded(OutboxRecord(parent_id=parent_id, result=result))
         ops = self.ops
         ops.append(("put", "sessions", child, value))
-        ops.append(("put", db, key, owed))
         self.size += len(child) + len(value) + len(key) + len(owed)
+        self._live(child, not record.info.state.is_terminal)
+        ops.append(("put", db, key, owed))
         return self
 
     # -- results ------------------------------------------------------------------
@@ -302,6 +314,13 @@ class WriteBatch:
         """Move an unreadable value aside (and delete it where it was)."""
         self._put("quarantine", quarantine_key(record.db, record.key), record)
         self._delete(record.db, record.key)
+        if record.db == "sessions":
+            self._delete("live", record.key)
+        return self
+
+    def raw_delete(self, db: str, key: bytes) -> WriteBatch:
+        """Delete one entry as it is keyed (a stale index entry, tests)."""
+        self._delete(db, key)
         return self
 
     def raw(self, db: str, key: bytes, value: bytes) -> WriteBatch:

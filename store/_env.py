@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_MAX_READERS",
     "DIR_MODE",
     "FILE_MODE",
+    "LIVE_INDEXED",
     "MARKER",
     "Opened",
     "close_env",
@@ -63,7 +64,12 @@ DATABASES = (
     "wedged",  # wedged id -> WedgedRecord (what recovery held back after repeated crashes)
     "recordings",  # root session id -> RecordingRecord (a recorded subtree's run)
     "calls",  # session id + call id -> CallRecord (a model call in flight, reserved)
+    "live",  # session id -> b"" for each session not yet terminal (derived: LIVE_INDEXED)
 )
+
+#: The ``live`` key saying the index is kept (built once at open otherwise); no
+#: session id is one byte long.
+LIVE_INDEXED = b"\x00"
 
 _LOCK_FILE = "writer.lock"
 #: What the store writes holds every session's task, context and results: a

@@ -114,6 +114,8 @@ def _lines(store: Store) -> Iterator[Line]:
     header, meta_opaque = _header(meta_raw)
     yield header
     for db in DATABASES:
+        if db == "live":
+            continue  # derived from the sessions: an import writes it again
         for key, raw in store.scan(db):
             if db == "meta" and key == b"starts":
                 continue  # the node's run history: a restore starts afresh

@@ -21,7 +21,7 @@ import msgspec
 
 from sessiontree.protocol import CorruptRecordError, RejectedInputError, StoreError
 from sessiontree.store._batch import WriteBatch
-from sessiontree.store._env import DATABASES
+from sessiontree.store._env import DATABASES, LIVE_INDEXED
 from sessiontree.store._export_format import (
     ENCODER,
     EXPORT_FORMAT,
@@ -38,6 +38,7 @@ from sessiontree.store._export_format import (
     OpaqueLine,
     PlatformIdLine,
     RecordLine,
+    SessionLine,
     tag_of,
 )
 from sessiontree.store._keys import main_key, pair_key, platform_key
@@ -86,7 +87,7 @@ def import_jsonl(
         msg = f"store {store.path} is open read-only; import needs the writer"
         raise StoreError(msg)
     if not replace:
-        held = {db: n for db in DATABASES if db != "meta" and (n := store.count(db))}
+        held = {db: n for db in DATABASES if db not in ("meta", "live") and (n := store.count(db))}
         if held:
             listing = ", ".join(f"{n} {db}" for db, n in held.items())
             msg = (
@@ -154,6 +155,8 @@ def _plan(source: Iterable[str | bytes]) -> _Plan:
             _reject(number, f"a second entry for {db} key {key.hex()}", "type")
         seen.add((db, key))
         puts.append(entry)
+        if isinstance(line, SessionLine) and not line.record.info.state.is_terminal:
+            puts.append(("live", key, b""))  # the index of live sessions, derived
     if number == 0:
         _reject(1, "the file is empty", None)
     if not ended:
@@ -280,6 +283,7 @@ def _commit(store: Store, plan: _Plan, *, replace: bool) -> None:
         for db in DATABASES:
             if db != "meta":
                 batches[0]._delete(db, b"", prefix=True)
+        batches[0].raw("live", LIVE_INDEXED, b"")  # the index is kept: the puts hold it
     for db, key, value in plan.puts:
         if batches[-1].size >= _BATCH_BYTES:
             batches.append(WriteBatch())

@@ -200,6 +200,18 @@ class Reads:
             raw = txn.get(key, db=handle)
         return None if raw is None else bytes(raw)
 
+    def joined(
+        self, index: str, db: str, *, skip: bytes = b""
+    ) -> Iterator[tuple[bytes, bytes | None]]:
+        """For every key of ``index`` but ``skip``, in key order, the raw value
+        ``db`` holds under it (None: none), read in short transactions as ``scan``."""
+        target = self.db(db)
+        keys = ((key, raw) for key, raw in self.scan(index) if key != skip)
+        for chunk in _chunks(keys, _SCAN_CHUNK):
+            with self.transaction() as txn:
+                got = [(key, txn.get(key, db=target)) for key, _ in chunk]
+            yield from ((key, None if raw is None else bytes(raw)) for key, raw in got)
+
     def scan(self, db: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         """Every (key, raw value) of ``db`` under ``prefix``, in key order, read in
         short transactions of ``_SCAN_CHUNK`` records (so a long scan never pins
@@ -249,3 +261,14 @@ class Reads:
             return 0
         with self.transaction() as txn:
             return int(txn.stat(handle)["entries"])
+
+
+def _chunks(items: Iterator[tuple[bytes, bytes]], size: int) -> Iterator[list[tuple[bytes, bytes]]]:
+    chunk: list[tuple[bytes, bytes]] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

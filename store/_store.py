@@ -38,6 +38,7 @@ from sessiontree.store._conversation_reads import conversation_read, walk
 from sessiontree.store._env import (
     DEFAULT_MAP_SIZE,
     DEFAULT_MAX_READERS,
+    LIVE_INDEXED,
     close_env,
     mark_committed,
     open_env,
@@ -64,6 +65,7 @@ from sessiontree.store._records import (
     UsageRecord,
     WedgedRecord,
     decode_id,
+    decode_record,
 )
 from sessiontree.store._writer import Writer
 
@@ -115,6 +117,7 @@ class Store:
         self.readonly = readonly
         self.sync = sync
         self.quarantined = 0
+        self._set_aside: set[tuple[str, bytes]] = set()  # quarantined after start-up
         self._closed = False
         self._reads = Reads(self._opened, self._check_usable, long_read_warn)
         self._writer: Writer | None = None
@@ -130,6 +133,7 @@ class Store:
                 )
                 self._writer.on_commit = self._reads.check_long_reads
                 self.meta: MetaRecord | None = self._meta_or_create()
+                self._index_live()
             else:
                 try:
                     self.meta = self._read_meta()
@@ -331,11 +335,20 @@ class Store:
         """Every result still owed to a parent."""
         return self._reads.decoded(OutboxRecord, "outbox")
 
-    def received(self, parent_id: uuid.UUID) -> list[SessionResult]:
+    def received(self, parent_id: uuid.UUID, *, set_aside: bool = False) -> list[SessionResult]:
         """Results filed on ``parent_id``'s record; ``CorruptRecordError`` if one
-        is unreadable (recovery quarantines those at start-up)."""
-        filed = self._reads.every(ReceivedRecord, "received", parent_id.bytes)
-        return [record.result for record in filed]
+        is unreadable, or, ``set_aside``, that one quarantined (``set_aside``)
+        and left out."""
+        if not set_aside:
+            filed = self._reads.every(ReceivedRecord, "received", parent_id.bytes)
+            return [record.result for record in filed]
+        results = []
+        for key, raw in self._reads.scan("received", parent_id.bytes):
+            try:
+                results.append(decode_record(ReceivedRecord, raw, db="received", key=key).result)
+            except CorruptRecordError as exc:
+                self.set_aside(exc)
+        return results
 
     def inbox(self, session_id: uuid.UUID) -> list[InboxRecord]:
         """A Main's acknowledged inbound messages not yet run, in order;
@@ -356,9 +369,17 @@ class Store:
             return None
         return record
 
-    def usage(self, session_id: uuid.UUID) -> UsageRecord | None:
-        """What a session and its subtree have spent, or None (it never spent)."""
-        return self._reads.get(UsageRecord, "usage", session_id.bytes)
+    def usage(self, session_id: uuid.UUID, *, set_aside: bool = False) -> UsageRecord | None:
+        """What a session and its subtree have spent, or None (it never spent);
+        ``CorruptRecordError`` if the record is unreadable, or, ``set_aside``,
+        None with the record quarantined (``set_aside``)."""
+        try:
+            return self._reads.get(UsageRecord, "usage", session_id.bytes)
+        except CorruptRecordError as exc:
+            if not set_aside:
+                raise
+            self.set_aside(exc)
+            return None
 
     def calls(self) -> list[CallRecord]:
         """Every model call in flight as the store knows it;
@@ -423,6 +444,21 @@ class Store:
         """The node's recent starts (None before the first); ``CorruptRecordError``
         if unreadable."""
         return self._reads.get(StartsRecord, "meta", b"starts")
+
+    def set_aside(self, error: CorruptRecordError) -> None:
+        """Quarantine the record ``error`` names (read after start-up, as ended
+        sessions are): moved to ``quarantine``, logged and counted once, as
+        recovery does with what it reads. The write is not waited for."""
+        if (error.db, error.key) in self._set_aside:
+            return
+        self._set_aside.add((error.db, error.key))
+        raw = self._reads.get_raw(error.db, error.key) or b""
+        log.error("quarantined %s record %s: %s", error.db, error.key.hex(), error)
+        record = QuarantineRecord(
+            db=error.db, key=error.key, raw=raw, reason=str(error), at=time.time()
+        )
+        self.quarantined += 1
+        self.submit(WriteBatch().quarantine(record))
 
     def quarantine_list(self) -> list[QuarantineRecord]:
         """Values recovery set aside; ``CorruptRecordError`` if one is unreadable."""
@@ -490,6 +526,40 @@ class Store:
         # From here on an empty or missing data.mdb is damage, not a fresh store.
         mark_committed(self.path, msgspec.json.encode(meta).decode() + "\n")
         return meta
+
+    def _index_live(self) -> None:
+        """Build the index of live sessions (``live``) once, for a store written
+        before it existed; from then on every session write keeps it. A record
+        that does not decode is indexed: recovery reads it and quarantines it."""
+        if self._reads.get_raw("live", LIVE_INDEXED) is not None:
+            return
+        batch = WriteBatch()
+        records = live = 0
+        for key, raw in self._reads.scan("sessions"):
+            records += 1
+            try:
+                record = decode_record(SessionRecord, raw, db="sessions", key=key)
+                alive = not record.info.state.is_terminal
+            except CorruptRecordError:
+                alive = True
+            if alive:
+                batch.raw("live", key, b"")
+                live += 1
+        batch.raw("live", LIVE_INDEXED, b"")
+        self.write(batch)
+        if records:
+            log.info(
+                "store %s: indexed its %d live sessions of %d records, once (start-up "
+                "reads only those from now on)",
+                self.path,
+                live,
+                records,
+            )
+
+    def live_records(self) -> Iterator[tuple[bytes, bytes | None]]:
+        """The raw record of every session not yet terminal, by the index of live
+        sessions: (key, raw), raw None for a key whose record is gone."""
+        return self._reads.joined("live", "sessions", skip=LIVE_INDEXED)
 
     def _replace_meta(self, error: CorruptRecordError) -> MetaRecord:
         """The meta record does not decode: quarantine it and write it again from

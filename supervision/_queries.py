@@ -15,7 +15,6 @@ import pykka
 
 from sessiontree.actors.runtime import Reply, SessionCore
 from sessiontree.protocol import (
-    CorruptRecordError,
     SessionInfo,
     SessionKind,
     SessionResult,
@@ -94,10 +93,7 @@ def _spending(tree: Tree, known: TreeEntry | SessionRecord) -> Spending:
     store = tree.store
     spent = None
     if store is not None:  # an ended session's too: calls may have settled after its end
-        try:
-            spent = store.usage(session_id)
-        except CorruptRecordError:  # unreadable: nothing to report (a restart quarantines it)
-            spent = None
+        spent = store.usage(session_id, set_aside=True)  # unreadable: set aside, none
     return stored_spending(known, spent)
 
 
@@ -105,7 +101,7 @@ def received(tree: Tree, session_id: uuid.UUID) -> list[SessionResult]:
     """The results this session has received (most recent ``max_retained_results``)."""
     known = tree.known(session_id)
     if isinstance(known, SessionRecord):
-        return tree.store.received(session_id) if tree.store is not None else []
+        return tree.store.received(session_id, set_aside=True) if tree.store is not None else []
     with known.core.cond:
         return list(known.core.received)
 

@@ -56,7 +56,6 @@ from sessiontree.store import (
     InboxRecord,
     OutboxRecord,
     QuarantineRecord,
-    ReceivedRecord,
     SessionRecord,
     StartsRecord,
     Store,
@@ -162,17 +161,25 @@ class _Recovery:
                 self.quarantine(db, exc, raw)
 
     def live_sessions(self) -> list[SessionRecord]:
+        """The sessions not yet terminal, read through the index of live sessions
+        the writer keeps with the records: start-up reads what is live, never
+        the ended (they are read when asked for). An index entry whose record
+        is gone or ended is dropped."""
         live = []
-        for key, raw in self.store.scan("sessions"):
+        for key, raw in self.store.live_records():
+            if raw is None:
+                self.batch.raw_delete("live", key)
+                continue
             try:
                 record = decode_record(SessionRecord, raw, db="sessions", key=key)
             except CorruptRecordError as exc:
                 self.quarantine("sessions", exc, raw)
                 continue
             if record.info.state.is_terminal:
-                self.figures["terminal"] += 1
+                self.batch.raw_delete("live", key)
             else:
                 live.append(record)
+        self.figures["terminal"] = self.store.count("sessions") - len(live)
         live.sort(key=lambda r: r.info.depth)  # parents before children
         return live
 
@@ -335,10 +342,15 @@ class _Recovery:
 
     def spent(self, session_id: uuid.UUID) -> UsageRecord | None:
         """What the session's usage record says it spent (None: nothing, or a
-        record that does not decode, quarantined by ``check``)."""
+        record that does not decode, quarantined here)."""
         if ("usage", session_id.bytes) in self.set_aside:
             return None
-        return self.store.usage(session_id)
+        try:
+            return self.store.usage(session_id)
+        except CorruptRecordError as exc:
+            raw = next((v for k, v in self.store.scan("usage", exc.key) if k == exc.key), b"")
+            self.quarantine("usage", exc, raw)  # in recovery's own batch
+            return None
 
     def owe(self, parent_id: uuid.UUID, result: SessionResult, *, in_outbox: bool) -> None:
         """Deliver to a parent that came back; file on one that did not."""
@@ -463,10 +475,9 @@ class _Recovery:
                 len(lost),
             )
         self.restart_intensity()
-        # Before anything this recovery writes lands under their keys (a result
-        # filed on a parent): quarantining one deletes what is under its key.
-        self.check("received", ReceivedRecord)
-        self.check("usage", UsageRecord)
+        # Held-back work is listed at start-up; results filed on sessions and
+        # usage records are read when asked for (a record that does not decode
+        # then answers ``corrupt_record``, and ``store verify`` names it).
         self.check("wedged", WedgedRecord)
         self.read_cycles()
         for record in self.live_sessions():

@@ -31,6 +31,7 @@ from sessiontree.actors.runtime import (
 )
 from sessiontree.protocol import (
     TERMINAL_STATES,
+    CorruptRecordError,
     ErrorCode,
     ErrorInfo,
     InvalidTransitionError,
@@ -132,11 +133,22 @@ class Tree:
             return entry
         record = self.dormant.get(session_id)
         if record is None and self.store is not None:
-            record = self.store.session(session_id)
+            record = self.stored(session_id)
         if record is None:
             msg = f"unknown session {session_id}"
             raise UnknownSessionError(msg, session_id=session_id)
         return record
+
+    def stored(self, session_id: uuid.UUID) -> SessionRecord | None:
+        """``session_id``'s stored record (ended sessions are read when asked for,
+        never at start-up): one that does not decode is set aside (quarantined,
+        logged, counted) and reads as none."""
+        assert self.store is not None
+        try:
+            return self.store.session(session_id)
+        except CorruptRecordError as exc:
+            self.store.set_aside(exc)
+            return None
 
     def ended_answer(self, session_id: uuid.UUID) -> ErrorInfo:
         """What cancel, suspend or resume answer for a session the index no longer
@@ -373,7 +385,7 @@ class Tree:
         core.context = context_from_record(record.context)
         core.resumed = True
         if self.store is not None:
-            for result in self.store.received(info.session_id):
+            for result in self.store.received(info.session_id, set_aside=True):
                 core.received.append(result)
             for child_id in self.store.children(info.session_id):
                 entry.children[child_id] = None
@@ -397,7 +409,7 @@ class Tree:
             return ledger
         main = info.kind is SessionKind.MAIN
         budget = agent.budget if main else info.budget
-        spent = self.store.usage(info.session_id) if self.store is not None else None
+        spent = self.store.usage(info.session_id, set_aside=True) if self.store else None
         if spent is None and budget is None:
             return None
         ledger = Ledger(budget=budget)

@@ -909,6 +909,8 @@ def test_unreadable_records_are_quarantined_and_the_rest_loads(
         batch.raw(
             "sessions", future.session_id.bytes, encode_record(SessionRecord(v=99, info=future))
         )
+        for damaged in (garbage_id, future.session_id):  # records of live sessions, damaged
+            batch.raw("live", damaged.bytes, b"")
         store.write(batch)
 
     node = open_node(store_path, Agent("agent", {"main": MainLog()}))
