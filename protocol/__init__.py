@@ -72,7 +72,14 @@ from sessiontree.protocol._errors import (
     UnknownSessionError,
 )
 from sessiontree.protocol._ids import SCOPES, SessionId, SessionKey, new_session_id
-from sessiontree.protocol._json import MAX_MESSAGE_CHARS, as_json, check_message, check_text
+from sessiontree.protocol._json import (
+    MAX_MESSAGE_CHARS,
+    MAX_REQUEST_ID_CHARS,
+    as_json,
+    check_message,
+    check_request_id,
+    check_text,
+)
 from sessiontree.protocol._messages import (
     CancelCmd,
     ControlMessage,
@@ -140,6 +147,7 @@ __all__ = [
     "MAX_MESSAGE_CHARS",
     "MAX_NESTING",
     "MAX_REASON_CHARS",
+    "MAX_REQUEST_ID_CHARS",
     "MAX_TASK_CHARS",
     "MAX_TEXT_CHARS",
     "NON_RETRYABLE",
@@ -223,6 +231,7 @@ __all__ = [
     "as_json",
     "chat_message",
     "check_message",
+    "check_request_id",
     "check_text",
     "child_traceparent",
     "decode_control",

@@ -9,7 +9,14 @@ import msgspec
 from sessiontree.protocol._conversation import MAX_CONTENT_BYTES
 from sessiontree.protocol._errors import RejectedInputError
 
-__all__ = ["MAX_MESSAGE_CHARS", "as_json", "check_message", "check_text"]
+__all__ = [
+    "MAX_MESSAGE_CHARS",
+    "MAX_REQUEST_ID_CHARS",
+    "as_json",
+    "check_message",
+    "check_request_id",
+    "check_text",
+]
 
 #: A Main's inbound message, in characters (a structured message: of its JSON
 #: text), named as a spawn's task is (``MAX_TASK_CHARS``, a quarter of it): a
@@ -56,6 +63,20 @@ def check_message(message: Any) -> None:
     if size > MAX_MESSAGE_CHARS:
         msg = f"a message is at most {MAX_MESSAGE_CHARS} characters; this one is {size}"
         raise RejectedInputError(msg, field="message")
+
+
+MAX_REQUEST_ID_CHARS = 255
+
+
+def check_request_id(request_id: object) -> None:
+    """``RejectedInputError`` naming ``request_id`` unless it is None or a string
+    of 1 to ``MAX_REQUEST_ID_CHARS`` characters UTF-8 can hold."""
+    if request_id is None:
+        return
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS:
+        msg = f"request_id must be a string of 1 to {MAX_REQUEST_ID_CHARS} characters"
+        raise RejectedInputError(msg, field="request_id")
+    check_text(request_id, "request_id")
 
 
 def check_text(text: str, field: str) -> None:

@@ -126,7 +126,8 @@ class InboxRecord(msgspec.Struct, kw_only=True):
     """An inbound message a Main acknowledged and has not yet run a cycle for.
     ``id``: the message's identity (given at acceptance; None in records
     written before it was kept), which its cycle's conversation appends are
-    keyed by."""
+    keyed by. ``request_id``: the sender's idempotency key, if it gave one (a
+    repeat while this record lasts is answered as the first was)."""
 
     v: int = SCHEMA_VERSION
     session_id: uuid.UUID
@@ -134,6 +135,7 @@ class InboxRecord(msgspec.Struct, kw_only=True):
     message: Any
     received_at: float
     id: uuid.UUID | None = None
+    request_id: str | None = None
 
 
 class CycleRecord(msgspec.Struct, kw_only=True):

@@ -283,10 +283,21 @@ class Cortex:
             case SpawnMany(parent_id=parent_id, specs=specs, by_skill=by_skill):
                 return self.spawning.spawn_many(parent_id, specs, reply, early=by_skill)
             case Send(
-                session_id=sid, message=message, unwedge=unwedge, trace=trace, message_id=mid
+                session_id=sid,
+                message=message,
+                unwedge=unwedge,
+                trace=trace,
+                message_id=mid,
+                request_id=request_id,
             ):
                 return self.messages.send(
-                    sid, message, reply, unwedge=unwedge, trace=trace, message_id=mid
+                    sid,
+                    message,
+                    reply,
+                    unwedge=unwedge,
+                    trace=trace,
+                    message_id=mid,
+                    request_id=request_id,
                 )
             case Redeliver(session_id=sid, result=result, unwedge=unwedge):
                 return self.messages.redeliver(sid, result, unwedge, reply)

@@ -33,7 +33,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._commits import Commits, answer_durable
 from sessiontree.supervision._cycle_log import FailedCycles
-from sessiontree.supervision._entry import TreeEntry, id_text, unsettled
+from sessiontree.supervision._entry import TreeEntry, forget_consumed, id_text, unsettled
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import AfterWrite, RunEnded
 from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
@@ -173,6 +173,9 @@ class Endings:
         tree = self.tree
         seq = entry.core.input_seq
         consumed = [] if seq is None else [seq]
+        if entry.sent:
+            cycle_input = entry.core.cycle_input
+            forget_consumed(entry, None if cycle_input is None else cycle_input.key)
         if entry.unconsumed:
             consumed += entry.unconsumed
             entry.unconsumed = None

@@ -32,9 +32,11 @@ __all__ = [
     "NOTHING",
     "Ledger",
     "Reserved",
+    "Sent",
     "SharedTtl",
     "SpawnAnswer",
     "TreeEntry",
+    "forget_consumed",
     "id_text",
     "unsettled",
     "with_state",
@@ -185,6 +187,9 @@ class TreeEntry:
     # files or owes them)
     recorded: bool = True
     unwritten: list[SessionResult] = field(default_factory=list)
+    # a Main: the messages sent with an idempotency key still in its inbox
+    # (request id -> their acceptance; see ``_messages.Sent``)
+    sent: dict[str, Sent] | None = None
     persisted: bool = True
     on_persisted: list[Callable[[BaseException | None], None]] = field(default_factory=list)
     final_write: concurrent.futures.Future[None] | None = None
@@ -241,3 +246,44 @@ def with_state(entry: TreeEntry) -> SessionInfo:
     if info.state is entry.state:
         return info
     return msgspec.structs.replace(info, state=entry.state)
+
+
+class Sent:
+    """A message sent with an idempotency key, while it is in its Main's inbox:
+    its identity, and its acceptance (or who waits for it)."""
+
+    __slots__ = ("answer", "done", "id", "waiting")
+
+    def __init__(self, message_id: uuid.UUID, *, done: bool = False) -> None:
+        self.id = message_id
+        self.answer: ErrorInfo | None = None
+        self.done = done
+        self.waiting: list[Reply] = []
+
+    def repeat(self, reply: Reply | None) -> bool:
+        """A repeat of the send: True if the first's ``answer`` is known, else
+        ``reply`` is answered with it once it is."""
+        if self.done:
+            return True
+        if reply is not None:
+            self.waiting.append(reply)
+        return False
+
+    def answered(self, answer: ErrorInfo | None) -> None:
+        self.answer, self.done = answer, True
+        waiting, self.waiting = self.waiting, []
+        for reply in waiting:
+            reply.set(answer)
+
+
+def forget_consumed(entry: TreeEntry, input_key: str | None) -> None:
+    """A Main's cycle ran the input keyed ``input_key`` (``CycleInput.key``: a
+    message's is ``m`` and its identity): a key it was sent with is kept no
+    longer, as its inbox record is not (a later send with it is a new message)."""
+    sent = entry.sent
+    if not sent or input_key is None:
+        return
+    for request_id, first in list(sent.items()):
+        if f"m{first.id}" == input_key:
+            del sent[request_id]
+            return

@@ -23,6 +23,7 @@ from sessiontree.protocol import (
     SessionResult,
 )
 from sessiontree.supervision._commits import Commits, store_error
+from sessiontree.supervision._entry import Sent
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import CycleStarted
 from sessiontree.supervision._requests import DEFERRED
@@ -67,12 +68,15 @@ class Messages:
         unwedge: uuid.UUID | None = None,
         trace: str | None = None,
         message_id: uuid.UUID | None = None,
+        request_id: str | None = None,
     ) -> object:
         """Queue an inbound message for a Main (one message cycle). With a store it
         is written to the Main's inbox first and accepted once durable (with
         ``unwedge``, the held-back item it requeues is dropped in that commit).
         It gets an identity (``message_id``, else a new one) that its cycle's
-        conversation appends are keyed by."""
+        conversation appends are keyed by. ``request_id``: the sender's
+        idempotency key: a repeat while the first is in the inbox (accepted, its
+        cycle not yet run) queues nothing and is answered as the first was."""
         tree = self.tree
         entry = tree.entry(session_id)
         if entry is None:  # ended before a restart or evicted: answered as if indexed
@@ -87,16 +91,30 @@ class Messages:
             )
         if tree.closing:
             return ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
+        if request_id is not None and entry.sent is not None:
+            first = entry.sent.get(request_id)
+            if first is not None:
+                return first.answer if first.repeat(reply) else DEFERRED
         seq = entry.next_seq
         fresh = message_id is None  # no run of it can have written anything yet
         mid = message_id or uuid.UUID(int=_IDS.getrandbits(128), version=4)
         try:
-            future = tree.persist.inbound(entry, seq, message, tree.now(), mid, unwedge)
+            future = tree.persist.inbound(
+                entry, seq, message, tree.now(), mid, unwedge, request_id=request_id
+            )
         except RejectedInputError as exc:
             raise RejectedInputError(str(exc), field="message") from exc
         tree.note_input(entry)
+        sent = None
+        if request_id is not None:
+            sent = Sent(mid)
+            if entry.sent is None:
+                entry.sent = {}
+            entry.sent[request_id] = sent
         if future is None:
             tree.post(entry, Inbound(message, trace=trace, id=mid, fresh=fresh))
+            if sent is not None:
+                sent.answered(None)
             return None
         entry.next_seq += 1
         entry.inflight += 1
@@ -118,6 +136,10 @@ class Messages:
                 tree.held[session_id].append(inbound)
             else:
                 tree.post(entry, Inbound(message, seq, trace=trace, id=mid, fresh=fresh))
+            if sent is not None:
+                if answer is not None and entry.sent is not None:  # refused: a retry may pass
+                    entry.sent.pop(request_id or "", None)
+                sent.answered(answer)
             if reply is not None:
                 reply.set(answer)
 

@@ -228,9 +228,11 @@ class Persister:
         now: float,
         message_id: uuid.UUID | None = None,
         unwedge: uuid.UUID | None = None,
+        request_id: str | None = None,
     ) -> Future | None:
         """An inbound message a Main accepted (dropped by the cycle that runs it);
-        ``unwedge``: the held-back item it requeues, dropped in the same commit."""
+        ``unwedge``: the held-back item it requeues, dropped in the same commit;
+        ``request_id``: the sender's idempotency key, kept with it."""
         if self.store is None:
             return None
         batch = WriteBatch()
@@ -241,6 +243,7 @@ class Persister:
                 message=message,
                 received_at=now,
                 id=message_id,
+                request_id=request_id,
             )
         )
         if unwedge is not None:

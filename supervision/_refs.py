@@ -32,6 +32,7 @@ from sessiontree.protocol import (
     SpawnSpec,
     Spending,
     check_message,
+    check_request_id,
     make_spec,
     parse_traceparent,
     spawn_batch,
@@ -251,9 +252,11 @@ class SessionRef:
         """Resume (branches only); see ``Node.resume``."""
         return self._node.resume(self.session_id)
 
-    def send(self, message: Any, *, trace: str | None = None) -> ErrorInfo | None:
+    def send(
+        self, message: Any, *, trace: str | None = None, request_id: str | None = None
+    ) -> ErrorInfo | None:
         """Send an inbound message (mains only); see ``Node.send``."""
-        return self._node.send(self.session_id, message, trace=trace)
+        return self._node.send(self.session_id, message, trace=trace, request_id=request_id)
 
     def spawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> Spawned:
         """Spawn a child under this session; see ``Node.spawn``."""
@@ -310,9 +313,11 @@ class SessionRef:
         """Awaitable ``resume``."""
         return await self._node.aresume(self.session_id)
 
-    async def asend(self, message: Any, *, trace: str | None = None) -> ErrorInfo | None:
+    async def asend(
+        self, message: Any, *, trace: str | None = None, request_id: str | None = None
+    ) -> ErrorInfo | None:
         """Awaitable ``send``."""
-        return await self._node.asend(self.session_id, message, trace=trace)
+        return await self._node.asend(self.session_id, message, trace=trace, request_id=request_id)
 
     async def aspawn(self, spec: SpawnSpec | None = None, /, **fields: Any) -> Spawned:
         """Awaitable ``spawn``."""
@@ -377,13 +382,16 @@ class NodeSessions(NodeBase):
             if spec.fork_at is not None:
                 self._parts.contexts.fork_point(info, spec)
 
-    def _send_request(self, session_id: SessionIdLike, message: Any, trace: str | None) -> Send:
+    def _send_request(
+        self, session_id: SessionIdLike, message: Any, trace: str | None, request_id: str | None
+    ) -> Send:
         check_message(message)
+        check_request_id(request_id)
         if self.config.tracing is not None:
             trace = caller_traceparent() if trace is None else parse_traceparent(trace)
         else:
             trace = None
-        return Send(as_session_id(session_id), message, trace=trace)
+        return Send(as_session_id(session_id), message, trace=trace, request_id=request_id)
 
     def _send_run(
         self,
@@ -497,14 +505,24 @@ class NodeSessions(NodeBase):
         return self._call(Resume(as_session_id(session_id)))
 
     def send(
-        self, session_id: SessionIdLike, message: Any, *, trace: str | None = None
+        self,
+        session_id: SessionIdLike,
+        message: Any,
+        *,
+        trace: str | None = None,
+        request_id: str | None = None,
     ) -> ErrorInfo | None:
         """Send a Main an inbound message (one message cycle); an error if it
         cannot take it (``not_allowed`` for other kinds, ``session_not_active``
         once it stops); ``UnknownSessionError`` for an unknown id. On a traced
         node the cycle's span continues ``trace`` (a W3C ``traceparent``; a
-        malformed one is ignored), by default the caller's current span."""
-        return self._call(self._send_request(session_id, message, trace))
+        malformed one is ignored), by default the caller's current span.
+        ``request_id``: an idempotency key (1 to 255 characters; else
+        ``RejectedInputError`` naming it): a send repeated with the same key
+        while the first message is in the Main's inbox (accepted, its cycle
+        not yet run; across a restart too) queues nothing and gets the
+        first's answer."""
+        return self._call(self._send_request(session_id, message, trace, request_id))
 
     def wait(self, session_id: SessionIdLike, timeout: float | None = None) -> SessionResult | None:
         """The session's result once it ends; None if ``timeout`` real seconds
@@ -595,10 +613,15 @@ class NodeSessions(NodeBase):
         return await self._acall(Resume(as_session_id(session_id)))
 
     async def asend(
-        self, session_id: SessionIdLike, message: Any, *, trace: str | None = None
+        self,
+        session_id: SessionIdLike,
+        message: Any,
+        *,
+        trace: str | None = None,
+        request_id: str | None = None,
     ) -> ErrorInfo | None:
         """Awaitable ``send``."""
-        return await self._acall(self._send_request(session_id, message, trace))
+        return await self._acall(self._send_request(session_id, message, trace, request_id))
 
     async def await_result(
         self, session_id: SessionIdLike, timeout: float | None = None

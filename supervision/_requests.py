@@ -138,13 +138,16 @@ class Send(Request[ErrorInfo | None], frozen=True):
     """Queue an inbound message for a Main (one message cycle); ``unwedge``: the
     held-back item it requeues, dropped in the same commit (``message_id``: the
     identity it was accepted with, kept); ``trace``: the caller's span (a
-    traced node's cycle span continues it)."""
+    traced node's cycle span continues it); ``request_id``: the sender's
+    idempotency key (a repeat while the first is in the inbox is answered as
+    the first was, and queues nothing)."""
 
     session_id: uuid.UUID
     message: object
     unwedge: uuid.UUID | None = None
     trace: str | None = None
     message_id: uuid.UUID | None = None
+    request_id: str | None = None
 
 
 class Cancel(Request[ErrorInfo | None], frozen=True):

@@ -7,7 +7,7 @@ import uuid
 
 from sessiontree.actors.runtime import Deliver, Inbound, post, start_run
 from sessiontree.protocol import SessionKind, SessionState
-from sessiontree.supervision._entry import TreeEntry
+from sessiontree.supervision._entry import Sent, TreeEntry
 from sessiontree.supervision._recovery import Recovered
 from sessiontree.supervision._reports import Granted
 from sessiontree.supervision._tree import Tree
@@ -120,6 +120,9 @@ class Starting:
                 )
                 inbound = Inbound(message.message, message.seq, attempt, cut_off=span, id=mid)
                 (cut_off if attempt > 1 else rest).append((session_id, inbound))
+                if message.request_id is not None:  # a repeat of it is answered as accepted
+                    main.sent = main.sent or {}
+                    main.sent[message.request_id] = Sent(mid, done=True)
                 main.next_seq = max(main.next_seq, message.seq + 1)
         for main_id, item in cut_off + rest:
             self.replay(main_id, item)

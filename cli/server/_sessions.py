@@ -199,6 +199,17 @@ TraceParent = Annotated[
         "(or the message cycle's) continues this span; a malformed value is ignored",
     ),
 ]
+IdempotencyKey = Annotated[
+    str | None,
+    HeaderParameter(
+        name="Idempotency-Key",
+        required=False,
+        max_length=255,
+        description="An idempotency key (1 to 255 characters): a message sent again with "
+        "the same key while the first is in the Main's inbox (accepted, its cycle not yet "
+        "run; across a restart too) queues nothing and is answered as the first was",
+    ),
+]
 
 
 @post("/sessions/{session_id:uuid}/children", tags=["sessions"], status_code=201, responses=ERRORS)
@@ -324,15 +335,22 @@ async def resume_session(state: State, session_id: Sid) -> SessionView:
 
 @post("/sessions/{session_id:uuid}/messages", tags=["sessions"], status_code=202, responses=ERRORS)
 async def send_message(
-    state: State, session_id: Sid, data: JSONBody[SendRequest], traceparent: TraceParent = None
+    state: State,
+    session_id: Sid,
+    data: JSONBody[SendRequest],
+    traceparent: TraceParent = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> SessionView:
     """Send a Main an inbound message (one message cycle).
 
     Anything but a Main is a 403 ``not_allowed``; a Main stopping or ended a
-    409 ``session_not_active``; a closing node a 503 ``node_closed``."""
+    409 ``session_not_active``; a closing node a 503 ``node_closed``. With an
+    ``Idempotency-Key`` header, a repeat while the first message is in the
+    inbox is answered as the first was and queues nothing."""
     node = node_of(state)
     trace = parse_traceparent(traceparent)
-    refuse(await node.asend(session_id, data.message, trace=trace), session_id)
+    answer = await node.asend(session_id, data.message, trace=trace, request_id=idempotency_key)
+    refuse(answer, session_id)
     return await _view(node, session_id)
 
 
