@@ -214,7 +214,7 @@ def test_a_corrupt_received_record_is_quarantined_and_counted_at_start(tmp_path:
     spoil_text(store, "usage", IDS.parked.bytes, str(IDS.parked))  # and a usage record
     node = Node(agents(), NodeConfig(), store=str(store))
     try:
-        assert node.recovery["quarantined"] == 2
+        assert node.recovery.figures["quarantined"] == 2
         assert node.store is not None
         set_aside = {(q.db, q.key) for q in node.store.quarantine_list()}
         assert {("received", filed), ("usage", IDS.parked.bytes)} <= set_aside
