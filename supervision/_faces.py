@@ -1,103 +1,93 @@
 """The two faces of one operation: an awaitable written once, a blocking one derived.
 
 The node's operations are written once, as ``async def a<name>`` coroutine
-methods (its async core: they await the Cortex's answer on the node's event
-loop). ``blocking`` makes the other face, the plain method an application
-thread calls: it runs the coroutine on the node's loop and waits for it.
-``offloaded`` goes the other way for the few operations that are blocking
-by nature (a shutdown, a wait for durable writes): the awaitable face runs
-the blocking one on a worker thread, so the loop goes on meanwhile.
+methods (its async core), whose only waits are for the Cortex's answers:
+each goes through ``answer``. ``blocking`` makes the other face, the plain
+method another thread calls: it runs the coroutine to its end on the calling
+thread, in one step, with ``answer`` waiting there for the ``Reply`` as a
+blocking ask (``Reply.get``) instead of awaiting it. So a blocking call costs
+what a blocking ask always has (no hop through the event loop, no task) and
+keeps its guard: ``DeadlockError`` on the node's loop or inside an actor
+handler (``refuse_blocking``), before anything is asked.
 
-Each face keeps its operation's signature (mypy checks callers of both) and
-docstring (``help()`` shows it). A blocking face refuses to run where it
-could never end, as a blocking ask always has (``refuse_blocking``:
-``DeadlockError`` on the node's loop or inside an actor handler), and
-raises ``NodeClosedError`` once the node's loop has stopped.
+``offloaded`` goes the other way for the few operations that block by
+nature (a shutdown, a wait for durable writes, a pattern's driver): the
+awaitable face runs the blocking one on a worker thread, the loop going on.
+
+Each face keeps its operation's signature (mypy checks callers of both),
+docstring (``help()`` shows it) and the name it is assigned to.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import functools
+import threading
 import types
 from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from sessiontree.actors.runtime import refuse_blocking
-from sessiontree.protocol import NodeClosedError
+from sessiontree.actors.runtime import Reply, refuse_blocking
 
-__all__ = ["Faced", "blocking", "offloaded", "wait_on_loop"]
+__all__ = ["answer", "blocking", "offloaded", "run_blocking"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
-S = TypeVar("S", bound="Faced")
-H = TypeVar("H")
+S = TypeVar("S")
 
-# Real seconds between looks at whether the loop still runs while a blocking
-# face waits (a loop stopped by a shutdown never finishes what it was handed).
-_LOOK = 0.5
-
-
-class Faced(Protocol):
-    """What has blocking faces: a ``Node``, one of its groups, a ``SessionRef``."""
-
-    def _loop_of_faces(self) -> asyncio.AbstractEventLoop:
-        """The loop the awaitable operations run on (``NodeClosedError`` if gone)."""
-        ...
+# ``on`` while ``run_blocking`` drives an operation on this thread. A thread's
+# own, not a context variable: a context is carried along with what the
+# operation posts to the Cortex, and so into the tasks the Cortex starts.
+_DRIVING = threading.local()
 
 
-def wait_on_loop(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` on ``loop`` (another thread's) and return what it returns,
-    raising what it raises. ``DeadlockError`` (nothing run) on a thread where a
-    blocking ask is refused; ``NodeClosedError`` if the loop is closed or stops
-    before ``work`` ends. Interrupted (a Ctrl-C), the wait cancels ``work``, so
-    its own clean-up runs."""
+async def answer(reply: Reply, timeout: float) -> Any:
+    """The Cortex's answer on ``reply``, within ``timeout`` real seconds: awaited
+    on an event loop, or waited for on the calling thread when a blocking face
+    runs the operation. Raises as ``Reply.get`` does (``AskTimeoutError``,
+    what the Cortex failed the request with)."""
+    if getattr(_DRIVING, "on", False):
+        return reply.get(timeout)
+    return await reply.get_async(timeout)
+
+
+def run_blocking(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` (an operation whose waits all go through ``answer``) to its
+    end on the calling thread and return what it returns, raising what it
+    raises. ``DeadlockError`` before anything runs where a blocking ask is
+    refused (the node's loop, an actor handler); ``RuntimeError`` if ``work``
+    awaits anything besides ``answer`` (a bug: it would need a loop)."""
     try:
         refuse_blocking()
-        future = asyncio.run_coroutine_threadsafe(work, loop)
-    except RuntimeError as exc:  # the loop is closed: the node has shut down
-        work.close()
-        msg = "node is closed"
-        raise NodeClosedError(msg) from exc
     except BaseException:
         work.close()
         raise
+    outer = getattr(_DRIVING, "on", False)
+    _DRIVING.on = True
     try:
-        while True:
-            try:
-                return future.result(_LOOK)
-            except TimeoutError:
-                if future.done():  # what ``work`` raised, not the wait's end
-                    raise
-                if not loop.is_running():
-                    future.cancel()
-                    with contextlib.suppress(RuntimeError):  # never started: nothing runs it
-                        work.close()
-                    msg = "node is closed"
-                    raise NodeClosedError(msg) from None
-    except concurrent.futures.CancelledError as exc:  # the loop's shutdown cancelled it
-        msg = "node is closed"
-        raise NodeClosedError(msg) from exc
-    except BaseException:
-        future.cancel()
-        raise
+        work.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    finally:
+        _DRIVING.on = outer
+    work.close()
+    msg = f"{getattr(work, '__qualname__', work)} awaited something besides the Cortex's answer"
+    raise RuntimeError(msg)
 
 
 class blocking(Generic[S, P, T]):  # noqa: N801 - used as a decorator, named like a function
-    """The blocking face of an awaitable operation: ``get = blocking(aget)``
-    in a class body makes ``get(...)``, which runs ``aget(...)`` on the
-    owner's loop (``Faced``) and waits for it (see ``wait_on_loop``). The face
-    has the operation's signature and docstring, and the name it is
-    assigned to."""
+    """The blocking face of an awaitable operation: ``get = blocking(aget)`` in
+    a class body makes ``get(...)``, which runs ``aget(...)`` on the calling
+    thread and waits there for the Cortex (``run_blocking``). The face has the
+    operation's signature and docstring, and the name it is assigned to."""
 
     def __init__(self, operation: Callable[Concatenate[S, P], Coroutine[Any, Any, T]]) -> None:
         self.operation = operation
 
         @functools.wraps(operation)
         def face(owner: Any, /, *args: Any, **kwargs: Any) -> Any:
-            return wait_on_loop(owner._loop_of_faces(), operation(owner, *args, **kwargs))
+            return run_blocking(operation(owner, *args, **kwargs))
 
         self._face: Callable[..., T] = face
 
@@ -117,13 +107,13 @@ class blocking(Generic[S, P, T]):  # noqa: N801 - used as a decorator, named lik
         return types.MethodType(self._face, obj)
 
 
-class offloaded(Generic[H, P, T]):  # noqa: N801 - used as a decorator, named like a function
+class offloaded(Generic[S, P, T]):  # noqa: N801 - used as a decorator, named like a function
     """The awaitable face of an operation that blocks by nature:
     ``ashutdown = offloaded(shutdown)`` makes ``await ashutdown(...)``, which
     runs ``shutdown(...)`` on a worker thread (``asyncio.to_thread``) while
     the loop goes on. Same signature and docstring, under the assigned name."""
 
-    def __init__(self, operation: Callable[Concatenate[H, P], T]) -> None:
+    def __init__(self, operation: Callable[Concatenate[S, P], T]) -> None:
         self.operation = operation
 
         @functools.wraps(operation)
@@ -139,12 +129,12 @@ class offloaded(Generic[H, P, T]):  # noqa: N801 - used as a decorator, named li
     @overload
     def __get__(
         self, obj: None, owner: type[Any]
-    ) -> Callable[Concatenate[H, P], Coroutine[Any, Any, T]]: ...
+    ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]: ...
 
     @overload
-    def __get__(self, obj: H, owner: type[Any]) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    def __get__(self, obj: S, owner: type[Any]) -> Callable[P, Coroutine[Any, Any, T]]: ...
 
-    def __get__(self, obj: H | None, owner: type[Any]) -> Callable[..., Coroutine[Any, Any, T]]:
+    def __get__(self, obj: S | None, owner: type[Any]) -> Callable[..., Coroutine[Any, Any, T]]:
         if obj is None:
             return self._face
         return types.MethodType(self._face, obj)

@@ -4,8 +4,9 @@ A ``Node`` owns one Cortex, the step executor, the event loop for async
 skills and a clock. It is one async core with a sync face: each operation
 is written once, as an awaitable (``a``-prefixed, run on the node's event
 loop), and the blocking method of the same name is derived from it
-(``_faces.blocking``), so asyncio applications embed it without threads of
-their own and other threads call it as plain methods. Predictable failures
+(``_faces.blocking``, run on the calling thread), so asyncio applications
+embed it without threads of their own and other threads call it as plain
+methods. Predictable failures
 come back as values (``Spawned.error``, ``SessionResult.error``,
 ``ErrorInfo``); exceptions are for programming errors and a closed node.
 
@@ -56,7 +57,7 @@ from sessiontree.supervision._assembly import NodeParts, agents_by_id, start_cor
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._exits import Interrupted, shut_down_at_exit
-from sessiontree.supervision._faces import blocking, offloaded, wait_on_loop
+from sessiontree.supervision._faces import blocking, offloaded, run_blocking
 from sessiontree.supervision._gc import tune_gc
 from sessiontree.supervision._host import NodeHost
 from sessiontree.supervision._memory import MemorySpace
@@ -87,8 +88,6 @@ from sessiontree.supervision._retry import Restarts
 from sessiontree.supervision._routing import route_inbound
 
 __all__ = ["Node"]
-
-_FOREVER = 1e9  # real seconds: a wait bounded only by the session's end
 
 
 class Node(NodeCore):
@@ -308,10 +307,10 @@ class Node(NodeCore):
         return await self._acall(GetStats(), check=False)
 
     # Not astats' blocking face: it adds figures read on the calling thread
-    # (the store's, off the loop), which the awaitable leaves out.
+    # (the store's, never on the loop), which the awaitable leaves out.
     def stats(self) -> dict[str, int]:
         """Counters and gauges: live sessions, zombies, refusals, slots…"""
-        stats = wait_on_loop(self._loop_of_faces(), self.astats())
+        stats = run_blocking(self.astats())
         stats["rejected_input"] = self.rejected_input
         if self.store is not None:
             figures = self.store.stats()

@@ -3,25 +3,24 @@ session, and the node's life.
 
 ``NodeCore`` holds the node's state machine (open → closing → closed, or
 failed), the calls that carry a typed request to the Cortex and bring its
-answer back (``_acall``, which every operation awaits; ``_call``, the
-blocking ask of a skill's thread and of the shutdown; ``_tell`` for a
+answer back (``_acall``, which every operation awaits, and its blocking
+face ``_call`` for a skill's thread and the shutdown; ``_tell`` for a
 message that wants no answer), the operations on one session (open a Main,
 spawn, run, read, cancel, suspend, resume, send, wait) that ``Node`` and
 ``SessionRef`` offer, what the runtime reports back (a fatal error, a failed
 Cortex), and the shutdown.
 
-Each operation is written once, awaitable (``a``-prefixed); its blocking
-face is derived (``_faces.blocking``), run on the node's loop
-(``_loop_of_faces``). ``Node`` (in ``_node``), the one class built on this,
-sets the state declared here and adds the node-wide reads, the input from
-outside and the groups of the rest of its surface; the node's parts (its
-groups, the host, routing) stand on this class, so no module below ``_node``
-needs ``Node`` itself.
+Each operation is written once, awaitable (``a``-prefixed), waiting for the
+Cortex only through ``_faces.answer``; its blocking face is derived
+(``_faces.blocking``) and runs it on the calling thread. ``Node`` (in
+``_node``), the one class built on this, sets the state declared here and
+adds the node-wide reads, the input from outside and the groups of the
+rest of its surface; the node's parts (its groups, the host, routing)
+stand on this class, so no module below ``_node`` needs ``Node`` itself.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import threading
@@ -52,7 +51,7 @@ from sessiontree.supervision._assembly import NodeParts
 from sessiontree.supervision._config import NodeConfig
 from sessiontree.supervision._entry import SpawnAnswer
 from sessiontree.supervision._exits import CtrlC, forget_at_exit, say
-from sessiontree.supervision._faces import blocking, offloaded
+from sessiontree.supervision._faces import answer, blocking, offloaded, run_blocking
 from sessiontree.supervision._gc import release_gc
 from sessiontree.supervision._memory import MemorySpace
 from sessiontree.supervision._model_calls import ModelCalls
@@ -165,34 +164,24 @@ class NodeCore:
             msg = "the cortex is not running"
             raise NodeClosedError(msg)
 
-    def _call(self, request: Request[T], *, timeout: float | None = None, check: bool = True) -> T:
+    async def _acall(
+        self, request: Request[T], *, timeout: float | None = None, check: bool = True
+    ) -> T:
         """Ask the Cortex ``request`` and wait for its answer (``check``: refuse
         first if the node is closed). Raises what the Cortex failed the request
-        with, ``NodeClosedError`` if it is gone, ``AskTimeoutError`` past ``timeout``."""
+        with, ``NodeClosedError`` if it is gone, ``AskTimeoutError`` past
+        ``timeout`` (default ``config.ask_timeout``)."""
         if check:
             self._check_open()
         reply = Reply()
         self._send(request, reply)
-        answer: T = reply.get(self.config.ask_timeout if timeout is None else timeout)
-        return answer
+        got: T = await answer(reply, self.config.ask_timeout if timeout is None else timeout)
+        return got
 
-    async def _acall(self, request: Request[T], *, check: bool = True) -> T:
-        """Awaitable ``_call`` (past ``config.ask_timeout``: ``AskTimeoutError``)."""
-        if check:
-            self._check_open()
-        reply = Reply()
-        self._send(request, reply)
-        answer: T = await reply.get_async(self.config.ask_timeout)
-        return answer
-
-    def _loop_of_faces(self) -> asyncio.AbstractEventLoop:
-        """The loop the blocking faces run the operations on (see ``_faces``):
-        the node's event loop, made on first use; ``NodeClosedError`` once the
-        node has shut down (while it shuts down, reads still answer)."""
-        if self._state == "closed":
-            msg = "node is closed"
-            raise NodeClosedError(msg)
-        return self._parts.event_loop().loop
+    def _call(self, request: Request[T], *, timeout: float | None = None, check: bool = True) -> T:
+        """``_acall`` on the calling thread (a skill's, the shutdown's): a
+        blocking ask, ``DeadlockError`` where one is refused."""
+        return run_blocking(self._acall(request, timeout=timeout, check=check))
 
     def _on_fatal(self, error: BaseException) -> None:
         """A KeyboardInterrupt/SystemExit inside the runtime: shut down in order."""
@@ -279,8 +268,8 @@ class NodeCore:
         self._check_open()
         reply = Reply()
         self._send(Run(sid, made, seconds), reply)
-        answer: SessionResult | ErrorInfo = await reply.get_async(_FOREVER)
-        return refused_result(answer) if isinstance(answer, ErrorInfo) else answer
+        ran: SessionResult | ErrorInfo = await answer(reply, _FOREVER)
+        return refused_result(ran) if isinstance(ran, ErrorInfo) else ran
 
     run = blocking(arun)
 
@@ -359,7 +348,7 @@ class NodeCore:
         reply = Reply()
         self._send(AwaitResult(sid), reply)
         try:
-            return await reply.get_async(_FOREVER if timeout is None else timeout)  # type: ignore[no-any-return]
+            return await answer(reply, _FOREVER if timeout is None else timeout)  # type: ignore[no-any-return]
         except AskTimeoutError:
             return None
         finally:

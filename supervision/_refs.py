@@ -10,7 +10,6 @@ Cortex keys its tree by, and refuses anything else with a
 
 from __future__ import annotations
 
-import asyncio
 import math
 import uuid
 from collections.abc import Iterable
@@ -46,7 +45,6 @@ SessionIdLike: TypeAlias = "uuid.UUID | str | SessionRef"
 """What a public method takes for a session id: a UUID, its canonical string, or a ref."""
 
 _NIL = uuid.UUID(int=0)
-_FOREVER = 1e9  # real seconds: a wait bounded only by the session's end
 _CANONICAL_LENGTH = 36  # 8-4-4-4-12 hex digits
 
 
@@ -150,10 +148,8 @@ class Spawned:
 
 class SessionOps(Protocol):
     """What a ``SessionRef`` stands on: the node's awaitable operations on one
-    session (``NodeCore``'s, which documents them) and its loop. A protocol so
+    session (``NodeCore``'s, which documents them). A protocol so
     that this module needs no node module (they build refs)."""
-
-    def _loop_of_faces(self) -> asyncio.AbstractEventLoop: ...
 
     async def aget(self, session_id: SessionIdLike, /) -> SessionInfo: ...
 
@@ -229,9 +225,6 @@ class SessionRef:
 
     def __hash__(self) -> int:
         return hash(self.session_id)
-
-    def _loop_of_faces(self) -> asyncio.AbstractEventLoop:
-        return self._node._loop_of_faces()
 
     @property
     def state(self) -> SessionState:

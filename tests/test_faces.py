@@ -1,7 +1,8 @@
 """One implementation per operation (``supervision/_faces.py``): the blocking
 method is derived from the awaitable one (or the awaitable from a blocking
-one), with the operation's signature, docstring and name, the loop-thread
-guard, and ``NodeClosedError`` once the node's loop is gone."""
+one), with the operation's signature, docstring and name; it waits for the
+Cortex on the calling thread, refused on the node's loop, and raises
+``NodeClosedError`` once the node is shut down."""
 
 from __future__ import annotations
 
@@ -14,9 +15,16 @@ from typing import Any
 
 import pytest
 
-from sessiontree.protocol import DeadlockError, NodeClosedError, SessionState
+from sessiontree.actors import AskTimeoutError
+from sessiontree.actors.runtime import Reply
+from sessiontree.protocol import (
+    DeadlockError,
+    NodeClosedError,
+    SessionState,
+    UnknownSessionError,
+)
 from sessiontree.supervision import Agent, Node, SessionRef
-from sessiontree.supervision._faces import blocking, offloaded, wait_on_loop
+from sessiontree.supervision._faces import answer, blocking, offloaded, run_blocking
 from sessiontree.supervision._node_patterns import Patterns
 from sessiontree.supervision._node_recovery import Recovery
 from sessiontree.supervision._node_replay import Recordings
@@ -76,23 +84,34 @@ def test_the_node_writes_each_operation_on_sessions_once() -> None:
         assert face.operation is inspect.getattr_static(Node, awaitable), sync
 
 
-def test_a_blocking_face_on_the_nodes_loop_is_refused_and_runs_nothing(make_node: Any) -> None:
+def test_a_blocking_face_on_the_nodes_loop_is_refused_before_anything_is_asked(
+    make_node: Any,
+) -> None:
     node: Node = make_node(Agent("agent", {"main": idle}))
     main = node.main("agent")
+    before = len(node.sessions())
 
     async def on_the_loop() -> list[type[BaseException]]:
         raised = []
-        calls: tuple[Any, ...] = (node.get, main.info, node.sessions)
-        for call, args in zip(calls, ((main,), (), ()), strict=True):
+        calls: tuple[Any, ...] = (
+            lambda: node.get(main),
+            main.info,
+            node.sessions,
+            lambda: node.spawn(main, kind="worker", skill="main"),
+            lambda: main.spawn(kind="worker", skill="main"),
+        )
+        for call in calls:
             try:
-                call(*args)
+                call()
             except DeadlockError as exc:
                 raised.append(type(exc))
         return raised
 
     raised = asyncio.run_coroutine_threadsafe(on_the_loop(), node.loop).result(WAIT)
-    assert raised == [DeadlockError] * 3
+    assert raised == [DeadlockError] * 5
     gc.collect()  # a coroutine made and never awaited would warn here (warnings are errors)
+    assert node.wait_idle(WAIT)
+    assert len(node.sessions()) == before  # nothing was spawned
     assert node.get(main).state is SessionState.ACTIVE  # the node goes on
 
 
@@ -115,64 +134,43 @@ def test_after_shutdown_both_faces_raise_node_closed(make_node: Any) -> None:
     gc.collect()
 
 
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    if loop.is_running():
-        loop.call_soon_threadsafe(loop.stop)
-    thread.join(WAIT)
-    loop.close()
+def test_a_blocking_face_waits_for_the_answer_on_the_calling_thread_without_a_loop() -> None:
+    reply = Reply()
+    timer = threading.Timer(0.01, reply.set, args=("answered",))
+    timer.start()
+    # a plain thread with no event loop: awaiting the reply there would need one
+    assert run_blocking(answer(reply, WAIT)) == "answered"
+    timer.join(WAIT)
+    with pytest.raises(AskTimeoutError):
+        run_blocking(answer(Reply(), 0.01))
+    failed = Reply()
+    failed.fail(UnknownSessionError("gone"))
+    with pytest.raises(UnknownSessionError, match="gone"):
+        run_blocking(answer(failed, WAIT))
 
 
-def test_wait_on_loop_returns_and_raises_what_the_operation_does(
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    async def answer() -> str:
-        return "done"
+def test_an_awaited_answer_on_a_loop_is_not_a_blocking_wait() -> None:
+    async def on_a_loop() -> Any:
+        reply = Reply()
+        asyncio.get_running_loop().call_later(0.01, reply.set, "awaited")
+        return await answer(reply, WAIT)
 
-    async def fails() -> None:
-        raise TimeoutError("the operation's own timeout")  # not the wait's
-
-    assert wait_on_loop(loop, answer()) == "done"
-    with pytest.raises(TimeoutError, match="the operation's own"):
-        wait_on_loop(loop, fails())
+    assert asyncio.run(on_a_loop()) == "awaited"
 
 
-def test_a_loop_that_stops_under_a_blocking_face_ends_it_with_node_closed(
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    started = threading.Event()
+def test_an_operation_that_awaits_anything_else_is_refused_and_closed() -> None:
+    cleaned: list[str] = []
 
-    async def forever() -> None:
-        started.set()
-        await asyncio.Event().wait()
+    async def strays() -> None:
+        try:
+            await asyncio.sleep(0)  # not the Cortex's answer: would need a loop
+        finally:
+            cleaned.append("closed")
 
-    def stop_once_started() -> None:
-        assert started.wait(WAIT)
-        loop.call_soon_threadsafe(loop.stop)
-
-    stopper = threading.Thread(target=stop_once_started)
-    stopper.start()
-    with pytest.raises(NodeClosedError):
-        wait_on_loop(loop, forever())  # bounded: the face looks at the loop every 0.5 s
-    stopper.join(WAIT)
-
-
-def test_a_closed_loop_refuses_a_blocking_face_and_closes_its_coroutine() -> None:
-    loop = asyncio.new_event_loop()
-    loop.close()
-    ran: list[str] = []
-
-    async def never() -> None:
-        ran.append("ran")
-
-    with pytest.raises(NodeClosedError):
-        wait_on_loop(loop, never())
-    gc.collect()  # closed, not left unawaited (warnings are errors)
-    assert ran == []
+    with pytest.raises(RuntimeError, match="awaited something besides"):
+        run_blocking(strays())
+    assert cleaned == ["closed"]
+    gc.collect()  # nothing left unawaited (warnings are errors)
 
 
 class _Where:
