@@ -115,7 +115,7 @@ def start(path: str, main: uuid.UUID) -> tuple[float, float, int]:
         answered = time.perf_counter()
         if info.session_id != main:
             raise RuntimeError(f"asked for {main}, got {info.session_id}")
-        return started - began, answered - began, int(node.recovery["mains"])
+        return started - began, answered - began, int(node.recovery.figures["mains"])
     finally:
         node.shutdown(grace=0)
 

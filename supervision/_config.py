@@ -108,7 +108,7 @@ class NodeConfig:
     *wedged*), or it is older than ``recovery_max_age`` (None: no limit; then
     it is *stale*). A node whose runs crashed ``restart_intensity`` times
     within ``restart_period`` seconds starts with all replay held back until
-    ``Node.release_replay()`` (0: never held).
+    ``node.recovery.release_replay()`` (0: never held).
 
     ``tracing``: export every Branch and Worker run, Main message cycle and
     model call as an OpenTelemetry span (``Tracing``; needs the ``otlp``

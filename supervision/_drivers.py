@@ -15,7 +15,6 @@ anything is spawned; a pattern's own ``RejectedInputError`` and
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 import uuid
@@ -38,7 +37,7 @@ from sessiontree.supervision._retry import Restarts
 if TYPE_CHECKING:
     from sessiontree.actors import AsyncSession, Session
 
-__all__ = ["NodeDriver", "drive_async", "drive_node_async", "drive_sync"]
+__all__ = ["NodeDriver", "drive_async", "drive_sync"]
 
 
 def _start(
@@ -225,16 +224,3 @@ class NodeDriver:
             woken.wait()
         finally:
             timer.cancel()
-
-
-async def drive_node_async(
-    node: Any,
-    parent: uuid.UUID,
-    restarts: Restarts,
-    name: str,
-    args: tuple[Any, ...],
-    options: dict[str, Any],
-) -> Any:
-    """``NodeDriver.run`` off the event loop (it waits on children and the clock)."""
-    driver = NodeDriver(node, parent)
-    return await asyncio.to_thread(driver.run, restarts, name, args, options)

@@ -39,7 +39,8 @@ from sessiontree.protocol import (
 )
 from sessiontree.store import CycleRecord, Store, WriteBatch
 from sessiontree.supervision._drivers import drive_async, drive_sync
-from sessiontree.supervision._refs import NodeSessions, Spawned
+from sessiontree.supervision._node_core import NodeCore
+from sessiontree.supervision._refs import Spawned
 from sessiontree.supervision._reports import (
     ChildUpdate,
     CycleStarted,
@@ -59,7 +60,7 @@ log = logging.getLogger("sessiontree.session")
 class NodeHost:
     """The ``SessionHost`` a node gives its sessions: everything goes to the Cortex."""
 
-    def __init__(self, node: NodeSessions) -> None:
+    def __init__(self, node: NodeCore) -> None:
         self.node = node
         self.parts = node._parts  # read at every run's end: one hop fewer
         self._ended: list[RunEnded] = []  # touched on the event loop thread only

@@ -177,9 +177,9 @@ class ScrapeCollector:
             return
         decisions = family("sessiontree_recovery_decisions")
         for decision in ("fresh", "stale", "wedged"):
-            decisions.add_metric((decision,), node.recovery.get(decision, 0))
+            decisions.add_metric((decision,), node.recovery.figures.get(decision, 0))
         yield decisions
-        yield single("sessiontree_replay_held", 1 if node.replay_held is not None else 0)
+        yield single("sessiontree_replay_held", 1 if node.recovery.replay_held is not None else 0)
         yield single("sessiontree_wedged_items", node.store.count("wedged"))
 
     def _tracing_section(self) -> Iterator[Metric]:

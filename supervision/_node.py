@@ -1,19 +1,25 @@
 """The embedded facade: ``Node``.
 
 A ``Node`` owns one Cortex, the step executor, the event loop for async
-skills and a clock. Its blocking methods have awaitable twins (``a``-prefixed)
-so asyncio applications embed it without threads of their own. Predictable
-failures come back as values (``Spawned.error``, ``SessionResult.error``,
+skills and a clock. It is one async core with a sync face: each operation
+is written once, as an awaitable (``a``-prefixed, run on the node's event
+loop), and the blocking method of the same name is derived from it
+(``_faces.blocking``, run on the calling thread), so asyncio applications
+embed it without threads of their own and other threads call it as plain
+methods. Predictable failures
+come back as values (``Spawned.error``, ``SessionResult.error``,
 ``ErrorInfo``); exceptions are for programming errors and a closed node.
 
-Where the rest lives: the refs (``SessionRef``, ``Spawned``), what a session
-id may be (``as_session_id``) and the operations on one session that both
-``Node`` and its refs offer (``NodeSessions``) in ``_refs``; what the node is built
-of, and the steps of its start and of the end of its shutdown, in
-``_assembly``; the line to the Cortex and the lifecycle (shutdown) in
-``_node_base``; the coordination patterns it runs for a parent in
-``_node_patterns``; routing inbound chat in ``_routing``; the host its
-sessions call in ``_host``.
+``NodeCore`` (``_node_core``), its one base class, holds the line to the
+Cortex, the operations on one session and the lifecycle; ``Node`` adds the
+node-wide reads, the input from outside, the upkeep, and the groups that
+hold the rest of its surface: ``node.patterns`` (``_node_patterns``),
+``node.recovery`` (``_node_recovery``) and ``node.recordings``
+(``_node_replay``). Where the rest lives: the refs (``SessionRef``,
+``Spawned``) and what a session id may be (``as_session_id``) in ``_refs``;
+what the node is built of, and the steps of its start and of the end of its
+shutdown, in ``_assembly``; routing inbound chat in ``_routing``; the host
+its sessions call in ``_host``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterable
+from types import TracebackType
 from typing import Any, Self
 
 import pykka
@@ -34,7 +41,9 @@ from sessiontree.conversations import Conversation
 from sessiontree.protocol import (
     ControlMessage,
     NodeClosedError,
+    Recording,
     RejectedInputError,
+    ReplayReport,
     Routed,
     SessionInfo,
     SessionKind,
@@ -47,16 +56,23 @@ from sessiontree.store import Store
 from sessiontree.supervision._assembly import NodeParts, agents_by_id, start_cortex
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._events import Event, EventBus
-from sessiontree.supervision._exits import shut_down_at_exit
+from sessiontree.supervision._exits import Interrupted, shut_down_at_exit
+from sessiontree.supervision._faces import blocking, offloaded, run_blocking
 from sessiontree.supervision._gc import tune_gc
 from sessiontree.supervision._host import NodeHost
 from sessiontree.supervision._memory import MemorySpace
 from sessiontree.supervision._model_calls import ModelCalls
 from sessiontree.supervision._models import Models
-from sessiontree.supervision._node_patterns import NodePatterns
-from sessiontree.supervision._node_recovery import NodeRecovery
-from sessiontree.supervision._node_replay import NodeReplay
-from sessiontree.supervision._refs import SessionIdLike, SessionRef, as_session_id
+from sessiontree.supervision._node_core import NodeCore
+from sessiontree.supervision._node_patterns import Patterns
+from sessiontree.supervision._node_recovery import Recovery
+from sessiontree.supervision._node_replay import Recordings
+from sessiontree.supervision._refs import (
+    SessionIdLike,
+    SessionRef,
+    as_session_id,
+)
+from sessiontree.supervision._replay import replay_recording
 from sessiontree.supervision._requests import (
     BringBack,
     Call,
@@ -74,8 +90,7 @@ from sessiontree.supervision._routing import route_inbound
 __all__ = ["Node"]
 
 
-# on NodeSessions on NodeBase (Cortex, lifecycle)
-class Node(NodePatterns, NodeRecovery, NodeReplay):
+class Node(NodeCore):
     """One supervision node, embedded: agents, a Cortex, and the sessions it owns.
 
     Use it as a context manager (``with Node(agents) as node:``) or call
@@ -95,7 +110,7 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
 
     ``store``: a ``Store`` (the caller closes it) or a directory (the node
     opens and closes it). With one, sessions are durable: recovery runs in
-    the constructor (see ``recovery``; ``StoreLockedError`` if another node
+    the constructor (see ``recovery.figures``; ``StoreLockedError`` if another node
     holds the directory), and a spawn, a new Main, an accepted message, a
     memory write and a result reach their caller only once written. Without
     one, everything lives in memory. ``ValueError`` for an agent registered
@@ -137,14 +152,12 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
             self.events.subscribe(parts.spans)
         self._init_lifecycle()  # open; final_sessions, failure, fatal_error, rejected_input
         recovered = parts.recover(agents_of)
-        self.recovery: dict[str, int] = {} if recovered is None else dict(recovered.figures)
-        """What recovery found on start (empty without a store): mains, suspended,
-        failed, quarantined, terminal, results owed, decisions (fresh, stale,
-        wedged), recent crashes, ``recovery_ms``…"""
-        self.recovery_decisions = [] if recovered is None else list(recovered.decisions)
-        """Each decision recovery took beyond a plain first run: replays after a
-        crash, work held back as stale or wedged (``RecoveryDecision``)."""
-        parts.replay_held = None if recovered is None else recovered.held  # see replay_held
+        self.recovery = Recovery(self, recovered)
+        """What recovery found and held back, and the operator's handles on it."""
+        self.recordings = Recordings(self)
+        """The recordings of runs spawned with ``record=True``, and their replay."""
+        self.patterns = Patterns(self)
+        """The coordination patterns, run for a parent session from outside the tree."""
         parts.start_backend()
         self._runtime = parts.runtime(
             agents=agents_of,
@@ -207,6 +220,15 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
         )
         return await asyncio.to_thread(start)
 
+    @classmethod
+    def replay_recording(
+        cls, recording: Recording, agents: Iterable[Agent], *, timeout: float = 60.0
+    ) -> ReplayReport:
+        """``node.recordings.replay`` with ``agents`` instead of a running node's
+        (a recording from a file, on another machine: ``sessiontree replay
+        --file``). A class method: it starts a node of its own to replay on."""
+        return replay_recording(cls, recording, agents, timeout=timeout)
+
     @property
     def agents(self) -> list[str]:
         """The ids of the agents registered on this node, sorted."""
@@ -246,40 +268,23 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
         """Call ``observer`` for every event (on the Cortex thread); returns an unsubscribe."""
         return self.events.subscribe(observer)
 
-    def flush_traces(self, timeout: float | None = None) -> bool:
-        """Export the spans that ended so far, now (a traced node; bounded by
-        ``timeout`` s, default the export timeout). False if the export could
-        not finish or the node is not traced (spans also go out on their
-        own, every ``Tracing.schedule_delay``, and at shutdown)."""
-        spans = self._parts.spans
-        return spans is not None and spans.flush(timeout)
+    # -- the node's sessions ----------------------------------------------------------
 
-    @property
-    def spans_exported(self) -> int:
-        """Spans a traced node has exported (0 on a node that is not traced)."""
-        spans = self._parts.spans
-        return 0 if spans is None else spans.exported()
-
-    @property
-    def spans_dropped(self) -> int:
-        """Spans a traced node dropped: its export queue was full, or an export
-        failed (0 on a node that is not traced)."""
-        spans = self._parts.spans
-        return 0 if spans is None else spans.dropped()
-
-    # -- sessions -----------------------------------------------------------------
-
-    def sessions(
+    async def asessions(
         self, state: SessionState | None = None, kind: SessionKind | None = None
     ) -> list[SessionInfo]:
         """Every session the node holds, optionally filtered by state and kind."""
-        return self._call(ListSessions(state, kind), check=False)
+        return await self._acall(ListSessions(state, kind), check=False)
 
-    def tree(self, root: SessionIdLike) -> dict[str, Any]:
+    sessions = blocking(asessions)
+
+    async def atree(self, root: SessionIdLike) -> dict[str, Any]:
         """The subtree under ``root``: ``{"info", "result", "spending", "children":
         [...]}`` (``spending`` as ``spending()`` gives it); ``UnknownSessionError``
         for an id the node does not hold."""
-        return self._call(GetTree(as_session_id(root, "root")), check=False)
+        return await self._acall(GetTree(as_session_id(root, "root")), check=False)
+
+    tree = blocking(atree)
 
     def conversation(self, session_id: SessionIdLike) -> Conversation:
         """A session's conversation tree: a Main's own, or for a spawned session
@@ -289,13 +294,22 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
         info = self.get(sid)
         return self.conversations.get(info.conversation or sid)
 
-    def stuck(self) -> list[SessionInfo]:
+    async def astuck(self) -> list[SessionInfo]:
         """Sessions flagged as stuck."""
-        return self._call(ListStuck(), check=False)
+        return await self._acall(ListStuck(), check=False)
 
+    stuck = blocking(astuck)
+
+    async def astats(self) -> dict[str, int]:
+        """The Cortex's counters and gauges: live sessions, zombies, refusals,
+        slots… (``stats`` adds the node's own and its store's)."""
+        return await self._acall(GetStats(), check=False)
+
+    # Not astats' blocking face: it adds figures read on the calling thread
+    # (the store's, never on the loop), which the awaitable leaves out.
     def stats(self) -> dict[str, int]:
         """Counters and gauges: live sessions, zombies, refusals, slots…"""
-        stats = self._call(GetStats(), check=False)
+        stats = run_blocking(self.astats())
         stats["rejected_input"] = self.rejected_input
         if self.store is not None:
             figures = self.store.stats()
@@ -374,6 +388,27 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
             msg = f"session {sid} stopped before answering"
             raise UnknownSessionError(msg, session_id=sid) from exc
 
+    def flush_traces(self, timeout: float | None = None) -> bool:
+        """Export the spans that ended so far, now (a traced node; bounded by
+        ``timeout`` s, default the export timeout). False if the export could
+        not finish or the node is not traced (spans also go out on their
+        own, every ``Tracing.schedule_delay``, and at shutdown)."""
+        spans = self._parts.spans
+        return spans is not None and spans.flush(timeout)
+
+    @property
+    def spans_exported(self) -> int:
+        """Spans a traced node has exported (0 on a node that is not traced)."""
+        spans = self._parts.spans
+        return 0 if spans is None else spans.exported()
+
+    @property
+    def spans_dropped(self) -> int:
+        """Spans a traced node dropped: its export queue was full, or an export
+        failed (0 on a node that is not traced)."""
+        spans = self._parts.spans
+        return 0 if spans is None else spans.dropped()
+
     def housekeep(self) -> dict[str, Any]:
         """Run the store's housekeeping now: the export to ``config.export_path``
         and the pruning past ``config.prune_after`` (each only when configured).
@@ -402,30 +437,32 @@ class Node(NodePatterns, NodeRecovery, NodeReplay):
             with contextlib.suppress(StoreError, TimeoutError):
                 store.flush(timeout)
 
-    # -- awaitable twins (each fails as its blocking method does) -------------------
+    # -- the context managers ---------------------------------------------------------
 
-    async def aroute(self, inbound: object, agent_id: str | None = None) -> Routed:
-        """Awaitable ``route`` (run off the event loop: it waits for durable writes)."""
-        return await asyncio.to_thread(self.route, inbound, agent_id)
+    def __enter__(self) -> Self:
+        return self
 
-    async def atree(self, root: SessionIdLike) -> dict[str, Any]:
-        """Awaitable ``tree``."""
-        return await self._acall(GetTree(as_session_id(root, "root")), check=False)
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Shut the node down. A ``KeyboardInterrupt`` leaving the block goes on
+        as ``Interrupted`` (still a ``KeyboardInterrupt``; uncaught, the program
+        exits 130 without a traceback)."""
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        self._shutdown(None, None, "interrupt" if interrupted else None)
+        if interrupted and not isinstance(exc, Interrupted):
+            raise Interrupted from exc
 
-    async def asessions(
-        self, state: SessionState | None = None, kind: SessionKind | None = None
-    ) -> list[SessionInfo]:
-        """Awaitable ``sessions``."""
-        return await self._acall(ListSessions(state, kind), check=False)
+    async def __aenter__(self) -> Self:
+        return self
 
-    async def astuck(self) -> list[SessionInfo]:
-        """Awaitable ``stuck``."""
-        return await self._acall(ListStuck(), check=False)
+    async def __aexit__(self, *exc: object) -> None:
+        await self.ashutdown()
 
-    async def astats(self) -> dict[str, int]:
-        """Awaitable ``stats`` (the Cortex's figures)."""
-        return await self._acall(GetStats(), check=False)
+    # -- awaitable faces of blocking operations -------------------------------------
 
-    async def await_idle(self, timeout: float = 10.0) -> bool:
-        """Awaitable ``wait_idle`` (runs the wait on a helper thread)."""
-        return await asyncio.to_thread(self.wait_idle, timeout)
+    aroute = offloaded(route)  # it waits for durable writes: run off the event loop
+    await_idle = offloaded(wait_idle)

@@ -1,8 +1,14 @@
 """The coordination patterns as a ``Node`` runs them for a parent session.
 
-``NodePatterns`` gives ``Node`` ``fan_out``, ``pipeline``, ``map_reduce`` and
-``continue_run`` with their awaitable twins. Each drives the pattern engine
-of ``_patterns`` from outside the tree (``NodeDriver``): children of
+``Patterns`` (``node.patterns``) gives ``fan_out``, ``pipeline``,
+``map_reduce`` and ``continue_run`` with their awaitable twins. They are a
+group of their own, not ``Node`` methods: they are built on the node's
+public operations on sessions (spawn, result, cancel, its events) and drive
+a feature above them, the pattern engine, as a skill's session does.
+
+Each drives the pattern engine of ``_patterns`` from outside the tree
+(``NodeDriver``, on the calling thread; the awaitable twin runs it on a
+worker thread): children of
 ``parent`` are spawned, awaited and retried as the options say, on the
 node's clock. Failures: ``NodeClosedError`` once the node is closed,
 ``RejectedInputError`` naming the argument for a ``parent`` that is not a
@@ -16,26 +22,43 @@ from __future__ import annotations
 from typing import Any
 
 from sessiontree.protocol import Gathered
-from sessiontree.supervision._drivers import NodeDriver, drive_node_async
-from sessiontree.supervision._refs import NodeSessions, SessionIdLike, as_session_id
+from sessiontree.supervision._drivers import NodeDriver
+from sessiontree.supervision._faces import offloaded
+from sessiontree.supervision._node_core import NodeCore
+from sessiontree.supervision._refs import SessionIdLike, as_session_id
 
-__all__ = ["NodePatterns"]
+__all__ = ["Patterns"]
 
 
-class NodePatterns(NodeSessions):
-    """The pattern methods of ``Node``."""
+class Patterns:
+    """``node.patterns``: the coordination patterns, run for a parent session.
 
-    def fan_out(self, parent: SessionIdLike, tasks: Any, **options: Any) -> Gathered:
+    Each blocks the calling thread while it drives the pattern (waiting on
+    children and on the node's clock); its awaitable twin runs it on a
+    worker thread (``offloaded``), so the event loop goes on meanwhile.
+    """
+
+    __slots__ = ("_node",)
+
+    def __init__(self, node: NodeCore) -> None:
+        self._node = node
+
+    def fan_out(self, /, parent: SessionIdLike, tasks: Any, **options: Any) -> Gathered:
         """One child of ``parent`` per task, queued past the children limit; waits
         for them (the node's clock). Options and result: ``supervision.fan_out``."""
         return self._pattern(parent, "fan_out", (list(tasks),), options)
 
-    def pipeline(self, parent: SessionIdLike, stages: Any, **options: Any) -> Gathered:
+    afan_out = offloaded(fan_out)
+
+    def pipeline(self, /, parent: SessionIdLike, stages: Any, **options: Any) -> Gathered:
         """Stages of children of ``parent``, each seeded with the previous results."""
         return self._pattern(parent, "pipeline", (list(stages),), options)
 
+    apipeline = offloaded(pipeline)
+
     def map_reduce(
         self,
+        /,
         parent: SessionIdLike,
         items: Any,
         map_task: Any,
@@ -45,53 +68,22 @@ class NodePatterns(NodeSessions):
         """Map batches of ``items`` in children of ``parent``, then reduce them."""
         return self._pattern(parent, "map_reduce", (list(items), map_task, reduce_task), options)
 
+    amap_reduce = offloaded(map_reduce)
+
     def continue_run(
-        self, parent: SessionIdLike, token: str, context: str, **options: Any
+        self, /, parent: SessionIdLike, token: str, context: str, **options: Any
     ) -> Gathered:
         """A fresh child of ``parent`` continuing the run a token names, with
         ``context``; ``RejectedInputError`` for a token that does not parse."""
         return self._pattern(parent, "continue_run", (token, context), options)
 
-    async def afan_out(self, parent: SessionIdLike, tasks: Any, **options: Any) -> Gathered:
-        """Awaitable ``fan_out``."""
-        return await self._apattern(parent, "fan_out", (list(tasks),), options)
-
-    async def apipeline(self, parent: SessionIdLike, stages: Any, **options: Any) -> Gathered:
-        """Awaitable ``pipeline``."""
-        return await self._apattern(parent, "pipeline", (list(stages),), options)
-
-    async def amap_reduce(
-        self,
-        parent: SessionIdLike,
-        items: Any,
-        map_task: Any,
-        reduce_task: Any,
-        **options: Any,
-    ) -> Gathered:
-        """Awaitable ``map_reduce``."""
-        args = (list(items), map_task, reduce_task)
-        return await self._apattern(parent, "map_reduce", args, options)
-
-    async def acontinue_run(
-        self, parent: SessionIdLike, token: str, context: str, **options: Any
-    ) -> Gathered:
-        """Awaitable ``continue_run``."""
-        return await self._apattern(parent, "continue_run", (token, context), options)
+    acontinue_run = offloaded(continue_run)
 
     def _pattern(
         self, parent: SessionIdLike, name: str, args: tuple[Any, ...], options: Any
     ) -> Gathered:
         sid = as_session_id(parent, "parent")
-        self._check_open()
-        gathered: Gathered = NodeDriver(self, sid).run(self._restarts, name, args, dict(options))
-        return gathered
-
-    async def _apattern(
-        self, parent: SessionIdLike, name: str, args: tuple[Any, ...], options: Any
-    ) -> Gathered:
-        sid = as_session_id(parent, "parent")
-        self._check_open()
-        gathered: Gathered = await drive_node_async(
-            self, sid, self._restarts, name, args, dict(options)
-        )
+        node = self._node
+        node._check_open()
+        gathered: Gathered = NodeDriver(node, sid).run(node._restarts, name, args, dict(options))
         return gathered

@@ -1,9 +1,9 @@
-"""What recovery held back, for the operator: the node's wedged and stale work
+"""``node.recovery``: what recovery found on start and what it held back, for
+the operator: the figures and decisions, the node's wedged and stale work
 (listed, requeued, dropped) and a replay held after repeated crashes."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass
 
@@ -19,11 +19,12 @@ from sessiontree.protocol import (
     UnknownSessionError,
 )
 from sessiontree.store import Store, WedgedRecord, WriteBatch
-from sessiontree.supervision._recovery import RecoveryDecision
-from sessiontree.supervision._refs import NodeSessions
+from sessiontree.supervision._faces import offloaded
+from sessiontree.supervision._node_core import NodeCore
+from sessiontree.supervision._recovery import Recovered, RecoveryDecision
 from sessiontree.supervision._requests import Redeliver, ReleaseReplay, Send
 
-__all__ = ["NodeRecovery", "Requeued"]
+__all__ = ["Recovery", "Requeued"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,23 +50,40 @@ def as_wedged_id(value: object) -> uuid.UUID:
     raise RejectedInputError(msg, field="wedged_id")
 
 
-class NodeRecovery(NodeSessions):
-    """The node's recovery surface (see ``NodeConfig`` for the limits)."""
+class Recovery:
+    """``node.recovery``: what recovery found and held back (see ``NodeConfig``
+    for the limits). Its store reads and writes block the calling thread
+    (``awedged_sessions`` runs them on a worker thread)."""
 
-    store: Store | None
-    recovery: dict[str, int]
-    recovery_decisions: list[RecoveryDecision]
+    __slots__ = ("_node", "decisions", "figures")
+
+    def __init__(self, node: NodeCore, recovered: Recovered | None) -> None:
+        self._node = node
+        self.figures: dict[str, int] = {} if recovered is None else dict(recovered.figures)
+        """What recovery found on start (empty without a store): mains, suspended,
+        failed, quarantined, terminal, results owed, decisions (fresh, stale,
+        wedged), recent crashes, ``recovery_ms``…"""
+        self.decisions: list[RecoveryDecision] = (
+            [] if recovered is None else list(recovered.decisions)
+        )
+        """Each decision recovery took beyond a plain first run: replays after a
+        crash, work held back as stale or wedged (``RecoveryDecision``)."""
+        node._parts.replay_held = None if recovered is None else recovered.held
+
+    @property
+    def _store(self) -> Store | None:
+        return self._node.store
 
     @property
     def replay_held(self) -> str | None:
         """Why this start holds replay back (the node kept crashing), or None;
         ``release_replay()`` runs it."""
-        return self._parts.replay_held
+        return self._node._parts.replay_held
 
     def wedged(self) -> list[WedgedRecord]:
         """Work recovery held back (wedged or stale), oldest first; empty
         without a store."""
-        return [] if self.store is None else self.store.wedged_list()
+        return [] if self._store is None else self._store.wedged_list()
 
     def wedged_sessions(self) -> list[SessionInfo]:
         """The sessions holding held-back work (a Main with a wedged message or
@@ -73,20 +91,18 @@ class NodeRecovery(NodeSessions):
         found = []
         for session_id in dict.fromkeys(item.session_id for item in self.wedged()):
             try:
-                found.append(self.get(session_id))
+                found.append(self._node.get(session_id))
             except UnknownSessionError:  # pruned from the store since
                 continue
         return found
 
-    async def awedged_sessions(self) -> list[SessionInfo]:
-        """Awaitable ``wedged_sessions`` (its store reads run off the loop)."""
-        return await asyncio.to_thread(self.wedged_sessions)
+    awedged_sessions = offloaded(wedged_sessions)  # its store reads run off the loop
 
     def wedged_item(self, wedged_id: uuid.UUID | str) -> WedgedRecord | None:
         """One held-back item, or None."""
-        if self.store is None:
+        if self._store is None:
             return None
-        return self.store.wedged(as_wedged_id(wedged_id))
+        return self._store.wedged(as_wedged_id(wedged_id))
 
     def requeue(self, wedged_id: uuid.UUID | str) -> Requeued:
         """Run held-back work again, as a first attempt: a message goes back to
@@ -106,10 +122,10 @@ class NodeRecovery(NodeSessions):
             send = Send(
                 item.session_id, item.message, unwedge=item.wedged_id, message_id=item.message_id
             )
-            error = self._call(send)
+            error = self._node._call(send)
             return Requeued(item.session_id, error)
         if item.kind == "result" and item.result is not None:
-            error = self._call(Redeliver(item.session_id, item.result, item.wedged_id))
+            error = self._node._call(Redeliver(item.session_id, item.result, item.wedged_id))
             return Requeued(item.session_id, error)
         if item.kind == "branch":
             return self._requeue_branch(item)
@@ -120,8 +136,9 @@ class NodeRecovery(NodeSessions):
         return Requeued(None, unreadable)
 
     def _requeue_branch(self, item: WedgedRecord) -> Requeued:
-        assert self.store is not None  # an item was read from it
-        record = self.store.session(item.session_id)
+        store = self._store
+        assert store is not None  # an item was read from it
+        record = store.session(item.session_id)
         if record is None or record.info.parent_id is None:
             gone = ErrorInfo(
                 code=ErrorCode.UNKNOWN_SESSION,
@@ -139,19 +156,20 @@ class NodeRecovery(NodeSessions):
             budget=info.budget,
             input=info.input,
         )
-        spawned = self.spawn(parent_id, spec)
+        spawned = self._node.spawn(parent_id, spec)
         if spawned.error is not None:
             return Requeued(None, spawned.error)
-        self.store.write(WriteBatch().unwedge(item.wedged_id))
+        store.write(WriteBatch().unwedge(item.wedged_id))
         return Requeued(spawned.session_id)
 
     def drop_wedged(self, wedged_id: uuid.UUID | str) -> bool:
         """Forget a held-back item for good; False if no such item was held (a
         node without a store holds none)."""
         sid = as_wedged_id(wedged_id)
-        if self.store is None or self.store.wedged(sid) is None:
+        store = self._store
+        if store is None or store.wedged(sid) is None:
             return False
-        self.store.write(WriteBatch().unwedge(sid))
+        store.write(WriteBatch().unwedge(sid))
         return True
 
     def release_replay(self) -> int:
@@ -161,11 +179,12 @@ class NodeRecovery(NodeSessions):
         were released. The crashes counted so far are forgiven: the next start
         holds replay back only if the node crashes ``restart_intensity`` times
         again."""
-        released: int = self._call(ReleaseReplay(), check=False)
-        if self.store is not None:
-            starts = self.store.starts()
+        node, store = self._node, self._store
+        released: int = node._call(ReleaseReplay(), check=False)
+        if store is not None:
+            starts = store.starts()
             if starts is not None and starts.crashes:
-                self.store.write(WriteBatch().starts(msgspec.structs.replace(starts, crashes=[])))
-        self._parts.replay_held = None
-        self.recovery["replay_held"] = 0
+                store.write(WriteBatch().starts(msgspec.structs.replace(starts, crashes=[])))
+        node._parts.replay_held = None
+        self.figures["replay_held"] = 0
         return released

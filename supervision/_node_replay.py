@@ -1,20 +1,21 @@
-"""A node's recordings, for its user: read one, export it to a file, replay it
-(issue 26; ``_recording`` makes them, ``_replay`` runs them again)."""
+"""``node.recordings``: a node's recordings, for its user: read one, export it
+to a file, replay it (issue 26; ``_recording`` makes them, ``_replay`` runs
+them again). The group is not called ``replay``: that word already names
+what recovery does after a crash (``node.recovery.replay_held``)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 from sessiontree.protocol import Recording, RecordingError, ReplayReport
-from sessiontree.supervision._config import Agent
+from sessiontree.supervision._faces import offloaded
+from sessiontree.supervision._node_core import NodeCore
 from sessiontree.supervision._recording import Recorder
-from sessiontree.supervision._refs import NodeSessions, SessionIdLike, as_session_id
+from sessiontree.supervision._refs import SessionIdLike, as_session_id
 from sessiontree.supervision._replay import replay_recording
 
-__all__ = ["MAX_RECORDING_BYTES", "NodeReplay", "load_recording"]
+__all__ = ["MAX_RECORDING_BYTES", "Recordings", "load_recording"]
 
 
 MAX_RECORDING_BYTES = 1 << 30
@@ -34,8 +35,15 @@ def load_recording(path: str | os.PathLike[str]) -> Recording:
     return Recording.decode(file.read_bytes())
 
 
-class NodeReplay(NodeSessions):
-    """``Node``'s recordings (a spawn with ``record=True`` makes one)."""
+class Recordings:
+    """``node.recordings``: the node's recordings (a spawn with ``record=True``
+    makes one). Reading one waits on the calling thread; ``areplay`` runs a
+    replay on a worker thread."""
+
+    __slots__ = ("_node",)
+
+    def __init__(self, node: NodeCore) -> None:
+        self._node = node
 
     def recording(self, session_id: SessionIdLike, timeout: float | None = 10.0) -> Recording:
         """The recording of the run rooted at ``session_id``, once every session
@@ -44,7 +52,7 @@ class NodeReplay(NodeSessions):
         ``incomplete`` (still running at the timeout, or the node stopped
         before it ended), or why a stored one does not decode."""
         sid = as_session_id(session_id, "session_id")
-        tapes = self._runtime.tapes
+        tapes = self._node._runtime.tapes
         assert isinstance(tapes, Recorder)
         return tapes.recording(sid, timeout)
 
@@ -73,18 +81,8 @@ class NodeReplay(NodeSessions):
         agent of the recording's."""
         if not isinstance(recording, Recording):
             recording = self.recording(recording)
-        return self.replay_recording(recording, self._runtime.agents.values(), timeout=timeout)
+        node = self._node  # a ``Node``: the replay makes another of its class
+        agents = node._runtime.agents.values()
+        return replay_recording(type(node), recording, agents, timeout=timeout)
 
-    @classmethod
-    def replay_recording(
-        cls, recording: Recording, agents: Iterable[Agent], *, timeout: float = 60.0
-    ) -> ReplayReport:
-        """``replay`` with ``agents`` instead of a running node's (a recording
-        from a file, on another machine: ``sessiontree replay --file``)."""
-        return replay_recording(cls, recording, agents, timeout=timeout)
-
-    async def areplay(
-        self, recording: SessionIdLike | Recording, *, timeout: float = 60.0
-    ) -> ReplayReport:
-        """Awaitable ``replay`` (it runs on a worker thread)."""
-        return await asyncio.to_thread(self.replay, recording, timeout=timeout)
+    areplay = offloaded(replay)

@@ -1,7 +1,7 @@
 """What recovery did at a node's start, in a few numbers and one log line:
 what it brought back, what it ended as failed, what it held back.
 
-``recovery_summary`` reads the figures ``recover`` counted (``Node.recovery``)
+``recovery_summary`` reads the figures ``recover`` counted (``node.recovery.figures``)
 and never fails: a figure it does not find counts as 0.
 """
 

@@ -37,7 +37,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._chat import chat_command, is_command
 from sessiontree.supervision._config import Agent
-from sessiontree.supervision._refs import NodeSessions
+from sessiontree.supervision._node_core import NodeCore
 
 __all__ = ["pick_agent", "route_inbound"]
 
@@ -45,7 +45,7 @@ __all__ = ["pick_agent", "route_inbound"]
 _INBOUND_FIELDS = {"content": "text", "platform_id": "message_id"}
 
 
-def route_inbound(node: NodeSessions, inbound: object, agent_id: str | None) -> Routed:
+def route_inbound(node: NodeCore, inbound: object, agent_id: str | None) -> Routed:
     """``Node.route``: see there."""
     try:
         message = decode_inbound(inbound)
@@ -95,7 +95,7 @@ def route_inbound(node: NodeSessions, inbound: object, agent_id: str | None) -> 
 
 
 def _continue(
-    node: NodeSessions, routed: Routed, at: uuid.UUID, text: str, sub_agent: SessionInfo
+    node: NodeCore, routed: Routed, at: uuid.UUID, text: str, sub_agent: SessionInfo
 ) -> Routed:
     """A fresh session continuing ``sub_agent``: its skill, kind and tier, the
     message as its task, forked at the message and seeing the sub-agent's
@@ -113,7 +113,7 @@ def _continue(
     return msgspec.structs.replace(routed, message_id=at, continued=continued, error=spawned.error)
 
 
-def session_or_none(node: NodeSessions, session_id: uuid.UUID) -> SessionInfo | None:
+def session_or_none(node: NodeCore, session_id: uuid.UUID) -> SessionInfo | None:
     """The session's info, or None if the node cannot say (unknown, closing)."""
     try:
         return node.get(session_id)

@@ -14,7 +14,7 @@ its cycle again alone (the Main held longest; a refused one goes to the back
 of the line), first after ``check_interval`` seconds, then after twice as
 long each time the store refuses it again (at most ``RETRY_MAX``); once a
 retry is not refused, every held Main runs again.
-``Node.release_replay()`` retries at once, and a restart replays the kept
+``node.recovery.release_replay()`` retries at once, and a restart replays the kept
 messages like any others.
 """
 

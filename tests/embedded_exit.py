@@ -68,7 +68,9 @@ def main() -> None:
     assert node.main("agent").run(kind="worker", skill="quick").ok
     node.main("agent").spawn(kind="branch", skill="wraps_up")
     started.acquire()
-    print(json.dumps({"replay_held": node.replay_held, **node.recovery}), flush=True)
+    print(
+        json.dumps({"replay_held": node.recovery.replay_held, **node.recovery.figures}), flush=True
+    )
     # ends here: no shutdown(), no with block
 
 

@@ -146,7 +146,7 @@ def main(store: str, url: str, cut: bool) -> None:
         result = node.run(parent, kind="branch", skill="research", task="agents", record=True)
         assert result is not None, result
         assert result.ok, result
-        node.recording(result.session_id)  # complete and durable
+        node.recordings.recording(result.session_id)  # complete and durable
         print(result.session_id, flush=True)
     threading.Event().wait(60.0)  # killed long before
 

@@ -342,7 +342,7 @@ def recover(store: Path, log: Path) -> dict[str, int]:
     node = Node(make_agents(ack), CONFIG, store=store)
     try:
         assert node.wait_idle(WAIT), f"the recovered node did not settle: {node.activity.busy}"
-        return node.recovery
+        return node.recovery.figures
     finally:
         node.shutdown(grace=0.5, timeout=WAIT)
         ack.close()

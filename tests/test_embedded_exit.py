@@ -170,8 +170,8 @@ def test_scripts_ending_without_shutdown_are_shut_down_at_exit_and_not_crashes(
     agent = Agent("agent", {"main": lambda session: None}, main_skill="main")
     node = Node([agent], NodeConfig(), store=store)
     try:
-        assert node.recovery["recent_crashes"] == 1
-        assert node.replay_held is None
+        assert node.recovery.figures["recent_crashes"] == 1
+        assert node.recovery.replay_held is None
     finally:
         node.shutdown(grace=0)
 

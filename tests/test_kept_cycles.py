@@ -179,7 +179,7 @@ def test_messages_behind_a_kept_one_wait_and_run_after_it_in_order(
         assert main.send(text) is None  # the inbox takes them; the Main waits
     settle(node)
     assert [m for m, _ in skill.runs] == ["fill"]
-    assert node.release_replay() == 1  # at once, without waiting for the check
+    assert node.recovery.release_replay() == 1  # at once, without waiting for the check
     settle(node)
     assert [m for m, _ in skill.runs] == ["fill", "fill", "second", "third"]
     replies = [c for r, c in transcript(node, main) if r == "assistant"]
@@ -228,7 +228,7 @@ def test_a_refused_result_cycle_stays_owed_and_runs_once(
     store.flush()
     assert len(list(store.scan("outbox"))) == 1  # the result is still owed
     io.full.clear()
-    assert node.release_replay() == 1
+    assert node.recovery.release_replay() == 1
     settle(node)
     assert skill.runs[-1] == ("worker done", 1)
     assert len(skill.runs) == 3

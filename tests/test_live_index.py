@@ -129,8 +129,8 @@ def test_a_start_up_decodes_only_the_live_sessions(
     node = Node([agent], NodeConfig(), store=str(tmp_path / "s"))
     try:
         assert len(decoded) == 4  # the Main and the three running branches
-        assert node.recovery["failed"] == 3  # they were running: ended, node_restarted
-        assert node.recovery["terminal"] == 500
+        assert node.recovery.figures["failed"] == 3  # they were running: ended, node_restarted
+        assert node.recovery.figures["terminal"] == 500
         assert node.store is not None
         assert live_keys(node.store) == {main.session_id.bytes}
     finally:

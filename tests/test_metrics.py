@@ -749,12 +749,16 @@ def test_retries_and_escalations_of_patterns_are_counted(
     node = make_node(Agent("agent", {"main": idle_main, "work": work}), grace=5.0)
     metrics = watch(node)
     main = node.main("agent")
-    gathered = node.fan_out(main, ["flaky"], skill="work", retry=Retry(max_attempts=3, initial=0))
+    gathered = node.patterns.fan_out(
+        main, ["flaky"], skill="work", retry=Retry(max_attempts=3, initial=0)
+    )
     assert gathered.reports[0].ok
     assert value(metrics, "sessiontree_retries_total") == 1.0
     assert value(metrics, "sessiontree_retry_escalations_total") == 0.0
     with pytest.raises(EscalationError, match="escalating"):
-        node.fan_out(main, ["hopeless"], skill="work", retry=Retry(max_attempts=3, intensity=0))
+        node.patterns.fan_out(
+            main, ["hopeless"], skill="work", retry=Retry(max_attempts=3, intensity=0)
+        )
     assert value(metrics, "sessiontree_retries_total") == 1.0
     assert value(metrics, "sessiontree_retry_escalations_total") == 1.0
 

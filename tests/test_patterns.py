@@ -580,11 +580,11 @@ def test_a_continuation_starts_a_fresh_session_seeded_only_from_token_and_contex
     work = Work()
     node = make(make_node, work)
     main = node.main("agent")
-    first = node.fan_out(main, ["draft the plan"], skill="work")
+    first = node.patterns.fan_out(main, ["draft the plan"], skill="work")
     token = first.reports[0].continuation
     assert token is not None
     assert parse_continuation(token).summary == "done draft the plan"
-    later = node.continue_run(main, token, "the user wants it shorter")
+    later = node.patterns.continue_run(main, token, "the user wants it shorter")
     (report,) = later.reports
     assert report.ok
     assert report.attempts[0].session_id != first.reports[0].attempts[0].session_id
@@ -598,7 +598,7 @@ def test_a_continuation_starts_a_fresh_session_seeded_only_from_token_and_contex
 def test_a_bad_continuation_token_is_refused(make_node: Any, token: Any) -> None:
     node = make(make_node, Work())
     with pytest.raises(RejectedInputError) as caught:
-        node.continue_run(node.main("agent"), token, "context")
+        node.patterns.continue_run(node.main("agent"), token, "context")
     assert caught.value.field == "token"
 
 
@@ -620,7 +620,7 @@ def test_an_async_parent_fans_out_without_holding_a_thread(
 
 def test_a_node_fans_out_for_a_parent_from_outside(make_node: Any, clock: VirtualClock) -> None:
     node = make(make_node, Work(), max_children=2)
-    got = node.fan_out(node.main("agent"), ["a", "b", "c", "d", "e"], skill="work")
+    got = node.patterns.fan_out(node.main("agent"), ["a", "b", "c", "d", "e"], skill="work")
     assert got.status is GatherStatus.COMPLETED
     assert [r.summary for r in got.results] == ["done a", "done b", "done c", "done d", "done e"]
 
@@ -632,7 +632,9 @@ def test_a_node_side_timeout_runs_on_the_clock(make_node: Any, clock: VirtualClo
     base = clock.pending_timers  # the node's periodic check
     answer: list[Any] = []
     runner = threading.Thread(
-        target=lambda: answer.append(node.fan_out(main, ["sleep 100"], skill="work", timeout=20))
+        target=lambda: answer.append(
+            node.patterns.fan_out(main, ["sleep 100"], skill="work", timeout=20)
+        )
     )
     runner.start()
     # advance only once the child has its TTL and sleeps, and the driver waits
@@ -655,15 +657,15 @@ def test_a_node_side_timeout_runs_on_the_clock(make_node: Any, clock: VirtualClo
 @pytest.mark.parametrize(
     ("call", "field"),
     [
-        (lambda n, m: n.fan_out(m, [42]), "tasks[0]"),
-        (lambda n, m: n.fan_out(m, ["a"], retry=3), "retry"),
-        (lambda n, m: n.fan_out(m, ["a"], on_timeout="panic"), "on_timeout"),
-        (lambda n, m: n.fan_out(m, ["a"], colour="red"), "options"),
-        (lambda n, m: n.fan_out(m, [{"kind": "robot"}]), "kind"),
-        (lambda n, m: n.map_reduce(m, [1], "a", "b", batch_size=0), "batch_size"),
-        (lambda n, m: n.map_reduce(m, [object()], "a", "b"), "items"),
-        (lambda n, m: n.pipeline(m, [[]]), "stages[0]"),
-        (lambda n, m: n.continue_run(m, "x", 5), "token"),
+        (lambda n, m: n.patterns.fan_out(m, [42]), "tasks[0]"),
+        (lambda n, m: n.patterns.fan_out(m, ["a"], retry=3), "retry"),
+        (lambda n, m: n.patterns.fan_out(m, ["a"], on_timeout="panic"), "on_timeout"),
+        (lambda n, m: n.patterns.fan_out(m, ["a"], colour="red"), "options"),
+        (lambda n, m: n.patterns.fan_out(m, [{"kind": "robot"}]), "kind"),
+        (lambda n, m: n.patterns.map_reduce(m, [1], "a", "b", batch_size=0), "batch_size"),
+        (lambda n, m: n.patterns.map_reduce(m, [object()], "a", "b"), "items"),
+        (lambda n, m: n.patterns.pipeline(m, [[]]), "stages[0]"),
+        (lambda n, m: n.patterns.continue_run(m, "x", 5), "token"),
     ],
 )
 def test_bad_pattern_arguments_are_refused_naming_the_field(
@@ -821,12 +823,12 @@ def test_the_node_s_patterns_have_awaitable_twins(make_node: Any, clock: Virtual
     main = node.main("agent")
 
     async def everything() -> list[GatherStatus]:
-        fanned = await node.afan_out(main, ["a", "b"], skill="work")
-        piped = await node.apipeline(main, ["a", "b"], skill="work")
-        reduced = await node.amap_reduce(main, [1, 2], "m", "r", skill="work")
+        fanned = await node.patterns.afan_out(main, ["a", "b"], skill="work")
+        piped = await node.patterns.apipeline(main, ["a", "b"], skill="work")
+        reduced = await node.patterns.amap_reduce(main, [1, 2], "m", "r", skill="work")
         token = fanned.reports[0].continuation
         assert token is not None
-        continued = await node.acontinue_run(main, token, "more")
+        continued = await node.patterns.acontinue_run(main, token, "more")
         return [g.status for g in (fanned, piped, reduced, continued)]
 
     assert asyncio.run(everything()) == [GatherStatus.COMPLETED] * 4
@@ -859,4 +861,4 @@ def test_a_fire_and_forget_call_the_cortex_refuses_is_counted_not_fatal(
     settle(node)
     assert node.stats()["rejected_messages"] == 1
     assert not node.closed
-    assert node.fan_out(node.main("agent"), ["a"], skill="work").ok
+    assert node.patterns.fan_out(node.main("agent"), ["a"], skill="work").ok

@@ -181,7 +181,7 @@ def test_a_mains_context_survives_a_restart_and_it_comes_back_dormant(
     shut(node)
 
     node = open_node(store_path, agent)
-    assert node.recovery["mains"] == 1
+    assert node.recovery.figures["mains"] == 1
     same = node.main("agent", "telegram:dm:42")
     assert same.session_id == main.session_id
     # dormant: listed and readable, yet nothing runs for it
@@ -211,7 +211,7 @@ def test_another_key_gets_a_new_main_after_a_restart(
     assert other != first
     shut(node)
     node = open_node(store_path, agent)
-    assert node.recovery["mains"] == 2
+    assert node.recovery.figures["mains"] == 2
     assert node.main("agent", "telegram:dm:1").session_id == first
     assert node.main("agent", "telegram:dm:2").session_id == other
 
@@ -280,7 +280,7 @@ def test_a_branch_parked_by_shutdown_runs_again_by_itself_after_restart(
         assert said(record, store) == ["read chapter 1"]
 
     node = open_node(store_path, agent, grace=5.0)
-    assert node.recovery["suspended"] == 1
+    assert node.recovery.figures["suspended"] == 1
     result = node.wait(branch, WAIT)
     assert result is not None
     assert result.status is SessionState.COMPLETED
@@ -293,8 +293,8 @@ def test_a_branch_parked_by_shutdown_runs_again_by_itself_after_restart(
     shut(node)
 
     node = open_node(store_path, agent, grace=5.0)  # nothing is owed any more
-    assert node.recovery.get("outbox", 0) == 0
-    assert node.recovery.get("suspended", 0) == 0
+    assert node.recovery.figures.get("outbox", 0) == 0
+    assert node.recovery.figures.get("suspended", 0) == 0
     before = len(log.cycles)
     node.main("agent").send("ping")
     settle(node)
@@ -325,7 +325,7 @@ def test_an_explicitly_suspended_branch_stays_suspended_until_resumed(
     shut(node)
 
     node = open_node(store_path, agent, grace=5.0)
-    assert node.recovery["suspended"] == 1
+    assert node.recovery.figures["suspended"] == 1
     settle(node)
     assert node.get(branch.session_id).state is SessionState.SUSPENDED
     assert runs == [False]  # not run again by itself
@@ -408,7 +408,7 @@ def test_a_branch_asked_to_suspend_before_the_shutdown_is_waited_for_and_stays_s
     assert final[branch.session_id] is SessionState.SUSPENDED  # parked within the grace
 
     node = open_node(store_path, agent, grace=5.0)
-    assert node.recovery["suspended"] == 1
+    assert node.recovery.figures["suspended"] == 1
     settle(node)
     assert node.get(branch.session_id).state is SessionState.SUSPENDED  # waits for resume
     assert node.resume(branch.session_id) is None
@@ -449,8 +449,8 @@ def test_a_result_the_main_had_not_yet_taken_is_delivered_once_after_restart(
         gate.set()  # the abandoned cycle ends; its node is gone
 
     node = open_node(store_path, agent)
-    assert node.recovery["outbox"] == 1
-    assert node.recovery["inbox"] == 1  # "spawn" never finished its cycle: replayed
+    assert node.recovery.figures["outbox"] == 1
+    assert node.recovery.figures["inbox"] == 1  # "spawn" never finished its cycle: replayed
     settle(node)
     assert log.result_cycles(child) == 1
     assert log.messages.count("spawn") == 2
@@ -461,8 +461,8 @@ def test_a_result_the_main_had_not_yet_taken_is_delivered_once_after_restart(
     shut(node)
 
     node = open_node(store_path, agent)
-    assert node.recovery.get("outbox", 0) == 0
-    assert node.recovery.get("inbox", 0) == 0
+    assert node.recovery.figures.get("outbox", 0) == 0
+    assert node.recovery.figures.get("inbox", 0) == 0
     before = len(log.cycles)
     node.main("agent").send("ping")
     settle(node)
@@ -591,7 +591,7 @@ def test_a_suspended_branch_whose_skill_is_gone_ends_cancelled_and_its_main_is_t
 
     without = Agent("agent", {"main": log})  # the skill was removed before the restart
     node = open_node(store_path, without)
-    assert node.recovery["orphans_cancelled"] == 1
+    assert node.recovery.figures["orphans_cancelled"] == 1
     settle(node)
     result = node.result(branch.session_id)
     assert result is not None
@@ -613,7 +613,7 @@ def test_an_ended_main_is_read_from_the_store_and_its_key_gets_a_new_main(
     shut(node)
 
     node = open_node(store_path, agent)
-    assert node.recovery.get("mains", 0) == 0
+    assert node.recovery.figures.get("mains", 0) == 0
     assert node.get(old.session_id).state is SessionState.CANCELLED
     new = node.main("agent")
     assert new.session_id != old.session_id
@@ -785,7 +785,7 @@ def test_what_was_running_at_a_crash_ends_failed_and_every_parent_is_told_once(
     log = MainLog()
     agent = Agent("agent", {"main": log, "work": finished})
     node = open_node(store_path, agent)
-    figures = node.recovery
+    figures = node.recovery.figures
     assert figures["mains"] == 1
     assert figures["failed"] == 4
     assert figures["orphans_cancelled"] == 1
@@ -837,9 +837,9 @@ def test_what_was_running_at_a_crash_ends_failed_and_every_parent_is_told_once(
     shut(node)
 
     node = open_node(store_path, agent)  # a second restart owes nothing
-    assert node.recovery.get("failed", 0) == 0
-    assert node.recovery.get("outbox", 0) == 0
-    assert node.recovery["terminal"] == 6
+    assert node.recovery.figures.get("failed", 0) == 0
+    assert node.recovery.figures.get("outbox", 0) == 0
+    assert node.recovery.figures["terminal"] == 6
     node.main("agent").send("ping")
     settle(node)
     assert log.messages[3:] == ["ping"]
@@ -914,8 +914,8 @@ def test_unreadable_records_are_quarantined_and_the_rest_loads(
         store.write(batch)
 
     node = open_node(store_path, Agent("agent", {"main": MainLog()}))
-    assert node.recovery["quarantined"] == 2
-    assert node.recovery["mains"] == 1
+    assert node.recovery.figures["quarantined"] == 2
+    assert node.recovery.figures["mains"] == 1
     assert node.store is not None
     quarantined = {(q.db, q.key): q.reason for q in node.store.quarantine_list()}
     assert set(quarantined) == {
@@ -952,8 +952,8 @@ def test_a_corrupt_inbox_record_is_quarantined_and_the_rest_of_the_inbox_runs(
 
     log = MainLog()
     node = open_node(store_path, Agent("agent", {"main": log}))
-    assert node.recovery["quarantined"] == 1
-    assert node.recovery["inbox"] == 1
+    assert node.recovery.figures["quarantined"] == 1
+    assert node.recovery.figures["inbox"] == 1
     settle(node)
     assert log.messages == ["kept"]
     assert node.store is not None
@@ -980,15 +980,15 @@ def test_sessions_of_an_unregistered_agent_are_left_as_stored(
         store.write(batch)
 
     node = open_node(store_path, Agent("other", {"main": MainLog()}))
-    assert node.recovery["unknown_agent"] == 2
+    assert node.recovery.figures["unknown_agent"] == 2
     assert node.sessions() == []
     assert node.get(child.session_id).state is SessionState.SUSPENDED
     assert node.store is not None
     assert node.store.session(child.session_id) is not None
     shut(node)
     node = open_node(store_path, Agent("agent", {"main": MainLog(), "work": finished}))
-    assert node.recovery["mains"] == 1
-    assert node.recovery["suspended"] == 1
+    assert node.recovery.figures["mains"] == 1
+    assert node.recovery.figures["suspended"] == 1
     assert node.main("agent").session_id == main.session_id
 
 
@@ -1652,7 +1652,7 @@ def test_an_accepted_message_whose_cycle_never_ran_is_run_after_restart(
     finally:
         gate.set()
     node = open_node(store_path, agent)
-    assert node.recovery["inbox"] == 2
+    assert node.recovery.figures["inbox"] == 2
     settle(node)
     assert log.messages == ["slow", "slow", "queued"]
     assert log.cycles[-1] == ("queued", True, ["slow"])

@@ -357,15 +357,15 @@ def test_a_message_cut_off_once_runs_again_as_attempt_two_then_the_rest_in_order
     node = nodes(tmp_path, agent_with(log))
     settle(node)
     assert log.ran == [("cut", 2), ("next", 1)]
-    assert node.recovery["fresh"] == 2
-    (decision,) = node.recovery_decisions  # a plain first run is counted, not listed
+    assert node.recovery.figures["fresh"] == 2
+    (decision,) = node.recovery.decisions  # a plain first run is counted, not listed
     assert (decision.kind, decision.decision, decision.attempt, decision.seq) == (
         "message",
         "fresh",
         2,
         0,
     )
-    assert node.wedged() == []
+    assert node.recovery.wedged() == []
 
 
 def test_a_rerun_a_crash_cut_off_before_it_started_still_runs_as_attempt_two(
@@ -423,8 +423,8 @@ def test_a_message_cut_off_at_every_attempt_is_held_back_and_the_rest_runs(
     node = nodes(tmp_path, agent_with(log), recovery_attempts=3)
     settle(node)
     assert log.ran == [("after", 1)]
-    assert node.recovery["wedged"] == 1
-    (item,) = node.wedged()
+    assert node.recovery.figures["wedged"] == 1
+    (item,) = node.recovery.wedged()
     assert (item.kind, item.session_id, item.seq, item.message, item.attempts) == (
         "message",
         main,
@@ -433,7 +433,7 @@ def test_a_message_cut_off_at_every_attempt_is_held_back_and_the_rest_runs(
         3,
     )
     assert item.reason.startswith("wedged: a crash cut off each of its last 3 runs")
-    (decision,) = node.recovery_decisions
+    (decision,) = node.recovery.decisions
     assert (decision.decision, decision.wedged_id) == ("wedged", item.wedged_id)
     assert node.store is not None
     node.store.flush()
@@ -443,7 +443,7 @@ def test_a_message_cut_off_at_every_attempt_is_held_back_and_the_rest_runs(
     node = nodes(tmp_path, agent_with(log))  # a restart does not bring it back
     settle(node)
     assert log.ran == [("after", 1)]
-    assert [w.wedged_id for w in node.wedged()] == [item.wedged_id]
+    assert [w.wedged_id for w in node.recovery.wedged()] == [item.wedged_id]
     assert node.store is not None
     verified = verify_store(node.store)  # every new record decodes under its own key
     assert verified.clean, verified.problems
@@ -460,14 +460,14 @@ def test_a_requeued_message_runs_once_as_a_first_attempt_and_is_no_longer_held(
     leave_as_a_crash_would(tmp_path, main, ["fixed now"], cut_off=3)
     node = nodes(tmp_path, agent_with(log))
     settle(node)
-    (item,) = node.wedged()
+    (item,) = node.recovery.wedged()
 
-    requeued = node.requeue(str(item.wedged_id))
+    requeued = node.recovery.requeue(str(item.wedged_id))
     assert (requeued.session_id, requeued.error) == (main, None)
     settle(node)
     assert log.ran == [("fixed now", 1)]
-    assert node.wedged() == []
-    again = node.requeue(item.wedged_id)
+    assert node.recovery.wedged() == []
+    again = node.recovery.requeue(item.wedged_id)
     assert again.error is not None
     assert again.error.code is ErrorCode.UNKNOWN_SESSION
 
@@ -481,16 +481,16 @@ def test_a_dropped_item_is_gone_and_dropping_it_again_says_so(
     node.shutdown()
     leave_as_a_crash_would(tmp_path, main, ["poison"], cut_off=3)
     node = nodes(tmp_path, agent_with(log))
-    (item,) = node.wedged()
+    (item,) = node.recovery.wedged()
     metrics = NodeMetrics(node, CollectorRegistry())
     try:
         assert "sessiontree_wedged_items 1.0" in metrics.exposition().decode()
-        assert node.drop_wedged(item.wedged_id) is True
+        assert node.recovery.drop_wedged(item.wedged_id) is True
         assert "sessiontree_wedged_items 0.0" in metrics.exposition().decode()
     finally:
         metrics.close()
-    assert node.wedged() == []
-    assert node.drop_wedged(item.wedged_id) is False
+    assert node.recovery.wedged() == []
+    assert node.recovery.drop_wedged(item.wedged_id) is False
     assert log.ran == []
 
 
@@ -499,7 +499,7 @@ def test_a_bad_wedged_id_is_refused_naming_the_field(
 ) -> None:
     node = nodes(tmp_path, agent_with(Cycles()))
     with pytest.raises(RejectedInputError) as caught:
-        node.requeue("not-an-id")
+        node.recovery.requeue("not-an-id")
     assert caught.value.field == "wedged_id"
 
 
@@ -514,9 +514,9 @@ def test_a_message_older_than_the_max_age_is_held_back_as_stale(
     node = nodes(tmp_path, agent_with(log), recovery_max_age=3600.0)
     settle(node)
     assert log.ran == []
-    (item,) = node.wedged()
+    (item,) = node.recovery.wedged()
     assert item.reason.startswith("stale: it is 7200 s old")
-    assert node.recovery["stale"] == 1
+    assert node.recovery.figures["stale"] == 1
 
 
 def park_a_branch(
@@ -588,7 +588,7 @@ def test_a_parked_branch_cut_off_at_every_rerun_ends_wedged_and_its_parent_hears
     assert result.error is not None
     assert result.error.code is ErrorCode.WEDGED
     assert log.results_of(branch) == 1
-    (item,) = node.wedged()
+    (item,) = node.recovery.wedged()
     assert (item.kind, item.session_id) == ("branch", branch)
     node.shutdown()
 
@@ -597,7 +597,7 @@ def test_a_parked_branch_cut_off_at_every_rerun_ends_wedged_and_its_parent_hears
     assert log.results_of(branch) == 1
 
     FIXED.set()
-    requeued = node.requeue(item.wedged_id)  # a fresh session under the same parent
+    requeued = node.recovery.requeue(item.wedged_id)  # a fresh session under the same parent
     assert requeued.error is None
     assert requeued.session_id is not None
     assert requeued.session_id != branch
@@ -606,7 +606,7 @@ def test_a_parked_branch_cut_off_at_every_rerun_ends_wedged_and_its_parent_hears
     assert fresh.status is SessionState.COMPLETED
     assert fresh.artifacts == {"attempt": 1, "resumed": False}
     assert node.get(requeued.session_id).parent_id == main
-    assert node.wedged() == []
+    assert node.recovery.wedged() == []
 
 
 def test_a_suspended_branch_whose_ttl_ran_out_while_the_node_was_down_ends_expired(
@@ -622,8 +622,8 @@ def test_a_suspended_branch_whose_ttl_ran_out_while_the_node_was_down_ends_expir
     assert result.error is not None
     assert (result.status, result.error.code) == (SessionState.EXPIRED, ErrorCode.TTL_EXPIRED)
     assert log.results_of(branch) == 1
-    assert node.recovery["stale"] == 1
-    assert node.wedged() == []  # an ended branch is not held: it is over
+    assert node.recovery.figures["stale"] == 1
+    assert node.recovery.wedged() == []  # an ended branch is not held: it is over
 
 
 def test_a_node_that_keeps_crashing_holds_replay_until_released(
@@ -641,13 +641,13 @@ def test_a_node_that_keeps_crashing_holds_replay_until_released(
         )
 
     node = nodes(tmp_path, agent_with(log), restart_intensity=5, restart_period=300.0)
-    assert node.replay_held is not None
-    assert "crashed 5 times" in node.replay_held
-    assert node.recovery["recent_crashes"] == 5
+    assert node.recovery.replay_held is not None
+    assert "crashed 5 times" in node.recovery.replay_held
+    assert node.recovery.figures["recent_crashes"] == 5
     settle(node)
     node.shutdown()  # a clean stop while held: the count of the cut-off cycle is kept
     node = nodes(tmp_path, agent_with(log), restart_intensity=5, restart_period=300.0)
-    assert node.replay_held is not None
+    assert node.recovery.replay_held is not None
     assert node.main("agent").send("new") is None  # accepted, queued behind the held replay
     settle(node)
     assert log.ran == []
@@ -657,16 +657,16 @@ def test_a_node_that_keeps_crashing_holds_replay_until_released(
         held = metrics.exposition().decode()
         assert "sessiontree_replay_held 1.0" in held
         assert 'sessiontree_recovery_decisions_total{decision="fresh"} 1.0' in held
-        assert node.release_replay() == 2
+        assert node.recovery.release_replay() == 2
         settle(node)
         assert log.ran == [("replayed", 2), ("new", 1)]
-        assert node.replay_held is None
+        assert node.recovery.replay_held is None
         assert "sessiontree_replay_held 0.0" in metrics.exposition().decode()
     finally:
         metrics.close()
     node.shutdown()
     node = nodes(tmp_path, agent_with(log), restart_intensity=5, restart_period=300.0)
-    assert node.replay_held is None  # released: the crashes so far are forgiven
+    assert node.recovery.replay_held is None  # released: the crashes so far are forgiven
 
 
 def test_a_clean_shutdown_is_not_counted_as_a_crash(
@@ -674,7 +674,7 @@ def test_a_clean_shutdown_is_not_counted_as_a_crash(
 ) -> None:
     for _ in range(6):
         node = nodes(tmp_path, agent_with(Cycles()), restart_intensity=2)
-        assert node.replay_held is None
+        assert node.recovery.replay_held is None
         node.shutdown()
     with Store(tmp_path, readonly=True) as store:
         starts = store.starts()
@@ -690,8 +690,8 @@ def test_main_sessions_are_untouched_by_classification(
     node.shutdown()
     node = nodes(tmp_path, agent_with(Cycles()))
     assert node.get(main).kind is SessionKind.MAIN
-    assert node.recovery["mains"] == 1
-    assert node.recovery_decisions == []
+    assert node.recovery.figures["mains"] == 1
+    assert node.recovery.decisions == []
 
 
 def test_a_cycle_a_clean_shutdown_let_go_runs_again_as_it_was_never_counted_as_a_crash(
@@ -715,5 +715,5 @@ def test_a_cycle_a_clean_shutdown_let_go_runs_again_as_it_was_never_counted_as_a
     node = nodes(tmp_path, agent)
     settle(node)
     assert runs == [1, 1, 1, 1, 1]
-    assert node.wedged() == []
-    assert node.recovery_decisions == []
+    assert node.recovery.wedged() == []
+    assert node.recovery.decisions == []

@@ -71,7 +71,7 @@ def ended_and_replayed(
     result = node.ref(root).wait(WAIT)
     assert result is not None
     settle(node)
-    return result, node.recording(root), node.replay(root)
+    return result, node.recordings.recording(root), node.recordings.replay(root)
 
 
 def clocked_agent(**skills: Callable[..., Any]) -> Agent:
@@ -97,10 +97,10 @@ def test_a_recorded_tree_replays_identically_with_the_model_server_stopped() -> 
     with StandinServer() as standin:
         node = Node([make_agent()], config(standin.url))
         result = record(node)
-        recording = node.recording(result.session_id)
+        recording = node.recordings.recording(result.session_id)
         asked = len(standin.requests)
     try:
-        report = node.replay(result.session_id)
+        report = node.recordings.replay(result.session_id)
     finally:
         node.shutdown()
 
@@ -145,7 +145,7 @@ def test_a_changed_skill_makes_the_replay_report_its_first_divergence(
     node = Node([make_agent()], config(server.url))
     try:
         result = record(node)
-        recording = node.recording(result.session_id)
+        recording = node.recordings.recording(result.session_id)
     finally:
         node.shutdown()
     ids = {s.path: s.session_id for s in recording.sessions}
@@ -179,7 +179,7 @@ def test_an_exported_recording_replays_from_its_file_on_another_node(
     path = tmp_path / "run.recording"
     try:
         result = record(node)
-        exported = node.export_recording(result.session_id, path)
+        exported = node.recordings.export_recording(result.session_id, path)
     finally:
         node.shutdown()
     loaded = load_recording(path)
@@ -248,7 +248,7 @@ def test_a_recording_survives_a_kill_9_and_replays_from_the_store(
         root = uuid.UUID(line_then_kill_9("tests.replay_tree", str(store), standin.url))
     node = Node([make_agent()], config("http://127.0.0.1:9/v1"), store=store)
     try:
-        report = node.replay(root)  # the server is gone: the tape answers
+        report = node.recordings.replay(root)  # the server is gone: the tape answers
     finally:
         node.shutdown()
     assert report.identical, report.divergence
@@ -262,7 +262,7 @@ def test_a_run_cut_off_by_a_kill_9_is_an_incomplete_recording(tmp_path: pathlib.
     node = Node([make_agent()], config("http://127.0.0.1:9/v1"), store=store)
     try:
         with pytest.raises(RecordingError) as raised:
-            node.replay(root)
+            node.recordings.replay(root)
     finally:
         node.shutdown()
     assert raised.value.reason == "incomplete"
@@ -282,7 +282,7 @@ def test_replaying_a_session_that_was_not_recorded_is_a_typed_error(
             assert plain is not None
             for session_id in (plain.session_id, uuid.uuid4()):
                 with pytest.raises(RecordingError) as raised:
-                    node.replay(session_id)
+                    node.recordings.replay(session_id)
                 assert raised.value.reason == "not_recorded"
                 assert raised.value.session_id == session_id
         finally:
@@ -405,10 +405,10 @@ def test_a_subtree_recorded_below_a_branch_replays_at_its_depth(server: StandinS
         assert result is not None
         assert result.ok, result
         inner = uuid.UUID(result.summary)
-        recording = node.recording(inner)
-        report = node.replay(inner)
+        recording = node.recordings.recording(inner)
+        report = node.recordings.replay(inner)
         with pytest.raises(RecordingError):
-            node.recording(result.session_id)  # the outer branch itself was not recorded
+            node.recordings.recording(result.session_id)  # the outer branch itself was not recorded
     finally:
         node.shutdown()
     assert recording.depth == 2
@@ -423,7 +423,7 @@ def test_the_cli_lists_replays_and_exports_a_stored_recording(
     node = Node([make_agent()], config(server.url), store=store)
     try:
         root = record(node).session_id
-        recorded = node.recording(root)  # complete and written
+        recorded = node.recordings.recording(root)  # complete and written
     finally:
         node.shutdown()
     runner = CliRunner()

@@ -111,7 +111,7 @@ def test_the_blocking_methods_take_a_session_id_as_a_string(node: Node) -> None:
     assert node.resume(waiting) is None
     assert node.cancel(waiting) is None
     assert node.wait(waiting, WAIT).status is SessionState.CANCELLED
-    gathered = node.fan_out(main, ["e", "f"], kind="worker", skill="writer")
+    gathered = node.patterns.fan_out(main, ["e", "f"], kind="worker", skill="writer")
     assert sorted(r.summary for r in gathered.results) == ["wrote e", "wrote f"]
 
 
@@ -140,7 +140,7 @@ def test_the_awaitable_twins_take_a_session_id_as_a_string(node: Node) -> None:
         seen["resumed"] = await node.aresume(waiting)
         seen["cancelled"] = await node.acancel(waiting)
         seen["ended"] = await node.await_result(waiting, WAIT)
-        seen["gathered"] = await node.afan_out(main, ["e"], kind="worker", skill="writer")
+        seen["gathered"] = await node.patterns.afan_out(main, ["e"], kind="worker", skill="writer")
         return seen
 
     seen = asyncio.run(scenario())
@@ -192,7 +192,7 @@ CALLS: dict[str, tuple[str, Callable[[Node, Any], Any]]] = {
     "tree": ("root", lambda n, v: n.tree(v)),
     "conversation": ("session_id", lambda n, v: n.conversation(v)),
     "inspect": ("session_id", lambda n, v: n.inspect(v, lambda core: None)),
-    "fan_out": ("parent", lambda n, v: n.fan_out(v, ["x"], kind="worker", skill="writer")),
+    "fan_out": ("parent", lambda n, v: n.patterns.fan_out(v, ["x"], kind="worker", skill="writer")),
     "ref": ("session_id", lambda n, v: n.ref(v)),
     "aget": ("session_id", lambda n, v: asyncio.run(n.aget(v))),
     "aspawn": ("parent", lambda n, v: asyncio.run(n.aspawn(v, kind="worker", skill="writer"))),
@@ -208,7 +208,7 @@ CALLS: dict[str, tuple[str, Callable[[Node, Any], Any]]] = {
     "atree": ("root", lambda n, v: asyncio.run(n.atree(v))),
     "afan_out": (
         "parent",
-        lambda n, v: asyncio.run(n.afan_out(v, ["x"], kind="worker", skill="writer")),
+        lambda n, v: asyncio.run(n.patterns.afan_out(v, ["x"], kind="worker", skill="writer")),
     ),
 }
 

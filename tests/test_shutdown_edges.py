@@ -439,7 +439,7 @@ def test_every_way_in_refuses_a_malformed_spec_and_the_node_goes_on(
         ("node.spawn_many", lambda: node.spawn_many(main, [bad])),
         ("node.run", lambda: node.run(main, bad, timeout=WAIT)),
         ("ref.spawn", lambda: main.spawn(bad)),
-        ("node.fan_out", lambda: node.fan_out(main, [bad])),
+        ("node.patterns.fan_out", lambda: node.patterns.fan_out(main, [bad])),
     ):
         with pytest.raises(RejectedInputError) as refused:
             call()
@@ -454,7 +454,7 @@ def test_every_way_in_refuses_a_malformed_spec_and_the_node_goes_on(
         "node.spawn_many": "specs[0].ttl",
         "node.run": "ttl",
         "ref.spawn": "ttl",
-        "node.fan_out": "ttl",
+        "node.patterns.fan_out": "ttl",
         "spawn": "ttl",
         "spawn_many": "specs[0].ttl",
         "fan_out": "ttl",

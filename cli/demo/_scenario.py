@@ -502,7 +502,7 @@ def _run(
                 "sessions": stored.count("sessions"),
                 "results_filed": stored.count("received"),
                 "results_owed": stored.count("outbox"),
-                "recovered": dict(node.recovery),
+                "recovered": dict(node.recovery.figures),
             }
             spent = stored.usage(main.session_id)
     models = model_figures(

@@ -81,10 +81,12 @@ async def node_status(state: State) -> NodeStatus:
         stats=stats,
         config=settings_of(node.config),
         store=store,
-        replay_held=node.replay_held,
+        replay_held=node.recovery.replay_held,
         wedged=node.store.count("wedged") if node.store is not None else 0,
         recovery=(
-            recovery_summary(node.recovery, node.replay_held) if node.store is not None else None
+            recovery_summary(node.recovery.figures, node.recovery.replay_held)
+            if node.store is not None
+            else None
         ),
     )
 

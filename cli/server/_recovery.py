@@ -89,10 +89,10 @@ def recovery(state: State) -> RecoveryView:
     """What recovery found and decided when the node started."""
     node = node_of(state)
     return RecoveryView(
-        figures=dict(node.recovery),
-        decisions=[msgspec.to_builtins(dataclasses.asdict(d)) for d in node.recovery_decisions],
-        replay_held=node.replay_held,
-        wedged=len(node.wedged()),
+        figures=dict(node.recovery.figures),
+        decisions=[msgspec.to_builtins(dataclasses.asdict(d)) for d in node.recovery.decisions],
+        replay_held=node.recovery.replay_held,
+        wedged=len(node.recovery.wedged()),
     )
 
 
@@ -102,19 +102,19 @@ def recovery(state: State) -> RecoveryView:
 def release(state: State) -> Released:
     """Run what a held replay kept back (the node had kept crashing), and retry
     at once the Main cycles a store refusal kept."""
-    return Released(released=node_of(state).release_replay())
+    return Released(released=node_of(state).recovery.release_replay())
 
 
 @get("/wedged", tags=["recovery"], responses=ERRORS, sync_to_thread=True)
 def list_wedged(state: State) -> list[WedgedView]:
     """Work recovery held back, oldest first."""
-    return [wedged_view(record) for record in node_of(state).wedged()]
+    return [wedged_view(record) for record in node_of(state).recovery.wedged()]
 
 
 @get("/wedged/{wedged_id:uuid}", tags=["recovery"], responses=ERRORS, sync_to_thread=True)
 def show_wedged(state: State, wedged_id: Wid) -> WedgedView:
     """One held-back item."""
-    record = node_of(state).wedged_item(wedged_id)
+    record = node_of(state).recovery.wedged_item(wedged_id)
     if record is None:
         refuse(_unknown(wedged_id))
     assert record is not None
@@ -131,7 +131,7 @@ def show_wedged(state: State, wedged_id: Wid) -> WedgedView:
 def requeue(state: State, wedged_id: Wid) -> RequeuedView:
     """Run held-back work again, as a first attempt (a wedged branch: a fresh
     session under its parent)."""
-    requeued = node_of(state).requeue(wedged_id)
+    requeued = node_of(state).recovery.requeue(wedged_id)
     refuse(requeued.error, requeued.session_id)
     return RequeuedView(session_id=requeued.session_id)
 
@@ -139,7 +139,7 @@ def requeue(state: State, wedged_id: Wid) -> RequeuedView:
 @delete("/wedged/{wedged_id:uuid}", tags=["recovery"], responses=ERRORS, sync_to_thread=True)
 def drop(state: State, wedged_id: Wid) -> None:
     """Forget a held-back item for good."""
-    if not node_of(state).drop_wedged(wedged_id):
+    if not node_of(state).recovery.drop_wedged(wedged_id):
         refuse(_unknown(wedged_id))
 
 

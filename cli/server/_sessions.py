@@ -91,7 +91,7 @@ def _sort_key(info: SessionInfo) -> tuple[float, str]:
 #: (several: those marked all of them), and how to ask the node for them.
 MARKS: dict[str, Callable[[Node], Awaitable[list[SessionInfo]]]] = {
     "stuck": Node.astuck,
-    "wedged": Node.awedged_sessions,
+    "wedged": lambda node: node.recovery.awedged_sessions(),
 }
 
 
