@@ -21,9 +21,9 @@ from sessiontree.actors.runtime import (
 from sessiontree.supervision._config import Agent, NodeConfig
 from sessiontree.supervision._contexts import Contexts
 from sessiontree.supervision._events import EventBus
+from sessiontree.supervision._extension import Extensions
 from sessiontree.supervision._models import Models
 from sessiontree.supervision._persist import Persister
-from sessiontree.supervision._recording import Recorder
 from sessiontree.supervision._recovery import Recovered
 
 __all__ = ["Runtime"]
@@ -49,7 +49,8 @@ class Runtime:
     recovered: Recovered | None = None
     models: Models | None = None  # the node's model providers, when it has any
     contexts: Contexts | None = None  # spawned sessions' context branches
-    tapes: Recorder | None = None  # recorded runs (a replay's node: its Player)
+    # the features attached to the kernel (recording, tracing: see _extension)
+    extensions: Extensions = field(default_factory=Extensions)
     dispatcher: Dispatcher | None = None
     backends: Backends = field(default_factory=lambda: Backends({}))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)

@@ -318,7 +318,6 @@ class Spawning:
                 admitted.budget,
             )
         else:  # its sibling's identity but for the id and its work: made at the same instant
-            trace, trace_parent = self.tree.trace_for(parent, spec)
             info = msgspec.structs.replace(
                 last,
                 session_id=new_session_id(),
@@ -326,19 +325,20 @@ class Spawning:
                 context_summary=spec.context_summary,
                 metadata=dict(spec.metadata),
                 input=spec.input,
-                trace=trace,
-                trace_parent=trace_parent,
                 fork_at=spec.fork_at,
                 context=spec.context,
             )
+            if self.tree.ext.identity:  # (each extension sets what it stamps afresh)
+                for ext in self.tree.ext.identity:
+                    info = ext.identity(parent, spec, info)
             entry = self.tree.register(
                 admitted.agent,
                 info,
                 parent,
                 ttl,
+                spec=spec,
                 remote=admitted.remote,
                 ttl_share=share,
-                record=spec.record,
             )
         admitted.last = entry.info
         parent.children[entry.session_id] = None
@@ -365,7 +365,6 @@ class Spawning:
         now = self.tree.now()
         kind = spec.kind
         main = kind is SessionKind.MAIN
-        trace, trace_parent = (None, None) if main else self.tree.trace_for(parent, spec)
         info = SessionInfo(
             session_id=new_session_id(),
             agent_id=agent.agent_id,
@@ -388,14 +387,14 @@ class Spawning:
             backend=backend,
             budget=budget,
             input=spec.input,
-            trace=trace,
-            trace_parent=trace_parent,
             conversation=_conversation_of(parent),
             fork_at=spec.fork_at,
             context=spec.context,
         )
+        for ext in self.tree.ext.identity:
+            info = ext.identity(parent, spec, info)
         return self.tree.register(
-            agent, info, parent, ttl, remote=remote, ttl_share=ttl_share, record=spec.record
+            agent, info, parent, ttl, spec=spec, remote=remote, ttl_share=ttl_share
         )
 
     def _persist_children(

@@ -1,0 +1,103 @@
+"""The kernel's seam for features: what a feature (recording, tracing, …) may
+hook into as the Cortex creates, restores and ends sessions.
+
+A feature subclasses ``Extension`` and overrides only the hooks it needs;
+``Extensions`` keeps, per hook, the extensions that override it, so the
+kernel pays one empty-tuple check for a hook no feature uses. A feature that
+follows one session (a recorded run's tape) gives it a ``SessionWatch``
+(``_entry``; ``TreeEntry.watchers``): a session nobody watches costs the kernel one
+empty-tuple check per event.
+
+Every hook runs on the Cortex thread, inside the operation that calls it; a
+hook that raises fails that operation as any broken invariant does (the
+node fails loudly), so a hook must not raise for anything a user can cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from sessiontree.protocol import ErrorInfo, SessionInfo, SpawnSpec
+    from sessiontree.supervision._entry import TreeEntry
+    from sessiontree.supervision._events import EventKind
+
+__all__ = ["HOOKS", "Extension", "Extensions"]
+
+_E = TypeVar("_E", bound="Extension")
+
+
+class Extension:
+    """A feature attached to the kernel. Every hook here does nothing; a
+    feature overrides the ones it needs (``Extensions`` calls only those)."""
+
+    def identity(self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo) -> SessionInfo:
+        """A new session's identity, before it is indexed: returned as is or
+        changed (tracing gives it its span)."""
+        return info
+
+    def restoring(self, parent: TreeEntry | None, info: SessionInfo) -> SessionInfo:
+        """A stored session's identity as it comes back (``parent``: its parent,
+        back already), before it is indexed: returned as is or changed."""
+        return info
+
+    def created(
+        self,
+        entry: TreeEntry,
+        spec: SpawnSpec | None,
+        before: SessionInfo | None,
+        data: dict[str, Any] | None,
+    ) -> None:
+        """``entry`` was indexed: made from ``spec`` (a spawn, a Main opened), or
+        brought back from the store (``before``: its stored identity).
+        ``data``: its SPAWNED event's data, to add to (None: nobody listens)."""
+
+    def detail(
+        self, kind: EventKind, entry: TreeEntry, error: ErrorInfo | None, data: dict[str, Any]
+    ) -> None:
+        """Add to the data of ``entry``'s ending TRANSITION or a Main's
+        CYCLE_ENDED event (``error``: why it failed, if it did)."""
+
+
+#: the hooks ``Extensions`` sorts extensions by
+HOOKS = ("identity", "restoring", "created", "detail")
+
+
+class Extensions:
+    """The node's extensions, and per hook (an attribute of that name) the
+    ones that override it, in the order they were given. ``replace`` swaps
+    one (a replay's tapes for the node's) before the node is used."""
+
+    __slots__ = ("all", *HOOKS)
+
+    def __init__(self, extensions: Iterable[Extension] = ()) -> None:
+        self.all: tuple[Extension, ...] = tuple(extensions)
+        self.identity: tuple[Extension, ...] = ()
+        self.restoring: tuple[Extension, ...] = ()
+        self.created: tuple[Extension, ...] = ()
+        self.detail: tuple[Extension, ...] = ()
+        self._sort()
+
+    def _sort(self) -> None:
+        for hook in HOOKS:
+            base = getattr(Extension, hook)
+            setattr(
+                self,
+                hook,
+                tuple(e for e in self.all if getattr(type(e), hook, base) is not base),
+            )
+
+    def find(self, kind: type[_E]) -> _E | None:
+        """The extension of type ``kind`` (or a subclass), if the node has one."""
+        return next((e for e in self.all if isinstance(e, kind)), None)
+
+    def replace(self, old: Extension, new: Extension) -> None:
+        """Put ``new`` in ``old``'s place; ``ValueError`` if ``old`` is not here."""
+        extensions = list(self.all)
+        if old not in extensions:
+            msg = f"{type(old).__name__} is not one of the node's extensions"
+            raise ValueError(msg)
+        extensions[extensions.index(old)] = new
+        self.all = tuple(extensions)
+        self._sort()

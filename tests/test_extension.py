@@ -1,0 +1,151 @@
+"""The kernel's seam for features (``_extension``): per hook, only the
+extensions that override it are called; a node attaches recording always and
+span ids only when traced; and what the kernel tells an extension as a
+session is spawned and ends."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sessiontree.actors import Session
+from sessiontree.protocol import ErrorInfo, SessionInfo, SessionKind, SpawnSpec
+from sessiontree.supervision import Agent, Node, Tracing
+from sessiontree.supervision._entry import TreeEntry
+from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._extension import HOOKS, Extension, Extensions
+from sessiontree.supervision._recording import Recorder
+from sessiontree.supervision._span_ids import SpanIds
+from tests.conftest import WAIT
+
+
+class _Created(Extension):
+    def created(
+        self,
+        entry: TreeEntry,
+        spec: SpawnSpec | None,
+        before: SessionInfo | None,
+        data: dict[str, Any] | None,
+    ) -> None:
+        pass
+
+
+class _Told(Extension):
+    """Writes down every hook the kernel calls, in order."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[Any, ...]] = []
+        self.lock = threading.Lock()
+
+    def identity(self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo) -> SessionInfo:
+        with self.lock:
+            self.told.append(("identity", spec.task, info.task))
+        return msgspec.structs.replace(info, metadata={**info.metadata, "stamped": True})
+
+    def created(
+        self,
+        entry: TreeEntry,
+        spec: SpawnSpec | None,
+        before: SessionInfo | None,
+        data: dict[str, Any] | None,
+    ) -> None:
+        with self.lock:
+            self.told.append(("created", entry.info.task, spec is not None, before, data))
+
+    def detail(
+        self, kind: EventKind, entry: TreeEntry, error: ErrorInfo | None, data: dict[str, Any]
+    ) -> None:
+        with self.lock:
+            self.told.append(("detail", kind, entry.info.task, error and error.message))
+        data["told"] = True
+
+
+def test_a_hook_keeps_only_the_extensions_that_override_it() -> None:
+    plain, created, told = Extension(), _Created(), _Told()
+    extensions = Extensions([plain, created, told])
+    assert extensions.all == (plain, created, told)
+    assert extensions.created == (created, told)
+    assert extensions.identity == (told,)
+    assert extensions.detail == (told,)
+    assert extensions.restoring == ()
+    assert all(getattr(Extensions(), hook) == () for hook in HOOKS)
+
+
+def test_an_extension_is_found_and_replaced_by_kind() -> None:
+    created, told = _Created(), _Told()
+    extensions = Extensions([created])
+    assert extensions.find(_Created) is created
+    assert extensions.find(_Told) is None
+    extensions.replace(created, told)
+    assert extensions.all == (told,)
+    assert extensions.created == (told,)
+    assert extensions.identity == (told,)
+    with pytest.raises(ValueError, match="_Created is not one of"):
+        extensions.replace(created, told)  # not there any more
+
+
+def _idle(session: Session) -> None:
+    return None
+
+
+def test_an_untraced_node_has_no_span_hooks(make_node: Callable[..., Node]) -> None:
+    node = make_node(Agent("a", {"main": _idle}))
+    extensions = node._runtime.extensions
+    assert [type(e) for e in extensions.all] == [Recorder]
+    # a feature that is off costs nothing: no hook but the recorder's created
+    assert extensions.identity == extensions.restoring == extensions.detail == ()
+
+
+def test_a_traced_node_has_span_ids(make_node: Callable[..., Node]) -> None:
+    tracing = Tracing(exporter=InMemorySpanExporter(), schedule_delay=0.05, sampling_ratio=0.5)
+    node = make_node(Agent("a", {"main": _idle}), tracing=tracing)
+    spans = node._runtime.extensions.find(SpanIds)
+    assert spans is not None
+    assert spans.sampling_ratio == 0.5
+
+
+def test_the_kernel_tells_an_extension_of_a_spawn_and_its_end(
+    make_node: Callable[..., Node],
+) -> None:
+    def fails(session: Session) -> None:
+        raise RuntimeError("broke")
+
+    node = make_node(Agent("a", {"main": _idle, "fails": fails}))
+    told = _Told()
+    extensions = node._runtime.extensions
+    recorder = extensions.find(Recorder)
+    assert recorder is not None
+    extensions.replace(recorder, told)
+    seen: list[Any] = []
+    node.subscribe(seen.append)
+    main = node.main("a")
+    spawned = node.spawn(main, SpawnSpec(kind=SessionKind.WORKER, skill="fails", task="t"))
+    assert spawned.ok, spawned.error
+    result = spawned.ref.wait(WAIT)
+    assert result is not None
+    assert result.error is not None
+    # what identity returned is what was made
+    assert spawned.ref.info().metadata == {"stamped": True}
+    with told.lock:
+        calls = [c for c in told.told if c[0] != "detail" or c[2] == "t"]
+    main_task = "main for internal:main:main"
+    assert calls[0][:3] == ("identity", main_task, main_task)
+    assert calls[2][:3] == ("identity", "t", "t")
+    created = calls[3]
+    assert created[:4] == ("created", "t", True, None)
+    assert created[4] == {"kind": "worker", "skill": "fails"}  # its SPAWNED event's data
+    assert calls[4] == ("detail", EventKind.TRANSITION, "t", result.error.message)
+    ended = [
+        e
+        for e in seen
+        if e.kind == EventKind.TRANSITION.value
+        and e.session_id == spawned.session_id
+        and e.state == "failed"
+    ]
+    assert ended
+    assert ended[0].data == {"told": True}
