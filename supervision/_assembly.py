@@ -48,6 +48,7 @@ from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import EventBus
 from sessiontree.supervision._extension import Extension, Extensions
 from sessiontree.supervision._housekeeping import Housekeeper
+from sessiontree.supervision._ledger import Ledgers
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
 from sessiontree.supervision._models import Models
 from sessiontree.supervision._persist import Persister
@@ -232,11 +233,12 @@ class NodeParts:
         )
 
     def _extensions(self) -> list[Extension]:
-        """The features the node attaches to its kernel: recording always (any
-        spawn may ask for it), span ids on a traced node."""
+        """The features the node attaches to its kernel: budgets and recording
+        always (any spawn may ask for them), span ids on a traced node."""
         config = self.config
         extensions: list[Extension] = [
-            Recorder(self.store, self.clock, config.grace, config.providers)
+            Ledgers(),
+            Recorder(self.store, self.clock, config.grace, config.providers),
         ]
         if config.tracing is not None:
             extensions.append(SpanIds(config.tracing.sampling_ratio))

@@ -132,14 +132,18 @@ class Cortex:
         self.endings = Endings(tree, self.commits)
         self.cancelling = Cancelling(tree, self.commits, self.endings)
         self.endings.on_orphans = self.cancelling.orphans
-        self.ledgers = Ledgers(tree, self.cancelling)
-        self.spawning = Spawning(tree, self.commits, self.starting, self.ledgers, self.cancelling)
+        self.spawning = Spawning(tree, self.commits, self.starting, self.cancelling)
         self.suspension = Suspension(tree, self.starting)
         self.messages = Messages(tree, self.commits)
         self.periodic = Periodic(tree, self.suspension, self.endings.store_held)
         self.shutdown = Shutdown(tree, self.cancelling, self.suspension, self.periodic)
         self.failed: BaseException | None = None
         self.stopped = False
+        for extension in runtime.extensions.all:  # they keep the parts they act on
+            extension.bind(self)
+        ledgers = runtime.extensions.find(Ledgers)
+        assert ledgers is not None  # every node keeps budgets (see NodeParts.runtime)
+        self.ledgers = ledgers
 
     # -- pykka hooks --------------------------------------------------------
 

@@ -1,12 +1,15 @@
-"""The kernel's seam for features: what a feature (recording, tracing, …) may
-hook into as the Cortex creates, restores and ends sessions.
+"""The kernel's seam for features: what a feature (recording, tracing,
+budgets, …) may hook into as the Cortex admits, creates, restores and ends
+sessions.
 
 A feature subclasses ``Extension`` and overrides only the hooks it needs;
 ``Extensions`` keeps, per hook, the extensions that override it, so the
 kernel pays one empty-tuple check for a hook no feature uses. A feature that
 follows one session (a recorded run's tape) gives it a ``SessionWatch``
-(``_entry``; ``TreeEntry.watchers``): a session nobody watches costs the kernel one
-empty-tuple check per event.
+(``_entry``; ``TreeEntry.watchers``): a session nobody watches costs the
+kernel one empty-tuple check per event. A feature that admits a spawn with
+something for the child (its budget) returns it as a grant, which comes back
+to its ``identity`` and ``created`` for that child.
 
 Every hook runs on the Cortex thread, inside the operation that calls it; a
 hook that raises fails that operation as any broken invariant does (the
@@ -20,10 +23,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from sessiontree.protocol import ErrorInfo, SessionInfo, SpawnSpec
+    from sessiontree.supervision._config import Agent
     from sessiontree.supervision._entry import TreeEntry
     from sessiontree.supervision._events import EventKind
 
-__all__ = ["HOOKS", "Extension", "Extensions"]
+__all__ = ["HOOKS", "Extension", "Extensions", "Grants", "grant_of"]
+
+#: what the extensions that admitted a spawn granted its child (None: nothing)
+Grants = dict["Extension", Any] | None
 
 _E = TypeVar("_E", bound="Extension")
 
@@ -32,9 +39,24 @@ class Extension:
     """A feature attached to the kernel. Every hook here does nothing; a
     feature overrides the ones it needs (``Extensions`` calls only those)."""
 
-    def identity(self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo) -> SessionInfo:
+    def bind(self, cortex: Any) -> None:
+        """Once, as the node's Cortex is built (before any request): a feature
+        that acts on the tree keeps the parts it uses (its ``tree``, …)."""
+
+    def admit(self, parent: TreeEntry, spec: SpawnSpec, agent: Agent) -> ErrorInfo | Any:
+        """Whether ``parent`` may have a child of ``spec`` (run by ``agent``),
+        after the kernel's rules passed it: an ``ErrorInfo`` refuses it (counted
+        and emitted as the rules' refusals are); None admits it; anything else
+        admits it with that grant (``grant_of``), and a spawn granted something
+        is admitted afresh for each child of a batch."""
+        return None
+
+    def identity(
+        self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo, grant: Any
+    ) -> SessionInfo:
         """A new session's identity, before it is indexed: returned as is or
-        changed (tracing gives it its span)."""
+        changed (tracing gives it its span, budgets its narrowed budget).
+        ``grant``: what this extension's ``admit`` granted (None for a Main)."""
         return info
 
     def restoring(self, parent: TreeEntry | None, info: SessionInfo) -> SessionInfo:
@@ -48,10 +70,12 @@ class Extension:
         spec: SpawnSpec | None,
         before: SessionInfo | None,
         data: dict[str, Any] | None,
+        grant: Any,
     ) -> None:
         """``entry`` was indexed: made from ``spec`` (a spawn, a Main opened), or
         brought back from the store (``before``: its stored identity).
-        ``data``: its SPAWNED event's data, to add to (None: nobody listens)."""
+        ``data``: its SPAWNED event's data, to add to (None: nobody listens);
+        ``grant``: as for ``identity``."""
 
     def detail(
         self, kind: EventKind, entry: TreeEntry, error: ErrorInfo | None, data: dict[str, Any]
@@ -61,7 +85,7 @@ class Extension:
 
 
 #: the hooks ``Extensions`` sorts extensions by
-HOOKS = ("identity", "restoring", "created", "detail")
+HOOKS = ("admit", "identity", "restoring", "created", "detail")
 
 
 class Extensions:
@@ -73,6 +97,7 @@ class Extensions:
 
     def __init__(self, extensions: Iterable[Extension] = ()) -> None:
         self.all: tuple[Extension, ...] = tuple(extensions)
+        self.admit: tuple[Extension, ...] = ()
         self.identity: tuple[Extension, ...] = ()
         self.restoring: tuple[Extension, ...] = ()
         self.created: tuple[Extension, ...] = ()
@@ -101,3 +126,8 @@ class Extensions:
         extensions[extensions.index(old)] = new
         self.all = tuple(extensions)
         self._sort()
+
+
+def grant_of(grants: Grants, extension: Extension) -> Any:
+    """What ``extension`` granted a spawn (None: nothing, or no grants at all)."""
+    return None if grants is None else grants.get(extension)

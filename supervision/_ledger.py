@@ -18,16 +18,28 @@ soft threshold is announced once per budget (``BUDGET_WARNING``).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 
-from sessiontree.protocol import COST_UNIT, Budget, ErrorCode, ErrorInfo, SessionKind, Usage
+from sessiontree.protocol import (
+    COST_UNIT,
+    Budget,
+    ErrorCode,
+    ErrorInfo,
+    SessionInfo,
+    SessionKind,
+    SpawnSpec,
+    Usage,
+)
 from sessiontree.supervision._budgets import crossed_soft, first_exceeded, left, narrow
 from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, Reserved, TreeEntry
 from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._extension import Extension
 from sessiontree.supervision._providers import Price
+from sessiontree.supervision._rules import model_tier
 from sessiontree.supervision._tree import Tree
 
 __all__ = ["Ledgers", "Reserved", "priced"]
@@ -35,16 +47,105 @@ __all__ = ["Ledgers", "Reserved", "priced"]
 ONE_SPAWN = Usage(descendants=1)
 
 
-class Ledgers:
-    """Budgets and usage across the tree (Cortex thread)."""
+class _Granted(msgspec.Struct, frozen=True):
+    """A spawn's budget, narrowed to what its bounded ancestors have left, and
+    whether that is narrower than it asked for."""
 
-    def __init__(self, tree: Tree, cancelling: Cancelling) -> None:
-        self.tree = tree
-        self.cancelling = cancelling
+    budget: Budget
+    clamped: bool
+
+
+class Ledgers(Extension):
+    """Budgets and usage across the tree (Cortex thread), attached to the
+    kernel: a spawn is admitted against the budgets above it, its child
+    gets its narrowed budget and its ledger, and a restored session its
+    accounts as they were."""
+
+    tree: Tree
+    cancelling: Cancelling
+
+    def bind(self, cortex: Any) -> None:
+        self.tree = cortex.tree
+        self.cancelling = cortex.cancelling
+
+    # -- the kernel's hooks ------------------------------------------------------------
+
+    def admit(self, parent: TreeEntry, spec: SpawnSpec, agent: Agent) -> ErrorInfo | Any:
+        """A child's budget (its spec's, else its agent's) narrowed to what every
+        bounded ancestor has left, granted (None: it is unbounded); refused
+        when one has no room for another descendant (``narrowed``), or when
+        it bounds cost and the model the child would call has no price
+        (``budget_unenforceable``)."""
+        requested = spec.budget if spec.budget is not None else agent.budget
+        narrowed = self.narrowed(parent, requested, optional=spec.optional)
+        if isinstance(narrowed, ErrorInfo):
+            return narrowed
+        budget, clamped = narrowed
+        if budget is None:
+            return None
+        if budget.cost is not None:  # only then is a price needed
+            tier = model_tier(spec, agent, parent.info.model_tier, root=False)
+            error = self.enforceable(agent, tier, budget)
+            if error is not None:
+                return error
+        return _Granted(budget, clamped)
+
+    def identity(
+        self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo, grant: Any
+    ) -> SessionInfo:
+        """A bounded child's identity names its narrowed budget; a Main's, its
+        agent's (which holds per message cycle)."""
+        if isinstance(grant, _Granted):
+            return msgspec.structs.replace(info, budget=grant.budget)
+        if spec.kind is SessionKind.MAIN:
+            budget = self.tree.rt.agents[info.agent_id].budget
+            if budget is not None:
+                return msgspec.structs.replace(info, budget=budget)
+        return info
+
+    def created(
+        self,
+        entry: TreeEntry,
+        spec: SpawnSpec | None,
+        before: SessionInfo | None,
+        data: dict[str, Any] | None,
+        grant: Any,
+    ) -> None:
+        """A bounded child gets its ledger and every bounded ancestor counts one
+        more descendant (their usage records are written with the spawn); a
+        bounded Main, its ledger; a restored session, its accounts."""
+        if isinstance(grant, _Granted):
+            assert entry.parent is not None  # granted: a spawn under a parent
+            counted = self.spawned(entry.parent, entry, grant.budget, clamped=grant.clamped)
+            self.tree.rt.persist.usage(counted)  # in the spawn's commit when it has one
+        elif before is not None:
+            entry.ledger = self._restored(entry.info, entry.agent)
+        elif entry.kind is SessionKind.MAIN and entry.info.budget is not None:
+            entry.ledger = Ledger(budget=entry.info.budget)
+
+    def _restored(self, info: SessionInfo, agent: Agent) -> Ledger | None:
+        """A restored session's accounts: a passivated Main's as they were, else
+        what the store's usage record says was spent (its budget as spawned; a
+        Main's, its agent's, counting afresh from this cycle)."""
+        tree = self.tree
+        ledger = tree.ledgers_at_rest.pop(info.session_id, None)
+        if ledger is not None:
+            return ledger
+        main = info.kind is SessionKind.MAIN
+        budget = agent.budget if main else info.budget
+        spent = tree.store.usage(info.session_id) if tree.store is not None else None
+        if spent is None and budget is None:
+            return None
+        ledger = Ledger(budget=budget)
+        if spent is not None:
+            ledger.own, ledger.subtree = spent.own, spent.subtree
+        if main:
+            ledger.window = ledger.subtree
+        return ledger
 
     # -- spawning ----------------------------------------------------------------------
 
-    def admit(
+    def narrowed(
         self, parent: TreeEntry, requested: Budget | None, *, optional: bool = False
     ) -> tuple[Budget | None, bool] | ErrorInfo:
         """Whether ``parent`` may have one more child, and the child's budget:

@@ -376,6 +376,7 @@ class Recorder(Extension):
         spec: SpawnSpec | None,
         before: SessionInfo | None,
         data: dict[str, Any] | None,
+        grant: Any,
     ) -> None:
         """A new session is recorded under a recorded parent, or from its own
         spawn on when that asks for it (``record=True``); its tape watches it."""

@@ -36,7 +36,9 @@ class SpanIds(Extension):
     def __init__(self, sampling_ratio: float) -> None:
         self.sampling_ratio = sampling_ratio
 
-    def identity(self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo) -> SessionInfo:
+    def identity(
+        self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo, grant: Any
+    ) -> SessionInfo:
         """A new Branch's or Worker's span and the span it continues: a child of
         the span ``spec.trace`` names (the spawning skill's, or a caller's),
         else of its parent Branch's span, else the root of a new trace. A Main
@@ -69,6 +71,7 @@ class SpanIds(Extension):
         spec: SpawnSpec | None,
         before: SessionInfo | None,
         data: dict[str, Any] | None,
+        grant: Any,
     ) -> None:
         """Its SPAWNED event carries what its span needs (and, restored, the
         span its run before the restart had: its new span links to it)."""

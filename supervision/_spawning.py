@@ -24,7 +24,6 @@ from sessiontree.actors.backends import BACKENDS, ExecutionBackend
 from sessiontree.actors.runtime import Reply, post
 from sessiontree.protocol import (
     BackendUnavailableError,
-    Budget,
     ErrorCode,
     ErrorInfo,
     NodeClosedError,
@@ -40,9 +39,9 @@ from sessiontree.protocol import (
 from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._config import Agent
-from sessiontree.supervision._entry import Ledger, SharedTtl, SpawnAnswer, TreeEntry
+from sessiontree.supervision._entry import SharedTtl, SpawnAnswer, TreeEntry
 from sessiontree.supervision._events import Event, EventKind
-from sessiontree.supervision._ledger import Ledgers
+from sessiontree.supervision._extension import Grants, grant_of
 from sessiontree.supervision._queries import await_result
 from sessiontree.supervision._requests import DEFERRED, Call, Interrupt
 from sessiontree.supervision._rules import (
@@ -66,13 +65,11 @@ class Spawning:
         tree: Tree,
         commits: Commits,
         starting: Starting,
-        ledgers: Ledgers,
         cancelling: Cancelling,
     ) -> None:
         self.tree = tree
         self.commits = commits
         self.starting = starting
-        self.ledgers = ledgers
         self.cancelling = cancelling
 
     def open_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
@@ -97,9 +94,7 @@ class Spawning:
                 return _answer_when_persisted(entry, reply, existing)
         ttl = agent.ttl_for(SessionKind.MAIN)
         spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
-        entry = self._new_entry(agent, None, spec, ttl, key, budget=agent.budget)
-        if agent.budget is not None:  # a Main's budget holds per message cycle
-            entry.ledger = Ledger(budget=agent.budget)
+        entry = self._new_entry(agent, None, spec, ttl, key)
         tree.mains[(agent_id, key)] = entry.session_id
         entry.started_at = tree.now()
         tree.persist_new(entry)
@@ -260,26 +255,25 @@ class Spawning:
         remote = None
         if error is None and skill is not None:
             remote, error = self._remote_for(backend, skill, spec)
-        budget: Budget | None = None
-        clamped = False
-        if error is None:
+        grants: Grants = None
+        if error is None and tree.ext.admit:  # the features' rules (budgets), after the kernel's
             assert parent is not None
             assert agent is not None
-            requested = spec.budget if spec.budget is not None else agent.budget
-            narrowed = self.ledgers.admit(parent, requested, optional=spec.optional)
-            if isinstance(narrowed, ErrorInfo):
-                error = narrowed
-            else:
-                budget, clamped = narrowed
-                if budget is not None and budget.cost is not None:  # only then is a price needed
-                    tier = model_tier(spec, agent, parent.info.model_tier, root=False)
-                    error = self.ledgers.enforceable(agent, tier, budget)
+            for ext in tree.ext.admit:
+                granted = ext.admit(parent, spec, agent)
+                if isinstance(granted, ErrorInfo):
+                    error = granted
+                    break
+                if granted is not None:
+                    if grants is None:
+                        grants = {}
+                    grants[ext] = granted
         if error is not None:
             self._rejected_spawn(parent_id, spec.kind, error)
             return error
         assert agent is not None
         ttl = resolve_ttl(spec, agent)
-        return _Admitted(spec, agent, backend, remote, ttl, needs_thread, budget, clamped)
+        return _Admitted(spec, agent, backend, remote, ttl, needs_thread, grants)
 
     def _still_admits(self, parent: TreeEntry, admitted: _Admitted) -> bool:
         """Whether one more child as ``admitted`` still passes every check. Within
@@ -287,7 +281,7 @@ class Spawning:
         tree = self.tree
         config = tree.rt.config
         return (
-            admitted.budget is None  # a bounded child is admitted against the budgets each time
+            admitted.grants is None  # one granted something is admitted afresh each time
             and parent.live_children < parent.agent.max_children
             and tree.live < config.max_sessions
             and tree.zombies + tree.main_zombies < config.max_zombies
@@ -315,7 +309,7 @@ class Spawning:
                 admitted.backend,
                 admitted.remote,
                 share,
-                admitted.budget,
+                admitted.grants,
             )
         else:  # its sibling's identity but for the id and its work: made at the same instant
             info = msgspec.structs.replace(
@@ -328,9 +322,10 @@ class Spawning:
                 fork_at=spec.fork_at,
                 context=spec.context,
             )
+            grants = admitted.grants
             if self.tree.ext.identity:  # (each extension sets what it stamps afresh)
                 for ext in self.tree.ext.identity:
-                    info = ext.identity(parent, spec, info)
+                    info = ext.identity(parent, spec, info, grant_of(grants, ext))
             entry = self.tree.register(
                 admitted.agent,
                 info,
@@ -339,15 +334,13 @@ class Spawning:
                 spec=spec,
                 remote=admitted.remote,
                 ttl_share=share,
+                grants=grants,
             )
         admitted.last = entry.info
         parent.children[entry.session_id] = None
         parent.live_children += 1
         if spec.request_id is not None:
             parent.requests[spec.request_id] = entry.session_id
-        if admitted.budget is not None:
-            counted = self.ledgers.spawned(parent, entry, admitted.budget, clamped=admitted.clamped)
-            self.tree.rt.persist.usage(counted)  # in the spawn's commit when it has one
         return entry
 
     def _new_entry(
@@ -360,7 +353,7 @@ class Spawning:
         backend: str = "inline",
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
-        budget: Budget | None = None,
+        grants: Grants = None,
     ) -> TreeEntry:
         now = self.tree.now()
         kind = spec.kind
@@ -385,16 +378,15 @@ class Spawning:
             request_id=spec.request_id,
             metadata=dict(spec.metadata),
             backend=backend,
-            budget=budget,
             input=spec.input,
             conversation=_conversation_of(parent),
             fork_at=spec.fork_at,
             context=spec.context,
         )
         for ext in self.tree.ext.identity:
-            info = ext.identity(parent, spec, info)
+            info = ext.identity(parent, spec, info, grant_of(grants, ext))
         return self.tree.register(
-            agent, info, parent, ttl, spec=spec, remote=remote, ttl_share=ttl_share
+            agent, info, parent, ttl, spec=spec, remote=remote, ttl_share=ttl_share, grants=grants
         )
 
     def _persist_children(
@@ -690,8 +682,7 @@ class _Admitted:
     remote: tuple[ExecutionBackend, bytes] | None
     ttl: float | None
     needs_thread: bool
-    budget: Budget | None  # narrowed to what the bounded ancestors have left
-    clamped: bool  # narrower than it asked for
+    grants: Grants  # what the extensions granted its child (its budget), if anything
     last: SessionInfo | None = None  # the identity of the last child made from it
     ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)
 

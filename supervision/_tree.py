@@ -46,6 +46,7 @@ from sessiontree.supervision._commits import Commits
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, SharedTtl, TreeEntry, with_state
 from sessiontree.supervision._events import Event, EventKind
+from sessiontree.supervision._extension import Grants, grant_of
 from sessiontree.supervision._persist import context_from_record
 from sessiontree.supervision._runtime import Runtime
 
@@ -267,11 +268,13 @@ class Tree:
         before: SessionInfo | None = None,
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
+        grants: Grants = None,
     ) -> TreeEntry:
         """Index a session and start its actor (its first TTL timer: ``ttl`` s,
         on ``ttl_share`` if given), and tell the extensions: it was made from
-        ``spec``, or comes back from the store as ``before`` was stored (its
-        event says so); ``remote``: its skill runs on that backend."""
+        ``spec`` (with what they granted its spawn), or comes back from the
+        store as ``before`` was stored (its event says so); ``remote``: its
+        skill runs on that backend."""
         skill = agent.skills[info.skill]
         kind = info.kind
         rt = self.rt
@@ -294,7 +297,7 @@ class Tree:
                 data.update(restored=True, created_at=info.created_at)
         if self.ext.created:  # first: a recorded session's actor finds its tape
             for ext in self.ext.created:
-                ext.created(entry, spec, before, data)
+                ext.created(entry, spec, before, data, grant_of(grants, ext))
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = rt.clock.monotonic()
             self.resident_mains[info.session_id] = entry
@@ -324,7 +327,6 @@ class Tree:
         for ext in self.ext.restoring:
             info = ext.restoring(parent, info)
         entry = self.register(agent, info, parent, ttl, before=before)
-        entry.ledger = self._restored_ledger(info, agent)
         core = entry.core
         core.context = context_from_record(record.context)
         core.resumed = True
@@ -343,25 +345,6 @@ class Tree:
             entry.rerun = True
         self.emit(EventKind.RESTORED, entry)
         return entry
-
-    def _restored_ledger(self, info: SessionInfo, agent: Agent) -> Ledger | None:
-        """A restored session's accounts: a passivated Main's as they were, else
-        what the store's usage record says was spent (its budget as spawned; a
-        Main's, its agent's, counting afresh from this cycle)."""
-        ledger = self.ledgers_at_rest.pop(info.session_id, None)
-        if ledger is not None:
-            return ledger
-        main = info.kind is SessionKind.MAIN
-        budget = agent.budget if main else info.budget
-        spent = self.store.usage(info.session_id) if self.store is not None else None
-        if spent is None and budget is None:
-            return None
-        ledger = Ledger(budget=budget)
-        if spent is not None:
-            ledger.own, ledger.subtree = spent.own, spent.subtree
-        if main:
-            ledger.window = ledger.subtree
-        return ledger
 
     def persist_new(
         self,

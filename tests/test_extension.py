@@ -19,6 +19,7 @@ from sessiontree.supervision import Agent, Node, Tracing
 from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._extension import HOOKS, Extension, Extensions
+from sessiontree.supervision._ledger import Ledgers
 from sessiontree.supervision._recording import Recorder
 from sessiontree.supervision._span_ids import SpanIds
 from tests.conftest import WAIT
@@ -31,6 +32,7 @@ class _Created(Extension):
         spec: SpawnSpec | None,
         before: SessionInfo | None,
         data: dict[str, Any] | None,
+        grant: Any,
     ) -> None:
         pass
 
@@ -42,7 +44,9 @@ class _Told(Extension):
         self.told: list[tuple[Any, ...]] = []
         self.lock = threading.Lock()
 
-    def identity(self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo) -> SessionInfo:
+    def identity(
+        self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo, grant: Any
+    ) -> SessionInfo:
         with self.lock:
             self.told.append(("identity", spec.task, info.task))
         return msgspec.structs.replace(info, metadata={**info.metadata, "stamped": True})
@@ -53,6 +57,7 @@ class _Told(Extension):
         spec: SpawnSpec | None,
         before: SessionInfo | None,
         data: dict[str, Any] | None,
+        grant: Any,
     ) -> None:
         with self.lock:
             self.told.append(("created", entry.info.task, spec is not None, before, data))
@@ -96,9 +101,13 @@ def _idle(session: Session) -> None:
 def test_an_untraced_node_has_no_span_hooks(make_node: Callable[..., Node]) -> None:
     node = make_node(Agent("a", {"main": _idle}))
     extensions = node._runtime.extensions
-    assert [type(e) for e in extensions.all] == [Recorder]
-    # a feature that is off costs nothing: no hook but the recorder's created
-    assert extensions.identity == extensions.restoring == extensions.detail == ()
+    ledgers, recorder = extensions.all
+    assert (type(ledgers), type(recorder)) == (Ledgers, Recorder)
+    # tracing off costs nothing: no hook restores or details, only budgets stamp
+    assert extensions.restoring == extensions.detail == ()
+    assert extensions.identity == (ledgers,)
+    assert extensions.admit == (ledgers,)
+    assert extensions.created == (ledgers, recorder)
 
 
 def test_a_traced_node_has_span_ids(make_node: Callable[..., Node]) -> None:
