@@ -19,7 +19,7 @@ node fails loudly), so a hook must not raise for anything a user can cause.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from sessiontree.protocol import ErrorInfo, SessionInfo, SpawnSpec
@@ -37,11 +37,22 @@ _E = TypeVar("_E", bound="Extension")
 
 class Extension:
     """A feature attached to the kernel. Every hook here does nothing; a
-    feature overrides the ones it needs (``Extensions`` calls only those)."""
+    feature overrides the ones it needs (``Extensions`` calls only those).
+    ``answers``: the types of the feature's own requests to the Cortex,
+    which hands each to ``answer`` on its thread."""
+
+    answers: ClassVar[tuple[type, ...]] = ()
 
     def bind(self, cortex: Any) -> None:
         """Once, as the node's Cortex is built (before any request): a feature
         that acts on the tree keeps the parts it uses (its ``tree``, …)."""
+
+    def answer(self, request: Any, reply: Any) -> object:
+        """The answer to one of the feature's ``answers`` requests, or
+        ``DEFERRED`` (``_requests``) when it answers ``reply`` itself; raises
+        what the Cortex's own operations raise for a caller's mistake."""
+        msg = f"{type(self).__name__} answers no {type(request).__name__}"
+        raise NotImplementedError(msg)
 
     def admit(self, parent: TreeEntry, spec: SpawnSpec, agent: Agent) -> ErrorInfo | Any:
         """Whether ``parent`` may have a child of ``spec`` (run by ``agent``),
@@ -93,10 +104,11 @@ class Extensions:
     ones that override it, in the order they were given. ``replace`` swaps
     one (a replay's tapes for the node's) before the node is used."""
 
-    __slots__ = ("all", *HOOKS)
+    __slots__ = ("all", "answering", *HOOKS)
 
     def __init__(self, extensions: Iterable[Extension] = ()) -> None:
         self.all: tuple[Extension, ...] = tuple(extensions)
+        self.answering: dict[type, Extension] = {}
         self.admit: tuple[Extension, ...] = ()
         self.identity: tuple[Extension, ...] = ()
         self.restoring: tuple[Extension, ...] = ()
@@ -105,6 +117,7 @@ class Extensions:
         self._sort()
 
     def _sort(self) -> None:
+        self.answering = {kind: e for e in self.all for kind in e.answers}
         for hook in HOOKS:
             base = getattr(Extension, hook)
             setattr(

@@ -17,11 +17,15 @@ soft threshold is announced once per budget (``BUDGET_WARNING``).
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import math
+import uuid
 from typing import Any
 
 import msgspec
 
+from sessiontree.actors.runtime import Reply, post
 from sessiontree.protocol import (
     COST_UNIT,
     Budget,
@@ -34,17 +38,44 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision._budgets import crossed_soft, first_exceeded, left, narrow
 from sessiontree.supervision._cancelling import Cancelling
+from sessiontree.supervision._commits import Commits, answer_written, store_error
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, Reserved, TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._extension import Extension
+from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._providers import Price
+from sessiontree.supervision._reports import AfterWrite
+from sessiontree.supervision._requests import DEFERRED, Call, Request
 from sessiontree.supervision._rules import model_tier
 from sessiontree.supervision._tree import Tree
 
-__all__ = ["Ledgers", "Reserved", "priced"]
+__all__ = ["Ledgers", "Reserve", "Reserved", "Settle", "priced"]
 
 ONE_SPAWN = Usage(descendants=1)
+
+
+class Reserve(Request[Reserved | ErrorInfo], frozen=True):
+    """Reserve one model call's worst case against the session and its ancestors
+    (``prompt_tokens`` estimated; ``max_tokens`` None: as many as the budgets
+    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``.
+    Answered once the call's record is durable (the store's error, nothing
+    reserved, if it failed); ``optional``: see ``Ledgers.reserve``."""
+
+    session_id: uuid.UUID
+    prompt_tokens: int
+    max_tokens: int | None
+    price: Price | None
+    optional: bool = False
+
+
+class Settle(Request[ErrorInfo | None], frozen=True):
+    """A call ended: release its reservation, count what it ``used`` (priced).
+    Answered once the usage is durable (the store's error if it failed)."""
+
+    reserved: Reserved
+    used: Usage
+    traced: dict[str, Any] | None = None  # a traced node: the call's span (MODEL_CALL's data)
 
 
 class _Granted(msgspec.Struct, frozen=True):
@@ -61,12 +92,83 @@ class Ledgers(Extension):
     gets its narrowed budget and its ledger, and a restored session its
     accounts as they were."""
 
+    answers = (Reserve, Settle)
     tree: Tree
     cancelling: Cancelling
+    commits: Commits
 
     def bind(self, cortex: Any) -> None:
         self.tree = cortex.tree
         self.cancelling = cortex.cancelling
+        self.commits = cortex.commits
+
+    def answer(self, request: Any, reply: Any) -> object:
+        """A model call's ``Reserve`` or ``Settle`` (see each)."""
+        if isinstance(request, Reserve):
+            return self._reserve(request, reply)
+        return self._settle(request, reply)
+
+    def _reserve(self, reserve: Reserve, reply: Reply | None) -> object:
+        """A model call's reservation, answered once its record is durable: a
+        request that leaves the node is always in the store, so a node that
+        dies with it in flight still counts it when it comes back.
+
+        Answered from the writer's thread (the call goes out one hop sooner);
+        a write that failed is answered with the store's error, and the
+        reservation is released by a settle of nothing told to the Cortex.
+        ``UnknownSessionError`` for a session the index does not hold."""
+        tree = self.tree
+        held = self.reserve(
+            tree.lookup(reserve.session_id),
+            reserve.prompt_tokens,
+            reserve.max_tokens,
+            reserve.price,
+            optional=reserve.optional,
+        )
+        if isinstance(held, ErrorInfo) or reply is None:
+            return held
+        written = tree.rt.persist.call(held, tree.now())
+        if written is None:
+            return held
+        ref, activity = self.commits.ref, tree.rt.activity
+
+        def answer(finished: concurrent.futures.Future[None]) -> None:  # the writer's thread
+            error = finished.exception()
+            if error is None:
+                reply.set(held)
+                return
+            reply.set(store_error(error, reserve.session_id))
+            if ref is not None:  # never sent: released, nothing counted
+                post(ref, Call(Settle(held, Usage())), activity)
+
+        written.add_done_callback(answer)
+        return DEFERRED
+
+    def _settle(self, settle: Settle, reply: Reply | None) -> object:
+        """A model call ended: counted (answered once that is durable) and, on a
+        traced node, emitted for its span."""
+        tree = self.tree
+        reserved, traced = settle.reserved, settle.traced
+        counted = self.settle(reserved, settle.used)
+        persist = tree.rt.persist
+        written = persist.usage(counted, settled=reserved)
+        if written is not None:  # told only when it failed (a hop per settle cost more)
+            ref, activity = self.commits.ref, tree.rt.activity
+
+            def refused(finished: concurrent.futures.Future[None]) -> None:
+                error = finished.exception()
+                if error is not None and ref is not None:
+                    then = functools.partial(_settle_refused, persist, counted, reserved)
+                    post(ref, AfterWrite(then, error), activity)
+
+            written.add_done_callback(refused)
+        if traced is not None:
+            entry = tree.entries.get(reserved.chain[0])
+            tree.emit(EventKind.MODEL_CALL, entry, data=traced, at=traced["ended_at"])
+        if reply is None:
+            return None
+        answer_written(written, reply, reserved.chain[0])
+        return DEFERRED
 
     # -- the kernel's hooks ------------------------------------------------------------
 
@@ -420,3 +522,11 @@ def _exhausted(entry: TreeEntry, dimension: str) -> ErrorInfo:
         message=f"session {entry.session_id}'s budget of {dimension} is exhausted",
         detail={"dimension": dimension, "session_id": str(entry.session_id)},
     )
+
+
+def _settle_refused(
+    persist: Persister, counted: list[TreeEntry], reserved: Reserved, error: BaseException | None
+) -> None:
+    """On the Cortex thread: a settle's write failed; it goes again with the next."""
+    if error is not None:
+        persist.settle_refused(counted, reserved)

@@ -14,12 +14,12 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sessiontree.actors import Session
-from sessiontree.protocol import ErrorInfo, SessionInfo, SessionKind, SpawnSpec
+from sessiontree.protocol import ErrorInfo, SessionInfo, SessionKind, SpawnSpec, Usage
 from sessiontree.supervision import Agent, Node, Tracing
 from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._extension import HOOKS, Extension, Extensions
-from sessiontree.supervision._ledger import Ledgers
+from sessiontree.supervision._ledger import Ledgers, Reserve, Reserved, Settle
 from sessiontree.supervision._recording import Recorder
 from sessiontree.supervision._span_ids import SpanIds
 from tests.conftest import WAIT
@@ -92,6 +92,39 @@ def test_an_extension_is_found_and_replaced_by_kind() -> None:
     assert extensions.identity == (told,)
     with pytest.raises(ValueError, match="_Created is not one of"):
         extensions.replace(created, told)  # not there any more
+
+
+class _Asked(Extension):
+    answers = (int,)
+
+    def answer(self, request: Any, reply: Any) -> object:
+        return request + 1
+
+
+def test_a_features_own_requests_go_to_its_extension() -> None:
+    asked, plain = _Asked(), Extension()
+    extensions = Extensions([plain, asked])
+    assert extensions.answering == {int: asked}
+    assert extensions.answering[int].answer(1, None) == 2
+    with pytest.raises(NotImplementedError, match="Extension answers no int"):
+        plain.answer(1, None)
+    extensions.replace(asked, _Created())
+    assert extensions.answering == {}
+
+
+def test_a_node_answers_a_model_calls_reservation_through_its_ledgers(
+    make_node: Callable[..., Node],
+) -> None:
+    node = make_node(Agent("a", {"main": _idle}))
+    ledgers = node._runtime.extensions.find(Ledgers)
+    assert ledgers is not None
+    assert node._runtime.extensions.answering == {Reserve: ledgers, Settle: ledgers}
+    main = node.main("a").session_id
+    held = node._call(Reserve(main, 10, 5, None))
+    assert isinstance(held, Reserved)
+    assert held.chain == (main,)
+    assert node._call(Settle(held, Usage(prompt_tokens=10, completion_tokens=5, calls=1))) is None
+    assert node.spending(main).usage.calls == 1
 
 
 def _idle(session: Session) -> None:

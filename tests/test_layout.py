@@ -189,8 +189,6 @@ FEATURES = {
 #: Not yet behind the seam: which kernel module still imports which feature
 #: module (each step of the seam takes its lines out of here; none may be added).
 NOT_YET = {
-    ("_cortex", "_ledger"),  # Ledgers: a model call reserved and settled
-    ("_requests", "_ledger"),  # Reserve/Settle carry a Reserved
     ("_queries", "_spending"),  # spending() reads the ledgers
     ("_runtime", "_contexts"),  # the runtime holds the conversation contexts
 }
