@@ -8,8 +8,9 @@ kernel pays one empty-tuple check for a hook no feature uses. A feature that
 follows one session (a recorded run's tape) gives it a ``SessionWatch``
 (``_entry``; ``TreeEntry.watchers``): a session nobody watches costs the
 kernel one empty-tuple check per event. A feature that admits a spawn with
-something for the child (its budget) returns it as a grant, which comes back
-to its ``identity`` and ``created`` for that child.
+something for the child (its budget) returns a ``Grant``, which the kernel
+asks to stamp that child's identity and tells once it is made: a spawn
+nothing was granted to costs the feature one ``admit`` call.
 
 Every hook runs on the Cortex thread, inside the operation that calls it; a
 hook that raises fails that operation as any broken invariant does (the
@@ -19,7 +20,7 @@ node fails loudly), so a hook must not raise for anything a user can cause.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from sessiontree.protocol import ErrorInfo, SessionInfo, SpawnSpec
@@ -27,12 +28,23 @@ if TYPE_CHECKING:
     from sessiontree.supervision._entry import TreeEntry
     from sessiontree.supervision._events import EventKind
 
-__all__ = ["HOOKS", "Extension", "Extensions", "Grants", "grant_of"]
-
-#: what the extensions that admitted a spawn granted its child (None: nothing)
-Grants = dict["Extension", Any] | None
+__all__ = ["HOOKS", "Extension", "Extensions", "Grant"]
 
 _E = TypeVar("_E", bound="Extension")
+
+
+class Grant(Protocol):
+    """What an extension's ``admit`` gives one new session (a budget): the
+    kernel has it ``stamp`` the session's identity, then tells it the session
+    was ``made``. Only sessions granted something pay for it."""
+
+    def stamp(self, info: SessionInfo) -> SessionInfo:
+        """The session's identity with what was granted (before it is indexed)."""
+        ...
+
+    def made(self, entry: TreeEntry) -> None:
+        """The session was indexed (before its SPAWNED event and its record)."""
+        ...
 
 
 class Extension:
@@ -54,20 +66,20 @@ class Extension:
         msg = f"{type(self).__name__} answers no {type(request).__name__}"
         raise NotImplementedError(msg)
 
-    def admit(self, parent: TreeEntry, spec: SpawnSpec, agent: Agent) -> ErrorInfo | Any:
-        """Whether ``parent`` may have a child of ``spec`` (run by ``agent``),
-        after the kernel's rules passed it: an ``ErrorInfo`` refuses it (counted
-        and emitted as the rules' refusals are); None admits it; anything else
-        admits it with that grant (``grant_of``), and a spawn granted something
-        is admitted afresh for each child of a batch."""
+    def admit(
+        self, parent: TreeEntry | None, spec: SpawnSpec, agent: Agent
+    ) -> ErrorInfo | Grant | None:
+        """Whether a session of ``spec`` (run by ``agent``) may be made under
+        ``parent`` (None: a Main is opened), after the kernel's rules passed
+        it: an ``ErrorInfo`` refuses a child (counted and emitted as the rules'
+        refusals are; a Main is never refused); None admits it; a ``Grant``
+        admits it with something for the new session, and a batch's spawn
+        granted something is admitted afresh for each child."""
         return None
 
-    def identity(
-        self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo, grant: Any
-    ) -> SessionInfo:
+    def identity(self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo) -> SessionInfo:
         """A new session's identity, before it is indexed: returned as is or
-        changed (tracing gives it its span, budgets its narrowed budget).
-        ``grant``: what this extension's ``admit`` granted (None for a Main)."""
+        changed (tracing gives it its span)."""
         return info
 
     def restoring(self, parent: TreeEntry | None, info: SessionInfo) -> SessionInfo:
@@ -75,18 +87,13 @@ class Extension:
         back already), before it is indexed: returned as is or changed."""
         return info
 
-    def created(
-        self,
-        entry: TreeEntry,
-        spec: SpawnSpec | None,
-        before: SessionInfo | None,
-        data: dict[str, Any] | None,
-        grant: Any,
-    ) -> None:
-        """``entry`` was indexed: made from ``spec`` (a spawn, a Main opened), or
-        brought back from the store (``before``: its stored identity).
-        ``data``: its SPAWNED event's data, to add to (None: nobody listens);
-        ``grant``: as for ``identity``."""
+    def created(self, entry: TreeEntry, spec: SpawnSpec, data: dict[str, Any] | None) -> None:
+        """``entry`` was indexed, made from ``spec`` (a spawn, a Main opened).
+        ``data``: its SPAWNED event's data, to add to (None: nobody listens)."""
+
+    def restored(self, entry: TreeEntry, before: SessionInfo, data: dict[str, Any] | None) -> None:
+        """``entry`` was indexed, back from the store (``before``: its stored
+        identity). ``data``: as for ``created``."""
 
     def detail(
         self, kind: EventKind, entry: TreeEntry, error: ErrorInfo | None, data: dict[str, Any]
@@ -96,7 +103,7 @@ class Extension:
 
 
 #: the hooks ``Extensions`` sorts extensions by
-HOOKS = ("admit", "identity", "restoring", "created", "detail")
+HOOKS = ("admit", "identity", "restoring", "created", "restored", "detail")
 
 
 class Extensions:
@@ -113,6 +120,7 @@ class Extensions:
         self.identity: tuple[Extension, ...] = ()
         self.restoring: tuple[Extension, ...] = ()
         self.created: tuple[Extension, ...] = ()
+        self.restored: tuple[Extension, ...] = ()
         self.detail: tuple[Extension, ...] = ()
         self._sort()
 
@@ -139,8 +147,3 @@ class Extensions:
         extensions[extensions.index(old)] = new
         self.all = tuple(extensions)
         self._sort()
-
-
-def grant_of(grants: Grants, extension: Extension) -> Any:
-    """What ``extension`` granted a spawn (None: nothing, or no grants at all)."""
-    return None if grants is None else grants.get(extension)

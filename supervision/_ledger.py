@@ -78,19 +78,38 @@ class Settle(Request[ErrorInfo | None], frozen=True):
     traced: dict[str, Any] | None = None  # a traced node: the call's span (MODEL_CALL's data)
 
 
-class _Granted(msgspec.Struct, frozen=True):
-    """A spawn's budget, narrowed to what its bounded ancestors have left, and
-    whether that is narrower than it asked for."""
+class _Granted:
+    """A new session's budget: a child's narrowed to what its bounded
+    ancestors have left (``clamped``: narrower than it asked for), or a
+    Main's, its agent's (which holds per message cycle)."""
 
-    budget: Budget
-    clamped: bool
+    __slots__ = ("budget", "clamped", "ledgers")
+
+    def __init__(self, ledgers: Ledgers, budget: Budget, clamped: bool = False) -> None:
+        self.ledgers, self.budget, self.clamped = ledgers, budget, clamped
+
+    def stamp(self, info: SessionInfo) -> SessionInfo:
+        """Its identity names its budget."""
+        return msgspec.structs.replace(info, budget=self.budget)
+
+    def made(self, entry: TreeEntry) -> None:
+        """It gets its ledger; under a parent, every bounded ancestor counts one
+        more descendant (their usage records are written with the spawn)."""
+        parent = entry.parent
+        if parent is None:  # a Main
+            entry.ledger = Ledger(budget=self.budget)
+            return
+        ledgers = self.ledgers
+        counted = ledgers.spawned(parent, entry, self.budget, clamped=self.clamped)
+        ledgers.tree.rt.persist.usage(counted)  # in the spawn's commit when it has one
 
 
 class Ledgers(Extension):
     """Budgets and usage across the tree (Cortex thread), attached to the
     kernel: a spawn is admitted against the budgets above it, its child
-    gets its narrowed budget and its ledger, and a restored session its
-    accounts as they were."""
+    gets its narrowed budget and its ledger (a ``_Granted``: an unbounded
+    one costs nothing more), and a restored session its accounts as they
+    were."""
 
     answers = (Reserve, Settle)
     tree: Tree
@@ -172,12 +191,16 @@ class Ledgers(Extension):
 
     # -- the kernel's hooks ------------------------------------------------------------
 
-    def admit(self, parent: TreeEntry, spec: SpawnSpec, agent: Agent) -> ErrorInfo | Any:
+    def admit(
+        self, parent: TreeEntry | None, spec: SpawnSpec, agent: Agent
+    ) -> ErrorInfo | _Granted | None:
         """A child's budget (its spec's, else its agent's) narrowed to what every
         bounded ancestor has left, granted (None: it is unbounded); refused
         when one has no room for another descendant (``narrowed``), or when
         it bounds cost and the model the child would call has no price
-        (``budget_unenforceable``)."""
+        (``budget_unenforceable``). A Main is granted its agent's budget."""
+        if parent is None:
+            return None if agent.budget is None else _Granted(self, agent.budget)
         requested = spec.budget if spec.budget is not None else agent.budget
         narrowed = self.narrowed(parent, requested, optional=spec.optional)
         if isinstance(narrowed, ErrorInfo):
@@ -190,40 +213,11 @@ class Ledgers(Extension):
             error = self.enforceable(agent, tier, budget)
             if error is not None:
                 return error
-        return _Granted(budget, clamped)
+        return _Granted(self, budget, clamped)
 
-    def identity(
-        self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo, grant: Any
-    ) -> SessionInfo:
-        """A bounded child's identity names its narrowed budget; a Main's, its
-        agent's (which holds per message cycle)."""
-        if isinstance(grant, _Granted):
-            return msgspec.structs.replace(info, budget=grant.budget)
-        if spec.kind is SessionKind.MAIN:
-            budget = self.tree.rt.agents[info.agent_id].budget
-            if budget is not None:
-                return msgspec.structs.replace(info, budget=budget)
-        return info
-
-    def created(
-        self,
-        entry: TreeEntry,
-        spec: SpawnSpec | None,
-        before: SessionInfo | None,
-        data: dict[str, Any] | None,
-        grant: Any,
-    ) -> None:
-        """A bounded child gets its ledger and every bounded ancestor counts one
-        more descendant (their usage records are written with the spawn); a
-        bounded Main, its ledger; a restored session, its accounts."""
-        if isinstance(grant, _Granted):
-            assert entry.parent is not None  # granted: a spawn under a parent
-            counted = self.spawned(entry.parent, entry, grant.budget, clamped=grant.clamped)
-            self.tree.rt.persist.usage(counted)  # in the spawn's commit when it has one
-        elif before is not None:
-            entry.ledger = self._restored(entry.info, entry.agent)
-        elif entry.kind is SessionKind.MAIN and entry.info.budget is not None:
-            entry.ledger = Ledger(budget=entry.info.budget)
+    def restored(self, entry: TreeEntry, before: SessionInfo, data: dict[str, Any] | None) -> None:
+        """A restored session gets its accounts back."""
+        entry.ledger = self._restored(entry.info, entry.agent)
 
     def _restored(self, info: SessionInfo, agent: Agent) -> Ledger | None:
         """A restored session's accounts: a passivated Main's as they were, else

@@ -370,21 +370,14 @@ class Recorder(Extension):
         self.reels: collections.OrderedDict[uuid.UUID, Reel] = collections.OrderedDict()
         self._lock = threading.Lock()  # reels is read by callers of ``recording``
 
-    def created(
-        self,
-        entry: TreeEntry,
-        spec: SpawnSpec | None,
-        before: SessionInfo | None,
-        data: dict[str, Any] | None,
-        grant: Any,
-    ) -> None:
+    def created(self, entry: TreeEntry, spec: SpawnSpec, data: dict[str, Any] | None) -> None:
         """A new session is recorded under a recorded parent, or from its own
         spawn on when that asks for it (``record=True``); its tape watches it."""
         core = entry.core
         parent = entry.parent
         if parent is not None and parent.core.tape is not None:
             tape = cast("SessionTape", parent.core.tape).child(core)
-        elif spec is not None and spec.record:
+        elif spec.record:
             tape = self.root(core)
         else:
             return

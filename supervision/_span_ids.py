@@ -36,9 +36,7 @@ class SpanIds(Extension):
     def __init__(self, sampling_ratio: float) -> None:
         self.sampling_ratio = sampling_ratio
 
-    def identity(
-        self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo, grant: Any
-    ) -> SessionInfo:
+    def identity(self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo) -> SessionInfo:
         """A new Branch's or Worker's span and the span it continues: a child of
         the span ``spec.trace`` names (the spawning skill's, or a caller's),
         else of its parent Branch's span, else the root of a new trace. A Main
@@ -65,21 +63,15 @@ class SpanIds(Extension):
         trace = child_traceparent(trace_parent or cut_off)
         return msgspec.structs.replace(info, trace=trace, trace_parent=trace_parent)
 
-    def created(
-        self,
-        entry: TreeEntry,
-        spec: SpawnSpec | None,
-        before: SessionInfo | None,
-        data: dict[str, Any] | None,
-        grant: Any,
-    ) -> None:
-        """Its SPAWNED event carries what its span needs (and, restored, the
-        span its run before the restart had: its new span links to it)."""
-        info = entry.info
-        if data is None or info.trace is None:
-            return
-        data.update(trace=info.trace, trace_parent=info.trace_parent, ttl=info.ttl, task=info.task)
-        if before is not None and before.trace is not None:
+    def created(self, entry: TreeEntry, spec: SpawnSpec, data: dict[str, Any] | None) -> None:
+        """Its SPAWNED event carries what its span needs."""
+        if data is not None:
+            _span_data(entry.info, data)
+
+    def restored(self, entry: TreeEntry, before: SessionInfo, data: dict[str, Any] | None) -> None:
+        """As ``created``, and the span its run before the restart had: its
+        new span links to it."""
+        if data is not None and _span_data(entry.info, data) and before.trace is not None:
             data["cut_off"] = before.trace
 
     def detail(
@@ -101,3 +93,12 @@ class SpanIds(Extension):
             data["settled"] = ledger.settled
         if error is not None:
             data["failure"] = error
+
+
+def _span_data(info: SessionInfo, data: dict[str, Any]) -> bool:
+    """Put what a traced session's span needs in its SPAWNED event's ``data``
+    (False: it has no span)."""
+    if info.trace is None:
+        return False
+    data.update(trace=info.trace, trace_parent=info.trace_parent, ttl=info.ttl, task=info.task)
+    return True

@@ -41,7 +41,7 @@ from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import SharedTtl, SpawnAnswer, TreeEntry
 from sessiontree.supervision._events import Event, EventKind
-from sessiontree.supervision._extension import Grants, grant_of
+from sessiontree.supervision._extension import Grant
 from sessiontree.supervision._queries import await_result
 from sessiontree.supervision._requests import DEFERRED, Call, Interrupt
 from sessiontree.supervision._rules import (
@@ -94,7 +94,9 @@ class Spawning:
                 return _answer_when_persisted(entry, reply, existing)
         ttl = agent.ttl_for(SessionKind.MAIN)
         spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
-        entry = self._new_entry(agent, None, spec, ttl, key)
+        grants = _features_admit(tree, None, spec, agent)
+        assert not isinstance(grants, ErrorInfo)  # a Main is never refused (Extension.admit)
+        entry = self._new_entry(agent, None, spec, ttl, key, grants=grants)
         tree.mains[(agent_id, key)] = entry.session_id
         entry.started_at = tree.now()
         tree.persist_new(entry)
@@ -255,9 +257,8 @@ class Spawning:
         remote = None
         if error is None and skill is not None:
             remote, error = self._remote_for(backend, skill, spec)
-        grants: Grants = None
-        if error is None and tree.ext.admit:  # the features' rules (budgets), after the kernel's
-            assert parent is not None
+        grants: tuple[Grant, ...] = ()
+        if error is None:  # the features' rules (budgets), after the kernel's; inline: hot
             assert agent is not None
             for ext in tree.ext.admit:
                 granted = ext.admit(parent, spec, agent)
@@ -265,9 +266,7 @@ class Spawning:
                     error = granted
                     break
                 if granted is not None:
-                    if grants is None:
-                        grants = {}
-                    grants[ext] = granted
+                    grants = (*grants, granted)
         if error is not None:
             self._rejected_spawn(parent_id, spec.kind, error)
             return error
@@ -281,7 +280,7 @@ class Spawning:
         tree = self.tree
         config = tree.rt.config
         return (
-            admitted.grants is None  # one granted something is admitted afresh each time
+            not admitted.grants  # one granted something is admitted afresh each time
             and parent.live_children < parent.agent.max_children
             and tree.live < config.max_sessions
             and tree.zombies + tree.main_zombies < config.max_zombies
@@ -322,10 +321,11 @@ class Spawning:
                 fork_at=spec.fork_at,
                 context=spec.context,
             )
+            for ext in self.tree.ext.identity:  # (each sets what it stamps afresh)
+                info = ext.identity(parent, spec, info)
             grants = admitted.grants
-            if self.tree.ext.identity:  # (each extension sets what it stamps afresh)
-                for ext in self.tree.ext.identity:
-                    info = ext.identity(parent, spec, info, grant_of(grants, ext))
+            for grant in grants:
+                info = grant.stamp(info)
             entry = self.tree.register(
                 admitted.agent,
                 info,
@@ -353,7 +353,7 @@ class Spawning:
         backend: str = "inline",
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
-        grants: Grants = None,
+        grants: tuple[Grant, ...] = (),
     ) -> TreeEntry:
         now = self.tree.now()
         kind = spec.kind
@@ -384,7 +384,9 @@ class Spawning:
             context=spec.context,
         )
         for ext in self.tree.ext.identity:
-            info = ext.identity(parent, spec, info, grant_of(grants, ext))
+            info = ext.identity(parent, spec, info)
+        for grant in grants:
+            info = grant.stamp(info)
         return self.tree.register(
             agent, info, parent, ttl, spec=spec, remote=remote, ttl_share=ttl_share, grants=grants
         )
@@ -510,6 +512,21 @@ class Spawning:
                 parent.requests[request_id] = child_id
                 return child_id
         return None
+
+
+def _features_admit(
+    tree: Tree, parent: TreeEntry | None, spec: SpawnSpec, agent: Agent
+) -> tuple[Grant, ...] | ErrorInfo:
+    """What the extensions say to a session of ``spec`` under ``parent`` (None:
+    a Main): the first refusal, else what they granted it (as ``_admit``)."""
+    grants: tuple[Grant, ...] = ()
+    for ext in tree.ext.admit:
+        granted = ext.admit(parent, spec, agent)
+        if isinstance(granted, ErrorInfo):
+            return granted
+        if granted is not None:
+            grants = (*grants, granted)
+    return grants
 
 
 def _answer_when_persisted(entry: TreeEntry, reply: Reply | None, value: object) -> object:
@@ -682,7 +699,7 @@ class _Admitted:
     remote: tuple[ExecutionBackend, bytes] | None
     ttl: float | None
     needs_thread: bool
-    grants: Grants  # what the extensions granted its child (its budget), if anything
+    grants: tuple[Grant, ...]  # what the extensions granted its child (its budget)
     last: SessionInfo | None = None  # the identity of the last child made from it
     ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)
 

@@ -46,7 +46,7 @@ from sessiontree.supervision._commits import Commits
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, SharedTtl, TreeEntry, with_state
 from sessiontree.supervision._events import Event, EventKind
-from sessiontree.supervision._extension import Grants, grant_of
+from sessiontree.supervision._extension import Grant
 from sessiontree.supervision._persist import context_from_record
 from sessiontree.supervision._runtime import Runtime
 
@@ -268,13 +268,13 @@ class Tree:
         before: SessionInfo | None = None,
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
-        grants: Grants = None,
+        grants: tuple[Grant, ...] = (),
     ) -> TreeEntry:
         """Index a session and start its actor (its first TTL timer: ``ttl`` s,
         on ``ttl_share`` if given), and tell the extensions: it was made from
-        ``spec`` (with what they granted its spawn), or comes back from the
-        store as ``before`` was stored (its event says so); ``remote``: its
-        skill runs on that backend."""
+        ``spec`` (and what they granted its spawn is told it was made), or
+        comes back from the store as ``before`` was stored (its event says
+        so); ``remote``: its skill runs on that backend."""
         skill = agent.skills[info.skill]
         kind = info.kind
         rt = self.rt
@@ -295,9 +295,15 @@ class Tree:
             data = {"kind": kind._value_, "skill": info.skill}
             if before is not None:
                 data.update(restored=True, created_at=info.created_at)
-        if self.ext.created:  # first: a recorded session's actor finds its tape
+        # first: a recorded session's actor finds its tape
+        if before is not None:
+            for ext in self.ext.restored:
+                ext.restored(entry, before, data)
+        elif spec is not None:
             for ext in self.ext.created:
-                ext.created(entry, spec, before, data, grant_of(grants, ext))
+                ext.created(entry, spec, data)
+            for grant in grants:
+                grant.made(entry)
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = rt.clock.monotonic()
             self.resident_mains[info.session_id] = entry

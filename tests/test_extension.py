@@ -14,7 +14,15 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sessiontree.actors import Session
-from sessiontree.protocol import ErrorInfo, SessionInfo, SessionKind, SpawnSpec, Usage
+from sessiontree.protocol import (
+    Budget,
+    ErrorCode,
+    ErrorInfo,
+    SessionInfo,
+    SessionKind,
+    SpawnSpec,
+    Usage,
+)
 from sessiontree.supervision import Agent, Node, Tracing
 from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._events import EventKind
@@ -26,14 +34,7 @@ from tests.conftest import WAIT
 
 
 class _Created(Extension):
-    def created(
-        self,
-        entry: TreeEntry,
-        spec: SpawnSpec | None,
-        before: SessionInfo | None,
-        data: dict[str, Any] | None,
-        grant: Any,
-    ) -> None:
+    def created(self, entry: TreeEntry, spec: SpawnSpec, data: dict[str, Any] | None) -> None:
         pass
 
 
@@ -44,23 +45,14 @@ class _Told(Extension):
         self.told: list[tuple[Any, ...]] = []
         self.lock = threading.Lock()
 
-    def identity(
-        self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo, grant: Any
-    ) -> SessionInfo:
+    def identity(self, parent: TreeEntry | None, spec: SpawnSpec, info: SessionInfo) -> SessionInfo:
         with self.lock:
             self.told.append(("identity", spec.task, info.task))
         return msgspec.structs.replace(info, metadata={**info.metadata, "stamped": True})
 
-    def created(
-        self,
-        entry: TreeEntry,
-        spec: SpawnSpec | None,
-        before: SessionInfo | None,
-        data: dict[str, Any] | None,
-        grant: Any,
-    ) -> None:
+    def created(self, entry: TreeEntry, spec: SpawnSpec, data: dict[str, Any] | None) -> None:
         with self.lock:
-            self.told.append(("created", entry.info.task, spec is not None, before, data))
+            self.told.append(("created", entry.info.task, spec.task, data))
 
     def detail(
         self, kind: EventKind, entry: TreeEntry, error: ErrorInfo | None, data: dict[str, Any]
@@ -136,11 +128,12 @@ def test_an_untraced_node_has_no_span_hooks(make_node: Callable[..., Node]) -> N
     extensions = node._runtime.extensions
     ledgers, recorder = extensions.all
     assert (type(ledgers), type(recorder)) == (Ledgers, Recorder)
-    # tracing off costs nothing: no hook restores or details, only budgets stamp
-    assert extensions.restoring == extensions.detail == ()
-    assert extensions.identity == (ledgers,)
+    # tracing off costs nothing: no hook stamps, restores or details
+    assert extensions.identity == extensions.restoring == extensions.detail == ()
+    # budgets cost an unbounded spawn their admit alone, recording its created
     assert extensions.admit == (ledgers,)
-    assert extensions.created == (ledgers, recorder)
+    assert extensions.created == (recorder,)
+    assert extensions.restored == (ledgers,)
 
 
 def test_a_traced_node_has_span_ids(make_node: Callable[..., Node]) -> None:
@@ -178,9 +171,8 @@ def test_the_kernel_tells_an_extension_of_a_spawn_and_its_end(
     main_task = "main for internal:main:main"
     assert calls[0][:3] == ("identity", main_task, main_task)
     assert calls[2][:3] == ("identity", "t", "t")
-    created = calls[3]
-    assert created[:4] == ("created", "t", True, None)
-    assert created[4] == {"kind": "worker", "skill": "fails"}  # its SPAWNED event's data
+    # its SPAWNED event's data, to add to
+    assert calls[3] == ("created", "t", "t", {"kind": "worker", "skill": "fails"})
     assert calls[4] == ("detail", EventKind.TRANSITION, "t", result.error.message)
     ended = [
         e
@@ -191,3 +183,20 @@ def test_the_kernel_tells_an_extension_of_a_spawn_and_its_end(
     ]
     assert ended
     assert ended[0].data == {"told": True}
+
+
+def test_a_budget_is_granted_to_the_sessions_it_bounds(make_node: Callable[..., Node]) -> None:
+    budget = Budget(tokens=1000, descendants=1)
+    node = make_node(Agent("a", {"main": _idle, "w": _idle}, budget=budget))
+    main = node.main("a")
+    assert main.info().budget == budget  # a Main is granted its agent's budget
+    assert node.spending(main.session_id).budget == budget
+    asked = Budget(tokens=5000)
+    spawned = node.spawn(main, SpawnSpec(kind=SessionKind.WORKER, skill="w", budget=asked))
+    assert spawned.ok, spawned.error
+    # narrowed to what the Main has left (its one descendant is this child)
+    assert spawned.ref.info().budget == Budget(tokens=1000, descendants=0)
+    assert node.spending(spawned.session_id).budget_clamped
+    refused = node.spawn(main, SpawnSpec(kind=SessionKind.WORKER, skill="w"))
+    assert refused.error is not None
+    assert refused.error.code is ErrorCode.BUDGET_EXHAUSTED
