@@ -228,17 +228,18 @@ class NodeParts:
             dispatcher=self.dispatcher,
             backends=self.backends,
             models=models,
-            contexts=self.contexts,
             extensions=Extensions(self._extensions()),
         )
 
     def _extensions(self) -> list[Extension]:
-        """The features the node attaches to its kernel: budgets and recording
-        always (any spawn may ask for them), span ids on a traced node."""
+        """The features the node attaches to its kernel: budgets, recording and
+        context branches always (any spawn may use them), span ids on a traced
+        node."""
         config = self.config
         extensions: list[Extension] = [
             Ledgers(),
             Recorder(self.store, self.clock, config.grace, config.providers),
+            self.contexts,
         ]
         if config.tracing is not None:
             extensions.append(SpanIds(config.tracing.sampling_ratio))

@@ -16,6 +16,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -36,14 +37,20 @@ from sessiontree.protocol import (
     SessionResult,
     SpawnSpec,
 )
+from sessiontree.supervision._extension import Extension
+
+if TYPE_CHECKING:
+    from sessiontree.supervision._entry import TreeEntry
 
 __all__ = ["Contexts", "result_text"]
 
 log = logging.getLogger("sessiontree.contexts")
 
 
-class Contexts:
-    """The context branches of a node's running sessions (thread-safe)."""
+class Contexts(Extension):
+    """The context branches of a node's running sessions (thread-safe),
+    attached to the kernel: a Branch's result names its branch's leaf, and
+    a child's result lands on its parent's branch as it is filed."""
 
     def __init__(self, conversations: Conversations) -> None:
         self.conversations = conversations
@@ -185,6 +192,22 @@ class Contexts:
         with shared.lock:
             made = session_branch(shared.latest(), info.session_id)
         return info.fork_at if made is None else made.tip
+
+    def result(self, entry: TreeEntry, result: SessionResult) -> SessionResult:
+        """A Branch that wrote to its context names the last message of its
+        branch (what a continuation forks from) and its conversation."""
+        info = entry.info
+        if info.kind is not SessionKind.BRANCH:  # (leaf's test, here: every ending runs it)
+            return result
+        leaf = self.leaf(info)
+        if leaf is None:
+            return result
+        return msgspec.structs.replace(result, context_leaf=leaf, conversation=info.conversation)
+
+    def delivered(
+        self, entry: TreeEntry, parent: TreeEntry, result: SessionResult, live: bool
+    ) -> None:
+        self.landed(entry.info, parent.info, result, live=live)
 
     def leaf(self, info: SessionInfo) -> uuid.UUID | None:
         """The last message of a Branch's context branch, if it wrote any (what

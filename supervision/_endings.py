@@ -280,9 +280,6 @@ class Endings:
         settled = True
         if ledger is not None:
             own, subtree, settled = ledger.own, ledger.subtree, ledger.settled
-        contexts = self.tree.rt.contexts
-        leaf = None if contexts is None else contexts.leaf(info)
-        conversation = None if leaf is None else info.conversation
         if outcome is None:  # the defaults: no summary, artifacts or memory ids
             result = SessionResult(
                 session_id=core.session_id,
@@ -293,8 +290,6 @@ class Endings:
                 timings=timings,
                 usage=own,
                 subtree_usage=subtree,
-                context_leaf=leaf,
-                conversation=conversation,
                 usage_settled=settled,
             )
         else:
@@ -310,10 +305,10 @@ class Endings:
                 timings=timings,
                 usage=own,
                 subtree_usage=subtree,
-                context_leaf=leaf,
-                conversation=conversation,
                 usage_settled=settled,
             )
+        for ext in self.tree.ext.result:  # what features add (a Branch's context leaf)
+            result = ext.result(entry, result)
         return result
 
     def _thread_ended(self, entry: TreeEntry) -> None:
@@ -375,9 +370,8 @@ class Endings:
         tree = self.tree
         parent_core = parent.core
         parent_live = parent_core.state not in TERMINAL_STATES
-        contexts = tree.rt.contexts
-        if contexts is not None:  # first: a Main's cycle for it appends after it
-            contexts.landed(entry.info, parent.info, result, live=parent_live)
+        for ext in tree.ext.delivered:  # first: a Main's cycle for it appends after it
+            ext.delivered(entry, parent, result, parent_live)
         if parent_live and tree.store is not None:
             parent.receipts.append(result)  # its next snapshot records the receipt
         parent.live_children -= 1

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from sessiontree.protocol import ErrorInfo, SessionInfo, SpawnSpec
+    from sessiontree.protocol import ErrorInfo, SessionInfo, SessionResult, SpawnSpec
     from sessiontree.supervision._config import Agent
     from sessiontree.supervision._entry import TreeEntry
     from sessiontree.supervision._events import EventKind
@@ -101,9 +101,29 @@ class Extension:
         """Add to the data of ``entry``'s ending TRANSITION or a Main's
         CYCLE_ENDED event (``error``: why it failed, if it did)."""
 
+    def result(self, entry: TreeEntry, result: SessionResult) -> SessionResult:
+        """``entry``'s one result as it ends, before anyone sees it: returned as
+        is or with what the feature adds (contexts: its context branch's leaf)."""
+        return result
+
+    def delivered(
+        self, entry: TreeEntry, parent: TreeEntry, result: SessionResult, live: bool
+    ) -> None:
+        """``entry``'s result is being filed on ``parent`` (``live``: it has not
+        ended), before the parent's skill or mailbox can see it."""
+
 
 #: the hooks ``Extensions`` sorts extensions by
-HOOKS = ("admit", "identity", "restoring", "created", "restored", "detail")
+HOOKS = (
+    "admit",
+    "identity",
+    "restoring",
+    "created",
+    "restored",
+    "detail",
+    "result",
+    "delivered",
+)
 
 
 class Extensions:
@@ -122,6 +142,8 @@ class Extensions:
         self.created: tuple[Extension, ...] = ()
         self.restored: tuple[Extension, ...] = ()
         self.detail: tuple[Extension, ...] = ()
+        self.result: tuple[Extension, ...] = ()
+        self.delivered: tuple[Extension, ...] = ()
         self._sort()
 
     def _sort(self) -> None:

@@ -19,7 +19,6 @@ from sessiontree.actors.runtime import (
     StepExecutor,
 )
 from sessiontree.supervision._config import Agent, NodeConfig
-from sessiontree.supervision._contexts import Contexts
 from sessiontree.supervision._events import EventBus
 from sessiontree.supervision._extension import Extensions
 from sessiontree.supervision._models import Models
@@ -48,7 +47,6 @@ class Runtime:
     persist: Persister
     recovered: Recovered | None = None
     models: Models | None = None  # the node's model providers, when it has any
-    contexts: Contexts | None = None  # spawned sessions' context branches
     # the features attached to the kernel (recording, tracing: see _extension)
     extensions: Extensions = field(default_factory=Extensions)
     dispatcher: Dispatcher | None = None

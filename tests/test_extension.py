@@ -24,6 +24,7 @@ from sessiontree.protocol import (
     Usage,
 )
 from sessiontree.supervision import Agent, Node, Tracing
+from sessiontree.supervision._contexts import Contexts
 from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._extension import HOOKS, Extension, Extensions
@@ -126,14 +127,15 @@ def _idle(session: Session) -> None:
 def test_an_untraced_node_has_no_span_hooks(make_node: Callable[..., Node]) -> None:
     node = make_node(Agent("a", {"main": _idle}))
     extensions = node._runtime.extensions
-    ledgers, recorder = extensions.all
-    assert (type(ledgers), type(recorder)) == (Ledgers, Recorder)
+    ledgers, recorder, contexts = extensions.all
+    assert (type(ledgers), type(recorder), type(contexts)) == (Ledgers, Recorder, Contexts)
     # tracing off costs nothing: no hook stamps, restores or details
     assert extensions.identity == extensions.restoring == extensions.detail == ()
     # budgets cost an unbounded spawn their admit alone, recording its created
     assert extensions.admit == (ledgers,)
     assert extensions.created == (recorder,)
     assert extensions.restored == (ledgers,)
+    assert extensions.result == extensions.delivered == (contexts,)
 
 
 def test_a_traced_node_has_span_ids(make_node: Callable[..., Node]) -> None:
@@ -185,18 +187,29 @@ def test_the_kernel_tells_an_extension_of_a_spawn_and_its_end(
     assert ended[0].data == {"told": True}
 
 
-def test_a_budget_is_granted_to_the_sessions_it_bounds(make_node: Callable[..., Node]) -> None:
-    budget = Budget(tokens=1000, descendants=1)
-    node = make_node(Agent("a", {"main": _idle, "w": _idle}, budget=budget))
+def test_a_budget_is_granted_to_the_sessions_it_bounds(
+    make_node: Callable[..., Node], release: threading.Event
+) -> None:
+    def waits(session: Session) -> None:
+        release.wait(WAIT)
+
+    agents = Budget(tokens=1000, descendants=10)
+    node = make_node(Agent("a", {"main": _idle, "waits": waits}, budget=agents))
     main = node.main("a")
-    assert main.info().budget == budget  # a Main is granted its agent's budget
-    assert node.spending(main.session_id).budget == budget
+    assert main.info().budget == agents  # a Main is granted its agent's budget
+    budget = Budget(tokens=1000, descendants=1)
+    holder = node.spawn(main, SpawnSpec(kind=SessionKind.BRANCH, skill="waits", budget=budget))
+    assert holder.ok, holder.error
+    assert holder.ref.info().budget == budget
     asked = Budget(tokens=5000)
-    spawned = node.spawn(main, SpawnSpec(kind=SessionKind.WORKER, skill="w", budget=asked))
+    spawned = node.spawn(
+        holder.ref, SpawnSpec(kind=SessionKind.BRANCH, skill="waits", budget=asked)
+    )
     assert spawned.ok, spawned.error
-    # narrowed to what the Main has left (its one descendant is this child)
+    # narrowed to what the holder has left (its one descendant is this child)
     assert spawned.ref.info().budget == Budget(tokens=1000, descendants=0)
+    assert spawned.clamped
     assert node.spending(spawned.session_id).budget_clamped
-    refused = node.spawn(main, SpawnSpec(kind=SessionKind.WORKER, skill="w"))
+    refused = node.spawn(holder.ref, SpawnSpec(kind=SessionKind.BRANCH, skill="waits"))
     assert refused.error is not None
     assert refused.error.code is ErrorCode.BUDGET_EXHAUSTED

@@ -181,7 +181,8 @@ KERNEL = frozenset(
 FEATURES = {
     "recording": ("_recording", "_replay", "_node_replay"),
     "tracing": ("_tracing", "_trace_context", "_tracing_config", "_span_ids"),
-    "budgets": ("_ledger", "_budgets", "_spending", "_model_calls", "_hedging", "_call_hold"),
+    "budgets": ("_ledger", "_budgets", "_spending"),
+    "model calls": ("_model_calls", "_models", "_providers", "_hedging", "_call_hold"),
     "contexts": ("_contexts", "_conversations", "_chat"),
     "metrics": ("_metrics", "_metric_families", "_metric_models", "_metric_sections"),
     "patterns": ("_patterns", "_drivers", "_aggregate", "_node_patterns"),
@@ -189,8 +190,8 @@ FEATURES = {
 #: Not yet behind the seam: which kernel module still imports which feature
 #: module (each step of the seam takes its lines out of here; none may be added).
 NOT_YET = {
-    ("_queries", "_spending"),  # spending() reads the ledgers
-    ("_runtime", "_contexts"),  # the runtime holds the conversation contexts
+    ("_queries", "_spending"),  # spending() and subtree() read the ledgers
+    ("_runtime", "_models"),  # the runtime holds the model clients (the ledgers price by them)
 }
 
 
@@ -226,12 +227,12 @@ def test_the_kernel_imports_no_feature() -> None:
 
 
 def test_the_kernel_reaches_no_moved_feature_through_others() -> None:
-    """Recording and tracing are behind the seam: no chain of imports from the
-    kernel reaches their code (tracing's settings excepted: ``NodeConfig``
-    holds them)."""
+    """Recording, tracing and contexts are behind the seam: no chain of
+    imports from the kernel reaches their code (tracing's settings excepted:
+    ``NodeConfig`` holds them)."""
     moved = {
         f"sessiontree.supervision.{name}"
-        for feature in ("recording", "tracing")
+        for feature in ("recording", "tracing", "contexts")
         for name in FEATURES[feature]
     } - {"sessiontree.supervision._tracing_config"}
     graph = {
