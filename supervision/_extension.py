@@ -129,7 +129,8 @@ HOOKS = (
 class Extensions:
     """The node's extensions, and per hook (an attribute of that name) the
     ones that override it, in the order they were given. ``replace`` swaps
-    one (a replay's tapes for the node's) before the node is used."""
+    one (a replay's tapes for the node's) before the node is used; the Cortex
+    is built by then, so the new one is not bound (``Extension.bind``)."""
 
     __slots__ = ("all", "answering", *HOOKS)
 
