@@ -195,30 +195,20 @@ class Contexts(Extension):
 
     def result(self, entry: TreeEntry, result: SessionResult) -> SessionResult:
         """A Branch that wrote to its context names the last message of its
-        branch (what a continuation forks from) and its conversation."""
-        info = entry.info
-        if info.kind is not SessionKind.BRANCH:  # (leaf's test, here: every ending runs it)
+        branch (what a continuation forks from) and its conversation; the
+        other kinds' results are as they were."""
+        info = entry.core.info
+        if info.kind is not SessionKind.BRANCH:
             return result
-        leaf = self.leaf(info)
+        view = self._views.get(info.session_id)  # one dict read: atomic
+        if view is not None:
+            leaf = view.leaf()
+        else:
+            stored = self._stored(info)  # resumed after a restart, its context untouched since
+            leaf = None if stored is None else stored.leaf_id
         if leaf is None:
             return result
         return msgspec.structs.replace(result, context_leaf=leaf, conversation=info.conversation)
-
-    def delivered(
-        self, entry: TreeEntry, parent: TreeEntry, result: SessionResult, live: bool
-    ) -> None:
-        self.landed(entry.info, parent.info, result, live=live)
-
-    def leaf(self, info: SessionInfo) -> uuid.UUID | None:
-        """The last message of a Branch's context branch, if it wrote any (what
-        its result names for a continuation); None for the other kinds."""
-        if info.kind is not SessionKind.BRANCH:
-            return None
-        view = self._views.get(info.session_id)  # one dict read: atomic
-        if view is not None:
-            return view.leaf()
-        stored = self._stored(info)  # resumed after a restart, its context untouched since
-        return None if stored is None else stored.leaf_id
 
     def _stored(self, info: SessionInfo) -> Branch | None:
         """A Branch's stored branch, if its conversation is loaded here (never
@@ -229,10 +219,10 @@ class Contexts(Extension):
         with shared.lock:
             return session_branch(shared.latest(), info.session_id)
 
-    def landed(
-        self, child: SessionInfo, parent: SessionInfo, result: SessionResult, *, live: bool
+    def delivered(
+        self, entry: TreeEntry, parent_entry: TreeEntry, result: SessionResult, live: bool
     ) -> None:
-        """``child`` ended (runs on the Cortex thread, never waits for the store):
+        """``entry`` ended (runs on the Cortex thread, never waits for the store):
         what arrived for it and was not written is queued on its branch; if it
         used its context, its result goes to ``parent``'s branch: a Main's at
         once (queued), a Branch's into its context at once and to the store
@@ -240,6 +230,7 @@ class Contexts(Extension):
         without a branch handle yet gets the result when it makes one; an
         ended parent's is dropped). A failure is logged, never raised: the
         result itself was delivered already."""
+        child, parent = entry.core.info, parent_entry.core.info
         view = self._views.pop(child.session_id, None)  # atomic; made under the lock
         if self._early:  # only the Cortex thread adds, and it is this one
             with self._lock:

@@ -194,18 +194,39 @@ class Ledgers(Extension):
     def admit(
         self, parent: TreeEntry | None, spec: SpawnSpec, agent: Agent
     ) -> ErrorInfo | _Granted | None:
-        """A child's budget (its spec's, else its agent's) narrowed to what every
-        bounded ancestor has left, granted (None: it is unbounded); refused
-        when one has no room for another descendant (``narrowed``), or when
-        it bounds cost and the model the child would call has no price
-        (``budget_unenforceable``). A Main is granted its agent's budget."""
+        """Whether ``parent`` may have one more child, and the child's budget
+        (its spec's, else its agent's) narrowed to what every bounded ancestor
+        has left, granted (None: it is unbounded; a Main is granted its
+        agent's). Refused when a bounded ancestor has no room for another
+        descendant: the refusal reaches the hard limit of the outermost budget
+        it did not fit (see ``_refuse``), unless the child is ``optional``
+        (``SpawnSpec.optional``): then it is only refused. Refused too when
+        the budget bounds cost and the model the child would call has no
+        price (``budget_unenforceable``)."""
         if parent is None:
             return None if agent.budget is None else _Granted(self, agent.budget)
-        requested = spec.budget if spec.budget is not None else agent.budget
-        narrowed = self.narrowed(parent, requested, optional=spec.optional)
-        if isinstance(narrowed, ErrorInfo):
-            return narrowed
-        budget, clamped = narrowed
+        budget = spec.budget if spec.budget is not None else agent.budget
+        clamped = False
+        refused: tuple[TreeEntry, Ledger, str] | None = None
+        holder: TreeEntry | None = parent
+        while holder is not None:  # a walk, not a list: every spawn takes it
+            ledger = holder.ledger
+            if ledger is not None and ledger.budget is not None:
+                used = ledger.counted()
+                dimension = ledger.exhausted or first_exceeded(
+                    ledger.budget, used, ledger.reserved, ONE_SPAWN
+                )
+                if dimension is not None:
+                    refused = (holder, ledger, dimension)
+                elif refused is None:
+                    remaining = left(ledger.budget, used, ledger.reserved)
+                    budget, narrowed = narrow(budget, _without_descendant(remaining))
+                    clamped = clamped or narrowed
+            holder = holder.parent
+        if refused is not None:
+            if spec.optional:
+                return _exhausted(refused[0], refused[2])
+            return self._refuse(*refused)
         if budget is None:
             return None
         if budget.cost is not None:  # only then is a price needed
@@ -240,37 +261,6 @@ class Ledgers(Extension):
         return ledger
 
     # -- spawning ----------------------------------------------------------------------
-
-    def narrowed(
-        self, parent: TreeEntry, requested: Budget | None, *, optional: bool = False
-    ) -> tuple[Budget | None, bool] | ErrorInfo:
-        """Whether ``parent`` may have one more child, and the child's budget:
-        ``requested`` narrowed to what every bounded ancestor has left (and
-        whether it was clamped). A refusal reaches the hard limit of the
-        outermost budget it did not fit (see ``_refuse``), unless the child is
-        ``optional`` (``SpawnSpec.optional``): then it is only refused."""
-        budget, clamped = requested, False
-        refused: tuple[TreeEntry, Ledger, str] | None = None
-        holder: TreeEntry | None = parent
-        while holder is not None:  # a walk, not a list: every spawn takes it
-            ledger = holder.ledger
-            if ledger is not None and ledger.budget is not None:
-                used = ledger.counted()
-                dimension = ledger.exhausted or first_exceeded(
-                    ledger.budget, used, ledger.reserved, ONE_SPAWN
-                )
-                if dimension is not None:
-                    refused = (holder, ledger, dimension)
-                elif refused is None:
-                    remaining = left(ledger.budget, used, ledger.reserved)
-                    budget, narrowed = narrow(budget, _without_descendant(remaining))
-                    clamped = clamped or narrowed
-            holder = holder.parent
-        if refused is not None:
-            if optional:
-                return _exhausted(refused[0], refused[2])
-            return self._refuse(*refused)
-        return budget, clamped
 
     def enforceable(self, agent: Agent, tier: str | None, budget: Budget) -> ErrorInfo | None:
         """``budget_unenforceable`` when ``budget`` bounds cost and the model a
