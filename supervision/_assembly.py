@@ -45,13 +45,16 @@ from sessiontree.supervision._contexts import Contexts
 from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import EventBus
+from sessiontree.supervision._extension import Extension, Extensions
 from sessiontree.supervision._housekeeping import Housekeeper
+from sessiontree.supervision._ledger import Ledgers
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace, StoreMemory
 from sessiontree.supervision._models import Models
 from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._recording import Recorder
 from sessiontree.supervision._recovery import Recovered, recover
 from sessiontree.supervision._runtime import Runtime
+from sessiontree.supervision._span_ids import SpanIds
 
 if TYPE_CHECKING:  # imported at run time only on a traced node
     from sessiontree.supervision._tracing import SpanRecorder
@@ -204,9 +207,22 @@ class NodeParts:
             dispatcher=self.dispatcher,
             backends=self.backends,
             models=models,
-            contexts=self.contexts,
-            tapes=Recorder(self.store, self.clock, self.config.grace, self.config.providers),
+            extensions=Extensions(self._extensions()),
         )
+
+    def _extensions(self) -> list[Extension]:
+        """The features the node attaches to its kernel: budgets, recording and
+        context branches always (any spawn may use them), span ids on a traced
+        node."""
+        config = self.config
+        extensions: list[Extension] = [
+            Ledgers(),
+            Recorder(self.store, self.clock, config.grace, config.providers),
+            self.contexts,
+        ]
+        if config.tracing is not None:
+            extensions.append(SpanIds(config.tracing.sampling_ratio))
+        return extensions
 
     def start_housekeeping(self) -> None:
         """Start the store's export and pruning schedule (none without a store)."""

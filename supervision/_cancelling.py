@@ -8,7 +8,7 @@ subtree it reaches; at the deadline what still runs is fenced and ended
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from sessiontree.actors.runtime import CancelSignal, ForceStop, post, wake_batch
 from sessiontree.protocol import (
@@ -24,9 +24,6 @@ from sessiontree.supervision._entry import TreeEntry, id_text
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import Deadline
 from sessiontree.supervision._tree import Tree
-
-if TYPE_CHECKING:
-    from sessiontree.supervision._recording import SessionTape
 
 __all__ = ["Cancelling"]
 
@@ -201,9 +198,8 @@ class Cancelling:
     def fence(self, entry: TreeEntry, code: ErrorCode) -> None:
         """Nothing the skill does counts from now on; its actor drops queued
         input and an async task is cancelled."""
-        tape = entry.core.tape
-        if tape is not None:
-            cast("SessionTape", tape).fenced(code, entry.core.blocked)
+        for watch in entry.watchers:
+            watch.fenced(code, entry.core.blocked)
         entry.core.fence(code)
         if entry.ref is not None:
             self.tree.post(entry, ForceStop())

@@ -16,6 +16,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -36,14 +37,20 @@ from sessiontree.protocol import (
     SessionResult,
     SpawnSpec,
 )
+from sessiontree.supervision._extension import Extension
+
+if TYPE_CHECKING:
+    from sessiontree.supervision._entry import TreeEntry
 
 __all__ = ["Contexts", "result_text"]
 
 log = logging.getLogger("sessiontree.contexts")
 
 
-class Contexts:
-    """The context branches of a node's running sessions (thread-safe)."""
+class Contexts(Extension):
+    """The context branches of a node's running sessions (thread-safe),
+    attached to the kernel: a Branch's result names its branch's leaf, and
+    a child's result lands on its parent's branch as it is filed."""
 
     def __init__(self, conversations: Conversations) -> None:
         self.conversations = conversations
@@ -186,16 +193,22 @@ class Contexts:
             made = session_branch(shared.latest(), info.session_id)
         return info.fork_at if made is None else made.tip
 
-    def leaf(self, info: SessionInfo) -> uuid.UUID | None:
-        """The last message of a Branch's context branch, if it wrote any (what
-        its result names for a continuation); None for the other kinds."""
+    def result(self, entry: TreeEntry, result: SessionResult) -> SessionResult:
+        """A Branch that wrote to its context names the last message of its
+        branch (what a continuation forks from) and its conversation; the
+        other kinds' results are as they were."""
+        info = entry.core.info
         if info.kind is not SessionKind.BRANCH:
-            return None
+            return result
         view = self._views.get(info.session_id)  # one dict read: atomic
         if view is not None:
-            return view.leaf()
-        stored = self._stored(info)  # resumed after a restart, its context untouched since
-        return None if stored is None else stored.leaf_id
+            leaf = view.leaf()
+        else:
+            stored = self._stored(info)  # resumed after a restart, its context untouched since
+            leaf = None if stored is None else stored.leaf_id
+        if leaf is None:
+            return result
+        return msgspec.structs.replace(result, context_leaf=leaf, conversation=info.conversation)
 
     def _stored(self, info: SessionInfo) -> Branch | None:
         """A Branch's stored branch, if its conversation is loaded here (never
@@ -206,10 +219,10 @@ class Contexts:
         with shared.lock:
             return session_branch(shared.latest(), info.session_id)
 
-    def landed(
-        self, child: SessionInfo, parent: SessionInfo, result: SessionResult, *, live: bool
+    def delivered(
+        self, entry: TreeEntry, parent_entry: TreeEntry, result: SessionResult, live: bool
     ) -> None:
-        """``child`` ended (runs on the Cortex thread, never waits for the store):
+        """``entry`` ended (runs on the Cortex thread, never waits for the store):
         what arrived for it and was not written is queued on its branch; if it
         used its context, its result goes to ``parent``'s branch: a Main's at
         once (queued), a Branch's into its context at once and to the store
@@ -217,6 +230,7 @@ class Contexts:
         without a branch handle yet gets the result when it makes one; an
         ended parent's is dropped). A failure is logged, never raised: the
         result itself was delivered already."""
+        child, parent = entry.core.info, parent_entry.core.info
         view = self._views.pop(child.session_id, None)  # atomic; made under the lock
         if self._early:  # only the Cortex thread adds, and it is this one
             with self._lock:

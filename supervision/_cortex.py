@@ -17,8 +17,6 @@ instead of running headless.
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
 import logging
 from typing import Any
 
@@ -34,18 +32,14 @@ from sessiontree.protocol import (
     SpawnCmd,
     SuspendCmd,
     UnknownSessionError,
-    Usage,
 )
 from sessiontree.supervision import _queries as queries
 from sessiontree.supervision._cancelling import Cancelling
-from sessiontree.supervision._commits import Commits, answer_written, store_error
+from sessiontree.supervision._commits import Commits
 from sessiontree.supervision._endings import Endings
-from sessiontree.supervision._entry import Reserved, TreeEntry
 from sessiontree.supervision._events import Event, EventKind
-from sessiontree.supervision._ledger import Ledgers
 from sessiontree.supervision._messages import Messages
 from sessiontree.supervision._periodic import Periodic
-from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._reports import (
     AfterWrite,
     ChildUpdate,
@@ -89,11 +83,9 @@ from sessiontree.supervision._requests import (
     ReleaseParked,
     ReleaseReplay,
     Request,
-    Reserve,
     Resume,
     Run,
     Send,
-    Settle,
     ShutdownDeadline,
     ShutdownPending,
     Spawn,
@@ -133,14 +125,15 @@ class Cortex:
         self.endings = Endings(tree, self.commits)
         self.cancelling = Cancelling(tree, self.commits, self.endings)
         self.endings.on_orphans = self.cancelling.orphans
-        self.ledgers = Ledgers(tree, self.cancelling)
-        self.spawning = Spawning(tree, self.commits, self.starting, self.ledgers, self.cancelling)
+        self.spawning = Spawning(tree, self.commits, self.starting, self.cancelling)
         self.suspension = Suspension(tree, self.starting)
         self.messages = Messages(tree, self.commits)
         self.periodic = Periodic(tree, self.suspension, self.endings.store_held)
         self.shutdown = Shutdown(tree, self.cancelling, self.suspension, self.periodic)
         self.failed: BaseException | None = None
         self.stopped = False
+        for extension in runtime.extensions.all:  # they keep the parts they act on
+            extension.bind(self)
 
     # -- pykka hooks --------------------------------------------------------
 
@@ -314,10 +307,6 @@ class Cortex:
                 return self.suspension.resume(sid)
             case Control(command=command):
                 return self._control(command, reply)
-            case Reserve():
-                return self._reserve(request, reply)
-            case Settle():
-                return self._settle(request, reply)
             case OpenMain(agent_id=agent_id, key=key):
                 return self.spawning.open_main(agent_id, key, reply)
             case BringBack():
@@ -370,68 +359,11 @@ class Cortex:
                 return self.shutdown.release_parked(reply)
             case StopAll():
                 return self.shutdown.stop_all()
+        extension = self.rt.extensions.answering.get(type(request))
+        if extension is not None:  # a feature's own request (a model call's reservation)
+            return extension.answer(request, reply)
         msg = f"the cortex has no operation {type(request).__name__}"
         raise RejectedInputError(msg)
-
-    def _reserve(self, reserve: Reserve, reply: Reply | None) -> object:
-        """A model call's reservation, answered once its record is durable: a
-        request that leaves the node is always in the store, so a node that
-        dies with it in flight still counts it when it comes back.
-
-        Answered from the writer's thread (the call goes out one hop sooner);
-        a write that failed is answered with the store's error, and the
-        reservation is released by a settle of nothing told to the Cortex."""
-        held = self.ledgers.reserve(
-            self.tree.lookup(reserve.session_id),
-            reserve.prompt_tokens,
-            reserve.max_tokens,
-            reserve.price,
-            optional=reserve.optional,
-        )
-        if isinstance(held, ErrorInfo) or reply is None:
-            return held
-        written = self.rt.persist.call(held, self.tree.now())
-        if written is None:
-            return held
-        ref, activity = self.commits.ref, self.rt.activity
-
-        def answer(finished: concurrent.futures.Future[None]) -> None:  # the writer's thread
-            error = finished.exception()
-            if error is None:
-                reply.set(held)
-                return
-            reply.set(store_error(error, reserve.session_id))
-            if ref is not None:  # never sent: released, nothing counted
-                post(ref, Call(Settle(held, Usage())), activity)
-
-        written.add_done_callback(answer)
-        self.rt.persist.hurry()  # the call waits for it
-        return DEFERRED
-
-    def _settle(self, settle: Settle, reply: Reply | None) -> object:
-        """A model call ended: counted (answered once that is durable) and, on a
-        traced node, emitted for its span."""
-        reserved, traced = settle.reserved, settle.traced
-        counted = self.ledgers.settle(reserved, settle.used)
-        persist = self.rt.persist
-        written = persist.usage(counted, settled=reserved)
-        if written is not None:  # told only when it failed (a hop per settle cost more)
-            ref, activity = self.commits.ref, self.rt.activity
-
-            def refused(finished: concurrent.futures.Future[None]) -> None:
-                error = finished.exception()
-                if error is not None and ref is not None:
-                    then = functools.partial(_settle_refused, persist, counted, reserved)
-                    post(ref, AfterWrite(then, error), activity)
-
-            written.add_done_callback(refused)
-        if traced is not None:
-            entry = self.tree.entries.get(reserved.chain[0])
-            self.tree.emit(EventKind.MODEL_CALL, entry, data=traced, at=traced["ended_at"])
-        if reply is None:
-            return None
-        answer_written(written, reply, reserved.chain[0], persist)
-        return DEFERRED
 
     def _control(self, command: object, reply: Reply | None) -> object:
         """Apply one decoded control command (see ``protocol.ControlMessage``) as
@@ -486,11 +418,3 @@ class Cortex:
             Event(kind=EventKind.NODE_FAILED, at=tree.now(), data={"error": repr(error)})
         )
         self.rt.on_failed(error)
-
-
-def _settle_refused(
-    persist: Persister, counted: list[TreeEntry], reserved: Reserved, error: BaseException | None
-) -> None:
-    """On the Cortex thread: a settle's write failed; it goes again with the next."""
-    if error is not None:
-        persist.settle_refused(counted, reserved)

@@ -14,9 +14,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
-
-import msgspec
+from typing import Any
 
 from sessiontree.actors.runtime import CycleDone, CycleRefused, Deliver, RunEnd, post
 from sessiontree.protocol import (
@@ -39,9 +37,6 @@ from sessiontree.supervision._reports import AfterWrite, RunEnded
 from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
 from sessiontree.supervision._store_held import StoreHeld
 from sessiontree.supervision._tree import Tree
-
-if TYPE_CHECKING:
-    from sessiontree.supervision._recording import SessionTape
 
 __all__ = ["Endings"]
 
@@ -100,20 +95,18 @@ class Endings:
             return False
         cancel_code = entry.cancel_code
         if cancel_code is None and core.info.kind is SessionKind.MAIN:
+            data: dict[str, Any] = {"cycle": end.cycle}
+            if end.error:
+                data["error"] = end.error.message
+            for ext in tree.ext.detail:
+                ext.detail(EventKind.CYCLE_ENDED, entry, end.error, data)
+            if end.store_refused:
+                data["kept"] = True
             tree.emit(
                 EventKind.CYCLE_ENDED,
                 entry,
                 code=end.error.code if end.error else None,
-                data={
-                    "cycle": end.cycle,
-                    **({"error": end.error.message} if end.error else {}),
-                    **(
-                        {"trace": core.cycle_trace, "failure": end.error}
-                        if core.cycle_trace
-                        else {}
-                    ),
-                    **({"kept": True} if end.store_refused else {}),
-                },
+                data=data,
             )
             if end.store_refused:
                 self._refused_cycle(entry, end)
@@ -269,8 +262,8 @@ class Endings:
         # (and could spawn nothing since), so there is nothing left to walk.
         if entry.live_children and entry.cancel_code is None:
             self.on_orphans(entry)
-        if core.tape is not None:  # last: its events so far are on its tape
-            cast("SessionTape", core.tape).ended(result)
+        for watch in entry.watchers:  # last: its events so far are on its tape
+            watch.ended(result)
         if tree.shutdown_waiters:
             tree.check_shutdown()
 
@@ -291,9 +284,6 @@ class Endings:
         settled = True
         if ledger is not None:
             own, subtree, settled = ledger.own, ledger.subtree, ledger.settled
-        contexts = self.tree.rt.contexts
-        leaf = None if contexts is None else contexts.leaf(info)
-        conversation = None if leaf is None else info.conversation
         if outcome is None:  # the defaults: no summary, artifacts or memory ids
             result = SessionResult(
                 session_id=core.session_id,
@@ -304,8 +294,6 @@ class Endings:
                 timings=timings,
                 usage=own,
                 subtree_usage=subtree,
-                context_leaf=leaf,
-                conversation=conversation,
                 usage_settled=settled,
             )
         else:
@@ -321,10 +309,10 @@ class Endings:
                 timings=timings,
                 usage=own,
                 subtree_usage=subtree,
-                context_leaf=leaf,
-                conversation=conversation,
                 usage_settled=settled,
             )
+        for ext in self.tree.ext.result:  # what features add (a Branch's context leaf)
+            result = ext.result(entry, result)
         return result
 
     def _thread_ended(self, entry: TreeEntry) -> None:
@@ -350,10 +338,10 @@ class Endings:
         error: ErrorInfo | None,
     ) -> None:
         """``Tree.set_state`` for an ending: ``entry`` becomes ``state`` (terminal)
-        and the event says so (on a traced node with its ``error``, for its
-        span); under the same lock its compute slot is given back and, unless
-        its skill still runs (a forced task is yet to be cancelled), its task
-        dropped. ``InvalidTransitionError`` (nothing changed) if the
+        and the event says so (with what extensions add, given its
+        ``error``); under the same lock its compute slot is given back and,
+        unless its skill still runs (a forced task is yet to be cancelled),
+        its task dropped. ``InvalidTransitionError`` (nothing changed) if the
         transition is illegal."""
         core = entry.core
         old = core.state
@@ -370,14 +358,10 @@ class Endings:
             core.slots.release()
         tree = self.tree
         data: dict[str, Any] | None = None
-        if core.info.trace is not None:  # for its span
+        if tree.ext.detail:  # what features add (a traced node: what its span needs)
             data = {}
-            ledger = entry.ledger
-            if ledger is not None:
-                data["usage"] = msgspec.structs.asdict(ledger.subtree)
-                data["settled"] = ledger.settled
-            if error is not None:
-                data["failure"] = error
+            for ext in tree.ext.detail:
+                ext.detail(EventKind.TRANSITION, entry, error, data)
         tree.emit(EventKind.TRANSITION, entry, previous=old, code=code, at=now, data=data)
         if old is SessionState.SUSPENDED:
             # as set_state writes a Branch leaving suspension (the ending's own write follows)
@@ -390,9 +374,8 @@ class Endings:
         tree = self.tree
         parent_core = parent.core
         parent_live = parent_core.state not in TERMINAL_STATES
-        contexts = tree.rt.contexts
-        if contexts is not None:  # first: a Main's cycle for it appends after it
-            contexts.landed(entry.info, parent.info, result, live=parent_live)
+        for ext in tree.ext.delivered:  # first: a Main's cycle for it appends after it
+            ext.delivered(entry, parent, result, parent_live)
         if parent_live and tree.store is not None:
             if entry.recorded:
                 parent.receipts.append(result)  # its next snapshot records the receipt

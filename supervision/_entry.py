@@ -8,7 +8,7 @@ import concurrent.futures
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import pykka
@@ -28,11 +28,15 @@ from sessiontree.protocol import (
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._reports import Expire
 
+if TYPE_CHECKING:
+    from sessiontree.supervision._events import EventKind
+
 __all__ = [
     "NOTHING",
     "Ledger",
     "Reserved",
     "Sent",
+    "SessionWatch",
     "SharedTtl",
     "SpawnAnswer",
     "TreeEntry",
@@ -149,6 +153,26 @@ def unsettled(entry: TreeEntry) -> bool:
     return ledger is not None and not ledger.settled
 
 
+class SessionWatch(Protocol):
+    """A feature following one session (``TreeEntry.watchers``), told on the
+    Cortex thread what the node does to it."""
+
+    def event(
+        self, kind: EventKind, state: SessionState, code: ErrorCode | None, data: Any
+    ) -> None:
+        """One of the session's events (told even when no listener would see it)."""
+
+    def fenced(self, code: ErrorCode, inside: bool) -> None:
+        """The node ended the session under its skill (``inside``: the skill
+        waits in a call of its handle now)."""
+
+    def ended(self, result: SessionResult) -> None:
+        """The session ended with ``result`` (after everything else of its ending)."""
+
+    def discarded(self) -> None:
+        """The session was taken out as never made (its record was refused)."""
+
+
 @dataclass(eq=False, slots=True)
 class TreeEntry:
     """The Cortex's record of one session (the tree index is a dict of these)."""
@@ -208,6 +232,8 @@ class TreeEntry:
     id_text: str | None = None
     # budget and usage, once the session is bounded or has spent (see _ledger)
     ledger: Ledger | None = None
+    # the features following this session (see _extension); () for most
+    watchers: tuple[SessionWatch, ...] = ()
 
     @property
     def session_id(self) -> uuid.UUID:

@@ -17,42 +17,197 @@ soft threshold is announced once per budget (``BUDGET_WARNING``).
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import math
+import uuid
+from typing import Any
 
 import msgspec
 
-from sessiontree.protocol import COST_UNIT, Budget, ErrorCode, ErrorInfo, SessionKind, Usage
+from sessiontree.actors.runtime import Reply, post
+from sessiontree.protocol import (
+    COST_UNIT,
+    Budget,
+    ErrorCode,
+    ErrorInfo,
+    SessionInfo,
+    SessionKind,
+    SpawnSpec,
+    Usage,
+)
 from sessiontree.supervision._budgets import crossed_soft, first_exceeded, left, narrow
 from sessiontree.supervision._cancelling import Cancelling
+from sessiontree.supervision._commits import Commits, answer_written, store_error
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, Reserved, TreeEntry
 from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._extension import Extension
+from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._providers import Price
+from sessiontree.supervision._reports import AfterWrite
+from sessiontree.supervision._requests import DEFERRED, Call, Request
+from sessiontree.supervision._rules import model_tier
 from sessiontree.supervision._tree import Tree
 
-__all__ = ["Ledgers", "Reserved", "priced"]
+__all__ = ["Ledgers", "Reserve", "Reserved", "Settle", "priced"]
 
 ONE_SPAWN = Usage(descendants=1)
 
 
-class Ledgers:
-    """Budgets and usage across the tree (Cortex thread)."""
+class Reserve(Request[Reserved | ErrorInfo], frozen=True):
+    """Reserve one model call's worst case against the session and its ancestors
+    (``prompt_tokens`` estimated; ``max_tokens`` None: as many as the budgets
+    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``.
+    Answered once the call's record is durable (the store's error, nothing
+    reserved, if it failed); ``optional``: see ``Ledgers.reserve``."""
 
-    def __init__(self, tree: Tree, cancelling: Cancelling) -> None:
-        self.tree = tree
-        self.cancelling = cancelling
+    session_id: uuid.UUID
+    prompt_tokens: int
+    max_tokens: int | None
+    price: Price | None
+    optional: bool = False
 
-    # -- spawning ----------------------------------------------------------------------
+
+class Settle(Request[ErrorInfo | None], frozen=True):
+    """A call ended: release its reservation, count what it ``used`` (priced).
+    Answered once the usage is durable (the store's error if it failed)."""
+
+    reserved: Reserved
+    used: Usage
+    traced: dict[str, Any] | None = None  # a traced node: the call's span (MODEL_CALL's data)
+
+
+class _Granted:
+    """A new session's budget: a child's narrowed to what its bounded
+    ancestors have left (``clamped``: narrower than it asked for), or a
+    Main's, its agent's (which holds per message cycle)."""
+
+    __slots__ = ("budget", "clamped", "ledgers")
+
+    def __init__(self, ledgers: Ledgers, budget: Budget, clamped: bool = False) -> None:
+        self.ledgers, self.budget, self.clamped = ledgers, budget, clamped
+
+    def stamp(self, info: SessionInfo) -> SessionInfo:
+        """Its identity names its budget."""
+        return msgspec.structs.replace(info, budget=self.budget)
+
+    def made(self, entry: TreeEntry) -> None:
+        """It gets its ledger; under a parent, every bounded ancestor counts one
+        more descendant (their usage records are written with the spawn)."""
+        parent = entry.parent
+        if parent is None:  # a Main
+            entry.ledger = Ledger(budget=self.budget)
+            return
+        ledgers = self.ledgers
+        counted = ledgers.spawned(parent, entry, self.budget, clamped=self.clamped)
+        ledgers.tree.rt.persist.usage(counted)  # in the spawn's commit when it has one
+
+
+class Ledgers(Extension):
+    """Budgets and usage across the tree (Cortex thread), attached to the
+    kernel: a spawn is admitted against the budgets above it, its child
+    gets its narrowed budget and its ledger (a ``_Granted``: an unbounded
+    one costs nothing more), and a restored session its accounts as they
+    were."""
+
+    answers = (Reserve, Settle)
+    tree: Tree
+    cancelling: Cancelling
+    commits: Commits
+
+    def bind(self, cortex: Any) -> None:
+        self.tree = cortex.tree
+        self.cancelling = cortex.cancelling
+        self.commits = cortex.commits
+
+    def answer(self, request: Any, reply: Any) -> object:
+        """A model call's ``Reserve`` or ``Settle`` (see each)."""
+        if isinstance(request, Reserve):
+            return self._reserve(request, reply)
+        return self._settle(request, reply)
+
+    def _reserve(self, reserve: Reserve, reply: Reply | None) -> object:
+        """A model call's reservation, answered once its record is durable: a
+        request that leaves the node is always in the store, so a node that
+        dies with it in flight still counts it when it comes back.
+
+        Answered from the writer's thread (the call goes out one hop sooner);
+        a write that failed is answered with the store's error, and the
+        reservation is released by a settle of nothing told to the Cortex.
+        ``UnknownSessionError`` for a session the index does not hold."""
+        tree = self.tree
+        held = self.reserve(
+            tree.lookup(reserve.session_id),
+            reserve.prompt_tokens,
+            reserve.max_tokens,
+            reserve.price,
+            optional=reserve.optional,
+        )
+        if isinstance(held, ErrorInfo) or reply is None:
+            return held
+        written = tree.rt.persist.call(held, tree.now())
+        if written is None:
+            return held
+        ref, activity = self.commits.ref, tree.rt.activity
+
+        def answer(finished: concurrent.futures.Future[None]) -> None:  # the writer's thread
+            error = finished.exception()
+            if error is None:
+                reply.set(held)
+                return
+            reply.set(store_error(error, reserve.session_id))
+            if ref is not None:  # never sent: released, nothing counted
+                post(ref, Call(Settle(held, Usage())), activity)
+
+        written.add_done_callback(answer)
+        tree.rt.persist.hurry()  # the call waits for it
+        return DEFERRED
+
+    def _settle(self, settle: Settle, reply: Reply | None) -> object:
+        """A model call ended: counted (answered once that is durable) and, on a
+        traced node, emitted for its span."""
+        tree = self.tree
+        reserved, traced = settle.reserved, settle.traced
+        counted = self.settle(reserved, settle.used)
+        persist = tree.rt.persist
+        written = persist.usage(counted, settled=reserved)
+        if written is not None:  # told only when it failed (a hop per settle cost more)
+            ref, activity = self.commits.ref, tree.rt.activity
+
+            def refused(finished: concurrent.futures.Future[None]) -> None:
+                error = finished.exception()
+                if error is not None and ref is not None:
+                    then = functools.partial(_settle_refused, persist, counted, reserved)
+                    post(ref, AfterWrite(then, error), activity)
+
+            written.add_done_callback(refused)
+        if traced is not None:
+            entry = tree.entries.get(reserved.chain[0])
+            tree.emit(EventKind.MODEL_CALL, entry, data=traced, at=traced["ended_at"])
+        if reply is None:
+            return None
+        answer_written(written, reply, reserved.chain[0], persist)
+        return DEFERRED
+
+    # -- the kernel's hooks ------------------------------------------------------------
 
     def admit(
-        self, parent: TreeEntry, requested: Budget | None, *, optional: bool = False
-    ) -> tuple[Budget | None, bool] | ErrorInfo:
-        """Whether ``parent`` may have one more child, and the child's budget:
-        ``requested`` narrowed to what every bounded ancestor has left (and
-        whether it was clamped). A refusal reaches the hard limit of the
-        outermost budget it did not fit (see ``_refuse``), unless the child is
-        ``optional`` (``SpawnSpec.optional``): then it is only refused."""
-        budget, clamped = requested, False
+        self, parent: TreeEntry | None, spec: SpawnSpec, agent: Agent
+    ) -> ErrorInfo | _Granted | None:
+        """Whether ``parent`` may have one more child, and the child's budget
+        (its spec's, else its agent's) narrowed to what every bounded ancestor
+        has left, granted (None: it is unbounded; a Main is granted its
+        agent's). Refused when a bounded ancestor has no room for another
+        descendant: the refusal reaches the hard limit of the outermost budget
+        it did not fit (see ``_refuse``), unless the child is ``optional``
+        (``SpawnSpec.optional``): then it is only refused. Refused too when
+        the budget bounds cost and the model the child would call has no
+        price (``budget_unenforceable``)."""
+        if parent is None:
+            return None if agent.budget is None else _Granted(self, agent.budget)
+        budget = spec.budget if spec.budget is not None else agent.budget
+        clamped = False
         refused: tuple[TreeEntry, Ledger, str] | None = None
         holder: TreeEntry | None = parent
         while holder is not None:  # a walk, not a list: every spawn takes it
@@ -70,10 +225,43 @@ class Ledgers:
                     clamped = clamped or narrowed
             holder = holder.parent
         if refused is not None:
-            if optional:
+            if spec.optional:
                 return _exhausted(refused[0], refused[2])
             return self._refuse(*refused)
-        return budget, clamped
+        if budget is None:
+            return None
+        if budget.cost is not None:  # only then is a price needed
+            tier = model_tier(spec, agent, parent.info.model_tier, root=False)
+            error = self.enforceable(agent, tier, budget)
+            if error is not None:
+                return error
+        return _Granted(self, budget, clamped)
+
+    def restored(self, entry: TreeEntry, before: SessionInfo, data: dict[str, Any] | None) -> None:
+        """A restored session gets its accounts back."""
+        entry.ledger = self._restored(entry.info, entry.agent)
+
+    def _restored(self, info: SessionInfo, agent: Agent) -> Ledger | None:
+        """A restored session's accounts: a passivated Main's as they were, else
+        what the store's usage record says was spent (its budget as spawned; a
+        Main's, its agent's, counting afresh from this cycle)."""
+        tree = self.tree
+        ledger = tree.ledgers_at_rest.pop(info.session_id, None)
+        if ledger is not None:
+            return ledger
+        main = info.kind is SessionKind.MAIN
+        budget = agent.budget if main else info.budget
+        spent = tree.store.usage(info.session_id, set_aside=True) if tree.store else None
+        if spent is None and budget is None:
+            return None
+        ledger = Ledger(budget=budget)
+        if spent is not None:
+            ledger.own, ledger.subtree = spent.own, spent.subtree
+        if main:
+            ledger.window = ledger.subtree
+        return ledger
+
+    # -- spawning ----------------------------------------------------------------------
 
     def enforceable(self, agent: Agent, tier: str | None, budget: Budget) -> ErrorInfo | None:
         """``budget_unenforceable`` when ``budget`` bounds cost and the model a
@@ -319,3 +507,11 @@ def _exhausted(entry: TreeEntry, dimension: str) -> ErrorInfo:
         message=f"session {entry.session_id}'s budget of {dimension} is exhausted",
         detail={"dimension": dimension, "session_id": str(entry.session_id)},
     )
+
+
+def _settle_refused(
+    persist: Persister, counted: list[TreeEntry], reserved: Reserved, error: BaseException | None
+) -> None:
+    """On the Cortex thread: a settle's write failed; it goes again with the next."""
+    if error is not None:
+        persist.settle_refused(counted, reserved)

@@ -48,10 +48,10 @@ from sessiontree.actors.runtime import Activity, ModelCall, SessionCore
 from sessiontree.protocol import Completion, ErrorCode, ErrorInfo, NodeClosedError, Usage
 from sessiontree.supervision._call_hold import HOLD, CallHold
 from sessiontree.supervision._config import Agent
-from sessiontree.supervision._ledger import Reserved, priced
+from sessiontree.supervision._ledger import Reserve, Reserved, Settle, priced
 from sessiontree.supervision._models import Models, Reply, Route
 from sessiontree.supervision._reports import Streamed
-from sessiontree.supervision._requests import Call, Request, Reserve, Settle
+from sessiontree.supervision._requests import Call, Request
 
 if TYPE_CHECKING:
     from sessiontree.supervision._recording import SessionTape

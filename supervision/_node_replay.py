@@ -52,8 +52,8 @@ class Recordings:
         ``incomplete`` (still running at the timeout, or the node stopped
         before it ended), or why a stored one does not decode."""
         sid = as_session_id(session_id, "session_id")
-        tapes = self._node._runtime.tapes
-        assert isinstance(tapes, Recorder)
+        tapes = self._node._runtime.extensions.find(Recorder)
+        assert tapes is not None
         return tapes.recording(sid, timeout)
 
     def export_recording(

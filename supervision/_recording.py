@@ -12,7 +12,9 @@ never finished is known as ``incomplete``). Without a store, the node keeps
 its last ``KEPT`` recordings in memory.
 
 The cost of a recorded session is an append per input; a session outside
-a recording pays an attribute read (``core.tape``) at each hook.
+a recording pays an attribute read (``core.tape`` in its handle, its
+``watchers`` in the kernel) at each hook, and each spawn a call of
+``Recorder.created`` (the node's extension: see ``_extension``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import secrets
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -51,12 +53,14 @@ from sessiontree.protocol import (
 )
 from sessiontree.store import RecordingRecord
 from sessiontree.supervision._events import EventKind
+from sessiontree.supervision._extension import Extension
 from sessiontree.supervision._models import Reply
 
 if TYPE_CHECKING:
     from sessiontree.actors import Clock
     from sessiontree.actors.runtime import SessionCore
     from sessiontree.store import Store
+    from sessiontree.supervision._entry import TreeEntry
     from sessiontree.supervision._providers import Provider
 
 __all__ = [
@@ -343,8 +347,10 @@ class SessionTape:
         self.tapes.ended(self)
 
 
-class Recorder:
-    """A node's recordings (see the module's docstring). ``root``, ``attach``,
+class Recorder(Extension):
+    """A node's recordings (see the module's docstring), attached to the
+    kernel: ``created`` gives a session its tape when its spawn asks for a
+    recording or its parent has one. ``created``, ``root``, ``attach``,
     ``ended`` and ``complete`` run on the Cortex's thread, ``numbers`` and
     ``spawn_entry`` on a skill's, ``recording`` on its caller's."""
 
@@ -363,6 +369,20 @@ class Recorder:
         # runs still recording, and (without a store) the last KEPT complete ones
         self.reels: collections.OrderedDict[uuid.UUID, Reel] = collections.OrderedDict()
         self._lock = threading.Lock()  # reels is read by callers of ``recording``
+
+    def created(self, entry: TreeEntry, spec: SpawnSpec, data: dict[str, Any] | None) -> None:
+        """A new session is recorded under a recorded parent, or from its own
+        spawn on when that asks for it (``record=True``); its tape watches it."""
+        core = entry.core
+        parent = entry.parent
+        if parent is not None and parent.core.tape is not None:
+            tape = cast("SessionTape", parent.core.tape).child(core)
+        elif spec.record:
+            tape = self.root(core)
+        else:
+            return
+        core.tape = tape
+        entry.watchers = (*entry.watchers, tape)
 
     def root(self, core: SessionCore) -> SessionTape:
         """Start a recording at ``core`` (a spawn asked for one)."""

@@ -627,7 +627,8 @@ def replay_recording(
     node = make_node([_replay_agent(agent)], config, clock=clock)
     try:
         player = Player(recording, node, clock)
-        node._runtime.tapes = player
+        extensions = node._runtime.extensions
+        extensions.replace(extensions.find(Recorder), player)
         _start(node, agent.agent_id, player, config.max_ttl)
         if not player.stopped.is_set():
             _drive(node, clock, player, _span(recording) + 2 * recording.grace + _SLACK, timeout)

@@ -11,7 +11,8 @@ A request travels in a ``Call`` envelope with the ``Reply`` its caller waits on
 A request the Cortex cannot apply for a caller's reason (an unknown session,
 bad input, a closed node) fails its reply with that typed error and changes
 nothing; a refused spawn or send is an answer (``SpawnAnswer``, ``ErrorInfo``),
-not an error.
+not an error. A feature's own requests (a model call's ``Reserve`` and
+``Settle``) are defined by the feature and answered by its extension.
 """
 
 from __future__ import annotations
@@ -34,11 +35,8 @@ from sessiontree.protocol import (
     SessionState,
     SpawnSpec,
     Spending,
-    Usage,
 )
 from sessiontree.supervision._entry import SpawnAnswer
-from sessiontree.supervision._ledger import Reserved
-from sessiontree.supervision._providers import Price
 
 __all__ = [
     "DEFERRED",
@@ -66,11 +64,9 @@ __all__ = [
     "ReleaseParked",
     "ReleaseReplay",
     "Request",
-    "Reserve",
     "Resume",
     "Run",
     "Send",
-    "Settle",
     "ShutdownDeadline",
     "ShutdownPending",
     "Spawn",
@@ -186,29 +182,6 @@ class Control(Request[object], frozen=True):
     """Apply one decoded control command; its answer is the command's."""
 
     command: ControlMessage
-
-
-class Reserve(Request[Reserved | ErrorInfo], frozen=True):
-    """Reserve one model call's worst case against the session and its ancestors
-    (``prompt_tokens`` estimated; ``max_tokens`` None: as many as the budgets
-    leave); refused with ``budget_exhausted`` or ``budget_unenforceable``.
-    Answered once the call's record is durable (the store's error, nothing
-    reserved, if it failed); ``optional``: see ``Ledgers.reserve``."""
-
-    session_id: uuid.UUID
-    prompt_tokens: int
-    max_tokens: int | None
-    price: Price | None
-    optional: bool = False
-
-
-class Settle(Request[ErrorInfo | None], frozen=True):
-    """A call ended: release its reservation, count what it ``used`` (priced).
-    Answered once the usage is durable (the store's error if it failed)."""
-
-    reserved: Reserved
-    used: Usage
-    traced: dict[str, Any] | None = None  # a traced node: the call's span (MODEL_CALL's data)
 
 
 class BringBack(Request[None], frozen=True):

@@ -19,11 +19,10 @@ from sessiontree.actors.runtime import (
     StepExecutor,
 )
 from sessiontree.supervision._config import Agent, NodeConfig
-from sessiontree.supervision._contexts import Contexts
 from sessiontree.supervision._events import EventBus
+from sessiontree.supervision._extension import Extensions
 from sessiontree.supervision._models import Models
 from sessiontree.supervision._persist import Persister
-from sessiontree.supervision._recording import Recorder
 from sessiontree.supervision._recovery import Recovered
 
 __all__ = ["Runtime"]
@@ -49,8 +48,8 @@ class Runtime:
     dispatcher: LoopDispatcher  # serves the Cortex and the sessions on the node's loop
     recovered: Recovered | None = None
     models: Models | None = None  # the node's model providers, when it has any
-    contexts: Contexts | None = None  # spawned sessions' context branches
-    tapes: Recorder | None = None  # recorded runs (a replay's node: its Player)
+    # the features attached to the kernel (recording, tracing: see _extension)
+    extensions: Extensions = field(default_factory=Extensions)
     backends: Backends = field(default_factory=lambda: Backends({}))
     counters: collections.Counter[str] = field(default_factory=collections.Counter)
     # the fraction of memory in use at the last periodic check (NaN: no reading)

@@ -25,7 +25,6 @@ from sessiontree.actors.backends import BACKENDS, ExecutionBackend
 from sessiontree.actors.runtime import Reply, post
 from sessiontree.protocol import (
     BackendUnavailableError,
-    Budget,
     ErrorCode,
     ErrorInfo,
     NodeClosedError,
@@ -42,9 +41,9 @@ from sessiontree.protocol import (
 from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._commits import Commits, store_error
 from sessiontree.supervision._config import Agent
-from sessiontree.supervision._entry import Ledger, SharedTtl, SpawnAnswer, TreeEntry
+from sessiontree.supervision._entry import SharedTtl, SpawnAnswer, TreeEntry
 from sessiontree.supervision._events import Event, EventKind
-from sessiontree.supervision._ledger import Ledgers
+from sessiontree.supervision._extension import Grant
 from sessiontree.supervision._queries import await_result
 from sessiontree.supervision._requests import DEFERRED, Call, Interrupt
 from sessiontree.supervision._rules import (
@@ -68,13 +67,11 @@ class Spawning:
         tree: Tree,
         commits: Commits,
         starting: Starting,
-        ledgers: Ledgers,
         cancelling: Cancelling,
     ) -> None:
         self.tree = tree
         self.commits = commits
         self.starting = starting
-        self.ledgers = ledgers
         self.cancelling = cancelling
 
     def open_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
@@ -99,9 +96,9 @@ class Spawning:
                 return _answer_when_persisted(entry, reply, existing, tree)
         ttl = agent.ttl_for(SessionKind.MAIN)
         spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
-        entry = self._new_entry(agent, None, spec, ttl, key, budget=agent.budget)
-        if agent.budget is not None:  # a Main's budget holds per message cycle
-            entry.ledger = Ledger(budget=agent.budget)
+        grants = _features_admit(tree, None, spec, agent)
+        assert not isinstance(grants, ErrorInfo)  # a Main is never refused (Extension.admit)
+        entry = self._new_entry(agent, None, spec, ttl, key, grants=grants)
         tree.mains[(agent_id, key)] = entry.session_id
         entry.started_at = tree.now()
         tree.persist_new(entry)
@@ -263,26 +260,22 @@ class Spawning:
         remote = None
         if error is None and skill is not None:
             remote, error = self._remote_for(backend, skill, spec)
-        budget: Budget | None = None
-        clamped = False
-        if error is None:
-            assert parent is not None
+        grants: tuple[Grant, ...] = ()
+        if error is None:  # the features' rules (budgets), after the kernel's; inline: hot
             assert agent is not None
-            requested = spec.budget if spec.budget is not None else agent.budget
-            narrowed = self.ledgers.admit(parent, requested, optional=spec.optional)
-            if isinstance(narrowed, ErrorInfo):
-                error = narrowed
-            else:
-                budget, clamped = narrowed
-                if budget is not None and budget.cost is not None:  # only then is a price needed
-                    tier = model_tier(spec, agent, parent.info.model_tier, root=False)
-                    error = self.ledgers.enforceable(agent, tier, budget)
+            for ext in tree.ext.admit:
+                granted = ext.admit(parent, spec, agent)
+                if isinstance(granted, ErrorInfo):
+                    error = granted
+                    break
+                if granted is not None:
+                    grants = (*grants, granted)
         if error is not None:
             self._rejected_spawn(parent_id, spec.kind, error)
             return error
         assert agent is not None
         ttl = resolve_ttl(spec, agent)
-        return _Admitted(spec, agent, backend, remote, ttl, needs_thread, budget, clamped)
+        return _Admitted(spec, agent, backend, remote, ttl, needs_thread, grants)
 
     def _still_admits(self, parent: TreeEntry, admitted: _Admitted) -> bool:
         """Whether one more child as ``admitted`` still passes every check. Within
@@ -290,7 +283,7 @@ class Spawning:
         tree = self.tree
         config = tree.rt.config
         return (
-            admitted.budget is None  # a bounded child is admitted against the budgets each time
+            not admitted.grants  # one granted something is admitted afresh each time
             and parent.live_children < parent.agent.max_children
             and tree.live < config.max_sessions
             and tree.zombies + tree.main_zombies < config.max_zombies
@@ -322,10 +315,9 @@ class Spawning:
                 admitted.backend,
                 admitted.remote,
                 share,
-                admitted.budget,
+                admitted.grants,
             )
         else:  # its sibling's identity but for the id and its work: made at the same instant
-            trace, trace_parent = self.tree.trace_for(parent, spec)
             info = msgspec.structs.replace(
                 last,
                 session_id=new_session_id(),
@@ -333,28 +325,29 @@ class Spawning:
                 context_summary=spec.context_summary,
                 metadata=dict(spec.metadata),
                 input=spec.input,
-                trace=trace,
-                trace_parent=trace_parent,
                 fork_at=spec.fork_at,
                 context=spec.context,
             )
+            for ext in self.tree.ext.identity:  # (each sets what it stamps afresh)
+                info = ext.identity(parent, spec, info)
+            grants = admitted.grants
+            for grant in grants:
+                info = grant.stamp(info)
             entry = self.tree.register(
                 admitted.agent,
                 info,
                 parent,
                 ttl,
+                spec=spec,
                 remote=admitted.remote,
                 ttl_share=share,
-                record=spec.record,
+                grants=grants,
             )
         admitted.last = entry.info
         parent.children[entry.session_id] = None
         parent.live_children += 1
         if spec.request_id is not None:
             parent.requests[spec.request_id] = entry.session_id
-        if admitted.budget is not None:
-            counted = self.ledgers.spawned(parent, entry, admitted.budget, clamped=admitted.clamped)
-            self.tree.rt.persist.usage(counted)  # in the spawn's commit when it has one
         if early and spec.kind is SessionKind.WORKER and parent.kind is SessionKind.BRANCH:
             entry.recorded = False
         return entry
@@ -369,12 +362,11 @@ class Spawning:
         backend: str = "inline",
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
-        budget: Budget | None = None,
+        grants: tuple[Grant, ...] = (),
     ) -> TreeEntry:
         now = self.tree.now()
         kind = spec.kind
         main = kind is SessionKind.MAIN
-        trace, trace_parent = (None, None) if main else self.tree.trace_for(parent, spec)
         info = SessionInfo(
             session_id=new_session_id(),
             agent_id=agent.agent_id,
@@ -395,16 +387,17 @@ class Spawning:
             request_id=spec.request_id,
             metadata=dict(spec.metadata),
             backend=backend,
-            budget=budget,
             input=spec.input,
-            trace=trace,
-            trace_parent=trace_parent,
             conversation=_conversation_of(parent),
             fork_at=spec.fork_at,
             context=spec.context,
         )
+        for ext in self.tree.ext.identity:
+            info = ext.identity(parent, spec, info)
+        for grant in grants:
+            info = grant.stamp(info)
         return self.tree.register(
-            agent, info, parent, ttl, remote=remote, ttl_share=ttl_share, record=spec.record
+            agent, info, parent, ttl, spec=spec, remote=remote, ttl_share=ttl_share, grants=grants
         )
 
     def _persist_children(
@@ -534,6 +527,21 @@ class Spawning:
                 parent.requests[request_id] = child_id
                 return child_id
         return None
+
+
+def _features_admit(
+    tree: Tree, parent: TreeEntry | None, spec: SpawnSpec, agent: Agent
+) -> tuple[Grant, ...] | ErrorInfo:
+    """What the extensions say to a session of ``spec`` under ``parent`` (None:
+    a Main): the first refusal, else what they granted it (as ``_admit``)."""
+    grants: tuple[Grant, ...] = ()
+    for ext in tree.ext.admit:
+        granted = ext.admit(parent, spec, agent)
+        if isinstance(granted, ErrorInfo):
+            return granted
+        if granted is not None:
+            grants = (*grants, granted)
+    return grants
 
 
 def _answer_when_persisted(
@@ -731,8 +739,7 @@ class _Admitted:
     remote: tuple[ExecutionBackend, bytes] | None
     ttl: float | None
     needs_thread: bool
-    budget: Budget | None  # narrowed to what the bounded ancestors have left
-    clamped: bool  # narrower than it asked for
+    grants: tuple[Grant, ...]  # what the extensions granted its child (its budget)
     last: SessionInfo | None = None  # the identity of the last child made from it
     ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)
 

@@ -12,7 +12,7 @@ import collections
 import functools
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import msgspec
 import pykka
@@ -40,20 +40,16 @@ from sessiontree.protocol import (
     SessionState,
     SpawnSpec,
     UnknownSessionError,
-    child_traceparent,
     is_legal_transition,
-    parse_traceparent,
 )
 from sessiontree.store import SessionRecord
 from sessiontree.supervision._commits import Commits
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, SharedTtl, TreeEntry, with_state
 from sessiontree.supervision._events import Event, EventKind
+from sessiontree.supervision._extension import Grant
 from sessiontree.supervision._persist import context_from_record
 from sessiontree.supervision._runtime import Runtime
-
-if TYPE_CHECKING:
-    from sessiontree.supervision._recording import SessionTape
 
 __all__ = ["Tree"]
 
@@ -65,6 +61,7 @@ class Tree:
         self.rt = runtime
         self.commits = commits
         self.persist = runtime.persist
+        self.ext = runtime.extensions
         self.store = runtime.persist.store
         self.session_class = actor_class(SessionActorLogic, runtime.dispatcher)
         self.ref: pykka.ActorRef[Any] | None = None  # the Cortex, once started
@@ -191,9 +188,11 @@ class Tree:
         at: float | None = None,
     ) -> None:
         """Emit an event about ``entry`` (or the node); nothing is built when
-        nobody listens (a recorded session's tape keeps what a replay compares)."""
-        if entry is not None and entry.core.tape is not None:
-            cast("SessionTape", entry.core.tape).event(kind, entry.core.state, code, data)
+        nobody listens (the session's watchers are told anyway: a recorded
+        session's tape keeps what a replay compares)."""
+        if entry is not None and entry.watchers:
+            for watch in entry.watchers:
+                watch.event(kind, entry.core.state, code, data)
         events = self.rt.events
         if not events.observed:
             return
@@ -236,19 +235,6 @@ class Tree:
         ended: it is not idle, and a passivation asked about before is stale."""
         entry.mark += 1
         entry.idle_since = self.rt.clock.monotonic()
-
-    def trace_for(self, parent: TreeEntry | None, spec: SpawnSpec) -> tuple[str | None, str | None]:
-        """A new Branch's or Worker's span and the span it continues, on a traced
-        node (else None, None): a child of the span ``spec.trace`` names (the
-        spawning skill's, or a caller's), else of its parent Branch's span,
-        else the root of a new trace."""
-        tracing = self.rt.config.tracing
-        if tracing is None:
-            return None, None
-        parent_trace = parse_traceparent(spec.trace) if spec.trace is not None else None
-        if parent_trace is None and parent is not None and parent.kind is not SessionKind.MAIN:
-            parent_trace = parent.info.trace
-        return child_traceparent(parent_trace, tracing.sampling_ratio), parent_trace
 
     # -- changing ---------------------------------------------------------------------
 
@@ -303,17 +289,17 @@ class Tree:
         parent: TreeEntry | None,
         ttl: float | None,
         *,
-        restored: bool = False,
+        spec: SpawnSpec | None = None,
+        before: SessionInfo | None = None,
         remote: tuple[ExecutionBackend, bytes] | None = None,
         ttl_share: SharedTtl | None = None,
-        cut_off: str | None = None,
-        record: bool = False,
+        grants: tuple[Grant, ...] = (),
     ) -> TreeEntry:
         """Index a session and start its actor (its first TTL timer: ``ttl`` s,
-        on ``ttl_share`` if given); ``restored``: it comes back from the store
-        (its event says so); ``remote``: its skill runs on that backend;
-        ``cut_off``: the span of its run before a restart (its new span links to it);
-        ``record``: its run's subtree is recorded (under a recorded parent it is anyway)."""
+        on ``ttl_share`` if given), and tell the extensions: it was made from
+        ``spec`` (and what they granted its spawn is told it was made), or
+        comes back from the store as ``before`` was stored (its event says
+        so); ``remote``: its skill runs on that backend."""
         skill = agent.skills[info.skill]
         kind = info.kind
         rt = self.rt
@@ -325,14 +311,24 @@ class Tree:
             max_results=rt.config.max_retained_results,
         )
         core.remote = remote
-        if parent is not None and parent.core.tape is not None:
-            core.tape = cast("SessionTape", parent.core.tape).child(core)
-        elif record and rt.tapes is not None:
-            core.tape = rt.tapes.root(core)
         # A remote step is awaited on the loop: it holds no step thread and is
         # killed, never abandoned, so it is never a zombie.
         is_async = remote is not None or agent.is_async(info.skill)
         entry = TreeEntry(core=core, agent=agent, skill=skill, is_async=is_async, parent=parent)
+        data: dict[str, Any] | None = None
+        if rt.events.observed:
+            data = {"kind": kind._value_, "skill": info.skill}
+            if before is not None:
+                data.update(restored=True, created_at=info.created_at)
+        # first: a recorded session's actor finds its tape
+        if before is not None:
+            for ext in self.ext.restored:
+                ext.restored(entry, before, data)
+        elif spec is not None:
+            for ext in self.ext.created:
+                ext.created(entry, spec, data)
+            for grant in grants:
+                grant.made(entry)
         if kind is SessionKind.MAIN:  # only a Main is ever passivated
             entry.idle_since = rt.clock.monotonic()
             self.resident_mains[info.session_id] = entry
@@ -344,16 +340,7 @@ class Tree:
             self.sync_threads += 1
         if ttl is not None:
             self.arm_ttl(entry, max(ttl, 0.0), ttl_share)
-        if rt.events.observed:
-            data: dict[str, Any] = {"kind": kind._value_, "skill": info.skill}
-            if restored:
-                data.update(restored=True, created_at=info.created_at)
-            if info.trace is not None:  # a traced node: what its span needs
-                data.update(
-                    trace=info.trace, trace_parent=info.trace_parent, ttl=info.ttl, task=info.task
-                )
-                if cut_off is not None:
-                    data["cut_off"] = cut_off
+        if data is not None:
             self.emit(EventKind.SPAWNED, entry, data=data)
         return entry
 
@@ -367,20 +354,10 @@ class Tree:
             info = msgspec.structs.replace(info, skill=agent.main)
         parent = self.entry(info.parent_id)
         ttl = None if info.deadline is None else info.deadline - self.now()
-        cut_off = None
-        if self.rt.config.tracing is not None and info.trace is not None:
-            # Its run after the restart is a new span, linked to the one cut off,
-            # in the same trace: under its parent Branch's new span when that
-            # came back too, else under the span it continued before.
-            cut_off = info.trace
-            trace_parent = info.trace_parent
-            if parent is not None and parent.kind is not SessionKind.MAIN and parent.info.trace:
-                trace_parent = parent.info.trace
-            # (one that began its trace is a root again, in that trace)
-            trace = child_traceparent(trace_parent or cut_off)
-            info = msgspec.structs.replace(info, trace=trace, trace_parent=trace_parent)
-        entry = self.register(agent, info, parent, ttl, restored=True, cut_off=cut_off)
-        entry.ledger = self._restored_ledger(info, agent)
+        before = info
+        for ext in self.ext.restoring:
+            info = ext.restoring(parent, info)
+        entry = self.register(agent, info, parent, ttl, before=before)
         core = entry.core
         core.context = context_from_record(record.context)
         core.resumed = True
@@ -399,25 +376,6 @@ class Tree:
             entry.rerun = True
         self.emit(EventKind.RESTORED, entry)
         return entry
-
-    def _restored_ledger(self, info: SessionInfo, agent: Agent) -> Ledger | None:
-        """A restored session's accounts: a passivated Main's as they were, else
-        what the store's usage record says was spent (its budget as spawned; a
-        Main's, its agent's, counting afresh from this cycle)."""
-        ledger = self.ledgers_at_rest.pop(info.session_id, None)
-        if ledger is not None:
-            return ledger
-        main = info.kind is SessionKind.MAIN
-        budget = agent.budget if main else info.budget
-        spent = self.store.usage(info.session_id, set_aside=True) if self.store else None
-        if spent is None and budget is None:
-            return None
-        ledger = Ledger(budget=budget)
-        if spent is not None:
-            ledger.own, ledger.subtree = spent.own, spent.subtree
-        if main:
-            ledger.window = ledger.subtree
-        return ledger
 
     def persist_new(
         self,
@@ -479,8 +437,8 @@ class Tree:
         entry.core.fence(ErrorCode.STORE_FAILED)
         entry.core.release_slot()
         self.emit(EventKind.DISCARDED, entry)
-        if entry.core.tape is not None:
-            cast("SessionTape", entry.core.tape).discarded()
+        for watch in entry.watchers:
+            watch.discarded()
         self.entries.pop(entry.session_id, None)
         self.live -= 1
         if entry.needs_thread:

@@ -21,8 +21,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.supervision import Agent, Event, EventKind, Node, SessionRef
 from sessiontree.supervision._config import Price
-from sessiontree.supervision._ledger import Reserved
-from sessiontree.supervision._requests import Reserve, Settle
+from sessiontree.supervision._ledger import Reserve, Reserved, Settle
 from tests.conftest import WAIT, settle
 
 REPLY = Usage(prompt_tokens=30, completion_tokens=12, calls=1)

@@ -32,10 +32,10 @@ from sessiontree.protocol import (
     Usage,
 )
 from sessiontree.supervision import Agent, Event, EventKind, Node, NodeConfig, Price, Provider
-from sessiontree.supervision._ledger import Reserved
+from sessiontree.supervision._ledger import Reserved, Settle
 from sessiontree.supervision._model_calls import ModelCalls
 from sessiontree.supervision._models import Models
-from sessiontree.supervision._requests import Call, Settle
+from sessiontree.supervision._requests import Call
 from sessiontree.testing import Reply, StandinServer, ToolCall
 from tests.conftest import WAIT, settle
 
