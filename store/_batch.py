@@ -310,9 +310,14 @@ class WriteBatch:
         )
         return self
 
-    def quarantine(self, record: QuarantineRecord) -> WriteBatch:
-        """Move an unreadable value aside (and delete it where it was)."""
+    def quarantine(self, record: QuarantineRecord, *, if_unchanged: bool = False) -> WriteBatch:
+        """Move an unreadable value aside (and delete it where it was; with
+        ``if_unchanged``, only while it still holds ``record.raw``: a value
+        written since, queued before this, stays)."""
         self._put("quarantine", quarantine_key(record.db, record.key), record)
+        if if_unchanged:
+            self.ops.append(("delete_if", record.db, record.key, record.raw))
+            return self
         self._delete(record.db, record.key)
         if record.db == "sessions":
             self._delete("live", record.key)

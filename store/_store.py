@@ -458,7 +458,7 @@ class Store:
             db=error.db, key=error.key, raw=raw, reason=str(error), at=time.time()
         )
         self.quarantined += 1
-        self.submit(WriteBatch().quarantine(record))
+        self.submit(WriteBatch().quarantine(record, if_unchanged=True))
 
     def quarantine_list(self) -> list[QuarantineRecord]:
         """Values recovery set aside; ``CorruptRecordError`` if one is unreadable."""

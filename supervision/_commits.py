@@ -105,7 +105,9 @@ class Commits:
                     for then in thens:
                         then(error)
 
-                self.when_written(shared, run_all)
+                # who waits urgently asked for it as it joined (the batch is hurried
+                # as it closes): the batch as a whole is not urgent
+                self.when_written(shared, run_all, urgent=False)
             for after in submitted:
                 after()
 

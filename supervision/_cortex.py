@@ -269,12 +269,12 @@ class Cortex:
         tree = self.tree
         match request:
             case Spawn(parent_id=parent_id, spec=spec, by_skill=by_skill):
-                return self.spawning.spawn(parent_id, spec, reply, early=by_skill)
+                return self.spawning.spawn(parent_id, spec, reply, by_skill=by_skill)
             case Run(parent_id=parent_id, spec=spec, timeout=timeout):
                 assert reply is not None  # a run is its caller's waiter
                 return self.spawning.run(parent_id, spec, reply, timeout)
             case SpawnMany(parent_id=parent_id, specs=specs, by_skill=by_skill):
-                return self.spawning.spawn_many(parent_id, specs, reply, early=by_skill)
+                return self.spawning.spawn_many(parent_id, specs, reply, by_skill=by_skill)
             case Send(
                 session_id=sid,
                 message=message,

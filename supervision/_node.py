@@ -90,6 +90,10 @@ from sessiontree.supervision._routing import route_inbound
 __all__ = ["Node"]
 
 
+#: How often ``wait_idle`` asks the store to commit what is queued lazily while
+#: it waits (real seconds).
+_HURRY_EVERY = 0.05
+
 class Node(NodeCore):
     """One supervision node, embedded: agents, a Cortex, and the sessions it owns.
 
@@ -422,16 +426,28 @@ class Node(NodeCore):
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until every mailbox is empty and every skill is blocked at a
-        checkpoint, parked or finished, and what the node queued for its store
-        is durable; False if ``timeout`` real seconds pass."""
-        started = time.monotonic()
-        if not self.activity.wait_idle(timeout):
-            return False
-        self._flush(max(0.0, timeout - (time.monotonic() - started)))
+        checkpoint, parked or finished; False if ``timeout`` real seconds pass.
+        Writes queued lazily are hurried meanwhile, and committed before it
+        returns (best effort within ``timeout``: a store holding its commits
+        does not make an idle node busy)."""
+        deadline = time.monotonic() + timeout
+        store = self.store
+        while True:
+            # a lazy write someone's activity waits on commits now, not at its linger
+            if store is not None:
+                store.hurry()
+            left = deadline - time.monotonic()
+            if self.activity.wait_idle(min(_HURRY_EVERY, max(left, 0.0))):
+                break
+            if left <= 0:
+                return False
+        self._flush(max(0.0, deadline - time.monotonic()))
         return True
 
     def _flush(self, timeout: float) -> None:
-        """Commit what the node queued lazily (a store error is the writer's to report)."""
+        """Commit what the node queued lazily, waiting up to ``timeout``: best
+        effort (a store that holds its commits, or refuses them, does not make
+        an idle node busy; the writer reports its errors)."""
         store = self.store
         if store is not None:
             with contextlib.suppress(StoreError, TimeoutError):

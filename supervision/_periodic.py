@@ -180,6 +180,7 @@ class Periodic:
 
             entry.passivating = mark
             written.add_done_callback(again)
+            tree.persist.hurry()  # queued lazily: it is waited on now
             return
         tree.stop_actor(entry)
         del tree.entries[session_id]

@@ -125,6 +125,8 @@ class Persister:
             return
         if not batch:
             shared.set_result(None)
+            if hurry:  # someone waits for a write made before the batch opened
+                self.hurry()
             return
         submitted = self._submit(batch)
         assert submitted is not None  # there is a store: a batch is open only then

@@ -111,13 +111,17 @@ class Spawning:
         reply: Reply | None = None,
         *,
         early: bool = False,
+        by_skill: bool = False,
     ) -> object:
         """Validate and create a child; never raises for a refused spawn. With a
         store, the child starts (and ``reply`` is answered) once its record is
         durable; a failed write answers the store's error and leaves no child.
-        ``early`` (the parent's skill asks, or a ``Run``): it starts, and is
-        answered, once its record is queued (nothing outside the process has
-        its id yet); a failed write ends it (``Cancelling.unstored``)."""
+        ``early`` (a ``Run``, whose caller waits for the result): it starts,
+        and is answered, once its record is queued; a failed write ends it
+        (``Cancelling.unstored``). ``by_skill`` (the parent's skill asks):
+        early, and a worker under a running Branch is not written at all
+        (``TreeEntry.recorded``)."""
+        early = early or by_skill
         tree = self.tree
         if tree.closing:
             closed = ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
@@ -138,7 +142,7 @@ class Spawning:
         if isinstance(admitted, ErrorInfo):
             return SpawnAnswer(None, admitted)
         assert parent is not None  # admitted: it exists
-        entry = self._create_child(parent, admitted, spec, early=early)
+        entry = self._create_child(parent, admitted, spec, by_skill=by_skill)
         if not tree.persist_new(entry, self.cancelling.unstored if early else None):
             self.starting.want_slot(entry)
             return _created(entry)
@@ -178,7 +182,7 @@ class Spawning:
         specs: tuple[SpawnSpec, ...],
         reply: Reply | None = None,
         *,
-        early: bool = False,
+        by_skill: bool = False,
     ) -> object:
         """``spawn`` for each spec, in order, in one turn of the Cortex (their
         records share one commit); answered with the list of answers once every
@@ -189,7 +193,7 @@ class Spawning:
         once; for the children after, only what a spawn changes is checked again (the
         parent's live children and the node's counters), and the first that no
         longer fits is validated in full, so it gets the answer ``spawn`` would
-        give. What waits for the records runs once for the batch. ``early``:
+        give. What waits for the records runs once for the batch. ``by_skill``:
         as for ``spawn``.
         """
         answers: list[SpawnAnswer | None] = [None] * len(specs)
@@ -204,7 +208,7 @@ class Spawning:
         with self.commits.one_commit():
             for i, spec in enumerate(specs):
                 if parent is None or spec.request_id is not None:  # spawn answers those
-                    value = self.spawn(parent_id, spec, reply=waiting.slot(i), early=early)  # type: ignore[arg-type]
+                    value = self.spawn(parent_id, spec, reply=waiting.slot(i), by_skill=by_skill)  # type: ignore[arg-type]
                     if value is not DEFERRED:
                         waiting.answer(i, value)
                     continue
@@ -217,9 +221,9 @@ class Spawning:
                     if isinstance(admitted, ErrorInfo):
                         waiting.answer(i, SpawnAnswer(None, admitted))
                         continue
-                created.append((i, self._create_child(parent, admitted, spec, early=early)))
+                created.append((i, self._create_child(parent, admitted, spec, by_skill=by_skill)))
             if created:
-                self._persist_children(created, waiting, early)
+                self._persist_children(created, waiting, by_skill)
         return DEFERRED if reply is not None else answers
 
     def _admit(
@@ -294,12 +298,12 @@ class Spawning:
         )
 
     def _create_child(
-        self, parent: TreeEntry, admitted: _Admitted, spec: SpawnSpec, *, early: bool
+        self, parent: TreeEntry, admitted: _Admitted, spec: SpawnSpec, *, by_skill: bool
     ) -> TreeEntry:
         """Index a child of ``spec``, admitted as ``admitted``, under ``parent`` (a
         child holds no actor: nothing here can fail for want of a thread).
-        ``early``: its parent's skill spawned it; a worker then is not written
-        while its parent is a running Branch (see ``TreeEntry.recorded``)."""
+        ``by_skill``: its parent's skill spawned it; a worker then is not
+        written while its parent is a running Branch (see ``TreeEntry.recorded``)."""
         ttl = admitted.ttl
         share = admitted.ttl_share
         if share is None and ttl is not None:
@@ -348,7 +352,7 @@ class Spawning:
         parent.live_children += 1
         if spec.request_id is not None:
             parent.requests[spec.request_id] = entry.session_id
-        if early and spec.kind is SessionKind.WORKER and parent.kind is SessionKind.BRANCH:
+        if by_skill and spec.kind is SessionKind.WORKER and parent.kind is SessionKind.BRANCH:
             entry.recorded = False
         return entry
 
@@ -521,7 +525,7 @@ class Spawning:
             child = tree.entries.get(child_id)
             info = child.info if child is not None else None
             if info is None:
-                record = tree.store.session(child_id)
+                record = tree.stored(child_id)
                 info = record.info if record is not None else None
             if info is not None and info.request_id == request_id:
                 parent.requests[request_id] = child_id

@@ -149,3 +149,65 @@ def test_an_import_writes_the_index_of_what_it_brings(tmp_path: pathlib.Path) ->
         import_jsonl(target, io.BytesIO(out.getvalue()), replace=True)
         assert live_keys(target) == {active.session_id.bytes}
         assert target.count("live") == 2  # and the mark that the index is kept
+
+
+def test_a_spawn_with_a_request_id_sets_aside_an_unreadable_ended_sibling(
+    tmp_path: pathlib.Path,
+) -> None:
+    """After a restart, a spawn with a ``request_id`` reads the parent's ended
+    children (their ids' requests); one that does not decode is quarantined
+    then, never a failure of the node."""
+
+    def work(session: Any) -> str:
+        return "w"
+
+    def agent() -> Agent:
+        return Agent("agent", {"main": lambda session: None, "work": work})
+
+    path = tmp_path / "s"
+    node = Node([agent()], NodeConfig(), store=str(path))
+    main = node.main("agent")
+    child = main.spawn(kind="worker", skill="work", request_id="a").ref
+    assert child is not None
+    assert child.wait(10.0) is not None
+    node.shutdown()
+    with Store(path) as store:
+        store.write(WriteBatch().raw("sessions", child.session_id.bytes, b"\xff\x00not a record"))
+    node = Node([agent()], NodeConfig(), store=str(path))
+    try:
+        spawned = node.main("agent").spawn(kind="worker", skill="work", request_id="b")
+        assert spawned.ok, spawned.error
+        assert node.failure is None
+        assert node.stats()["store_quarantined"] == 1
+    finally:
+        node.shutdown(grace=0)
+
+
+def test_a_run_from_outside_writes_a_worker_under_a_running_branch(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Only a skill's own spawn of a worker under its running Branch goes
+    unwritten: a ``run`` from outside is acknowledged, and written."""
+
+    def holds(session: Any) -> str:
+        session.sleep(1000.0)
+        return "held"
+
+    def work(session: Any) -> str:
+        return "w"
+
+    agent = Agent("agent", {"main": lambda session: None, "holds": holds, "work": work})
+    node = Node([agent], NodeConfig(), store=str(tmp_path / "s"))
+    try:
+        branch = node.main("agent").spawn(kind="branch", skill="holds").ref
+        assert branch is not None
+        result = branch.run(kind="worker", skill="work")
+        assert result is not None
+        assert result.ok
+        assert node.store is not None
+        node.store.flush()
+        record = node.store.session(result.session_id)
+        assert record is not None
+        assert record.info.state is SessionState.COMPLETED
+    finally:
+        node.shutdown(grace=0)

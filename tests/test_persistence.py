@@ -1990,3 +1990,37 @@ def test_a_suspend_writes_the_branchs_workers_and_owes_what_it_has_not_taken(
     quick = stored(node, ids["quick"])  # ended, still indexed: known after a restart too
     assert quick.info.state is SessionState.COMPLETED
     assert ids["quick"] in store.children(ref.session_id)
+
+
+def test_a_skills_spawns_commit_nothing_by_themselves(tmp_path: pathlib.Path) -> None:
+    """A skill's spawns are answered once their records are queued; the records
+    go with the next write someone waits on (here: none, and a long linger)."""
+    spawned = threading.Event()
+    go_on = threading.Event()
+
+    def spawner(session: Any) -> str:
+        session.spawn_many([SpawnSpec(kind=SessionKind.BRANCH, skill="sleeps")] * 3)
+        session.spawn(kind="branch", skill="sleeps")
+        spawned.set()
+        assert go_on.wait(WAIT)
+        return "done"
+
+    def sleeps(session: Any) -> str:
+        session.sleep(1000.0)
+        return "slept"
+
+    store = Store(tmp_path / "s", linger=3600.0)
+    agent = Agent("agent", {"main": MainLog(), "spawner": spawner, "sleeps": sleeps})
+    node = Node([agent], NodeConfig(), clock=VirtualClock(), store=store)
+    try:
+        main = node.main("agent")
+        before = store.stats()["commits"]
+        ref = main.spawn(kind="branch", skill="spawner").ref  # from outside: durable
+        assert ref is not None
+        assert spawned.wait(WAIT)
+        assert store.stats()["commits"] == before + 1  # the spawner's record alone
+        go_on.set()
+    finally:
+        go_on.set()
+        node.shutdown(grace=0)
+        store.close()
