@@ -10,6 +10,7 @@ anything is queued, and leaves the batch as it was.
 
 from __future__ import annotations
 
+import struct
 import uuid
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from sessiontree.protocol import (
     RejectedInputError,
     SessionResult,
 )
+from sessiontree.store._env import LIVE_INDEXED
 from sessiontree.store._keys import (
     branch_key,
     inbox_key,
@@ -52,6 +54,8 @@ from sessiontree.store._records import (
 )
 
 __all__ = ["Op", "WriteBatch"]
+
+_STAMP = struct.Struct("<d")  # the live index's stamp: the start that last kept it
 
 # (put | delete | delete_if | delete_prefix | expect | expect_absent, db, key, value)
 Op = tuple[str, str, bytes, bytes]
@@ -245,7 +249,10 @@ class WriteBatch:
         return self
 
     def starts(self, record: StartsRecord) -> WriteBatch:
+        """The node's starts; the index of live sessions is stamped with this
+        start (a start by a build that does not keep it shows as a later one)."""
         self._put("meta", b"starts", record)
+        self.ops.append(("put", "live", LIVE_INDEXED, _STAMP.pack(record.started_at)))
         return self
 
     # -- conversations ---------------------------------------------------------------

@@ -283,7 +283,9 @@ def _commit(store: Store, plan: _Plan, *, replace: bool) -> None:
         for db in DATABASES:
             if db != "meta":
                 batches[0]._delete(db, b"", prefix=True)
-        batches[0].raw("live", LIVE_INDEXED, b"")  # the index is kept: the puts hold it
+        # the index is kept (the puts hold it): its stamp stays as it was
+        stamp = next((v for k, v in store.scan("live", LIVE_INDEXED) if k == LIVE_INDEXED), b"")
+        batches[0].raw("live", LIVE_INDEXED, stamp)
     for db, key, value in plan.puts:
         if batches[-1].size >= _BATCH_BYTES:
             batches.append(WriteBatch())

@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import struct
 import threading
 import time
 import uuid
@@ -531,9 +532,11 @@ class Store:
         """Build the index of live sessions (``live``) once, for a store written
         before it existed; from then on every session write keeps it. A record
         that does not decode is indexed: recovery reads it and quarantines it."""
-        if self._reads.get_raw("live", LIVE_INDEXED) is not None:
+        stamp = self._reads.get_raw("live", LIVE_INDEXED)
+        if stamp is not None and not self._started_since(stamp):
             return
         batch = WriteBatch()
+        batch._delete("live", b"", prefix=True)  # rebuilt whole
         records = live = 0
         for key, raw in self._reads.scan("sessions"):
             records += 1
@@ -545,7 +548,12 @@ class Store:
             if alive:
                 batch.raw("live", key, b"")
                 live += 1
-        batch.raw("live", LIVE_INDEXED, b"")
+        try:
+            starts = self.starts()
+        except CorruptRecordError:
+            starts = None
+        stamp_now = struct.pack("<d", starts.started_at if starts is not None else 0.0)
+        batch.raw("live", LIVE_INDEXED, stamp_now)
         self.write(batch)
         if records:
             log.info(
@@ -555,6 +563,17 @@ class Store:
                 live,
                 records,
             )
+
+    def _started_since(self, stamp: bytes) -> bool:
+        """Whether a node started on this store after the live index was last
+        stamped (``WriteBatch.starts`` stamps it): a build that does not keep
+        the index ran since, and it may be stale."""
+        try:
+            starts = self.starts()
+        except CorruptRecordError:  # recovery quarantines it; the index is as it was
+            return False
+        stamped = struct.unpack("<d", stamp)[0] if len(stamp) == 8 else 0.0
+        return starts is not None and starts.started_at > stamped
 
     def live_records(self) -> Iterator[tuple[bytes, bytes | None]]:
         """The raw record of every session not yet terminal, by the index of live

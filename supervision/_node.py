@@ -94,6 +94,7 @@ __all__ = ["Node"]
 #: it waits (real seconds).
 _HURRY_EVERY = 0.05
 
+
 class Node(NodeCore):
     """One supervision node, embedded: agents, a Cortex, and the sessions it owns.
 

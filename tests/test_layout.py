@@ -323,6 +323,8 @@ def test_the_architecture_document_names_every_package_and_only_files_that_exist
         if not ((ROOT / name).is_file() if "/" in name else name in known)
     ]
     assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"
+
+
 #: The kernel: the Cortex, its rooms, and what they are driven with. A feature
 #: attaches to it through ``_extension`` (the hooks) and never the other way.
 KERNEL = frozenset(

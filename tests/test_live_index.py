@@ -17,6 +17,7 @@ from sessiontree.protocol import SessionInfo, SessionKind, SessionResult, Sessio
 from sessiontree.store import (
     LIVE_INDEXED,
     SessionRecord,
+    StartsRecord,
     Store,
     WriteBatch,
     encode_record,
@@ -211,3 +212,23 @@ def test_a_run_from_outside_writes_a_worker_under_a_running_branch(
         assert record.info.state is SessionState.COMPLETED
     finally:
         node.shutdown(grace=0)
+
+
+def test_a_start_by_a_build_that_does_not_keep_the_index_has_it_rebuilt(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A store opened by an older build (which writes records, not the index)
+    after this one: the next open sees a start later than the index's stamp
+    and builds the index again, so no live session is missed."""
+    path = tmp_path / "s"
+    with Store(path) as store:
+        store.write(WriteBatch().starts(StartsRecord(running=False, started_at=NOW)))
+    missed = info(SessionState.ACTIVE)
+    with Store(path) as store:  # what an older build leaves: a record, a later start
+        batch = WriteBatch().raw(
+            "sessions", missed.session_id.bytes, encode_record(SessionRecord(info=missed))
+        )
+        batch.raw("meta", b"starts", encode_record(StartsRecord(started_at=NOW + 60.0)))
+        store.write(batch)
+    with Store(path) as store:
+        assert live_keys(store) == {missed.session_id.bytes}
