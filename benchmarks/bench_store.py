@@ -426,7 +426,7 @@ def recovery(base: str) -> dict[str, Any]:
             t_node = time.perf_counter()
             idle = node.wait_idle(timeout=300.0)
             t1 = time.perf_counter()
-            figures = dict(getattr(node, "recovery", {}) or {})
+            figures = dict(node.recovery.figures)
         finally:
             if node is not None:
                 t_stop = time.perf_counter()
