@@ -330,6 +330,11 @@ class WriteBatch:
             self._delete("live", record.key)
         return self
 
+    def raw_delete_all(self, db: str) -> WriteBatch:
+        """Delete every entry of ``db`` (a derived index built again)."""
+        self._delete(db, b"", prefix=True)
+        return self
+
     def raw_delete(self, db: str, key: bytes) -> WriteBatch:
         """Delete one entry as it is keyed (a stale index entry, tests)."""
         self._delete(db, key)

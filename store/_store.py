@@ -15,7 +15,6 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import struct
 import threading
 import time
 import uuid
@@ -48,6 +47,7 @@ from sessiontree.store._env import (
 )
 from sessiontree.store._io import StoreIO
 from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key
+from sessiontree.store._live import index_live
 from sessiontree.store._reads import Reads
 from sessiontree.store._records import (
     CallRecord,
@@ -134,7 +134,7 @@ class Store:
                 )
                 self._writer.on_commit = self._reads.check_long_reads
                 self.meta: MetaRecord | None = self._meta_or_create()
-                self._index_live()
+                index_live(self)
             else:
                 try:
                     self.meta = self._read_meta()
@@ -527,53 +527,6 @@ class Store:
         # From here on an empty or missing data.mdb is damage, not a fresh store.
         mark_committed(self.path, msgspec.json.encode(meta).decode() + "\n")
         return meta
-
-    def _index_live(self) -> None:
-        """Build the index of live sessions (``live``) once, for a store written
-        before it existed; from then on every session write keeps it. A record
-        that does not decode is indexed: recovery reads it and quarantines it."""
-        stamp = self._reads.get_raw("live", LIVE_INDEXED)
-        if stamp is not None and not self._started_since(stamp):
-            return
-        batch = WriteBatch()
-        batch._delete("live", b"", prefix=True)  # rebuilt whole
-        records = live = 0
-        for key, raw in self._reads.scan("sessions"):
-            records += 1
-            try:
-                record = decode_record(SessionRecord, raw, db="sessions", key=key)
-                alive = not record.info.state.is_terminal
-            except CorruptRecordError:
-                alive = True
-            if alive:
-                batch.raw("live", key, b"")
-                live += 1
-        try:
-            starts = self.starts()
-        except CorruptRecordError:
-            starts = None
-        stamp_now = struct.pack("<d", starts.started_at if starts is not None else 0.0)
-        batch.raw("live", LIVE_INDEXED, stamp_now)
-        self.write(batch)
-        if records:
-            log.info(
-                "store %s: indexed its %d live sessions of %d records, once (start-up "
-                "reads only those from now on)",
-                self.path,
-                live,
-                records,
-            )
-
-    def _started_since(self, stamp: bytes) -> bool:
-        """Whether a node started on this store after the live index was last
-        stamped (``WriteBatch.starts`` stamps it): a build that does not keep
-        the index ran since, and it may be stale."""
-        try:
-            starts = self.starts()
-        except CorruptRecordError:  # recovery quarantines it; the index is as it was
-            return False
-        stamped = struct.unpack("<d", stamp)[0] if len(stamp) == 8 else 0.0
-        return starts is not None and starts.started_at > stamped
 
     def live_records(self) -> Iterator[tuple[bytes, bytes | None]]:
         """The raw record of every session not yet terminal, by the index of live
