@@ -262,7 +262,8 @@ def plan_delete(
             ErrorCode.CURRENT_BRANCH,
             "branch",
         )
-    own = own_messages(shared, branch)  # newest first
+    # newest first: its own, then what deleted branches left above its base
+    own = own_messages(shared, branch) + _left_above(shared, state, branch)
     own_ids = {m.id: m.depth for m in own}
     floor = own[-1].depth if own else 0  # the shallowest own message
     needed_depth = 0  # own messages at or above this depth stay
@@ -293,6 +294,24 @@ def plan_delete(
         token=f"{branch.number}-{digest}",
     )
     return plan, doomed
+
+
+def _left_above(
+    shared: SharedConversation, state: ConversationState, branch: Branch
+) -> list[Message]:
+    """The messages of deleted branches on the way up from ``branch``'s base,
+    newest first: kept when their branch went because this one grew from them,
+    they go with it unless another branch grows from them too."""
+    live = {b.id for b in state.branches}
+    left: list[Message] = []
+    walked = branch.base_id
+    while walked is not None:
+        message = shared.backend.message(shared.session_id, walked)
+        if message is None or message.branch_id in live:
+            break
+        left.append(message)
+        walked = message.parent_id
+    return left
 
 
 def confirm_delete(

@@ -407,6 +407,28 @@ def test_delete_keeps_the_messages_another_branch_grows_from(conv: Conversation)
     assert [b.name for b in conv.branches()] == ["main", "y"]
 
 
+def test_messages_kept_for_a_branch_go_with_the_last_branch_that_grew_from_them(
+    conv: Conversation,
+) -> None:
+    """Deleting x keeps x1 (y grows from it); deleting y then takes x1 too, so a
+    later delete of what x1 hung under leaves nothing hanging under a message
+    that is gone (a case the conversation property found)."""
+    a, b, _ = say(conv, "a", "b", "c")
+    conv.fork(b.id, "x")
+    (x1,) = say(conv, "x1")
+    conv.fork(x1.id, "y")
+    conv.append(Role.USER, "y1")
+    conv.checkout("main")
+    conv.confirm_delete(conv.delete_branch("x").token)
+    plan = conv.delete_branch("y")
+    assert (plan.count, plan.kept) == (2, 0)  # y1, and x1 that only y needed
+    conv.confirm_delete(plan.token)
+    conv.fork(a.id, "z")
+    conv.confirm_delete(conv.delete_branch("main").token)
+    assert len(conv) == 1
+    assert texts(conv.context(10)) == ["a"]
+
+
 def test_a_confirmation_for_a_branch_that_changed_since_is_refused(conv: Conversation) -> None:
     (a,) = say(conv, "a")
     conv.fork(a.id, "x")
