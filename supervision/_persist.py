@@ -4,7 +4,9 @@
   (with the inbound message that cycle consumed), its end.
 - Branch: a record at spawn, its full context on suspend and on its end.
 - Worker: only an index record (identity and state, no task, no context) at
-  spawn and at its end, so a restart can still fail it and tell its parent.
+  spawn and at its end, so a restart can still fail it and tell its parent;
+  none at all for one its running Branch's skill spawned (that parent does
+  not survive a restart) unless the Branch suspends (``snapshot``'s ``late``).
 
 A session's terminal record and the result owed to its parent go in one
 batch (the outbox); the parent's next snapshot files the result on the
