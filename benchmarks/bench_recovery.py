@@ -41,6 +41,23 @@ NOW = 1_700_000_000.0
 CHUNK = 20_000  # records per write while filling
 
 
+def info(
+    kind: SessionKind, parent: uuid.UUID | None, state: SessionState, **fields: str
+) -> SessionInfo:
+    return SessionInfo(
+        session_id=uuid.uuid4(),
+        agent_id="agent",
+        parent_id=parent,
+        kind=kind,
+        state=state,
+        depth=0 if parent is None else 1,
+        created_at=NOW,
+        ttl=None,
+        deadline=None,
+        **fields,
+    )
+
+
 def fill(path: str, records: int, live_share: float) -> list[uuid.UUID]:
     """Write the store; return the Mains' ids."""
     live = max(1, int(records * live_share))
@@ -49,46 +66,29 @@ def fill(path: str, records: int, live_share: float) -> list[uuid.UUID]:
         batch = WriteBatch()
         for n in range(records):
             if n < live:
-                info = SessionInfo(
-                    session_id=uuid.uuid4(),
-                    agent_id="agent",
-                    parent_id=None,
-                    kind=SessionKind.MAIN,
-                    state=SessionState.ACTIVE,
-                    depth=0,
-                    created_at=NOW,
-                    ttl=None,
-                    deadline=None,
-                    skill="main",
-                    key=f"user:{n}",
-                )
-                mains.append(info.session_id)
-                batch.session(SessionRecord(info=info, updated_at=NOW))
-                batch.main("agent", f"user:{n}", info.session_id)
+                key = f"user:{n}"
+                main = info(SessionKind.MAIN, None, SessionState.ACTIVE, skill="main", key=key)
+                mains.append(main.session_id)
+                batch.session(SessionRecord(info=main, updated_at=NOW))
+                batch.main("agent", key, main.session_id)
             else:
                 parent = mains[n % live]
-                info = SessionInfo(
-                    session_id=uuid.uuid4(),
-                    agent_id="agent",
-                    parent_id=parent,
-                    kind=SessionKind.BRANCH,
-                    state=SessionState.COMPLETED,
-                    depth=1,
-                    created_at=NOW,
-                    ttl=None,
-                    deadline=None,
+                done = info(
+                    SessionKind.BRANCH,
+                    parent,
+                    SessionState.COMPLETED,
                     task="summarise the thread",
                     skill="work",
                 )
                 result = SessionResult(
-                    session_id=info.session_id,
+                    session_id=done.session_id,
                     status=SessionState.COMPLETED,
                     parent_id=parent,
                     summary="done",
                     timings=Timings(created_at=NOW, ended_at=NOW + 1.0),
                 )
-                batch.session(SessionRecord(info=info, result=result, updated_at=NOW))
-                batch.link(parent, info.session_id).file(parent, result)
+                batch.session(SessionRecord(info=done, result=result, updated_at=NOW))
+                batch.link(parent, done.session_id).file(parent, result)
             if len(batch.ops) >= CHUNK:
                 store.write(batch, timeout=600.0)
                 batch = WriteBatch()

@@ -42,6 +42,7 @@ from sessiontree.store._export_format import (
     tag_of,
 )
 from sessiontree.store._keys import main_key, pair_key, platform_key
+from sessiontree.store._live import stamp_of
 from sessiontree.store._records import SCHEMA_VERSION, MetaRecord, decode_record, encode_record
 from sessiontree.store._store import Store
 
@@ -284,8 +285,7 @@ def _commit(store: Store, plan: _Plan, *, replace: bool) -> None:
             if db != "meta":
                 batches[0]._delete(db, b"", prefix=True)
         # the index is kept (the puts hold it): its stamp stays as it was
-        stamp = next((v for k, v in store.scan("live", LIVE_INDEXED) if k == LIVE_INDEXED), b"")
-        batches[0].raw("live", LIVE_INDEXED, stamp)
+        batches[0].raw("live", LIVE_INDEXED, stamp_of(store) or b"")
     for db, key, value in plan.puts:
         if batches[-1].size >= _BATCH_BYTES:
             batches.append(WriteBatch())

@@ -19,7 +19,7 @@ from sessiontree.store._batch import WriteBatch
 from sessiontree.store._env import LIVE_INDEXED
 from sessiontree.store._records import SessionRecord, StartsRecord, decode_record
 
-__all__ = ["index_live"]
+__all__ = ["index_live", "stamp_of"]
 
 log = logging.getLogger("sessiontree.store")
 
@@ -40,7 +40,7 @@ def index_live(store: Store) -> None:
     """Build ``store``'s index of live sessions unless it is kept and current. A
     record that does not decode is indexed: recovery reads it and quarantines
     it. Raises what ``Store.write`` raises."""
-    stamp = next((v for k, v in store.scan("live", LIVE_INDEXED) if k == LIVE_INDEXED), None)
+    stamp = stamp_of(store)
     starts = _starts(store)
     if stamp is not None and not _started_since(starts, stamp):
         return
@@ -69,6 +69,11 @@ def index_live(store: Store) -> None:
             live,
             records,
         )
+
+
+def stamp_of(store: Store) -> bytes | None:
+    """The index's stamp (None: the index was never built in this store)."""
+    return next((v for k, v in store.scan("live", LIVE_INDEXED) if k == LIVE_INDEXED), None)
 
 
 def _starts(store: Store) -> StartsRecord | None:

@@ -59,9 +59,9 @@ import sys
 import time
 import tomllib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import uvicorn
@@ -161,10 +161,24 @@ def _read_config(path: Path | None) -> dict[str, Any]:
     return raw
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
 def _removed(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     """A removed setting's flag (or its environment variable): refused, never ignored."""
     if value is not None and param.name is not None:
         raise click.BadParameter(removed_setting(param.name) or "removed", ctx, param)
+
+
+def _removed_option(flag: str) -> Callable[[F], F]:
+    """A hidden flag of a removed setting: refused with why, never ignored."""
+    return click.option(
+        flag,
+        hidden=True,
+        callback=_removed,
+        expose_value=False,
+        help="Removed: a node has one execution mode (refused).",
+    )
 
 
 def _effective(ctx: click.Context, file: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -573,27 +587,9 @@ async def _serve(
     default=None,
     help="NodeConfig.max_running_skills.",
 )
-@click.option(
-    "--actor-type",
-    hidden=True,
-    callback=_removed,
-    expose_value=False,
-    help="Removed: a node has one execution mode (refused).",
-)
-@click.option(
-    "--dispatch",
-    hidden=True,
-    callback=_removed,
-    expose_value=False,
-    help="Removed: a node has one execution mode (refused).",
-)
-@click.option(
-    "--dispatcher-threads",
-    hidden=True,
-    callback=_removed,
-    expose_value=False,
-    help="Removed: a node has one execution mode (refused).",
-)
+@_removed_option("--actor-type")
+@_removed_option("--dispatch")
+@_removed_option("--dispatcher-threads")
 @click.option(
     "--passivate-after",
     type=click.FloatRange(0.0, min_open=True),
