@@ -71,7 +71,15 @@ from sessiontree.protocol._errors import (
     UnknownAgentError,
     UnknownSessionError,
 )
-from sessiontree.protocol._ids import SCOPES, SessionId, SessionKey, new_session_id
+from sessiontree.protocol._ids import (
+    SCOPES,
+    SLOTS,
+    SessionId,
+    SessionKey,
+    new_session_id,
+    slot_for,
+    slot_of,
+)
 from sessiontree.protocol._json import (
     MAX_MESSAGE_CHARS,
     MAX_REQUEST_ID_CHARS,
@@ -153,6 +161,7 @@ __all__ = [
     "NON_RETRYABLE",
     "RECORDING_FORMAT",
     "SCOPES",
+    "SLOTS",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "AggregateStrategy",
@@ -247,6 +256,8 @@ __all__ = [
     "plain_input",
     "sampled_by_ratio",
     "session_key_for",
+    "slot_for",
+    "slot_of",
     "span_id_of",
     "spawn_batch",
     "trace_id_of",
