@@ -20,6 +20,8 @@ __all__ = ["Agent", "NodeConfig", "Price", "Provider", "removed_setting"]
 
 Skill = Callable[[Any], Any]
 
+MEMORY_SCOPES = ("agent", "tree")  # what shared memory is shared by (NodeConfig.memory_scope)
+
 MAIN_SKILL = "main"  # the skill that runs Main cycles when main_skill names none
 
 _ONE_MODE = (
@@ -110,6 +112,12 @@ class NodeConfig:
     within ``restart_period`` seconds starts with all replay held back until
     ``node.recovery.release_replay()`` (0: never held).
 
+    ``memory_scope``: what shared memory (``session.remember``/``recall``)
+    is shared by: ``"agent"`` (the default) every session of the agent,
+    ``"tree"`` the sessions of one Main's tree only (a tree never spans two
+    nodes, so this is the scope a cluster uses). A tree's memory lives in the
+    scope ``tree:<root id>`` (the ``agent_id`` a ``MemorySpace`` is called with).
+
     ``tracing``: export every Branch and Worker run, Main message cycle and
     model call as an OpenTelemetry span (``Tracing``; needs the ``otlp``
     extra). None (the default): no span is made and nothing is imported.
@@ -147,6 +155,7 @@ class NodeConfig:
     restart_intensity: int = 5
     restart_period: float = 300.0
     tracing: Tracing | None = None
+    memory_scope: str = "agent"
 
     def __new__(cls, *_args: Any, **kwargs: Any) -> Self:
         # Before the dataclass's __init__, which would say only "unexpected
@@ -178,7 +187,7 @@ class NodeConfig:
                 raise ValueError(msg)
 
     def _check_choices(self) -> None:
-        for name, known in (("backend", list(BACKENDS)),):
+        for name, known in (("backend", list(BACKENDS)), ("memory_scope", list(MEMORY_SCOPES))):
             value = getattr(self, name)
             if value not in known:
                 msg = f"NodeConfig.{name} must be one of {known}, got {value!r}"

@@ -120,14 +120,21 @@ class NodeHost:
     def amodel_call(self, core: SessionCore, call: ModelCall) -> asyncio.Future[Completion]:
         return self.node._model_calls.start_here(core, call)
 
+    def _memory_scope(self, core: SessionCore) -> str:
+        """The scope ``core``'s shared memory lives in: its Main's tree's
+        (``tree:<Main id>``) on a node with ``memory_scope="tree"``, else its agent's."""
+        if self.node.config.memory_scope == "tree":
+            return f"tree:{core.info.conversation or core.session_id}"
+        return core.info.agent_id
+
     def memory_put(self, core: SessionCore, key: str, value: Any) -> str:
-        return self.node.memory.put(core.info.agent_id, core.session_id, key, value)
+        return self.node.memory.put(self._memory_scope(core), core.session_id, key, value)
 
     async def memory_put_async(self, core: SessionCore, key: str, value: Any) -> str:
-        return await self.node.memory.aput(core.info.agent_id, core.session_id, key, value)
+        return await self.node.memory.aput(self._memory_scope(core), core.session_id, key, value)
 
     def memory_get(self, core: SessionCore, key: str) -> Any:
-        return self.node.memory.get(core.info.agent_id, key)
+        return self.node.memory.get(self._memory_scope(core), key)
 
     def progress(self, core: SessionCore, note: str, data: dict[str, Any]) -> None:
         self.node._tell(Progress(core.session_id, note, dict(data)))
@@ -368,3 +375,4 @@ def _in_cycle(parent: SessionCore, spec: SpawnSpec) -> SpawnSpec:
     if parent.cycle_trace is None or spec.trace is not None:
         return spec
     return msgspec.structs.replace(spec, trace=parent.cycle_trace)
+

@@ -14,7 +14,7 @@ import uuid
 from typing import Any, Protocol
 
 from sessiontree.actors import Clock
-from sessiontree.protocol import RejectedInputError
+from sessiontree.protocol import RejectedInputError, new_session_id, slot_of
 from sessiontree.store import MemoryRecord, Store, WriteBatch
 
 __all__ = ["InMemorySpace", "MemorySpace", "StoreMemory"]
@@ -31,8 +31,9 @@ def _check_key(key: object) -> None:
         raise RejectedInputError(msg, field="key")
 
 
-def _new_id() -> str:
-    return f"mem-{uuid.uuid4()}"
+def _new_id(session_id: uuid.UUID) -> str:
+    """A memory id; it carries the slot of the session that wrote it."""
+    return f"mem-{new_session_id(slot_of(session_id))}"
 
 
 class MemorySpace(Protocol):
@@ -65,7 +66,7 @@ class InMemorySpace:
 
     def put(self, agent_id: str, session_id: uuid.UUID, key: str, value: Any) -> str:
         _check_key(key)
-        memory_id = _new_id()
+        memory_id = _new_id(session_id)
         with self._lock:
             self._values[(agent_id, key)] = (memory_id, value)
             self._ids[memory_id] = (agent_id, key)
@@ -102,7 +103,7 @@ class StoreMemory:
         self, agent_id: str, session_id: uuid.UUID, key: str, value: Any
     ) -> tuple[str, WriteBatch]:
         _check_key(key)
-        memory_id = _new_id()
+        memory_id = _new_id(session_id)
         record = MemoryRecord(
             agent_id=agent_id,
             key=key,

@@ -49,6 +49,8 @@ from sessiontree.protocol import (
     SessionState,
     Timings,
     Usage,
+    new_session_id,
+    slot_of,
 )
 from sessiontree.store import (
     CallRecord,
@@ -321,7 +323,7 @@ class _Recovery:
         result: SessionResult | None = None,
     ) -> uuid.UUID:
         """Put work aside in the ``wedged`` database; its id."""
-        wedged_id = uuid.uuid4()
+        wedged_id = new_session_id(slot_of(session_id))  # in its session's slot
         self.batch.wedged(
             WedgedRecord(
                 wedged_id=wedged_id,

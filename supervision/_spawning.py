@@ -37,6 +37,8 @@ from sessiontree.protocol import (
     UnknownAgentError,
     UnknownSessionError,
     new_session_id,
+    slot_for,
+    slot_of,
 )
 from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._commits import Commits, store_error
@@ -324,7 +326,7 @@ class Spawning:
         else:  # its sibling's identity but for the id and its work: made at the same instant
             info = msgspec.structs.replace(
                 last,
-                session_id=new_session_id(),
+                session_id=new_session_id(slot_of(parent.session_id)),
                 task=spec.task,
                 context_summary=spec.context_summary,
                 metadata=dict(spec.metadata),
@@ -372,7 +374,7 @@ class Spawning:
         kind = spec.kind
         main = kind is SessionKind.MAIN
         info = SessionInfo(
-            session_id=new_session_id(),
+            session_id=new_session_id(_slot(agent, parent, key)),
             agent_id=agent.agent_id,
             parent_id=parent.session_id if parent else None,
             kind=kind,
@@ -746,6 +748,16 @@ class _Admitted:
     grants: tuple[Grant, ...]  # what the extensions granted its child (its budget)
     last: SessionInfo | None = None  # the identity of the last child made from it
     ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)
+
+
+def _slot(agent: Agent, parent: TreeEntry | None, key: str | None) -> int | None:
+    """The slot a new session's id carries: its parent's (a tree whose Main is
+    unslotted, from a store made before slots, stays unslotted); a Main's is
+    its key's."""
+    if parent is not None:
+        return slot_of(parent.session_id)
+    assert key is not None  # only a Main is made without a parent
+    return slot_for(agent.agent_id, key)
 
 
 def _conversation_of(parent: TreeEntry | None) -> uuid.UUID | None:
