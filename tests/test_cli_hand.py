@@ -61,7 +61,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServedNo
     chosen = iter([uuid.UUID(MAIN), uuid.UUID(W1), uuid.UUID(W2)])
     monkeypatch.setattr(
         "sessiontree.supervision._spawning.new_session_id",
-        lambda: next(chosen, None) or new_session_id(),
+        lambda slot=None: next(chosen, None) or new_session_id(slot),
     )
     node = Node(builtin_agents(), NodeConfig(grace=30.0), store=tmp_path / "store")
     server = ServedNode(node)
