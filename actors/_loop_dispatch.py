@@ -50,6 +50,7 @@ __all__ = [
     "LoopActor",
     "LoopDispatcher",
     "LoopRef",
+    "handle_now",
     "stop_unstarted",
 ]
 
@@ -357,6 +358,30 @@ class _Inbox:
                 return False
         return True
 
+    def handle_now(self, message: object) -> bool:
+        """Run the actor's handler for ``message`` on the calling thread, now, if
+        that is what serving it would do: on the loop's thread, outside any
+        handler, the actor started, nothing queued before it. False (nothing
+        done) otherwise: the caller puts it in the inbox."""
+        dispatcher = self.dispatcher
+        if dispatcher._serving.actor is not None or not dispatcher.loop.is_current():
+            return False
+        with self.lock:
+            actor = self.actor
+            if self.scheduled or actor is None or not actor._loop_started:
+                return False
+            self.scheduled = True  # served now: whatever is put meanwhile waits its turn
+        dispatcher._run(actor, message, actor._handle, _Now(message))
+        if actor.actor_stopped.is_set():
+            self._teardown()
+            return True
+        with self.lock:
+            if not self.messages:
+                self.scheduled = False
+                return True
+        dispatcher._schedule(self)
+        return True
+
     def failed(self) -> None:
         """A hook let a ``BaseException`` through: the actor is stopped, its inbox refused."""
         actor = self.actor
@@ -391,6 +416,31 @@ class _Inbox:
                 return None
             self.scheduled = True  # never served from now on
             return self._close()  # nothing queued to refuse
+
+
+class _Now:
+    """The envelope of a message handled at once (``handle_now``): nobody waits on a reply."""
+
+    __slots__ = ("message",)
+
+    reply_to = None
+
+    def __init__(self, message: object) -> None:
+        self.message = message
+
+
+def handle_now(ref: pykka.ActorRef[Any], message: object) -> bool:
+    """Handle a told ``message`` on the calling thread at once, where that keeps
+    the actor's order (one message at a time, in the order put): called on the
+    serving loop's thread, outside any handler, to a started
+    :class:`LoopActor` with an empty inbox. False otherwise (and for any other
+    actor): nothing was done, tell it instead.
+
+    This is how the loop's own thread (an async skill, an awaited node
+    operation) reaches an actor without a turn of the loop in between.
+    """
+    inbox = ref.actor_inbox
+    return isinstance(inbox, _Inbox) and inbox.handle_now(message)
 
 
 def stop_unstarted(ref: pykka.ActorRef[Any]) -> bool:

@@ -32,6 +32,7 @@ from sessiontree.actors._loop_dispatch import (
     LoopActor,
     LoopDispatcher,
     LoopRef,
+    handle_now,
     stop_unstarted,
 )
 from sessiontree.actors._mailbox import (
@@ -104,6 +105,7 @@ __all__ = [
     "crash_info",
     "drain_inbox",
     "finish_run",
+    "handle_now",
     "handler_scope",
     "in_actor_handler",
     "is_async_skill",

@@ -32,7 +32,7 @@ import msgspec
 import pykka
 
 from sessiontree.actors import AskTimeoutError, Clock, RealClock
-from sessiontree.actors.runtime import Activity, Reply, post, refuse_blocking
+from sessiontree.actors.runtime import Activity, Reply, handle_now, post, refuse_blocking
 from sessiontree.conversations import Conversations
 from sessiontree.protocol import (
     ErrorInfo,
@@ -157,11 +157,17 @@ class NodeCore:
             raise NodeClosedError(msg)
 
     def _tell(self, message: object) -> None:
+        # On the loop's own thread with the Cortex idle, handled at once (no turn).
+        if handle_now(self._cortex, message):
+            return
         if not post(self._cortex, message, self.activity):
             log.warning("cortex is gone; dropped %s", type(message).__name__)
 
     def _send(self, request: Request[Any], reply: Reply) -> None:
-        if not post(self._cortex, Call(request, reply), self.activity):
+        call = Call(request, reply)
+        if handle_now(self._cortex, call):
+            return
+        if not post(self._cortex, call, self.activity):
             msg = "the cortex is not running"
             raise NodeClosedError(msg)
 

@@ -24,6 +24,7 @@ from sessiontree.actors.runtime import (
     EventLoopThread,
     LoopActor,
     LoopDispatcher,
+    handle_now,
     stop_unstarted,
 )
 
@@ -399,6 +400,85 @@ def test_a_message_is_handled_only_after_the_one_before_it_returned(rt: Runtime)
     release.set()
     assert held.get(timeout=WAIT) == "released"
     assert behind.get(timeout=WAIT) == "behind"
+
+
+# -- handled at once, from the loop's own thread ------------------------------------
+
+
+class Forwarder(LoopActor):
+    """Handles ``("now", msg)`` by trying ``handle_now(target, msg)`` from inside
+    its handler (nested: refused); journals what it handles."""
+
+    def __init__(self, journal: list[str], target: list[pykka.ActorRef[Any]]) -> None:
+        super().__init__()
+        self.journal = journal
+        self.target = target
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, tuple):
+            return handle_now(self.target[0], message[1])
+        self.journal.append(str(message))
+        return message
+
+
+def on_loop(dispatcher: LoopDispatcher, work: Callable[[], Any]) -> Any:
+    """Run ``work`` as a callback on ``dispatcher``'s loop (not in a handler); its value."""
+    done: list[Any] = []
+    ran = threading.Event()
+
+    def call() -> None:
+        done.append(work())
+        ran.set()
+
+    dispatcher.loop.loop.call_soon_threadsafe(call)  # type: ignore[attr-defined]
+    assert ran.wait(WAIT)
+    return done[0]
+
+
+def test_a_message_is_handled_at_once_on_the_loop_when_nothing_waits_before_it(
+    rt: Runtime,
+) -> None:
+    dispatcher = rt.dispatcher(name="now")
+    journal: list[str] = []
+    ref = rt.start(Forwarder, journal, [], dispatcher=dispatcher)
+    assert ref.ask("started", timeout=WAIT) == "started"  # on_start has run
+    turns = dispatcher._serving.handlers
+
+    def tell_twice() -> list[Any]:
+        first = handle_now(ref, "a")
+        seen = list(journal)
+        return [first, seen, handle_now(ref, "b")]
+
+    first, seen, second = on_loop(dispatcher, tell_twice)
+    assert (first, second) == (True, True)
+    assert seen == ["started", "a"]  # handled before handle_now returned
+    assert journal == ["started", "a", "b"]
+    assert dispatcher._serving.handlers == turns + 2
+
+
+def test_handle_now_refuses_where_it_would_change_the_order_or_nest(rt: Runtime) -> None:
+    dispatcher = rt.dispatcher(name="refused", watchdog=False)
+    journal: list[str] = []
+    target = rt.start(Forwarder, journal, [], dispatcher=dispatcher)
+    assert target.ask("started", timeout=WAIT) == "started"
+    # off the loop's thread
+    assert handle_now(target, "off") is False
+    # inside another actor's handler
+    nesting = rt.start(Forwarder, [], [target], dispatcher=dispatcher)
+    assert nesting.ask(("now", "nested"), timeout=WAIT) is False
+
+    # with a message queued before it: it waits behind that message
+    def behind() -> bool:
+        target.tell("queued")
+        return handle_now(target, "jumped")
+
+    assert on_loop(dispatcher, behind) is False
+    assert target.ask("last", timeout=WAIT) == "last"
+    assert journal == ["started", "queued", "last"]
+    # an actor whose on_start has not run (it runs with the first message served)
+    lazy = type("Lazy", (Forwarder,), {"start_on_first_message": True})
+    unstarted = rt.start(lazy, [], [], dispatcher=dispatcher)
+    assert on_loop(dispatcher, lambda: handle_now(unstarted, "x")) is False
 
 
 # -- lifecycle hooks ----------------------------------------------------------------

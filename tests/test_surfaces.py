@@ -78,6 +78,7 @@ RUNTIME = [
     "crash_info",
     "drain_inbox",
     "finish_run",
+    "handle_now",
     "handler_scope",
     "in_actor_handler",
     "is_async_skill",
