@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sessiontree.protocol import ErrorInfo, Outcome, SpawnSpec
+from sessiontree.protocol import ErrorInfo, Outcome, PatternCall, SpawnSpec
 
 if TYPE_CHECKING:
     import asyncio
@@ -132,14 +132,12 @@ class SessionHost(Protocol):
         """Hand ``message`` to the parent (its ``updates()``); dropped if it has ended."""
         ...
 
-    def run_pattern(self, session: Any, name: str, args: tuple[Any, ...], options: Any) -> Any:
-        """Run the coordination pattern ``name`` for a sync ``Session``."""
+    def run_pattern(self, session: Any, call: PatternCall) -> Any:
+        """Run the coordination pattern ``call`` names for a sync ``Session``."""
         ...
 
-    async def arun_pattern(
-        self, session: Any, name: str, args: tuple[Any, ...], options: Any
-    ) -> Any:
-        """Run the coordination pattern ``name`` for an ``AsyncSession``."""
+    async def arun_pattern(self, session: Any, call: PatternCall) -> Any:
+        """Run the coordination pattern ``call`` names for an ``AsyncSession``."""
         ...
 
     def conversation(self, core: SessionCore, guard: Callable[[str], None]) -> ConversationLike:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import msgspec
 
@@ -26,11 +26,20 @@ from sessiontree.actors._tape import TapedClock
 from sessiontree.protocol import (
     Collected,
     Completion,
+    ContinueOptions,
+    ContinueRun,
     ErrorCode,
     ErrorInfo,
+    FanOut,
+    FanOutOptions,
     Gathered,
+    MapReduce,
+    MapReduceOptions,
     Message,
     NotAllowedError,
+    Pipeline,
+    PipelineOptions,
+    QuorumCollect,
     RejectedInputError,
     SessionInfo,
     SessionKind,
@@ -442,10 +451,8 @@ class Session(_Base):
         """
         wanted = self._wanted(children)
         if quorum is not None:
-            options = {"quorum": quorum, "timeout": timeout, "aggregate": aggregate}
-            return cast(
-                "list[Collected]", self._host.run_pattern(self, "collect", (wanted,), options)
-            )
+            call = QuorumCollect(wanted, quorum, timeout, aggregate)
+            return cast("list[Collected]", self._host.run_pattern(self, call))
         self._wait_for(lambda: self._claim_ready(wanted), timeout)
         return self._collected(wanted)
 
@@ -514,29 +521,35 @@ class Session(_Base):
         memory, so no session depends on a sibling being alive."""
         return self.memory_put(key, value)
 
-    def fan_out(self, tasks: Iterable[Any], **options: Any) -> Gathered:
+    def fan_out(self, tasks: Iterable[Any], **options: Unpack[FanOutOptions]) -> Gathered:
         """One child per task, as many at once as the children limit allows
         (the rest queue); see ``sessiontree.supervision.fan_out`` for options."""
-        return cast("Gathered", self._host.run_pattern(self, "fan_out", (list(tasks),), options))
+        return cast("Gathered", self._host.run_pattern(self, FanOut(list(tasks), options)))
 
-    def pipeline(self, stages: Iterable[Any], **options: Any) -> Gathered:
+    def pipeline(self, stages: Iterable[Any], **options: Unpack[PipelineOptions]) -> Gathered:
         """Stages in order, each a task or a list run in parallel, each seeded
         with the previous stage's results; see ``sessiontree.supervision.pipeline``."""
-        return cast("Gathered", self._host.run_pattern(self, "pipeline", (list(stages),), options))
+        return cast("Gathered", self._host.run_pattern(self, Pipeline(list(stages), options)))
 
     def map_reduce(
-        self, items: Iterable[Any], map_task: Any, reduce_task: Any, **options: Any
+        self,
+        items: Iterable[Any],
+        map_task: Any,
+        reduce_task: Any,
+        **options: Unpack[MapReduceOptions],
     ) -> Gathered:
         """Map batches of ``items`` in parallel, then reduce their results; see
         ``sessiontree.supervision.map_reduce``."""
-        args = (list(items), map_task, reduce_task)
-        return cast("Gathered", self._host.run_pattern(self, "map_reduce", args, options))
+        call = MapReduce(list(items), map_task, reduce_task, options)
+        return cast("Gathered", self._host.run_pattern(self, call))
 
-    def continue_run(self, token: str, context: str, **options: Any) -> Gathered:
+    def continue_run(
+        self, token: str, context: str, **options: Unpack[ContinueOptions]
+    ) -> Gathered:
         """Continue an earlier run: a fresh session seeded from its continuation
         ``token`` and the explicit ``context`` (nothing else carries over)."""
-        args = (token, context)
-        return cast("Gathered", self._host.run_pattern(self, "continue_run", args, options))
+        call = ContinueRun(token, context, options)
+        return cast("Gathered", self._host.run_pattern(self, call))
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the session's clock (a checkpoint before and after).
@@ -752,9 +765,8 @@ class AsyncSession(_Base):
         """Wait for children and take their results; see ``Session.collect``."""
         wanted = self._wanted(children)
         if quorum is not None:
-            options = {"quorum": quorum, "timeout": timeout, "aggregate": aggregate}
-            got = await self._host.arun_pattern(self, "collect", (wanted,), options)
-            return cast("list[Collected]", got)
+            call = QuorumCollect(wanted, quorum, timeout, aggregate)
+            return cast("list[Collected]", await self._host.arun_pattern(self, call))
         await self._wait_for(lambda: self._claim_ready(wanted), timeout)
         return self._collected(wanted)
 
@@ -811,27 +823,33 @@ class AsyncSession(_Base):
         """Share ``value`` with siblings in shared memory; see ``Session.broadcast``."""
         return await self.memory_put(key, value)
 
-    async def fan_out(self, tasks: Iterable[Any], **options: Any) -> Gathered:
+    async def fan_out(self, tasks: Iterable[Any], **options: Unpack[FanOutOptions]) -> Gathered:
         """One child per task; see ``Session.fan_out``."""
-        args = (list(tasks),)
-        return cast("Gathered", await self._host.arun_pattern(self, "fan_out", args, options))
+        call = FanOut(list(tasks), options)
+        return cast("Gathered", await self._host.arun_pattern(self, call))
 
-    async def pipeline(self, stages: Iterable[Any], **options: Any) -> Gathered:
+    async def pipeline(self, stages: Iterable[Any], **options: Unpack[PipelineOptions]) -> Gathered:
         """Stages in order; see ``Session.pipeline``."""
-        args = (list(stages),)
-        return cast("Gathered", await self._host.arun_pattern(self, "pipeline", args, options))
+        call = Pipeline(list(stages), options)
+        return cast("Gathered", await self._host.arun_pattern(self, call))
 
     async def map_reduce(
-        self, items: Iterable[Any], map_task: Any, reduce_task: Any, **options: Any
+        self,
+        items: Iterable[Any],
+        map_task: Any,
+        reduce_task: Any,
+        **options: Unpack[MapReduceOptions],
     ) -> Gathered:
         """Map, then reduce; see ``Session.map_reduce``."""
-        args = (list(items), map_task, reduce_task)
-        return cast("Gathered", await self._host.arun_pattern(self, "map_reduce", args, options))
+        call = MapReduce(list(items), map_task, reduce_task, options)
+        return cast("Gathered", await self._host.arun_pattern(self, call))
 
-    async def continue_run(self, token: str, context: str, **options: Any) -> Gathered:
+    async def continue_run(
+        self, token: str, context: str, **options: Unpack[ContinueOptions]
+    ) -> Gathered:
         """Continue an earlier run; see ``Session.continue_run``."""
-        args = (token, context)
-        return cast("Gathered", await self._host.arun_pattern(self, "continue_run", args, options))
+        call = ContinueRun(token, context, options)
+        return cast("Gathered", await self._host.arun_pattern(self, call))
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the session's clock; see ``Session.sleep``."""

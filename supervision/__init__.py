@@ -1,7 +1,7 @@
 """Supervision: the Cortex, spawn rules, timers, cleanup, and the embedded ``Node``."""
 
+from sessiontree.protocol import Hedge, Retry, Summarizer
 from sessiontree.supervision._aggregate import (
-    Summarizer,
     aggregate,
     extractive_summary,
     normalise_answer,
@@ -12,7 +12,6 @@ from sessiontree.supervision._continuation import continuation_token, parse_cont
 from sessiontree.supervision._conversations import StoreConversations
 from sessiontree.supervision._cortex import Cortex
 from sessiontree.supervision._events import Event, EventBus, EventKind
-from sessiontree.supervision._hedging import Hedge
 from sessiontree.supervision._memory import InMemorySpace, MemorySpace
 from sessiontree.supervision._memory_probe import MemoryProbe, MemoryReading
 from sessiontree.supervision._metrics import MAX_MODEL_SERIES, REJECT_REASONS, NodeMetrics
@@ -25,7 +24,6 @@ from sessiontree.supervision._recovery import RecoveryDecision
 from sessiontree.supervision._recovery_rules import Decision, classify
 from sessiontree.supervision._recovery_summary import recovery_summary
 from sessiontree.supervision._refs import SessionRef, Spawned
-from sessiontree.supervision._retry import Retry
 from sessiontree.supervision._rules import MAX_BRANCH_DEPTH, MAX_WORKER_DEPTH, check_spawn
 from sessiontree.supervision._spending import stored_spending
 from sessiontree.supervision._trace_context import TraceIds

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -20,12 +20,10 @@ from sessiontree.protocol import (
     ChildReport,
     RejectedInputError,
     SessionResult,
+    Summarizer,
 )
 
-__all__ = ["Summarizer", "aggregate", "extractive_summary", "normalise_answer"]
-
-Summarizer = Callable[[Sequence[str]], str]
-"""Turns the children's summaries (task order) into one; an LLM call is just another one."""
+__all__ = ["aggregate", "extractive_summary", "normalise_answer"]
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _NOISE = re.compile(r"[\W_]+", re.UNICODE)

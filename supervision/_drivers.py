@@ -1,16 +1,17 @@
 """The drivers that run a pattern: for a sync ``Session``, an ``AsyncSession``,
 or a ``Node`` acting for a parent session from outside the tree.
 
-A driver starts a pattern by name (``PATTERNS``), then answers each command
+A driver starts the pattern a typed call names (``FanOut``, ``Pipeline``…,
+from protocol), then answers each command
 the engine yields (``_engine``) with the matching call: spawn, wait for the
 first of some children, sleep on the clock, cancel a child, read the clock.
 What the pattern returns is what the driver returns (a ``Gathered``; for
 ``collect``, its entries).
 
-On failure: an unknown pattern name or an option the pattern does not take
-raises ``RejectedInputError`` (field ``pattern`` or ``options``) before
-anything is spawned; a pattern's own ``RejectedInputError`` and
-``EscalationError`` propagate from the driver to its caller.
+On failure: an option the pattern does not take raises
+``RejectedInputError`` (field ``options``) before anything is spawned; a
+pattern's own ``RejectedInputError`` and ``EscalationError`` propagate from
+the driver to its caller.
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from sessiontree.protocol import RejectedInputError, SessionResult
+from sessiontree.protocol import (
+    ContinueRun,
+    FanOut,
+    MapReduce,
+    PatternCall,
+    Pipeline,
+    QuorumCollect,
+    RejectedInputError,
+    SessionResult,
+)
 from sessiontree.supervision._engine import (
     Command,
     Program,
@@ -31,7 +41,13 @@ from sessiontree.supervision._engine import (
     _SpawnMany,
     _WaitSome,
 )
-from sessiontree.supervision._patterns import PATTERNS
+from sessiontree.supervision._patterns import (
+    collect,
+    continue_run,
+    fan_out,
+    map_reduce,
+    pipeline,
+)
 from sessiontree.supervision._retry import Restarts
 
 if TYPE_CHECKING:
@@ -40,27 +56,40 @@ if TYPE_CHECKING:
 __all__ = ["NodeDriver", "drive_async", "drive_sync"]
 
 
-def _start(
-    name: str, parent: uuid.UUID, restarts: Restarts, args: tuple[Any, ...], options: dict[str, Any]
-) -> Program:
-    """The pattern ``name`` started for ``parent``; ``RejectedInputError`` (field
-    ``pattern``) for an unknown name, (field ``options``) for an option it does not take."""
-    pattern = PATTERNS.get(name)
-    if pattern is None:
-        msg = f"no pattern {name!r}"
-        raise RejectedInputError(msg, field="pattern")
+def _start(call: PatternCall, parent: uuid.UUID, restarts: Restarts) -> Program:
+    """The pattern ``call`` names, started for ``parent``; ``RejectedInputError``
+    (field ``options``) for an option it does not take (the options are typed,
+    but an untyped caller may still pass any)."""
     try:
-        return pattern(parent, restarts, *args, **options)
+        match call:
+            case FanOut(tasks=tasks, options=options):
+                return fan_out(parent, restarts, tasks, **options)
+            case Pipeline(stages=stages, options=options):
+                return pipeline(parent, restarts, stages, **options)
+            case MapReduce(items=items, map_task=map_task, reduce_task=reduce_task):
+                return map_reduce(parent, restarts, items, map_task, reduce_task, **call.options)
+            case ContinueRun(token=token, context=context, options=options):
+                return continue_run(parent, restarts, token, context, **options)
+            case QuorumCollect(children=children, quorum=quorum):
+                return collect(
+                    parent,
+                    restarts,
+                    children,
+                    quorum=quorum,
+                    timeout=call.timeout,
+                    aggregate=call.aggregate,
+                )
     except TypeError as exc:  # an unknown option
+        name = type(call).__name__
         raise RejectedInputError(f"{name}: {exc}", field="options") from None
+    msg = f"not a pattern call: {type(call).__name__}"
+    raise RejectedInputError(msg, field="pattern")
 
 
-def drive_sync(
-    session: Session, restarts: Restarts, name: str, args: tuple[Any, ...], options: dict[str, Any]
-) -> Any:
+def drive_sync(session: Session, restarts: Restarts, call: PatternCall) -> Any:
     """Run a pattern for a sync skill's ``Session`` (its thread waits). Raises what
     ``_start`` and the pattern raise (``RejectedInputError``, ``EscalationError``)."""
-    engine = _start(name, session.session_id, restarts, args, options)
+    engine = _start(call, session.session_id, restarts)
     answer: Any = None
     try:
         while True:
@@ -85,16 +114,10 @@ def drive_sync(
         return stop.value
 
 
-async def drive_async(
-    session: AsyncSession,
-    restarts: Restarts,
-    name: str,
-    args: tuple[Any, ...],
-    options: dict[str, Any],
-) -> Any:
+async def drive_async(session: AsyncSession, restarts: Restarts, call: PatternCall) -> Any:
     """Run a pattern for an async skill's ``AsyncSession`` (no thread held). Raises
     what ``_start`` and the pattern raise (``RejectedInputError``, ``EscalationError``)."""
-    engine = _start(name, session.session_id, restarts, args, options)
+    engine = _start(call, session.session_id, restarts)
     answer: Any = None
     try:
         while True:
@@ -134,10 +157,8 @@ class NodeDriver:
         self._mine: set[uuid.UUID] = set()
         self._results: dict[uuid.UUID, SessionResult] = {}
 
-    def run(
-        self, restarts: Restarts, name: str, args: tuple[Any, ...], options: dict[str, Any]
-    ) -> Any:
-        engine = _start(name, self.parent, restarts, args, options)
+    def run(self, restarts: Restarts, call: PatternCall) -> Any:
+        engine = _start(call, self.parent, restarts)
         unsubscribe = self.node.subscribe(self._observe)
         answer: Any = None
         try:

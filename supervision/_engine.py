@@ -34,14 +34,17 @@ from sessiontree.protocol import (
     EscalationError,
     Gathered,
     GatherStatus,
+    Hedge,
     RejectedInputError,
+    Retry,
     SessionResult,
     SpawnSpec,
+    Summarizer,
 )
-from sessiontree.supervision._aggregate import Summarizer, aggregate, normalise_answer
+from sessiontree.supervision._aggregate import aggregate, normalise_answer
 from sessiontree.supervision._continuation import continuation_token
-from sessiontree.supervision._hedging import Hedge, Hedger
-from sessiontree.supervision._retry import Restarts, Retry
+from sessiontree.supervision._hedging import Hedger
+from sessiontree.supervision._retry import Restarts
 
 __all__ = [
     "Command",

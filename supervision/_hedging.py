@@ -14,54 +14,10 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from sessiontree.protocol import RejectedInputError
+from sessiontree.protocol import Hedge, RejectedInputError
 
-__all__ = ["Hedge", "Hedger", "hedge_of"]
-
-
-@dataclass(frozen=True)
-class Hedge:
-    """When to start a duplicate of a child still running.
-
-    ``after``: clock seconds (the delay while fewer than ``min_samples``
-    children have succeeded, when ``percentile`` is given too; None: no
-    duplicate until then). ``percentile`` (0 < p < 100): the delay is that
-    percentile of the successful children's run times so far. At least one of
-    the two. ``RejectedInputError`` naming the field otherwise (a bool is not
-    a number: ``after=True`` is refused as ``hedge_after=True`` is), at
-    construction; ``hedge_of`` checks a mapping of these fields the same way.
-    """
-
-    after: float | None = None
-    percentile: float | None = None
-    min_samples: int = 5
-
-    def __post_init__(self) -> None:
-        if self.after is None and self.percentile is None:
-            raise RejectedInputError("a Hedge needs after or percentile", field="hedge")
-        if self.after is not None and not (
-            _is_number(self.after) and math.isfinite(self.after) and self.after >= 0
-        ):
-            msg = f"hedge after must be a number of seconds >= 0, got {self.after!r}"
-            raise RejectedInputError(msg, field="hedge.after")
-        if self.percentile is not None and not (
-            _is_number(self.percentile) and 0 < self.percentile < 100
-        ):
-            msg = f"hedge percentile must be between 0 and 100, got {self.percentile!r}"
-            raise RejectedInputError(msg, field="hedge.percentile")
-        if (
-            not isinstance(self.min_samples, int)
-            or isinstance(self.min_samples, bool)
-            or self.min_samples < 1
-        ):
-            msg = f"hedge min_samples must be an integer >= 1, got {self.min_samples!r}"
-            raise RejectedInputError(msg, field="hedge.min_samples")
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+__all__ = ["Hedger", "hedge_of"]
 
 
 _FIELDS = ("after", "percentile", "min_samples")

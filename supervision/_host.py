@@ -30,6 +30,7 @@ from sessiontree.protocol import (
     Completion,
     ErrorInfo,
     NodeClosedError,
+    PatternCall,
     RejectedInputError,
     SessionKind,
     SessionResult,
@@ -146,13 +147,11 @@ class NodeHost:
     def send_to_parent(self, core: SessionCore, message: Any) -> None:
         self.node._tell(ChildUpdate(core.session_id, message))
 
-    def run_pattern(self, session: Any, name: str, args: tuple[Any, ...], options: Any) -> Any:
-        return drive_sync(session, self.node._restarts, name, args, dict(options))
+    def run_pattern(self, session: Any, call: PatternCall) -> Any:
+        return drive_sync(session, self.node._restarts, call)
 
-    async def arun_pattern(
-        self, session: Any, name: str, args: tuple[Any, ...], options: Any
-    ) -> Any:
-        return await drive_async(session, self.node._restarts, name, args, dict(options))
+    async def arun_pattern(self, session: Any, call: PatternCall) -> Any:
+        return await drive_async(session, self.node._restarts, call)
 
     def conversation(
         self, core: SessionCore, guard: Callable[[str], None]
@@ -375,4 +374,3 @@ def _in_cycle(parent: SessionCore, spec: SpawnSpec) -> SpawnSpec:
     if parent.cycle_trace is None or spec.trace is not None:
         return spec
     return msgspec.structs.replace(spec, trace=parent.cycle_trace)
-

@@ -19,9 +19,20 @@ retry intensity limit; a refused or failed child is reported in the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
-from sessiontree.protocol import Gathered
+from sessiontree.protocol import (
+    ContinueOptions,
+    ContinueRun,
+    FanOut,
+    FanOutOptions,
+    Gathered,
+    MapReduce,
+    MapReduceOptions,
+    PatternCall,
+    Pipeline,
+    PipelineOptions,
+)
 from sessiontree.supervision._drivers import NodeDriver
 from sessiontree.supervision._faces import offloaded
 from sessiontree.supervision._node_core import NodeCore
@@ -43,16 +54,20 @@ class Patterns:
     def __init__(self, node: NodeCore) -> None:
         self._node = node
 
-    def fan_out(self, /, parent: SessionIdLike, tasks: Any, **options: Any) -> Gathered:
+    def fan_out(
+        self, /, parent: SessionIdLike, tasks: Any, **options: Unpack[FanOutOptions]
+    ) -> Gathered:
         """One child of ``parent`` per task, queued past the children limit; waits
         for them (the node's clock). Options and result: ``supervision.fan_out``."""
-        return self._pattern(parent, "fan_out", (list(tasks),), options)
+        return self._pattern(parent, FanOut(list(tasks), options))
 
     afan_out = offloaded(fan_out)
 
-    def pipeline(self, /, parent: SessionIdLike, stages: Any, **options: Any) -> Gathered:
+    def pipeline(
+        self, /, parent: SessionIdLike, stages: Any, **options: Unpack[PipelineOptions]
+    ) -> Gathered:
         """Stages of children of ``parent``, each seeded with the previous results."""
-        return self._pattern(parent, "pipeline", (list(stages),), options)
+        return self._pattern(parent, Pipeline(list(stages), options))
 
     apipeline = offloaded(pipeline)
 
@@ -63,27 +78,25 @@ class Patterns:
         items: Any,
         map_task: Any,
         reduce_task: Any,
-        **options: Any,
+        **options: Unpack[MapReduceOptions],
     ) -> Gathered:
         """Map batches of ``items`` in children of ``parent``, then reduce them."""
-        return self._pattern(parent, "map_reduce", (list(items), map_task, reduce_task), options)
+        return self._pattern(parent, MapReduce(list(items), map_task, reduce_task, options))
 
     amap_reduce = offloaded(map_reduce)
 
     def continue_run(
-        self, /, parent: SessionIdLike, token: str, context: str, **options: Any
+        self, /, parent: SessionIdLike, token: str, context: str, **options: Unpack[ContinueOptions]
     ) -> Gathered:
         """A fresh child of ``parent`` continuing the run a token names, with
         ``context``; ``RejectedInputError`` for a token that does not parse."""
-        return self._pattern(parent, "continue_run", (token, context), options)
+        return self._pattern(parent, ContinueRun(token, context, options))
 
     acontinue_run = offloaded(continue_run)
 
-    def _pattern(
-        self, parent: SessionIdLike, name: str, args: tuple[Any, ...], options: Any
-    ) -> Gathered:
+    def _pattern(self, parent: SessionIdLike, call: PatternCall) -> Gathered:
         sid = as_session_id(parent, "parent")
         node = self._node
         node._check_open()
-        gathered: Gathered = NodeDriver(node, sid).run(node._restarts, name, args, dict(options))
+        gathered: Gathered = NodeDriver(node, sid).run(node._restarts, call)
         return gathered

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -43,18 +43,19 @@ from sessiontree.protocol import (
     Collected,
     ContextScope,
     GatherStatus,
+    Hedge,
     RejectedInputError,
+    Retry,
     SessionKind,
     SessionResult,
     SpawnSpec,
+    Summarizer,
     make_spec,
 )
-from sessiontree.supervision._aggregate import Summarizer
 from sessiontree.supervision._continuation import parse_continuation
 from sessiontree.supervision._engine import (
     Command,
     Engine,
-    Program,
     Quorum,
     Task,
     gather,
@@ -62,11 +63,10 @@ from sessiontree.supervision._engine import (
     status_of,
     wait_quorum,
 )
-from sessiontree.supervision._hedging import Hedge, hedge_of
-from sessiontree.supervision._retry import Restarts, Retry
+from sessiontree.supervision._hedging import hedge_of
+from sessiontree.supervision._retry import Restarts
 
 __all__ = [
-    "PATTERNS",
     "collect",
     "continue_run",
     "fan_out",
@@ -351,12 +351,3 @@ def collect(
     wanted = _check_quorum(quorum, len(children), aggregate)
     assert wanted is not None  # a quorum is what this pattern is for
     return (yield from wait_quorum(children, wanted, timeout))
-
-
-PATTERNS: dict[str, Callable[..., Program]] = {
-    "collect": collect,
-    "fan_out": fan_out,
-    "pipeline": pipeline,
-    "map_reduce": map_reduce,
-    "continue_run": continue_run,
-}

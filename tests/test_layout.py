@@ -14,12 +14,16 @@ application could. No file of the repository cites a document that is not in it.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from sessiontree.actors import AsyncSession, Session
+from sessiontree.supervision._node_patterns import Patterns
 
 ROOT = Path(__file__).resolve().parent.parent
 #: folder -> import name, as pyproject.toml's package-dir maps them
@@ -428,3 +432,26 @@ def test_the_kernel_reaches_no_moved_feature_through_others() -> None:
                 else:
                     stack.append([*chain, target])
     assert not wrong, "\n".join(wrong)
+
+
+# -- the handle: typed options, no string dispatch --------------------------------------------
+
+#: The coordination patterns a handle runs (``collect`` with a quorum names its options).
+PATTERN_METHODS = ("fan_out", "pipeline", "map_reduce", "continue_run")
+
+
+def test_the_handles_take_typed_options_not_any() -> None:
+    """A skill's handle (and ``node.patterns``) names every option a pattern
+    takes (``Unpack`` of a typed dictionary): a type checker sees a misspelt
+    one, and the host runs a typed call, not a pattern named by a string."""
+    untyped = []
+    for cls in (Session, AsyncSession, Patterns):
+        for name in PATTERN_METHODS:
+            method = vars(cls)[name]
+            for parameter in inspect.signature(method).parameters.values():
+                var = parameter.kind is inspect.Parameter.VAR_KEYWORD
+                if var and "Unpack[" not in str(parameter.annotation):
+                    untyped.append(f"{cls.__name__}.{name}(**{parameter.name})")
+    assert untyped == []
+    host = (ROOT / "actors" / "_host.py").read_text()
+    assert "name: str, args" not in host  # run_pattern takes a PatternCall
