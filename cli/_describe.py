@@ -16,14 +16,16 @@ no control character reaching the terminal.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from sessiontree.cli._text import shown
 from sessiontree.cli._times import ago, local, until
 from sessiontree.cli._words import money, plural
 
-__all__ = ["budget_text", "describe", "draw_tree", "session_line", "usage_text"]
+__all__ = ["ascii_tree", "budget_text", "describe", "draw_tree", "session_line", "usage_text"]
+
+T = TypeVar("T")
 
 _LIVE = frozenset({"pending", "active", "suspended"})
 _WIDTH = 14  # the label column
@@ -218,16 +220,28 @@ def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
     """A session tree as ASCII lines: kind, state, short id, skill, when it
     was created, time left to its TTL,
     and the subtree's usage and what its budget has left."""
+
+    def line(node: dict[str, Any]) -> str:
+        return shown(session_line(node["info"], node.get("result"), now) + _short_usage(node))
+
+    return ascii_tree([tree], lambda node: node.get("children", []), line)
+
+
+def ascii_tree(
+    tops: Sequence[T], children: Callable[[T], Sequence[T]], line: Callable[[T], str]
+) -> list[str]:
+    """Each of ``tops`` and what lies below it, one ``line`` a node, drawn with
+    ``|--`` (or ``` `-- ``` for the last) under its parent."""
     lines: list[str] = []
 
-    def walk(node: dict[str, Any], prefix: str, last: bool, root: bool) -> None:
+    def walk(node: T, prefix: str, last: bool, root: bool) -> None:
         branch = "" if root else ("`-- " if last else "|-- ")
-        line = session_line(node["info"], node.get("result"), now) + _short_usage(node)
-        lines.append(f"{prefix}{branch}{shown(line)}")
-        kids = node.get("children", [])
+        lines.append(f"{prefix}{branch}{line(node)}")
+        below = children(node)
         deeper = prefix if root else prefix + ("    " if last else "|   ")
-        for i, child in enumerate(kids):
-            walk(child, deeper, i == len(kids) - 1, root=False)
+        for i, child in enumerate(below):
+            walk(child, deeper, i == len(below) - 1, root=False)
 
-    walk(tree, "", last=True, root=True)
+    for top in tops:
+        walk(top, "", last=True, root=True)
     return lines
