@@ -62,7 +62,6 @@ from typing import Any, TypeVar
 import click
 import uvicorn
 
-from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import BUILTIN
 from sessiontree.cli._client import DEFAULT_PORT
 from sessiontree.cli._exits import failure
@@ -72,6 +71,7 @@ from sessiontree.cli._wire import settings_of
 from sessiontree.cli.commands._node_settings import (
     allowed_hosts,
     check_allowed_host,
+    node_flags,
     node_settings,
 )
 from sessiontree.cli.server import (
@@ -363,76 +363,10 @@ async def _serve(
     help="What a million prompt and completion tokens of --model cost (for usage and cost "
     "budgets; none: its calls are counted as unpriced).",
 )
-@click.option("--grace", type=click.FloatRange(0.0), default=None, help="NodeConfig.grace (s).")
-@click.option(
-    "--max-sessions", type=click.IntRange(1), default=None, help="NodeConfig.max_sessions."
-)
-@click.option(
-    "--max-step-threads", type=click.IntRange(1), default=None, help="NodeConfig.max_step_threads."
-)
-@click.option(
-    "--max-running-skills",
-    type=click.IntRange(1),
-    default=None,
-    help="NodeConfig.max_running_skills.",
-)
+@node_flags
 @_removed_option("--actor-type")
 @_removed_option("--dispatch")
 @_removed_option("--dispatcher-threads")
-@click.option(
-    "--passivate-after",
-    type=click.FloatRange(0.0, min_open=True),
-    default=None,
-    help="NodeConfig.passivate_after (s): an idle Main is written out and its actor stopped.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(BACKENDS),
-    default=None,
-    help="NodeConfig.backend: where workers' skills run (inline, process, ray).",
-)
-@click.option(
-    "--process-workers",
-    type=click.IntRange(1),
-    default=None,
-    help="NodeConfig.process_workers: worker processes of the process backend (one per CPU).",
-)
-@click.option(
-    "--ray-address",
-    default=None,
-    help="NodeConfig.ray_address: the Ray cluster to join (none: start a local one).",
-)
-@click.option(
-    "--ray-actors",
-    type=click.IntRange(1),
-    default=None,
-    help="NodeConfig.ray_actors: pooled Ray actors of the ray backend.",
-)
-@click.option(
-    "--gc-tuning/--no-gc-tuning",
-    default=True,
-    help="NodeConfig.gc_tuning: collector thresholds for many sessions (on for a node).",
-)
-@click.option(
-    "--memory-high",
-    type=click.FloatRange(0.0, 1.0, min_open=True),
-    default=None,
-    help="NodeConfig.memory_high: memory use (a fraction) at which branches are suspended "
-    "[default: 0.9].",
-)
-@click.option(
-    "--memory-low",
-    type=click.FloatRange(0.0, 1.0, min_open=True),
-    default=None,
-    help="NodeConfig.memory_low: memory use below which branches suspended by memory "
-    "pressure resume [default: 0.8].",
-)
-@click.option(
-    "--memory-probe/--no-memory-probe",
-    default=True,
-    help="NodeConfig.memory_probe: watch memory with the built-in probe (the cgroup's limit, "
-    "else the machine's memory).",
-)
 @click.option(
     "--otlp-endpoint",
     default=None,

@@ -13,18 +13,28 @@ import math
 import resource
 import socket
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
+from sessiontree.actors.backends import BACKENDS
 from sessiontree.cli._agents import AgentLoadError, load_agents, with_model
 from sessiontree.cli._token import is_loopback, read_token, warn_if_exposed
 from sessiontree.cli.server import AllowedHosts, parse_authority
 from sessiontree.cli.server._connections import ConnectionLimits
 from sessiontree.supervision import Agent, NodeConfig, Price, Provider, Tracing, removed_setting
 
-__all__ = ["NodeSettings", "allowed_hosts", "check_allowed_host", "node_settings"]
+__all__ = [
+    "NodeSettings",
+    "allowed_hosts",
+    "check_allowed_host",
+    "node_flags",
+    "node_settings",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("sessiontree.cli.node")
 
@@ -46,21 +56,66 @@ _TOP = {
     *_LIMITS,
     *_MODEL,
 }
-_NODE_FLAGS = (
-    "grace",
-    "max_sessions",
-    "max_step_threads",
-    "max_running_skills",
-    "passivate_after",
-    "backend",
-    "process_workers",
-    "ray_address",
-    "ray_actors",
-    "gc_tuning",
-    "memory_high",
-    "memory_low",
-    "memory_probe",
-)
+#: The flags that set the ``NodeConfig`` field of their name (``--max-sessions``:
+#: ``max_sessions``), in their order in ``--help``; unset, the field keeps its
+#: default (or what ``[node]`` says).
+_NODE_FLAGS: dict[str, dict[str, Any]] = {
+    "grace": {"type": click.FloatRange(0.0), "help": "NodeConfig.grace (s)."},
+    "max_sessions": {"type": click.IntRange(1), "help": "NodeConfig.max_sessions."},
+    "max_step_threads": {"type": click.IntRange(1), "help": "NodeConfig.max_step_threads."},
+    "max_running_skills": {"type": click.IntRange(1), "help": "NodeConfig.max_running_skills."},
+    "passivate_after": {
+        "type": click.FloatRange(0.0, min_open=True),
+        "help": "NodeConfig.passivate_after (s): an idle Main is written out and its actor "
+        "stopped.",
+    },
+    "backend": {
+        "type": click.Choice(BACKENDS),
+        "help": "NodeConfig.backend: where workers' skills run (inline, process, ray).",
+    },
+    "process_workers": {
+        "type": click.IntRange(1),
+        "help": "NodeConfig.process_workers: worker processes of the process backend "
+        "(one per CPU).",
+    },
+    "ray_address": {
+        "help": "NodeConfig.ray_address: the Ray cluster to join (none: start a local one).",
+    },
+    "ray_actors": {
+        "type": click.IntRange(1),
+        "help": "NodeConfig.ray_actors: pooled Ray actors of the ray backend.",
+    },
+    "gc_tuning": {
+        "default": True,
+        "help": "NodeConfig.gc_tuning: collector thresholds for many sessions (on for a node).",
+    },
+    "memory_high": {
+        "type": click.FloatRange(0.0, 1.0, min_open=True),
+        "help": "NodeConfig.memory_high: memory use (a fraction) at which branches are "
+        "suspended [default: 0.9].",
+    },
+    "memory_low": {
+        "type": click.FloatRange(0.0, 1.0, min_open=True),
+        "help": "NodeConfig.memory_low: memory use below which branches suspended by memory "
+        "pressure resume [default: 0.8].",
+    },
+    "memory_probe": {
+        "default": True,
+        "help": "NodeConfig.memory_probe: watch memory with the built-in probe (the cgroup's "
+        "limit, else the machine's memory).",
+    },
+}
+
+
+def node_flags(func: F) -> F:
+    """``node start``'s ``NodeConfig`` flags: ``--NAME`` (default None), or a
+    ``--NAME/--no-NAME`` switch for a setting on by default."""
+    for name, attrs in reversed(_NODE_FLAGS.items()):
+        flag = "--" + name.replace("_", "-")
+        if attrs.get("default") is True:
+            flag += "/--no-" + flag[2:]
+        func = click.option(flag, **{"default": None, **attrs})(func)
+    return func
 
 
 @dataclasses.dataclass(frozen=True)
