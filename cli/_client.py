@@ -177,11 +177,7 @@ class NodeClient:
                 msg += "; give --node URL or --store DIR"
             raise NodeUnreachable(msg) from exc
         if response.status_code >= 400:
-            try:
-                error = response.json()["error"]
-            except (ValueError, KeyError, TypeError):
-                error = {"code": str(response.status_code), "message": response.text[:200]}
-            raise NodeRefused(response.status_code, error)
+            raise _refused(response)
         return response
 
     @contextmanager
@@ -198,11 +194,7 @@ class NodeClient:
             ) as response:
                 if response.status_code >= 400:
                     response.read()
-                    try:
-                        error = response.json()["error"]
-                    except (ValueError, KeyError, TypeError):
-                        error = {"code": str(response.status_code), "message": response.text[:200]}
-                    raise NodeRefused(response.status_code, error)
+                    raise _refused(response)
                 yield response
         except httpx.TransportError as exc:
             msg = f"node {self.url} is unreachable: {exc}"
@@ -232,3 +224,13 @@ class NodeClient:
                 {"code": "unknown_session", "message": f"agent {agent!r} has no Main for {key}"},
             )
         return str(page["items"][0]["session_id"])
+
+
+def _refused(response: httpx.Response) -> NodeRefused:
+    """The node's error answer as ``NodeRefused`` (its status and a short text
+    when the body is not the API's ``{"error": …}``)."""
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        error = {"code": str(response.status_code), "message": response.text[:200]}
+    return NodeRefused(response.status_code, error)

@@ -1,5 +1,6 @@
 """``sessions show`` as text: one session described in sections, the way
-``temporal workflow describe`` reads.
+``temporal workflow describe`` reads; and ``sessions ls`` and ``tree``'s
+one line a session.
 
 *Session* says who it is and where it stands (a TTL deadline only while it
 can still run out; when it ended and how long it ran once it did), *Result*
@@ -15,14 +16,16 @@ no control character reaching the terminal.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from sessiontree.cli._text import shown
 from sessiontree.cli._times import ago, local, until
 from sessiontree.cli._words import money, plural
 
-__all__ = ["budget_text", "describe", "usage_text"]
+__all__ = ["ascii_tree", "budget_text", "describe", "draw_tree", "session_line", "usage_text"]
+
+T = TypeVar("T")
 
 _LIVE = frozenset({"pending", "active", "suspended"})
 _WIDTH = 14  # the label column
@@ -174,3 +177,71 @@ def describe(view: dict[str, Any], now: float) -> list[str]:
         if result.get("error"):
             lines += ["", *_failure_lines(result["error"])]
     return [*lines, "", *_usage_lines(view)]
+
+
+def _short_usage(view: dict[str, Any]) -> str:
+    """What a tree line says of a session's accounts: its subtree's tokens,
+    calls and cost, what its budget has left; empty when it spent nothing and
+    has no budget."""
+    used = view.get("subtree_usage") or {}
+    tokens = used.get("prompt_tokens", 0) + used.get("completion_tokens", 0)
+    parts = []
+    if tokens or used.get("calls") or used.get("cost"):
+        cost = money(used.get("cost", 0.0))
+        parts.append(f"{tokens} tok, {plural(used.get('calls', 0), 'call')}, cost {cost}")
+    left = view.get("budget_left")
+    if left is not None:
+        parts.append(f"left {budget_text(left)}")
+    if view.get("budget_exhausted"):
+        parts.append(f"exhausted: {view['budget_exhausted']}")
+    return f"  ({'; '.join(parts)})" if parts else ""
+
+
+def session_line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> str:
+    """One session on one line (``sessions ls`` and a tree's line): kind, state,
+    short id, skill, age, TTL left, task, error code; not yet escaped."""
+    text = (
+        f"{info['kind']:<6} {info['state']:<9} {info['session_id'][:8]}  "
+        f"{info.get('skill', ''):<10} created {ago(info['created_at'], now)}"
+    )
+    deadline = info.get("deadline")
+    if deadline is not None and info["state"] in _LIVE:
+        text += f", ttl {until(deadline, now)}"
+    if info.get("task"):
+        task = info["task"] if len(info["task"]) <= 40 else info["task"][:39] + "~"
+        text += f'  "{task}"'
+    error = (result or {}).get("error")
+    if error:
+        text += f"  [{error['code']}]"
+    return text
+
+
+def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
+    """A session tree as ASCII lines: kind, state, short id, skill, when it
+    was created, time left to its TTL,
+    and the subtree's usage and what its budget has left."""
+
+    def line(node: dict[str, Any]) -> str:
+        return shown(session_line(node["info"], node.get("result"), now) + _short_usage(node))
+
+    return ascii_tree([tree], lambda node: node.get("children", []), line)
+
+
+def ascii_tree(
+    tops: Sequence[T], children: Callable[[T], Sequence[T]], line: Callable[[T], str]
+) -> list[str]:
+    """Each of ``tops`` and what lies below it, one ``line`` a node, drawn with
+    ``|--`` (or ``` `-- ``` for the last) under its parent."""
+    lines: list[str] = []
+
+    def walk(node: T, prefix: str, last: bool, root: bool) -> None:
+        branch = "" if root else ("`-- " if last else "|-- ")
+        lines.append(f"{prefix}{branch}{line(node)}")
+        below = children(node)
+        deeper = prefix if root else prefix + ("    " if last else "|   ")
+        for i, child in enumerate(below):
+            walk(child, deeper, i == len(below) - 1, root=False)
+
+    for top in tops:
+        walk(top, "", last=True, root=True)
+    return lines

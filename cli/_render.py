@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from sessiontree.cli._describe import ascii_tree
 from sessiontree.cli._text import shown
 from sessiontree.cli._words import plural
 from sessiontree.protocol import SessionTreeError
@@ -127,19 +128,9 @@ def render_tree(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for row in rows:
         parent = row["parent_id"] if row["parent_id"] in ids else None
         children.setdefault(parent, []).append(row)
-    lines: list[str] = []
-
-    def walk(row: Mapping[str, Any], prefix: str, last: bool, root: bool) -> None:
-        branch = "" if root else ("`-- " if last else "|-- ")
-        lines.append(f"{prefix}{branch}{_row_line(row)}")
-        below = children.get(row["session_id"], [])
-        deeper = prefix if root else prefix + ("    " if last else "|   ")
-        for i, child in enumerate(below):
-            walk(child, deeper, i == len(below) - 1, root=False)
-
-    for top in children.get(None, []):
-        walk(top, "", last=True, root=True)
-    return lines
+    return ascii_tree(
+        children.get(None, []), lambda row: children.get(row["session_id"], []), _row_line
+    )
 
 
 def render_rejections(

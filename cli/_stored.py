@@ -117,19 +117,16 @@ def fetch_stored(store_dir: Path, session: str, stored: Callable[[Store, str], A
 def store_status(store_dir: Path) -> dict[str, Any]:
     """``GET /v1/node``'s answer as far as a store knows it: sessions by state,
     the store's figures and the held-back work."""
-    try:
-        with Store(store_dir, readonly=True) as store:
-            by_state: Counter[str] = Counter()
-            unreadable = 0  # a node start quarantines them; `store verify` names them
-            for record in store.sessions():
-                if isinstance(record, SessionTreeError):
-                    unreadable += 1
-                else:
-                    by_state[record.info.state.value] += 1
-            figures = store.stats()
-            wedged = store.count("wedged")
-    except (SessionTreeError, OSError) as exc:
-        raise failure(exc, f"cannot read store {store_dir}: ") from None
+    with _reading(store_dir) as store:
+        by_state: Counter[str] = Counter()
+        unreadable = 0  # a node start quarantines them; `store verify` names them
+        for record in store.sessions():
+            if isinstance(record, SessionTreeError):
+                unreadable += 1
+            else:
+                by_state[record.info.state.value] += 1
+        figures = store.stats()
+        wedged = store.count("wedged")
     return {
         "node": str(store_dir),
         "state": "stored",

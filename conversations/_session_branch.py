@@ -31,9 +31,17 @@ from typing import Any
 import msgspec
 
 from sessiontree.conversations import _branching as ops
+from sessiontree.conversations._branch_rows import (
+    Entry,
+    drafts,
+    from_summary,
+    newest_original,
+    own_messages,
+    summary_entry,
+)
 from sessiontree.conversations._conversation import MAX_CONTEXT, Conversation
 from sessiontree.conversations._export import check_format, render
-from sessiontree.conversations._values import as_uuid, draft, role_of
+from sessiontree.conversations._values import as_uuid, role_of
 from sessiontree.conversations._writes import SharedConversation
 from sessiontree.protocol import (
     Branch,
@@ -50,9 +58,6 @@ from sessiontree.protocol import (
 )
 
 __all__ = ["Entry", "SessionBranch", "session_branch", "session_branch_id"]
-
-#: One message to write: role, content, tool calls, name, tool call id.
-Entry = tuple[Role, Any, list[Any] | None, str | None, str | None]
 
 
 def session_branch_id(session_id: uuid.UUID) -> str:
@@ -212,7 +217,7 @@ class SessionBranch:
                     break
                 out.extend(backend.walk(root, base, limit - len(out), old.id))
                 followed, base = old.continues, old.base_id
-        out = _from_summary(out)
+        out = from_summary(out)
         out.reverse()
         return out
 
@@ -230,11 +235,11 @@ class SessionBranch:
     def compact(self, summary: str, old: list[Message]) -> Message:
         """Write ``summary`` as the message that stands for ``old`` (what
         ``compactable`` gave): the context then starts at it; the originals stay."""
-        return self.write([_summary(summary)], compacts=_newest_original(old))[-1]
+        return self.write([summary_entry(summary)], compacts=newest_original(old))[-1]
 
     async def acompact(self, summary: str, old: list[Message]) -> Message:
         """Awaitable ``compact``."""
-        return (await self.awrite([_summary(summary)], compacts=_newest_original(old)))[-1]
+        return (await self.awrite([summary_entry(summary)], compacts=newest_original(old)))[-1]
 
     def history(self) -> list[dict[str, Any]]:
         """The context as chat-completions messages (what ``complete`` sends)."""
@@ -352,7 +357,7 @@ class SessionBranch:
         except BaseException:
             self._put_back(rows)
             raise
-        return _own(rows, messages)
+        return own_messages(rows, messages)
 
     async def awrite(
         self,
@@ -388,7 +393,7 @@ class SessionBranch:
             self._put_back(rows)
             raise
         shared.acknowledged(state)
-        return _own(rows, messages)
+        return own_messages(rows, messages)
 
     def arrive(self, message: Message) -> None:
         """A child's result (its role, content and links) arrived: it is in the
@@ -467,7 +472,7 @@ class SessionBranch:
             state = msgspec.structs.replace(
                 state, branches=[*state.branches, branch], next_number=state.next_number + 1
             )
-        return ops.chain(state, branch, _drafts(rows, usage, compacts), now)
+        return ops.chain(state, branch, drafts(rows, usage, compacts), now)
 
     def _remember(
         self,
@@ -478,7 +483,7 @@ class SessionBranch:
         """A worker's write: in memory only."""
         with self._shared.lock:
             messages = ops.placed(
-                _drafts(list(entries), usage, compacts),
+                drafts(list(entries), usage, compacts),
                 tip=self.tip(),
                 depth=self._depth_of_base() + len(self._memory),
                 seq=len(self._memory),
@@ -553,66 +558,6 @@ class SessionBranch:
             f"linear branch ({self.branch_id}) of conversation {self.session_id}"
         )
         return NotAllowedError(msg, session_id=self.owner)
-
-
-def _summary(text: str) -> Entry:
-    return (Role.SYSTEM, f"Summary of the earlier conversation: {text}", None, None, None)
-
-
-def _from_summary(newest_first: list[Message]) -> list[Message]:
-    """A context (newest first) from its newest summary on: the messages on the
-    path after the newest one it stands for, but no summary (an older one is
-    part of what the newest stands for), then the summary in the place of what
-    it replaced. Unchanged when it has none, or when what it stands for lies
-    beyond the walk's limit."""
-    summary = next((m for m in newest_first if m.compacts is not None), None)
-    if summary is None:
-        return newest_first
-    kept: list[Message] = []
-    for message in newest_first:
-        if message.id == summary.compacts:
-            return [*kept, summary]
-        if message.compacts is None:
-            kept.append(message)
-    return newest_first
-
-
-def _newest_original(old: list[Message]) -> uuid.UUID:
-    """The newest message of ``old`` that is not a summary (what a new summary
-    stands for, up to and including it)."""
-    return next(m.id for m in reversed(old) if m.compacts is None)
-
-
-def _drafts(
-    rows: list[Entry | Message], usage: dict[str, Any] | None, compacts: uuid.UUID | None
-) -> list[Message]:
-    """The messages a write places: each entry a draft, ``usage`` and
-    ``compacts`` on the last entry; an arrived result as it is (its content
-    and links)."""
-    last = max((i for i, row in enumerate(rows) if not isinstance(row, Message)), default=-1)
-    drafts: list[Message] = []
-    for i, row in enumerate(rows):
-        if isinstance(row, Message):
-            drafts.append(row)
-            continue
-        role, content, calls, name, call_id = row
-        drafts.append(
-            draft(
-                role,
-                content,
-                tool_calls=calls,
-                name=name,
-                tool_call_id=call_id,
-                usage=usage if i == last else None,
-                compacts=compacts if i == last else None,
-            )
-        )
-    return drafts
-
-
-def _own(rows: list[Entry | Message], messages: list[Message]) -> list[Message]:
-    """The messages a write made of its entries (not of what arrived)."""
-    return [m for row, m in zip(rows, messages, strict=True) if not isinstance(row, Message)]
 
 
 def _check_limit(limit: object) -> None:

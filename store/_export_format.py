@@ -278,29 +278,6 @@ class EndLine(Line, tag="end"):
     counts: dict[str, int]
 
 
-AnyLine: TypeAlias = (
-    MetaLine
-    | SessionLine
-    | LinkLine
-    | MainLine
-    | ConversationLine
-    | BranchLine
-    | MessageLine
-    | PlatformIdLine
-    | MemoryLine
-    | MemoryIdLine
-    | OutboxLine
-    | ReceivedLine
-    | InboxLine
-    | QuarantineLine
-    | UsageLine
-    | CallLine
-    | CycleLine
-    | WedgedLine
-    | RecordingLine
-    | OpaqueLine
-    | EndLine
-)
 RecordLine: TypeAlias = (
     SessionLine
     | ConversationLine
@@ -317,6 +294,9 @@ RecordLine: TypeAlias = (
     | CycleLine
     | WedgedLine
     | RecordingLine
+)
+AnyLine: TypeAlias = (
+    MetaLine | LinkLine | MainLine | PlatformIdLine | RecordLine | OpaqueLine | EndLine
 )
 
 ENCODER = msgspec.json.Encoder()

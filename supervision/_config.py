@@ -166,86 +166,82 @@ class NodeConfig:
                 raise ValueError(why)
         return super().__new__(cls)
 
-    def _check_recovery(self) -> None:
-        for name in ("recovery_attempts", "restart_intensity"):
-            value = getattr(self, name)
-            least = 1 if name == "recovery_attempts" else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                msg = f"NodeConfig.{name} must be an integer >= {least}, got {value!r}"
-                raise ValueError(msg)
-        for name in ("recovery_max_age", "restart_period"):
-            value = getattr(self, name)
-            if value is None and name == "recovery_max_age":
-                continue
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value <= 0
-            ):
-                msg = f"NodeConfig.{name} must be a number > 0, got {value!r}"
-                raise ValueError(msg)
-
-    def _check_choices(self) -> None:
-        for name, known in (("backend", list(BACKENDS)), ("memory_scope", list(MEMORY_SCOPES))):
-            value = getattr(self, name)
-            if value not in known:
-                msg = f"NodeConfig.{name} must be one of {known}, got {value!r}"
-                raise ValueError(msg)
-
     def __post_init__(self) -> None:
         object.__setattr__(self, "providers", tuple(self.providers))
         _check_providers(self.providers)
-        self._check_recovery()
-        if self.prune_after is not None and (
-            not isinstance(self.prune_after, int | float)
-            or not math.isfinite(self.prune_after)
-            or self.prune_after <= 0
-        ):
-            msg = f"NodeConfig.prune_after must be None or a number > 0, got {self.prune_after!r}"
+        for names, ok, what in _RULES:
+            for name in names:
+                value = getattr(self, name)
+                if not ok(value):
+                    raise ValueError(f"NodeConfig.{name} must be {what}, got {value!r}")
+        if not self.memory_low < self.memory_high:
+            msg = (
+                f"NodeConfig.memory_high ({self.memory_high!r}) must be above "
+                f"NodeConfig.memory_low ({self.memory_low!r})"
+            )
             raise ValueError(msg)
-        if self.passivate_after is not None and (
-            not isinstance(self.passivate_after, int | float)
-            or not math.isfinite(self.passivate_after)
-            or self.passivate_after <= 0
-        ):
-            msg = "NodeConfig.passivate_after must be None or a number > 0, got "
-            raise ValueError(msg + repr(self.passivate_after))
-        if not isinstance(self.gc_tuning, bool):
-            msg = f"NodeConfig.gc_tuning must be True or False, got {self.gc_tuning!r}"
-            raise ValueError(msg)
-        _check_memory(self)
-        if self.export_path is not None and not isinstance(self.export_path, str):
-            msg = f"NodeConfig.export_path must be None or a path string, got {self.export_path!r}"
-            raise ValueError(msg)
-        names = ("grace", "max_ttl", "stuck_after", "check_interval", "ask_timeout")
-        self._check_choices()
-        if self.process_workers is not None and (
-            not isinstance(self.process_workers, int) or self.process_workers < 1
-        ):
-            msg = "NodeConfig.process_workers must be None or an integer >= 1, got "
-            raise ValueError(msg + repr(self.process_workers))
-        if not isinstance(self.ray_num_cpus, int | float) or not self.ray_num_cpus >= 0:
-            msg = f"NodeConfig.ray_num_cpus must be a number >= 0, got {self.ray_num_cpus!r}"
-            raise ValueError(msg)
-        if self.ray_address is not None and not isinstance(self.ray_address, str):
-            msg = f"NodeConfig.ray_address must be None or a string, got {self.ray_address!r}"
-            raise ValueError(msg)
-        if not isinstance(self.block_threshold, int | float) or not self.block_threshold > 0:
-            msg = f"NodeConfig.block_threshold must be a number > 0, got {self.block_threshold!r}"
-            raise ValueError(msg)
-        for name in (*names, "housekeeping_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                msg = f"NodeConfig.{name} must be a finite number >= 0, got {value!r}"
-                raise ValueError(msg)
-        if self.housekeeping_interval < 0.01:
-            msg = "NodeConfig.housekeeping_interval must be >= 0.01 s, got "
-            raise ValueError(msg + repr(self.housekeeping_interval))
-        if self.check_interval < 0.01:  # a periodic check of 0 s would spin
-            msg = f"NodeConfig.check_interval must be >= 0.01 s, got {self.check_interval!r}"
-            raise ValueError(msg)
-        for name in (
+
+
+def _real(value: Any) -> bool:
+    """A finite int or float (True and False count, as 1 and 0)."""
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _number(value: Any) -> bool:
+    """A finite int or float, not True or False."""
+    return _real(value) and not isinstance(value, bool)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: What each NodeConfig setting must be, in the order they are checked: the
+#: settings, a test of a value, and the words a refusal says it must be.
+_RULES: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
+    (("recovery_attempts",), lambda v: _whole(v) and v >= 1, "an integer >= 1"),
+    (("restart_intensity",), lambda v: _whole(v) and v >= 0, "an integer >= 0"),
+    (("recovery_max_age",), lambda v: v is None or (_number(v) and v > 0), "a number > 0"),
+    (("restart_period",), lambda v: _number(v) and v > 0, "a number > 0"),
+    (
+        ("prune_after", "passivate_after"),
+        lambda v: v is None or (_real(v) and v > 0),
+        "None or a number > 0",
+    ),
+    (("gc_tuning", "memory_probe"), lambda v: isinstance(v, bool), "True or False"),
+    (("memory_pressure",), lambda v: v is None or callable(v), "None or a callable"),
+    (
+        ("memory_high", "memory_low"),
+        lambda v: _number(v) and 0 < v <= 1,
+        "a fraction in (0, 1]",
+    ),
+    (("export_path",), lambda v: v is None or isinstance(v, str), "None or a path string"),
+    (("backend",), lambda v: v in BACKENDS, f"one of {list(BACKENDS)}"),
+    (("memory_scope",), lambda v: v in MEMORY_SCOPES, f"one of {list(MEMORY_SCOPES)}"),
+    (
+        ("process_workers",),
+        lambda v: v is None or (isinstance(v, int) and v >= 1),
+        "None or an integer >= 1",
+    ),
+    (("ray_num_cpus",), lambda v: isinstance(v, int | float) and v >= 0, "a number >= 0"),
+    (("ray_address",), lambda v: v is None or isinstance(v, str), "None or a string"),
+    (("block_threshold",), lambda v: isinstance(v, int | float) and v > 0, "a number > 0"),
+    (
+        (
+            "grace",
+            "max_ttl",
+            "stuck_after",
+            "check_interval",
+            "ask_timeout",
+            "housekeeping_interval",
+        ),
+        lambda v: _real(v) and v >= 0,
+        "a finite number >= 0",
+    ),
+    # a periodic check every 0 s would spin
+    (("housekeeping_interval", "check_interval"), lambda v: v >= 0.01, ">= 0.01 s"),
+    (
+        (
             "max_step_threads",
             "max_running_skills",
             "max_sessions",
@@ -253,36 +249,11 @@ class NodeConfig:
             "retain_terminal",
             "max_retained_results",
             "ray_actors",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                msg = f"NodeConfig.{name} must be an integer >= 1, got {value!r}"
-                raise ValueError(msg)
-
-
-def _check_memory(config: NodeConfig) -> None:
-    if config.memory_pressure is not None and not callable(config.memory_pressure):
-        msg = "NodeConfig.memory_pressure must be None or a callable, got "
-        raise ValueError(msg + repr(config.memory_pressure))
-    if not isinstance(config.memory_probe, bool):
-        msg = f"NodeConfig.memory_probe must be True or False, got {config.memory_probe!r}"
-        raise ValueError(msg)
-    for name in ("memory_high", "memory_low"):
-        value = getattr(config, name)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or not 0 < value <= 1
-        ):
-            msg = f"NodeConfig.{name} must be a fraction in (0, 1], got {value!r}"
-            raise ValueError(msg)
-    if not config.memory_low < config.memory_high:
-        msg = (
-            f"NodeConfig.memory_high ({config.memory_high!r}) must be above "
-            f"NodeConfig.memory_low ({config.memory_low!r})"
-        )
-        raise ValueError(msg)
+        ),
+        lambda v: isinstance(v, int) and v >= 1,
+        "an integer >= 1",
+    ),
+)
 
 
 def _check_providers(providers: tuple[Provider, ...]) -> None:

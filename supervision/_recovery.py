@@ -36,7 +36,9 @@ import collections
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import msgspec
 
@@ -80,6 +82,8 @@ from sessiontree.supervision._recovery_summary import recovery_summary, recovery
 __all__ = ["Recovered", "RecoveryDecision", "recover"]
 
 log = logging.getLogger("sessiontree.recovery")
+
+_R = TypeVar("_R", bound=msgspec.Struct)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,13 +138,7 @@ class _Recovery:
     def lost_calls(self) -> list[CallRecord]:
         """The model calls the stopped node left in flight (``CallRecord``); one
         that does not decode is quarantined (its chain unknown, it counts nowhere)."""
-        lost = []
-        for key, raw in self.store.scan("calls"):
-            try:
-                lost.append(decode_record(CallRecord, raw, db="calls", key=key))
-            except CorruptRecordError as exc:
-                self.quarantine("calls", exc, raw)
-        return lost
+        return list(self.decoded("calls", CallRecord))
 
     def quarantine(self, db: str, error: CorruptRecordError, raw: bytes) -> None:
         """Move the value aside in this recovery's batch (once per entry: a later
@@ -153,14 +151,20 @@ class _Recovery:
         self.batch.quarantine(record)
         self.figures["quarantined"] += 1
 
+    def decoded(self, db: str, kind: type[_R]) -> Iterator[_R]:
+        """Every entry of ``db`` decoded as ``kind``; one that does not decode is
+        quarantined and skipped."""
+        for key, raw in self.store.scan(db):
+            try:
+                yield decode_record(kind, raw, db=db, key=key)
+            except CorruptRecordError as exc:
+                self.quarantine(db, exc, raw)
+
     def check(self, db: str, kind: type[msgspec.Struct]) -> None:
         """Decode every entry of ``db`` as ``kind``, quarantining those that do not
         (the entries later reads of the node would otherwise fail on)."""
-        for key, raw in self.store.scan(db):
-            try:
-                decode_record(kind, raw, db=db, key=key)
-            except CorruptRecordError as exc:
-                self.quarantine(db, exc, raw)
+        for _ in self.decoded(db, kind):
+            pass
 
     def live_sessions(self) -> list[SessionRecord]:
         """The sessions not yet terminal, read through the index of live sessions
@@ -422,12 +426,7 @@ class _Recovery:
         self.batch.consumed(main_id, message.seq)
 
     def read_cycles(self) -> None:
-        for key, raw in self.store.scan("cycles"):
-            try:
-                mark = decode_record(CycleRecord, raw, db="cycles", key=key)
-            except CorruptRecordError as exc:
-                self.quarantine("cycles", exc, raw)
-                continue
+        for mark in self.decoded("cycles", CycleRecord):
             self.cycles[mark.session_id] = mark
             if self.plan.held is None:  # what it marked is decided here: held back, or
                 # run again (``keep_mark``); a held replay keeps the count for later
@@ -486,12 +485,7 @@ class _Recovery:
             result = self.decide(record)
             if result is not None and record.info.parent_id is not None:
                 self.owe(record.info.parent_id, result, in_outbox=False)
-        for key, raw in self.store.scan("outbox"):
-            try:
-                item = decode_record(OutboxRecord, raw, db="outbox", key=key)
-            except CorruptRecordError as exc:
-                self.quarantine("outbox", exc, raw)
-                continue
+        for item in self.decoded("outbox", OutboxRecord):
             self.owe(item.parent_id, item.result, in_outbox=True)
             self.figures["outbox"] += 1
         for key, raw in self.store.scan("mains"):
@@ -504,12 +498,7 @@ class _Recovery:
                 continue
             if session_id in self.back:
                 self.plan.mains[(agent_id, session_key)] = session_id
-        for key, raw in self.store.scan("inbox"):
-            try:
-                message = decode_record(InboxRecord, raw, db="inbox", key=key)
-            except CorruptRecordError as exc:
-                self.quarantine("inbox", exc, raw)
-                continue
+        for message in self.decoded("inbox", InboxRecord):
             if message.session_id in self.plan.dormant:
                 self.inbox_message(message)
         if self.batch:

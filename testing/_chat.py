@@ -158,17 +158,17 @@ class ChatHandler:
             fault.after_chunks if fault and fault.kind is FaultKind.DROP_MID_REPLY else None
         )
 
+        head = {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": model,
+            "system_fingerprint": "standin",
+        }
+
         def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-            body: dict[str, Any] = {
-                "id": ident,
-                "object": "chat.completion.chunk",
-                "created": CREATED,
-                "model": model,
-                "system_fingerprint": "standin",
-                "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-                ],
-            }
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            body: dict[str, Any] = {**head, "choices": [choice]}
             if include_usage:
                 body["usage"] = None
             return body
@@ -185,17 +185,7 @@ class ChatHandler:
             ]
         events.append(chunk({}, done.finish))
         if usage is not None:
-            events.append(
-                {
-                    "id": ident,
-                    "object": "chat.completion.chunk",
-                    "created": CREATED,
-                    "model": model,
-                    "system_fingerprint": "standin",
-                    "choices": [],
-                    "usage": usage,
-                }
-            )
+            events.append({**head, "choices": [], "usage": usage})
         await write(conn, response_head(200, STREAM_HEADERS))
         for sent, event in enumerate(events):
             if drop_after is not None and sent >= drop_after:

@@ -132,7 +132,8 @@ def _not_installed(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
     node_group = cli_main.get_command(click.Context(cli_main), "node")
     assert isinstance(node_group, click.Group)
     monkeypatch.delitem(node_group.commands, "start", raising=False)
-    monkeypatch.delitem(sys.modules, "sessiontree.cli.commands._node", raising=False)
+    for name in [m for m in sys.modules if m.startswith("sessiontree.cli.commands._node")]:
+        monkeypatch.delitem(sys.modules, name)  # node start's modules, however it is split
     for module in modules:
         monkeypatch.setitem(sys.modules, module, None)  # its import fails: ModuleNotFoundError
 

@@ -360,7 +360,7 @@ KERNEL = frozenset(
 )
 #: Each feature's modules, by feature.
 FEATURES = {
-    "recording": ("_recording", "_replay", "_node_replay"),
+    "recording": ("_recording", "_replay", "_playback", "_node_replay"),
     "tracing": ("_tracing", "_trace_context", "_tracing_config", "_span_ids"),
     "budgets": ("_ledger", "_budgets", "_spending"),
     "model calls": ("_model_calls", "_models", "_providers", "_hedging", "_call_hold"),

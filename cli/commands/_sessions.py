@@ -28,12 +28,12 @@ import click
 import msgspec
 
 from sessiontree.cli._client import NODE_OPTION, STORE_OPTION, resolve_source
-from sessiontree.cli._describe import budget_text, describe
+from sessiontree.cli._describe import describe, draw_tree, session_line
 from sessiontree.cli._ids import node_candidates, resolve_id
 from sessiontree.cli._paging import page_of
 from sessiontree.cli._text import echo, shown, shown_block
-from sessiontree.cli._times import ago, iso_times, until
-from sessiontree.cli._words import money, plural
+from sessiontree.cli._times import iso_times
+from sessiontree.cli._words import plural
 from sessiontree.protocol import (
     MAX_REASON_CHARS,
     Budget,
@@ -43,7 +43,7 @@ from sessiontree.protocol import (
     plain_input,
 )
 
-__all__ = ["draw_tree", "sessions"]
+__all__ = ["sessions"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,66 +82,6 @@ def _act(node_url: str | None, session: str, action: str, body: Any = None) -> A
     with resolve_source(node_url).client() as client:
         sid = resolve_id(session, node_candidates(client))
         return client.post(f"/v1/sessions/{sid}/{action}", body)
-
-
-# -- drawing -----------------------------------------------------------------------------
-
-
-def _short_usage(view: dict[str, Any]) -> str:
-    """What a tree line says of a session's accounts: its subtree's tokens,
-    calls and cost, what its budget has left; empty when it spent nothing and
-    has no budget."""
-    used = view.get("subtree_usage") or {}
-    tokens = used.get("prompt_tokens", 0) + used.get("completion_tokens", 0)
-    parts = []
-    if tokens or used.get("calls") or used.get("cost"):
-        cost = money(used.get("cost", 0.0))
-        parts.append(f"{tokens} tok, {plural(used.get('calls', 0), 'call')}, cost {cost}")
-    left = view.get("budget_left")
-    if left is not None:
-        parts.append(f"left {budget_text(left)}")
-    if view.get("budget_exhausted"):
-        parts.append(f"exhausted: {view['budget_exhausted']}")
-    return f"  ({'; '.join(parts)})" if parts else ""
-
-
-def _line(info: dict[str, Any], result: dict[str, Any] | None, now: float) -> str:
-    text = (
-        f"{info['kind']:<6} {info['state']:<9} {info['session_id'][:8]}  "
-        f"{info.get('skill', ''):<10} created {ago(info['created_at'], now)}"
-    )
-    deadline = info.get("deadline")
-    if deadline is not None and info["state"] in ("pending", "active", "suspended"):
-        text += f", ttl {until(deadline, now)}"
-    if info.get("task"):
-        task = info["task"] if len(info["task"]) <= 40 else info["task"][:39] + "~"
-        text += f'  "{task}"'
-    error = (result or {}).get("error")
-    if error:
-        text += f"  [{error['code']}]"
-    return text
-
-
-def draw_tree(tree: dict[str, Any], now: float) -> list[str]:
-    """A session tree as ASCII lines: kind, state, short id, skill, when it
-    was created, time left to its TTL,
-    and the subtree's usage and what its budget has left."""
-    lines: list[str] = []
-
-    def walk(node: dict[str, Any], prefix: str, last: bool, root: bool) -> None:
-        branch = "" if root else ("`-- " if last else "|-- ")
-        line = _line(node["info"], node.get("result"), now) + _short_usage(node)
-        lines.append(f"{prefix}{branch}{shown(line)}")
-        kids = node.get("children", [])
-        deeper = prefix if root else prefix + ("    " if last else "|   ")
-        for i, child in enumerate(kids):
-            walk(child, deeper, i == len(kids) - 1, root=False)
-
-    walk(tree, "", last=True, root=True)
-    return lines
-
-
-# -- commands ------------------------------------------------------------------------------
 
 
 @click.group("sessions")
@@ -253,7 +193,7 @@ def ls_cmd(
         return
     now = time.time()
     for info in infos:
-        echo(shown(_line(info, None, now)))
+        echo(shown(session_line(info, None, now)))
     more = f"; more after: --cursor {shown(next_cursor)}" if next_cursor else ""
     echo(f"{plural(len(infos), 'session')}{more}", err=True)
 

@@ -12,6 +12,7 @@ conversation (read-only) a 403 ``not_allowed``.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from litestar import Response, get, post
@@ -27,24 +28,20 @@ from sessiontree.supervision import Node
 
 __all__ = ["CONVERSATION_ROUTES"]
 
-
-@get(
-    "/sessions/{session_id:uuid}/conversation/branches",
-    tags=["conversation"],
-    responses=ERRORS,
-    sync_to_thread=True,
+#: What every route here shares: its OpenAPI tag and errors, and a worker thread.
+_get = functools.partial(get, tags=["conversation"], responses=ERRORS, sync_to_thread=True)
+_post = functools.partial(
+    post, tags=["conversation"], status_code=200, responses=ERRORS, sync_to_thread=True
 )
+
+
+@_get("/sessions/{session_id:uuid}/conversation/branches")
 def branches(state: State, session_id: Sid) -> list[BranchInfo]:
     """The conversation's branches (``current`` marks the active one)."""
     return node_of(state).conversation(session_id).branches()
 
 
-@get(
-    "/sessions/{session_id:uuid}/conversation/context",
-    tags=["conversation"],
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_get("/sessions/{session_id:uuid}/conversation/context")
 def context(
     state: State, session_id: Sid, limit: Annotated[int, QueryParameter(ge=0, le=10_000)] = 100
 ) -> list[Message]:
@@ -52,13 +49,7 @@ def context(
     return node_of(state).conversation(session_id).context(limit)
 
 
-@post(
-    "/sessions/{session_id:uuid}/conversation/fork",
-    tags=["conversation"],
-    status_code=201,
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_post("/sessions/{session_id:uuid}/conversation/fork", status_code=201)
 def fork(state: State, session_id: Sid, data: JSONBody[ForkRequest]) -> BranchInfo:
     """Start a branch from a message; it becomes current.
 
@@ -66,13 +57,7 @@ def fork(state: State, session_id: Sid, data: JSONBody[ForkRequest]) -> BranchIn
     return node_of(state).conversation(session_id).fork(data.from_message_id, data.name)
 
 
-@post(
-    "/sessions/{session_id:uuid}/conversation/checkout",
-    tags=["conversation"],
-    status_code=200,
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_post("/sessions/{session_id:uuid}/conversation/checkout")
 def checkout(state: State, session_id: Sid, data: JSONBody[BranchRequest]) -> BranchInfo:
     """Switch to a branch (number, name, or a message id).
 
@@ -80,13 +65,7 @@ def checkout(state: State, session_id: Sid, data: JSONBody[BranchRequest]) -> Br
     return node_of(state).conversation(session_id).checkout(data.branch)
 
 
-@post(
-    "/sessions/{session_id:uuid}/conversation/merge",
-    tags=["conversation"],
-    status_code=200,
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_post("/sessions/{session_id:uuid}/conversation/merge")
 def merge(state: State, session_id: Sid, data: JSONBody[BranchRequest]) -> Merged:
     """Copy a branch's own messages onto the current branch (both stay).
 
@@ -95,13 +74,7 @@ def merge(state: State, session_id: Sid, data: JSONBody[BranchRequest]) -> Merge
     return node_of(state).conversation(session_id).merge(data.branch)
 
 
-@post(
-    "/sessions/{session_id:uuid}/conversation/delete-branch",
-    tags=["conversation"],
-    status_code=200,
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_post("/sessions/{session_id:uuid}/conversation/delete-branch")
 def delete_branch(state: State, session_id: Sid, data: JSONBody[BranchRequest]) -> DeletePlan:
     """Step one of a deletion: what would go, and the token that confirms it.
 
@@ -109,13 +82,7 @@ def delete_branch(state: State, session_id: Sid, data: JSONBody[BranchRequest]) 
     return node_of(state).conversation(session_id).delete_branch(data.branch)
 
 
-@post(
-    "/sessions/{session_id:uuid}/conversation/delete-branch/confirm",
-    tags=["conversation"],
-    status_code=200,
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_post("/sessions/{session_id:uuid}/conversation/delete-branch/confirm")
 def confirm_delete(
     state: State, session_id: Sid, data: JSONBody[ConfirmDeleteRequest]
 ) -> DeletePlan:
@@ -126,37 +93,20 @@ def confirm_delete(
     return node_of(state).conversation(session_id).confirm_delete(data.token, data.branch)
 
 
-@get(
-    "/sessions/{session_id:uuid}/conversation/tree",
-    tags=["conversation"],
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_get("/sessions/{session_id:uuid}/conversation/tree")
 def conversation_tree(state: State, session_id: Sid) -> dict[str, Any]:
     """The whole message tree as nested JSON."""
     return node_of(state).conversation(session_id).tree()
 
 
-@get(
-    "/sessions/{session_id:uuid}/conversation/tree.txt",
-    tags=["conversation"],
-    media_type="text/plain",
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_get("/sessions/{session_id:uuid}/conversation/tree.txt", media_type="text/plain")
 def conversation_tree_text(state: State, session_id: Sid) -> Response[str]:
     """The message tree drawn as text."""
     content = node_of(state).conversation(session_id).export_tree("text")
     return Response(content, media_type="text/plain")
 
 
-@get(
-    "/sessions/{session_id:uuid}/conversation/tree.html",
-    tags=["conversation"],
-    media_type="text/html",
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_get("/sessions/{session_id:uuid}/conversation/tree.html", media_type="text/html")
 def conversation_tree_html(state: State, session_id: Sid) -> Response[str]:
     """The message tree as one self-contained interactive HTML page; a message a
     sub-agent wrote, or one reporting its result, names that session (kind,
@@ -193,13 +143,7 @@ def _sessions_in(node: Node, tree: dict[str, Any]) -> dict[str, dict[str, str]]:
     return sessions
 
 
-@get(
-    "/sessions/{session_id:uuid}/conversation/transcript",
-    tags=["conversation"],
-    media_type="application/x-ndjson",
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_get("/sessions/{session_id:uuid}/conversation/transcript", media_type="application/x-ndjson")
 def transcript(state: State, session_id: Sid) -> Response[str]:
     """The transcript as JSONL, one message a line, in the order written."""
     text = "".join(node_of(state).conversation(session_id).transcript())

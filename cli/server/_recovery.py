@@ -9,6 +9,7 @@ with that refusal's code and status.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from typing import Annotated, Any
 
@@ -23,6 +24,13 @@ from sessiontree.protocol import ErrorCode, ErrorInfo, SessionResult
 from sessiontree.store import WedgedRecord
 
 __all__ = ["RECOVERY_ROUTES", "RecoveryView", "WedgedView", "wedged_view"]
+
+#: What every route here shares: its OpenAPI tag and errors, and a worker thread.
+_get = functools.partial(get, tags=["recovery"], responses=ERRORS, sync_to_thread=True)
+_post = functools.partial(
+    post, tags=["recovery"], status_code=200, responses=ERRORS, sync_to_thread=True
+)
+_delete = functools.partial(delete, tags=["recovery"], responses=ERRORS, sync_to_thread=True)
 
 Wid = Annotated[uuid.UUID, PathParameter(description="The held-back item's id.")]
 
@@ -84,7 +92,7 @@ def _unknown(wedged_id: uuid.UUID) -> ErrorInfo:
     return ErrorInfo(code=ErrorCode.UNKNOWN_SESSION, message=f"no held-back item {wedged_id}")
 
 
-@get("/recovery", tags=["recovery"], responses=ERRORS, sync_to_thread=True)
+@_get("/recovery")
 def recovery(state: State) -> RecoveryView:
     """What recovery found and decided when the node started."""
     node = node_of(state)
@@ -96,22 +104,20 @@ def recovery(state: State) -> RecoveryView:
     )
 
 
-@post(
-    "/recovery/release", tags=["recovery"], status_code=200, responses=ERRORS, sync_to_thread=True
-)
+@_post("/recovery/release")
 def release(state: State) -> Released:
     """Run what a held replay kept back (the node had kept crashing), and retry
     at once the Main cycles a store refusal kept."""
     return Released(released=node_of(state).recovery.release_replay())
 
 
-@get("/wedged", tags=["recovery"], responses=ERRORS, sync_to_thread=True)
+@_get("/wedged")
 def list_wedged(state: State) -> list[WedgedView]:
     """Work recovery held back, oldest first."""
     return [wedged_view(record) for record in node_of(state).recovery.wedged()]
 
 
-@get("/wedged/{wedged_id:uuid}", tags=["recovery"], responses=ERRORS, sync_to_thread=True)
+@_get("/wedged/{wedged_id:uuid}")
 def show_wedged(state: State, wedged_id: Wid) -> WedgedView:
     """One held-back item."""
     record = node_of(state).recovery.wedged_item(wedged_id)
@@ -121,13 +127,7 @@ def show_wedged(state: State, wedged_id: Wid) -> WedgedView:
     return wedged_view(record)
 
 
-@post(
-    "/wedged/{wedged_id:uuid}/requeue",
-    tags=["recovery"],
-    status_code=202,
-    responses=ERRORS,
-    sync_to_thread=True,
-)
+@_post("/wedged/{wedged_id:uuid}/requeue", status_code=202)
 def requeue(state: State, wedged_id: Wid) -> RequeuedView:
     """Run held-back work again, as a first attempt (a wedged branch: a fresh
     session under its parent)."""
@@ -136,7 +136,7 @@ def requeue(state: State, wedged_id: Wid) -> RequeuedView:
     return RequeuedView(session_id=requeued.session_id)
 
 
-@delete("/wedged/{wedged_id:uuid}", tags=["recovery"], responses=ERRORS, sync_to_thread=True)
+@_delete("/wedged/{wedged_id:uuid}")
 def drop(state: State, wedged_id: Wid) -> None:
     """Forget a held-back item for good."""
     if not node_of(state).recovery.drop_wedged(wedged_id):

@@ -9,6 +9,7 @@ and answered with its code's status (see ``_errors.status_for``).
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
@@ -47,6 +48,10 @@ from sessiontree.protocol import (
 from sessiontree.supervision import Node
 
 __all__ = ["SESSION_ROUTES"]
+
+#: What every route here shares: its OpenAPI tag and errors.
+_get = functools.partial(get, tags=["sessions"], responses=ERRORS)
+_post = functools.partial(post, tags=["sessions"], status_code=202, responses=ERRORS)
 
 MAX_PAGE = 1000
 _CANCEL_BODY = (
@@ -118,7 +123,7 @@ async def _candidates(
 # ``_contract.fix_allow`` has run (whatever the order they are registered in).
 
 
-@get("/sessions", tags=["sessions"], responses=ERRORS)
+@_get("/sessions")
 async def list_sessions(
     request: Request[Any, Any, State],
     session_state: Annotated[SessionState | None, QueryParameter(name="state")] = None,
@@ -179,7 +184,7 @@ async def list_sessions(
     return SessionPage(items=page, next_cursor=next_cursor)
 
 
-@post("/sessions", tags=["sessions"], status_code=200, responses=ERRORS)
+@_post("/sessions", status_code=200)
 async def open_main(state: State, data: JSONBody[MainRequest]) -> SessionView:
     """Get or create the one Main of an agent for a session key.
 
@@ -212,7 +217,7 @@ IdempotencyKey = Annotated[
 ]
 
 
-@post("/sessions/{session_id:uuid}/children", tags=["sessions"], status_code=201, responses=ERRORS)
+@_post("/sessions/{session_id:uuid}/children", status_code=201)
 async def spawn_child(
     state: State, session_id: Sid, data: JSONBody[SpawnSpec], traceparent: TraceParent = None
 ) -> Spawn:
@@ -231,7 +236,7 @@ async def spawn_child(
     return Spawn(info=await node.aget(spawned.ref.session_id), existing=spawned.existing)
 
 
-@get("/sessions/{session_id:uuid}", tags=["sessions"], responses=ERRORS)
+@_get("/sessions/{session_id:uuid}")
 async def get_session(state: State, session_id: Sid) -> SessionView:
     """One session, its usage and budget and, once it ended, its result.
 
@@ -241,19 +246,14 @@ async def get_session(state: State, session_id: Sid) -> SessionView:
     return await _view(node_of(state), session_id)
 
 
-@get("/sessions/{session_id:uuid}/tree", tags=["sessions"], responses=ERRORS)
+@_get("/sessions/{session_id:uuid}/tree")
 async def session_tree(state: State, session_id: Sid) -> TreeView:
     """The subtree under a session: each session as ``GET /sessions/{id}`` shows
     it (identity, result, usage and budget), with its ``children``."""
     return tree_view(await node_of(state).atree(session_id))
 
 
-@get(
-    "/sessions/{session_id:uuid}/tree.html",
-    tags=["sessions"],
-    media_type="text/html",
-    responses=ERRORS,
-)
+@_get("/sessions/{session_id:uuid}/tree.html", media_type="text/html")
 async def session_tree_page(state: State, session_id: Sid) -> Response[str]:
     """The subtree under a session as an interactive HTML page: each session's
     kind, skill, state, age, usage and result, with links to its conversation
@@ -263,19 +263,14 @@ async def session_tree_page(state: State, session_id: Sid) -> Response[str]:
     return Response(page, media_type="text/html")
 
 
-@get(
-    "/sessions/{session_id:uuid}/tree.svg",
-    tags=["sessions"],
-    media_type="image/svg+xml",
-    responses=ERRORS,
-)
+@_get("/sessions/{session_id:uuid}/tree.svg", media_type="image/svg+xml")
 async def session_tree_image(state: State, session_id: Sid) -> Response[str]:
     """The subtree under a session drawn as an SVG image."""
     image = session_tree_svg(tree_view(await node_of(state).atree(session_id)))
     return Response(image, media_type="image/svg+xml")
 
 
-@post("/sessions/{session_id:uuid}/cancel", tags=["sessions"], status_code=202, responses=ERRORS)
+@_post("/sessions/{session_id:uuid}/cancel")
 async def cancel_session(
     state: State,
     session_id: Sid,
@@ -295,7 +290,7 @@ async def cancel_session(
     return await _view(node, session_id)
 
 
-@post("/sessions/{session_id:uuid}/terminate", tags=["sessions"], status_code=202, responses=ERRORS)
+@_post("/sessions/{session_id:uuid}/terminate")
 async def terminate_session(
     state: State,
     session_id: Sid,
@@ -312,7 +307,7 @@ async def terminate_session(
     return await _view(node, session_id)
 
 
-@post("/sessions/{session_id:uuid}/suspend", tags=["sessions"], status_code=202, responses=ERRORS)
+@_post("/sessions/{session_id:uuid}/suspend")
 async def suspend_session(state: State, session_id: Sid) -> SessionView:
     """Suspend a Branch at its next checkpoint.
 
@@ -322,7 +317,7 @@ async def suspend_session(state: State, session_id: Sid) -> SessionView:
     return await _view(node, session_id)
 
 
-@post("/sessions/{session_id:uuid}/resume", tags=["sessions"], status_code=202, responses=ERRORS)
+@_post("/sessions/{session_id:uuid}/resume")
 async def resume_session(state: State, session_id: Sid) -> SessionView:
     """Resume a suspended Branch.
 
@@ -333,7 +328,7 @@ async def resume_session(state: State, session_id: Sid) -> SessionView:
     return await _view(node, session_id)
 
 
-@post("/sessions/{session_id:uuid}/messages", tags=["sessions"], status_code=202, responses=ERRORS)
+@_post("/sessions/{session_id:uuid}/messages")
 async def send_message(
     state: State,
     session_id: Sid,
@@ -354,7 +349,7 @@ async def send_message(
     return await _view(node, session_id)
 
 
-@get("/sessions/{session_id:uuid}/result", tags=["sessions"], responses=ERRORS)
+@_get("/sessions/{session_id:uuid}/result")
 async def wait_result(
     state: State,
     session_id: Sid,
@@ -370,7 +365,7 @@ async def wait_result(
     return WaitResult(done=result is not None, result=result)
 
 
-@get("/sessions/{session_id:uuid}/results", tags=["sessions"], responses=ERRORS)
+@_get("/sessions/{session_id:uuid}/results")
 async def child_results(state: State, session_id: Sid) -> list[SessionResult]:
     """The results a session received from its children."""
     return await node_of(state).aresults(session_id)
