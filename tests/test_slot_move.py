@@ -392,6 +392,8 @@ def test_a_tree_moves_to_another_node_and_comes_back_there(
         moved = source.slots.release(slot, "node-b")
         assert moved.owner == "node-b"
         assert slot_sessions(source, slot) == []  # forgotten here
+        assert source.wait_idle(WAIT)  # its parked branches' threads were let go
+        assert source.stats()["live_sessions"] == 1  # the other slot's Main
         assert slot not in source.slots.frozen
         with pytest.raises(SlotMovedError):
             source.get(main)
