@@ -43,7 +43,7 @@ from sessiontree.store._records import (
     encode_record,
 )
 from sessiontree.store._retention import prune
-from sessiontree.store._slots import SlotHeader, check_slot
+from sessiontree.store._slots import SlotExport, SlotHeader, check_slot, read_slot_export
 from sessiontree.store._store import Store
 from sessiontree.store._verify import Verified, VerifyProblem, verify_store
 
@@ -71,6 +71,7 @@ __all__ = [
     "ReceivedRecord",
     "RecordingRecord",
     "SessionRecord",
+    "SlotExport",
     "SlotHeader",
     "StartsRecord",
     "Store",
@@ -88,5 +89,6 @@ __all__ = [
     "export_jsonl",
     "import_jsonl",
     "prune",
+    "read_slot_export",
     "verify_store",
 ]

@@ -66,6 +66,7 @@ __all__ = [
     "encode_export",
     "import_entries",
     "moved_key",
+    "read_slot_export",
     "release_entries",
     "slot_entries",
 ]
@@ -112,6 +113,9 @@ class SlotHeader(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class SlotExport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A slot's export: its header and its entries as (db, key, value), by
+    database in ``DATABASES`` order, by key within each."""
+
     header: SlotHeader
     entries: list[tuple[str, bytes, bytes]]
 
@@ -295,6 +299,12 @@ def decode_export(data: bytes) -> SlotExport:
         raise RejectedInputError(msg, field="digest", reason="malformed")
     _check_entries(export)
     return export
+
+
+def read_slot_export(data: bytes) -> SlotExport:
+    """``Store.export_slot``'s bytes read back and checked (``decode_export``:
+    what it raises), for a look at what an import would write."""
+    return decode_export(data)
 
 
 def _check_entries(export: SlotExport) -> None:

@@ -12,11 +12,11 @@ The move, step by step (README, "Moving a slot"):
    it parked resume, input is taken again, and the outcome says what was
    still busy.
 2. ``export(slot)``: the frozen slot's records (``Store.export_slot``).
-3. The new owner's store imports them (``Store.import_slot``), before a node
-   opens it: recovery brings the trees back there as after a restart
-   (Mains dormant, parked Branches resumed, TTLs re-armed from their
-   absolute deadlines, results owed delivered once). A running node does
-   not take an import: its recovery runs at start only.
+3. The new owner takes them in: ``import_(data)`` on its running node, or
+   ``Store.import_slot`` on its store before a node opens it. Either way
+   recovery brings the trees back as after a restart (Mains dormant, parked
+   Branches resumed, TTLs re-armed from their absolute deadlines, results
+   owed delivered once): over the slot's records alone on a running node.
 4. ``release(slot, new_owner)`` on the source: the index forgets the slot's
    trees and the store deletes their records and keeps a tombstone; from
    then on the slot's sessions and keys answer ``SlotMovedError`` naming
@@ -30,11 +30,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from sessiontree.protocol import NodeClosedError, RejectedInputError
-from sessiontree.store import MovedRecord, Store, check_slot
+from sessiontree.store import MovedRecord, SlotHeader, Store, check_slot, read_slot_export
 from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._faces import offloaded
 from sessiontree.supervision._node_core import NodeCore
-from sessiontree.supervision._slot_keeper import ForgetSlot, SlotQuiet, Unfreeze
+from sessiontree.supervision._slot_import import recover_slot
+from sessiontree.supervision._slot_keeper import AdoptSlot, ForgetSlot, SlotQuiet, Unfreeze
 
 __all__ = ["Freeze", "Slots"]
 
@@ -55,8 +56,8 @@ class Freeze:
 
 
 class Slots:
-    """``node.slots``: freeze, export and release one slot (see the module's
-    docstring). Each blocks the calling thread; its ``a``-twin runs it on a
+    """``node.slots``: freeze, export, release and import one slot (see the
+    module's docstring). Each blocks the calling thread; its ``a``-twin runs it on a
     worker thread. Needs a node with a store (``NodeClosedError`` without)."""
 
     __slots__ = ("_events", "_node", "_parked")
@@ -175,6 +176,24 @@ class Slots:
             self._parked.pop(slot, None)
             node.frozen_slots.discard(slot)
 
+    def import_(self, data: bytes) -> SlotHeader:
+        """Take in a slot another node exported (step 3 on a running node): the
+        store imports it (``Store.import_slot``: one transaction onto absent
+        keys), then recovery runs over its records alone and the Cortex brings
+        its trees in as a start would (Mains dormant, parked Branches running
+        again, TTLs re-armed from their absolute deadlines, results owed
+        delivered once). Returns the export's header. Raises what
+        ``Store.import_slot`` raises (nothing imported), ``StoreError`` when
+        recovery's writes fail (the records are in the store: a restart
+        brings them back), ``NodeClosedError`` without a store."""
+        node = self._node
+        store = self._store()
+        export = read_slot_export(data)
+        header = store.import_slot(data)
+        plan = recover_slot(store, export, node._runtime.agents, node.clock.time(), node.config)
+        node._call(AdoptSlot(plan))
+        return header
+
     def _check_frozen(self, slot: int) -> None:
         check_slot(slot)
         if slot not in self._node.frozen_slots or slot not in self._parked:
@@ -184,3 +203,4 @@ class Slots:
     afreeze = offloaded(freeze)
     aexport = offloaded(export)
     arelease = offloaded(release)
+    aimport_ = offloaded(import_)

@@ -6,7 +6,10 @@ slots: ``SlotQuiet`` parks the slot's active Branches as a shutdown does
 (their records say they resume wherever the store is opened next) and
 answers what of the slot is not yet at rest; ``Unfreeze`` resumes the
 Branches a freeze parked; ``ForgetSlot`` drops the slot's sessions from the
-index once the store no longer holds them here. All run on the Cortex thread.
+index once the store no longer holds them here; ``AdoptSlot`` brings an
+imported slot's trees in, as a start brings a store's back
+(``Starting.bring_back`` with recovery's plan for the slot alone). All run
+on the Cortex thread.
 
 At rest, a slot's session is: ended; a Branch suspended; a Main dormant, or
 idle (no cycle running, nothing owed to it or in flight, its last snapshot
@@ -19,13 +22,14 @@ from __future__ import annotations
 import uuid
 from typing import Any, ClassVar
 
-from sessiontree.protocol import ErrorCode, SessionKind, SessionState, slot_of
+from sessiontree.protocol import ErrorCode, NodeClosedError, SessionKind, SessionState, slot_of
 from sessiontree.supervision._entry import TreeEntry, unsettled
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._extension import Extension
+from sessiontree.supervision._recovery import Recovered
 from sessiontree.supervision._requests import Request
 
-__all__ = ["ForgetSlot", "SlotKeeper", "SlotQuiet", "Unfreeze"]
+__all__ = ["AdoptSlot", "ForgetSlot", "SlotKeeper", "SlotQuiet", "Unfreeze"]
 
 
 class SlotQuiet(Request[tuple[dict[str, str], list[uuid.UUID]]], frozen=True):
@@ -49,21 +53,41 @@ class ForgetSlot(Request[int], frozen=True):
     slot: int
 
 
-class SlotKeeper(Extension):
-    """Answers ``SlotQuiet``, ``Unfreeze`` and ``ForgetSlot`` (the Cortex's thread)."""
+class AdoptSlot(Request[None], frozen=True):
+    """Bring in the trees of an imported slot: recovery's ``plan`` for it."""
 
-    answers: ClassVar[tuple[type, ...]] = (SlotQuiet, Unfreeze, ForgetSlot)
+    plan: Recovered
+
+
+class SlotKeeper(Extension):
+    """Answers ``SlotQuiet``, ``Unfreeze``, ``ForgetSlot`` and ``AdoptSlot`` (the
+    Cortex's thread)."""
+
+    answers: ClassVar[tuple[type, ...]] = (SlotQuiet, Unfreeze, ForgetSlot, AdoptSlot)
 
     def bind(self, cortex: Any) -> None:
         self.tree = cortex.tree
         self.suspension = cortex.suspension
+        self.starting = cortex.starting
 
     def answer(self, request: Any, reply: Any) -> object:
         if isinstance(request, SlotQuiet):
             return self._quiet(request.slot, park=request.park)
         if isinstance(request, Unfreeze):
             return self._unfreeze(request.branches)
+        if isinstance(request, AdoptSlot):
+            self._adopt(request.plan)
+            return None
         return self._forget(request.slot)
+
+    def _adopt(self, plan: Recovered) -> None:
+        tree = self.tree
+        if tree.closing:
+            msg = "node is shutting down"
+            raise NodeClosedError(msg)
+        tree.dormant.update(plan.dormant)  # bring_back takes the plan's as the node's
+        plan.dormant = tree.dormant
+        self.suspension.adopt(self.starting.bring_back(plan))
 
     def _of(self, slot: int) -> list[TreeEntry]:
         return [e for sid, e in self.tree.entries.items() if slot_of(sid) == slot]

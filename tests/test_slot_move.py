@@ -349,12 +349,16 @@ def test_a_released_slots_tombstone_answers_slot_moved(
 # -- the node's part -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("running", [False, True], ids=["into-its-store", "into-a-running-node"])
 def test_a_tree_moves_to_another_node_and_comes_back_there(
-    tmp_path: pathlib.Path, tree: Tree, clock: VirtualClock
+    tmp_path: pathlib.Path, tree: Tree, clock: VirtualClock, running: bool
 ) -> None:
+    """The destination takes the slot into its store before a node opens it,
+    or into its running node (whose other slots go on meanwhile)."""
     key = "telegram:dm:traveller"
     slot = slot_for(AGENT, key)
     source = node_on(tmp_path / "src", tree, clock)
+    target = node_on(tmp_path / "dst", tree, clock) if running else None
     try:
         main = source.main(AGENT, key).session_id
         assert source.send(main, "tree") is None
@@ -387,8 +391,17 @@ def test_a_tree_moves_to_another_node_and_comes_back_there(
         assert frozen[0].frozen, frozen
         assert set(frozen[0].parked) == {b.session_id for b in branches.values()}
         data = source.slots.export(slot)
-        with Store(tmp_path / "dst") as dst:
-            dst.import_slot(data)
+        tree.main_got.clear()
+        if target is None:
+            with Store(tmp_path / "dst") as dst:
+                dst.import_slot(data)
+        else:
+            elsewhere = target.main(AGENT, key_in_another_slot(key))
+            header = target.slots.import_(data)
+            assert header.slot == slot
+            with pytest.raises(SlotConflictError):  # once only: nothing written twice
+                target.slots.import_(data)
+            assert elsewhere.send("the destination's other slots go on") is None
         moved = source.slots.release(slot, "node-b")
         assert moved.owner == "node-b"
         assert slot_sessions(source, slot) == []  # forgotten here
@@ -398,11 +411,15 @@ def test_a_tree_moves_to_another_node_and_comes_back_there(
         with pytest.raises(SlotMovedError):
             source.get(main)
         assert busy.send("still here") is None
+    except BaseException:
+        if target is not None:
+            target.shutdown(grace=0)
+        raise
     finally:
         source.shutdown(grace=0)
-    tree.main_got.clear()
     clock.advance(60.0)  # in transit: the lingering branch's TTL runs on meanwhile
-    target = node_on(tmp_path / "dst", tree, clock)
+    if target is None:
+        target = node_on(tmp_path / "dst", tree, clock)
     try:
         assert target.get(main).kind is SessionKind.MAIN
         first = branches["tree"].session_id
@@ -414,6 +431,7 @@ def test_a_tree_moves_to_another_node_and_comes_back_there(
         )
         results = [m for m in tree.main_got if isinstance(m, SessionResult)]
         assert [r.session_id for r in results] == [first]
+        assert target.get(main).state is SessionState.ACTIVE
         lingering = target.get(branches["linger"].session_id)
         assert lingering.state is SessionState.ACTIVE  # resumed, not run out
         assert lingering.deadline == deadline  # the TTL is the same absolute deadline

@@ -132,7 +132,8 @@ def test_memory_scoped_to_the_tree_is_shared_by_one_tree_only(make_node: Any) ->
     assert len(branches) == 2
     for info in branches:  # each read its own tree's write, never the other's
         result = node.result(info.session_id)
-        assert result is not None and result.summary.split()[0] == "0"
+        assert result is not None
+        assert result.summary.split()[0] == "0"
         assert node.memory.get(f"tree:{info.conversation}", "seen") == "0"
     with pytest.raises(KeyError):
         node.memory.get("slotted", "seen")
