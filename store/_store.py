@@ -153,8 +153,7 @@ class Store:
                     self.meta = self._read_meta()
                 except CorruptRecordError:  # still readable: `store verify` names it
                     self.meta = None
-            if "moved" in self._opened.dbs:  # a read-only open of an older store lacks it
-                self._moved = self._read_moved()
+            self.read_moved()
         except BaseException:
             self.close()  # a failed open leaves neither the path nor the lock held
             raise
@@ -621,14 +620,19 @@ class Store:
         self._moved[slot] = released[0]
         return released[0]
 
-    def _read_moved(self) -> dict[int, MovedRecord]:
+    def read_moved(self) -> None:
+        """Read the tombstones of the slots this store released again (at open,
+        and after an import of a whole store wrote them). One that does not
+        decode is logged and left out (``store verify`` names it)."""
+        if "moved" not in self._opened.dbs:  # a read-only open of an older store
+            return
         moved = {}
         for record in self._reads.decoded(MovedRecord, "moved"):
-            if isinstance(record, CorruptRecordError):  # `store verify` names it
+            if isinstance(record, CorruptRecordError):
                 log.error("unreadable slot tombstone: %s", record)
             else:
                 moved[record.slot] = record
-        return moved
+        self._moved = moved
 
     def moved(self, slot: int) -> MovedRecord | None:
         """The tombstone of ``slot`` if this store released it, else None."""

@@ -23,6 +23,7 @@ import pytest
 
 from sessiontree.actors import VirtualClock
 from sessiontree.protocol import (
+    NodeClosedError,
     RejectedInputError,
     SessionKind,
     SessionResult,
@@ -34,7 +35,7 @@ from sessiontree.protocol import (
     slot_for,
     slot_of,
 )
-from sessiontree.store import Store, WriteBatch
+from sessiontree.store import Store, WriteBatch, export_jsonl, import_jsonl, verify_store
 from sessiontree.store._slots import SlotExport, encode_export
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests._served import ServedNode
@@ -314,6 +315,14 @@ def test_a_released_slots_tombstone_answers_slot_moved(
         assert store.main_of(AGENT, key) is None
         with pytest.raises(SlotMovedError):
             store.export_slot(slot)
+        assert verify_store(store).clean  # the tombstone reads as a record
+        counts = export_jsonl(store, tmp_path / "whole.jsonl")
+        assert counts["moved"] == 1
+    with Store(tmp_path / "restored") as restored:  # a whole-store export keeps it
+        import_jsonl(restored, tmp_path / "whole.jsonl")
+        tombstone = restored.moved(slot)
+        assert tombstone is not None
+        assert tombstone.owner == "node-b"
     node = node_on(tmp_path / "src", tree, clock)  # the tombstone is read at open
     served = ServedNode(node)
     try:
@@ -499,3 +508,41 @@ def test_a_freeze_names_a_bad_deadline(
         assert node.slots.frozen == []
     finally:
         node.shutdown(grace=0)
+
+
+def test_an_unfrozen_slot_takes_input_again_and_its_branches_resume(
+    tmp_path: pathlib.Path, tree: Tree, clock: VirtualClock
+) -> None:
+    tree.gate.set()
+    key = "telegram:dm:stays-too"
+    slot = slot_for(AGENT, key)
+    node = node_on(tmp_path / "src", tree, clock)
+    try:
+        main = node.main(AGENT, key).session_id
+        assert node.send(main, "linger") is None
+        wait_for(lambda: len(slot_sessions(node, slot)) == 2, "the tree")
+        (branch,) = [
+            s.session_id for s in slot_sessions(node, slot) if s.kind is SessionKind.BRANCH
+        ]
+        frozen = node.slots.freeze(slot, deadline=50.0)
+        assert frozen.frozen
+        assert frozen.parked == (branch,)
+        assert node.get(branch).state is SessionState.SUSPENDED
+        with pytest.raises(SlotFrozenError):
+            node.main(AGENT, key)
+        node.slots.unfreeze(slot)
+        assert node.slots.frozen == []
+        wait_for(lambda: node.get(branch).state is SessionState.ACTIVE, "the branch to resume")
+        assert node.main(AGENT, key).session_id == main
+        assert node.send(main, "again") is None
+    finally:
+        tree.stop.set()
+        node.shutdown(grace=0)
+
+
+def test_moving_a_slot_needs_a_store(make_node: Any, tree: Tree) -> None:
+    node = make_node(tree.agent())
+    with pytest.raises(NodeClosedError, match="needs a node with a store"):
+        node.slots.freeze(3)
+    with pytest.raises(NodeClosedError):
+        node.slots.import_(b"")
