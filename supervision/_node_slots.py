@@ -107,7 +107,7 @@ class Slots:
             moved.set()
 
         unsubscribe = self._events.subscribe(wake)
-        parked: list[uuid.UUID] = []
+        parked = list(self._parked.pop(slot, ()))  # frozen already: what that freeze parked
         try:
             while True:
                 moved.clear()

@@ -530,6 +530,16 @@ def test_an_unfrozen_slot_takes_input_again_and_its_branches_resume(
         assert node.get(branch).state is SessionState.SUSPENDED
         with pytest.raises(SlotFrozenError):
             node.main(AGENT, key)
+        again = node.slots.freeze(slot, deadline=50.0)  # frozen already: it stays so
+        assert again.parked == (branch,)
+        served = ServedNode(node)
+        try:
+            answer = served.http.post(f"/v1/sessions/{main}/messages", json={"message": "hi"})
+        finally:
+            served.close()
+        assert answer.status_code == 409, answer.text
+        assert answer.json()["error"]["code"] == "slot_frozen"
+        assert answer.json()["error"]["detail"]["slot"] == slot
         node.slots.unfreeze(slot)
         assert node.slots.frozen == []
         wait_for(lambda: node.get(branch).state is SessionState.ACTIVE, "the branch to resume")
