@@ -112,7 +112,10 @@ class Node(NodeCore):
     ``SessionRef``; anything else raises ``RejectedInputError`` naming the
     argument before the Cortex is asked anything. An id the node does not
     hold raises ``UnknownSessionError`` (a spawn under one comes back as
-    ``Spawned.error`` with ``unknown_session``).
+    ``Spawned.error`` with ``unknown_session``); one of a slot the node's
+    store released to another node raises ``SlotMovedError`` naming that
+    node, and new input into a slot being moved ``SlotFrozenError``
+    (``node.slots``).
 
     ``store``: a ``Store`` (the caller closes it) or a directory (the node
     opens and closes it). With one, sessions are durable: recovery runs in

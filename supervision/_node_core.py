@@ -361,8 +361,9 @@ class NodeCore:
 
     async def aresume(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Resume a suspended Branch; ``invalid_transition`` if it is not suspended;
-        ``UnknownSessionError`` for an unknown id."""
-        return await self._acall(Resume(self._here(session_id)))
+        ``UnknownSessionError`` for an unknown id; ``SlotFrozenError`` while its
+        slot is frozen to move (``node.slots.unfreeze`` resumes what it parked)."""
+        return await self._acall(Resume(self._here(session_id, new=True)))
 
     resume = blocking(aresume)
 

@@ -11,7 +11,8 @@ imported slot's trees in, as a start brings a store's back
 (``Starting.bring_back`` with recovery's plan for the slot alone). All run
 on the Cortex thread.
 
-At rest, a slot's session is: ended; a Branch suspended; a Main dormant, or
+At rest, a slot's session is: ended (its skill returned, its ending
+written); a Branch suspended; a Main dormant, or
 idle (no cycle running, nothing owed to it or in flight, its last snapshot
 durable). A Worker, a Branch still running, a session being cancelled or
 created, or a Main in a cycle is not.
@@ -132,6 +133,12 @@ class SlotKeeper(Extension):
             core.release(ErrorCode.SLOT_MOVED)
             core.release_slot()
             del tree.entries[entry.session_id]
+            if entry.zombie:  # its run's end finds no entry: counted out here
+                entry.zombie = False
+                if entry.kind is SessionKind.MAIN:
+                    tree.main_zombies -= 1
+                else:
+                    tree.zombies -= 1
             if not entry.state.is_terminal:
                 tree.live -= 1
                 if entry.needs_thread:
@@ -165,6 +172,8 @@ def _busy(entry: TreeEntry) -> str | None:
     """Why ``entry`` is not at rest (see the module's docstring), or None."""
     state = entry.state
     if state.is_terminal:
+        if entry.zombie:
+            return "ended, its skill still running"
         written = entry.final_write
         return "its ending is being written" if written is not None and not written.done() else None
     if entry.cancel_code is not None:

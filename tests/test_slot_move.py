@@ -530,6 +530,8 @@ def test_an_unfrozen_slot_takes_input_again_and_its_branches_resume(
         assert node.get(branch).state is SessionState.SUSPENDED
         with pytest.raises(SlotFrozenError):
             node.main(AGENT, key)
+        with pytest.raises(SlotFrozenError):  # only the unfreeze resumes what it parked
+            node.resume(branch)
         again = node.slots.freeze(slot, deadline=50.0)  # frozen already: it stays so
         assert again.parked == (branch,)
         served = ServedNode(node)
