@@ -198,20 +198,34 @@ def _memory_ids(cursor: lmdb.Cursor, slot: int) -> Iterator[tuple[bytes, bytes]]
 
 def _quarantine(cursor: lmdb.Cursor, slot: int) -> Iterator[tuple[bytes, bytes]]:
     for raw_key, raw_value in cursor:
-        key = bytes(raw_key)
-        db, _, inner = key.partition(b"\x00")
-        name = db.decode(errors="replace")
-        if name in _BY_ID and len(inner) >= 16:
-            moves = slot_of(uuid.UUID(bytes=inner[:16])) == slot
-        elif name == "memory" and inner.startswith(_TREE):
-            try:
-                moves = slot_of(uuid.UUID(inner[5 : 5 + _UUID_CHARS].decode())) == slot
-            except (ValueError, UnicodeDecodeError):
-                moves = False
-        else:
-            moves = False
-        if moves:
-            yield key, bytes(raw_value)
+        key, value = bytes(raw_key), bytes(raw_value)
+        if _owner("quarantine", key, value) == slot:
+            yield key, value
+
+
+def _slot_of_text(text: bytes) -> int | None:
+    try:
+        return slot_of(uuid.UUID(text[:_UUID_CHARS].decode()))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _owner(db: str, key: bytes, value: bytes) -> int | None:
+    """The slot an entry of ``db`` belongs to (None: none, it never moves)."""
+    if db in _BY_ID:
+        return slot_of(uuid.UUID(bytes=key[:16])) if len(key) >= 16 else None
+    if db == "mains":
+        return slot_of(uuid.UUID(bytes=value)) if len(value) == 16 else None
+    if db == "memory":
+        return _slot_of_text(key[len(_TREE) :]) if key.startswith(_TREE) else None
+    if db == "memory_ids":
+        return _slot_of_text(key[len(_MEMORY_ID) :]) if key.startswith(_MEMORY_ID) else None
+    if db == "quarantine":
+        name, _, inner = key.partition(b"\x00")
+        inner_db = name.decode(errors="replace")
+        if inner_db in _BY_ID or inner_db == "memory":
+            return _owner(inner_db, inner, b"")
+    return None
 
 
 _Select = Callable[[lmdb.Cursor, int], Iterator[tuple[bytes, bytes]]]
@@ -313,12 +327,12 @@ def _check_entries(export: SlotExport) -> None:
     the exporter kept to its slot)."""
     slot = export.header.slot
     counts: dict[str, int] = {}
-    for db, key, _value in export.entries:
+    for db, key, value in export.entries:
         counts[db] = counts.get(db, 0) + 1
         if db in _NEVER or db not in _SELECT:
             msg = f"slot export holds an entry of {db[:64]!r}, a database that never moves"
             raise RejectedInputError(msg, field="entries")
-        if db in _BY_ID and (len(key) < 16 or slot_of(uuid.UUID(bytes=key[:16])) != slot):
+        if _owner(db, key, value) != slot:
             msg = f"slot export holds {db} key {key.hex()[:80]} outside slot {slot}"
             raise RejectedInputError(msg, field="entries")
     if counts != export.header.counts:

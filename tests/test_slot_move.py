@@ -238,12 +238,17 @@ def test_an_export_naming_keys_outside_its_slot_is_refused(tmp_path: pathlib.Pat
     foreign = new_session_id(8)
     data = encode_export(7, "elsewhere", [("usage", foreign.bytes, b"x")])
     meta = encode_export(7, "elsewhere", [("meta", b"meta", b"x")])
+    other_main = encode_export(7, "elsewhere", [("mains", b"mover\x00k", foreign.bytes)])
+    agent_memory = encode_export(7, "elsewhere", [("memory", b"mover\x00seen", b"x")])
     with Store(tmp_path / "dst") as dst:
         with pytest.raises(RejectedInputError, match="outside slot 7") as outside:
             dst.import_slot(data)
         assert outside.value.field == "entries"
         with pytest.raises(RejectedInputError, match="never moves"):
             dst.import_slot(meta)
+        for outside_data in (other_main, agent_memory):
+            with pytest.raises(RejectedInputError, match="outside slot 7"):
+                dst.import_slot(outside_data)
         assert dst.count("usage") == 0
 
 
