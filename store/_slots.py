@@ -26,6 +26,11 @@ The export is one read transaction; the import and the release are each one
 write transaction on the store's writer thread (``Writer.run_alone``), so a
 slot is never half there.
 
+Fencing's seam: a store that keeps a per-slot epoch would carry the slot's
+in the export's header, and bump it in the import's and the release's
+transactions (``import_entries``, ``release_entries``), so a stale holder of
+the slot is refused there.
+
 The export's format (msgpack, ``SlotExport``): a header (format, version,
 slot, the source store's node id, when, entries per database) and the
 entries as ``[db, key, value]`` in database order and key order, with a

@@ -25,11 +25,13 @@ The move, step by step (README, "Moving a slot"):
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from dataclasses import dataclass, field
 
-from sessiontree.protocol import NodeClosedError, RejectedInputError
+from sessiontree.actors import AskTimeoutError
+from sessiontree.protocol import NodeClosedError, RejectedInputError, SessionTreeError
 from sessiontree.store import MovedRecord, SlotHeader, Store, check_slot, read_slot_export
 from sessiontree.supervision._events import Event, EventBus
 from sessiontree.supervision._faces import offloaded
@@ -123,7 +125,8 @@ class Slots:
                     return Freeze(slot, False, busy, tuple(parked))
                 moved.wait(_LOOK_EVERY)
         except BaseException:
-            self._abandon(slot, tuple(parked))
+            with contextlib.suppress(SessionTreeError, AskTimeoutError):  # the first error stands
+                self._abandon(slot, tuple(parked))
             raise
         finally:
             unsubscribe()
