@@ -22,6 +22,9 @@ __all__ = [
     "NotAllowedError",
     "RejectedInputError",
     "SessionTreeError",
+    "SlotConflictError",
+    "SlotFrozenError",
+    "SlotMovedError",
     "StoreDamagedError",
     "StoreError",
     "StoreFullError",
@@ -76,6 +79,9 @@ class ErrorCode(enum.StrEnum):
     BUDGET_EXHAUSTED = "budget_exhausted"
     BUDGET_UNENFORCEABLE = "budget_unenforceable"
     MODEL_ERROR = "model_error"
+    SLOT_MOVED = "slot_moved"
+    SLOT_FROZEN = "slot_frozen"
+    SLOT_CONFLICT = "slot_conflict"
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -265,3 +271,68 @@ class EscalationError(SessionTreeError):
 
     def to_info(self) -> ErrorInfo:
         return ErrorInfo(code=self.code, message=str(self), detail={"children": self.errors})
+
+
+class SlotMovedError(RejectedInputError):
+    """Raised for a session (or a session key) of a slot this node's store
+    released to another node: ``slot`` names it, ``owner`` the node it moved
+    to (its id as the release named it), ``at`` when (epoch seconds). Ask the
+    owner instead; nothing was done here."""
+
+    code = ErrorCode.SLOT_MOVED
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        slot: int,
+        owner: str,
+        at: float,
+        session_id: uuid.UUID | None = None,
+    ) -> None:
+        super().__init__(message, field="session_id" if session_id is not None else None)
+        self.session_id = session_id
+        self.slot = slot
+        self.owner = owner
+        self.at = at
+
+    def to_info(self) -> ErrorInfo:
+        info = super().to_info()
+        info.detail.update(slot=self.slot, owner=self.owner, at=self.at)
+        return info
+
+
+class SlotFrozenError(RejectedInputError):
+    """Raised for new input (a send, a spawn, a new Main) into a slot the node
+    is freezing or has frozen to move it: ``slot`` names it. Nothing was done;
+    retry once the slot moved (then its new owner answers) or was unfrozen."""
+
+    code = ErrorCode.SLOT_FROZEN
+
+    def __init__(self, message: str, *, slot: int, session_id: uuid.UUID | None = None) -> None:
+        super().__init__(message, field="session_id" if session_id is not None else None)
+        self.session_id = session_id
+        self.slot = slot
+
+    def to_info(self) -> ErrorInfo:
+        info = super().to_info()
+        info.detail["slot"] = self.slot
+        return info
+
+
+class SlotConflictError(StoreError):
+    """Raised when a slot's import finds one of its keys already present in the
+    store: ``db`` and ``key`` name the first one met; nothing was written."""
+
+    code = ErrorCode.SLOT_CONFLICT
+
+    def __init__(self, message: str, *, slot: int, db: str, key: bytes) -> None:
+        super().__init__(message)
+        self.slot = slot
+        self.db = db
+        self.key = key
+
+    def to_info(self) -> ErrorInfo:
+        info = super().to_info()
+        info.detail.update(slot=self.slot, db=self.db, key=self.key.hex())
+        return info

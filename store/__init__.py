@@ -29,6 +29,7 @@ from sessiontree.store._records import (
     MemoryRecord,
     MessageRecord,
     MetaRecord,
+    MovedRecord,
     OutboxRecord,
     QuarantineRecord,
     ReceivedRecord,
@@ -42,6 +43,7 @@ from sessiontree.store._records import (
     encode_record,
 )
 from sessiontree.store._retention import prune
+from sessiontree.store._slots import SlotExport, SlotHeader, check_slot, read_slot_export
 from sessiontree.store._store import Store
 from sessiontree.store._verify import Verified, VerifyProblem, verify_store
 
@@ -63,11 +65,14 @@ __all__ = [
     "MemoryRecord",
     "MessageRecord",
     "MetaRecord",
+    "MovedRecord",
     "OutboxRecord",
     "QuarantineRecord",
     "ReceivedRecord",
     "RecordingRecord",
     "SessionRecord",
+    "SlotExport",
+    "SlotHeader",
     "StartsRecord",
     "Store",
     "StoreIO",
@@ -77,11 +82,13 @@ __all__ = [
     "WedgedRecord",
     "WriteBatch",
     "backup_from_meta_page",
+    "check_slot",
     "decode_id",
     "decode_record",
     "encode_record",
     "export_jsonl",
     "import_jsonl",
     "prune",
+    "read_slot_export",
     "verify_store",
 ]

@@ -28,6 +28,7 @@ cycles          cycle         ``record`` (a ``CycleRecord``)
 wedged          wedged        ``record`` (a ``WedgedRecord``)
 recording       recordings    ``record`` (a ``RecordingRecord``)
 calls           call          ``record`` (a ``CallRecord``)
+moved           moved         ``record`` (a ``MovedRecord``: a slot's tombstone)
 any             opaque        ``db``, ``key``, ``value`` (base64), ``reason``
 ==============  ============  ==========================================================
 
@@ -78,6 +79,7 @@ from sessiontree.store._records import (
     MemoryRecord,
     MessageRecord,
     MetaRecord,
+    MovedRecord,
     OutboxRecord,
     QuarantineRecord,
     ReceivedRecord,
@@ -109,6 +111,7 @@ __all__ = [
     "MemoryLine",
     "MessageLine",
     "MetaLine",
+    "MovedLine",
     "OpaqueLine",
     "OutboxLine",
     "PlatformIdLine",
@@ -126,10 +129,11 @@ __all__ = [
 
 EXPORT_FORMAT = "sessiontree-export"
 """The ``format`` of the header line."""
-EXPORT_VERSION = 6
+EXPORT_VERSION = 7
 """The version of this line format (not the records' schema version); 2 made
 ``message`` a record line and added ``conversation``, ``branch`` and
-``platform_id``; 3 added ``usage``; 5 added ``recording``; 6 added ``call``."""
+``platform_id``; 3 added ``usage``; 5 added ``recording``; 6 added ``call``;
+7 added ``moved``."""
 
 #: Line types in the order their databases are exported (``meta`` first, ``end`` last).
 LINE_TYPES = (
@@ -152,6 +156,7 @@ LINE_TYPES = (
     "wedged",
     "recording",
     "call",
+    "moved",
     "opaque",
     "end",
 )
@@ -247,6 +252,11 @@ class CallLine(Line, tag="call"):
     raw: bytes | None = None
 
 
+class MovedLine(Line, tag="moved"):
+    record: MovedRecord
+    raw: bytes | None = None
+
+
 class CycleLine(Line, tag="cycle"):
     record: CycleRecord
     raw: bytes | None = None
@@ -291,6 +301,7 @@ RecordLine: TypeAlias = (
     | QuarantineLine
     | UsageLine
     | CallLine
+    | MovedLine
     | CycleLine
     | WedgedLine
     | RecordingLine
@@ -339,6 +350,10 @@ def _usage_key(line: UsageLine) -> bytes:
 
 def _call_key(line: CallLine) -> bytes:
     return pair_key(line.record.session_id, line.record.call_id)
+
+
+def _moved_key(line: MovedLine) -> bytes:
+    return line.record.slot.to_bytes(2, "big")
 
 
 def _cycle_key(line: CycleLine) -> bytes:
@@ -421,6 +436,7 @@ RECORD_DBS: dict[str, RecordDb] = {
         RecordingRecord, lambda _k, r, raw: RecordingLine(record=r, raw=raw), _recording_key
     ),
     "calls": RecordDb(CallRecord, lambda _k, r, raw: CallLine(record=r, raw=raw), _call_key),
+    "moved": RecordDb(MovedRecord, lambda _k, r, raw: MovedLine(record=r, raw=raw), _moved_key),
 }
 LINE_DB: dict[type[Line], str] = {
     SessionLine: "sessions",
@@ -438,6 +454,7 @@ LINE_DB: dict[type[Line], str] = {
     WedgedLine: "wedged",
     RecordingLine: "recordings",
     CallLine: "calls",
+    MovedLine: "moved",
 }
 
 

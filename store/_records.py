@@ -48,6 +48,7 @@ __all__ = [
     "MemoryRecord",
     "MessageRecord",
     "MetaRecord",
+    "MovedRecord",
     "OutboxRecord",
     "QuarantineRecord",
     "ReceivedRecord",
@@ -284,6 +285,19 @@ class MetaRecord(msgspec.Struct, kw_only=True):
     created_at: float
 
 
+class MovedRecord(msgspec.Struct, kw_only=True):
+    """A slot's tombstone (``moved``, keyed by the slot's two bytes): the store
+    released the slot's records to ``owner`` (a node id, as the release named
+    it) at ``at``, ``records`` of them; every session of the slot answers
+    ``slot_moved`` here from then on."""
+
+    v: int = SCHEMA_VERSION
+    slot: int
+    owner: str
+    at: float
+    records: int
+
+
 class QuarantineRecord(msgspec.Struct, kw_only=True):
     """A stored value recovery could not read, kept aside with the reason."""
 
@@ -314,6 +328,7 @@ _KEY_OF: dict[type[Any], Callable[[Any, bytes], bytes]] = {
     UsageRecord: lambda r, _k: r.session_id.bytes,
     CallRecord: lambda r, _k: pair_key(r.session_id, r.call_id),
     QuarantineRecord: lambda r, _k: quarantine_key(r.db, r.key),
+    MovedRecord: lambda r, _k: r.slot.to_bytes(2, "big"),
 }
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -28,7 +28,9 @@ from sessiontree.protocol import (
     ConversationState,
     CorruptRecordError,
     Message,
+    RejectedInputError,
     SessionResult,
+    SlotMovedError,
     StoreError,
     Usage,
 )
@@ -57,6 +59,7 @@ from sessiontree.store._records import (
     MemoryRecord,
     MessageRecord,
     MetaRecord,
+    MovedRecord,
     OutboxRecord,
     QuarantineRecord,
     ReceivedRecord,
@@ -67,6 +70,15 @@ from sessiontree.store._records import (
     WedgedRecord,
     decode_id,
     decode_record,
+)
+from sessiontree.store._slots import (
+    SlotHeader,
+    check_slot,
+    decode_export,
+    encode_export,
+    import_entries,
+    release_entries,
+    slot_entries,
 )
 from sessiontree.store._writer import Writer
 
@@ -122,6 +134,7 @@ class Store:
         self._closed = False
         self._reads = Reads(self._opened, self._check_usable, long_read_warn)
         self._writer: Writer | None = None
+        self._moved: dict[int, MovedRecord] = {}  # the slots released, read at open
         try:
             if not readonly:
                 self._writer = Writer(
@@ -140,6 +153,7 @@ class Store:
                     self.meta = self._read_meta()
                 except CorruptRecordError:  # still readable: `store verify` names it
                     self.meta = None
+            self.read_moved()
         except BaseException:
             self.close()  # a failed open leaves neither the path nor the lock held
             raise
@@ -551,6 +565,91 @@ class Store:
         self.quarantined += 1
         mark_committed(self.path, msgspec.json.encode(meta).decode() + "\n")
         return meta
+
+    # -- moving a slot (``_slots``) ---------------------------------------------------
+
+    def export_slot(self, slot: int) -> bytes:
+        """Every entry of ``slot`` (see ``_slots``: which entries of which
+        database), read in one transaction, as the bytes ``import_slot`` takes
+        on another store (a header, the entries, a digest). Writes may go on
+        meanwhile; the export holds the slot as of one commit.
+        ``RejectedInputError`` naming ``slot`` for one outside 0..SLOTS-1,
+        ``SlotMovedError`` for a slot this store released."""
+        check_slot(slot)
+        self.check_slot_here(slot)
+        with self._reads.transaction() as txn:
+            entries = list(slot_entries(txn, self._opened.dbs, slot))
+        return encode_export(slot, self.meta.node_id if self.meta else "", entries)
+
+    def import_slot(self, data: bytes) -> SlotHeader:
+        """Write a slot's export (``export_slot`` of another store) into this one,
+        in one transaction, each entry onto a key this store does not hold; a
+        tombstone of the slot here (it moved away before) goes in the same
+        commit. Returns the export's header (its counts say what was written).
+        ``RejectedInputError`` naming the field for bytes that are not a whole
+        export or whose digest does not match (nothing written);
+        ``SlotConflictError`` naming the db and key of an entry already here
+        (nothing written); ``StoreFullError``/``StoreError`` when the commit
+        fails (nothing written)."""
+        export = decode_export(data)
+        writer = self._usable_writer()
+        writer.run_alone(
+            lambda: import_entries(self._opened.env, self._opened.dbs, export)
+        ).result()
+        self._moved.pop(export.header.slot, None)
+        return export.header
+
+    def release_slot(self, slot: int, new_owner: str) -> MovedRecord:
+        """Delete every entry of ``slot`` and write its tombstone (``moved``: the
+        new owner, when, how many entries) in one transaction; from then on the
+        slot's sessions answer ``SlotMovedError`` naming ``new_owner``. Call it
+        once the slot's export is imported by its new owner, with nothing of
+        the slot running here (``node.slots.release`` sees to both).
+        ``RejectedInputError`` naming ``slot`` or ``new_owner``; the store's
+        error when the commit fails (nothing deleted)."""
+        check_slot(slot)
+        if not isinstance(new_owner, str) or not 0 < len(new_owner) <= 256:
+            msg = f"new_owner must be a node's id (1 to 256 characters), not {new_owner!r}"
+            raise RejectedInputError(msg, field="new_owner")
+        writer = self._usable_writer()
+        released: list[MovedRecord] = []
+        env, dbs = self._opened.env, self._opened.dbs
+        writer.run_alone(
+            lambda: released.append(release_entries(env, dbs, slot, new_owner))
+        ).result()
+        self._moved[slot] = released[0]
+        return released[0]
+
+    def read_moved(self) -> None:
+        """Read the tombstones of the slots this store released again (at open,
+        and after an import of a whole store wrote them). One that does not
+        decode is logged and left out (``store verify`` names it)."""
+        if "moved" not in self._opened.dbs:  # a read-only open of an older store
+            return
+        moved = {}
+        for record in self._reads.decoded(MovedRecord, "moved"):
+            if isinstance(record, CorruptRecordError):
+                log.error("unreadable slot tombstone: %s", record)
+            else:
+                moved[record.slot] = record
+        self._moved = moved
+
+    def moved(self, slot: int) -> MovedRecord | None:
+        """The tombstone of ``slot`` if this store released it, else None."""
+        return self._moved.get(slot)
+
+    def check_slot_here(self, slot: int | None, session_id: uuid.UUID | None = None) -> None:
+        """``SlotMovedError`` (naming the slot, its new owner, and ``session_id``)
+        if this store released ``slot``; nothing for None (an unslotted id)."""
+        if slot is None or not self._moved:
+            return
+        moved = self._moved.get(slot)
+        if moved is not None:
+            what = f"session {session_id}" if session_id is not None else f"slot {slot}"
+            msg = f"{what} moved to node {moved.owner} (slot {slot})"
+            raise SlotMovedError(
+                msg, slot=slot, owner=moved.owner, at=moved.at, session_id=session_id
+            )
 
     def backup(self, dest: str | os.PathLike[str], *, compact: bool = False) -> Backup:
         """Copy the store into the directory ``dest`` (it must not exist, or be

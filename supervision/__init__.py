@@ -18,6 +18,7 @@ from sessiontree.supervision._metrics import MAX_MODEL_SERIES, REJECT_REASONS, N
 from sessiontree.supervision._node import Node
 from sessiontree.supervision._node_recovery import Requeued
 from sessiontree.supervision._node_replay import load_recording
+from sessiontree.supervision._node_slots import Freeze
 from sessiontree.supervision._providers import Price, Provider
 from sessiontree.supervision._recording import stored_recording
 from sessiontree.supervision._recovery import RecoveryDecision
@@ -41,6 +42,7 @@ __all__ = [
     "Event",
     "EventBus",
     "EventKind",
+    "Freeze",
     "Hedge",
     "InMemorySpace",
     "MemoryProbe",

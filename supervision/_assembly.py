@@ -54,6 +54,7 @@ from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._recording import Recorder
 from sessiontree.supervision._recovery import Recovered, recover
 from sessiontree.supervision._runtime import Runtime
+from sessiontree.supervision._slot_keeper import SlotKeeper
 from sessiontree.supervision._span_ids import SpanIds
 
 if TYPE_CHECKING:  # imported at run time only on a traced node
@@ -211,14 +212,15 @@ class NodeParts:
         )
 
     def _extensions(self) -> list[Extension]:
-        """The features the node attaches to its kernel: budgets, recording and
-        context branches always (any spawn may use them), span ids on a traced
-        node."""
+        """The features the node attaches to its kernel: budgets, recording,
+        context branches and the Cortex's side of moving a slot always (any
+        spawn may use them), span ids on a traced node."""
         config = self.config
         extensions: list[Extension] = [
             Ledgers(),
             Recorder(self.store, self.clock, config.grace, config.providers),
             self.contexts,
+            SlotKeeper(),
         ]
         if config.tracing is not None:
             extensions.append(SpanIds(config.tracing.sampling_ratio))

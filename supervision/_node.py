@@ -14,12 +14,12 @@ come back as values (``Spawned.error``, ``SessionResult.error``,
 Cortex, the operations on one session and the lifecycle; ``Node`` adds the
 node-wide reads, the input from outside, the upkeep, and the groups that
 hold the rest of its surface: ``node.patterns`` (``_node_patterns``),
-``node.recovery`` (``_node_recovery``) and ``node.recordings``
-(``_node_replay``). Where the rest lives: the refs (``SessionRef``,
-``Spawned``) and what a session id may be (``as_session_id``) in ``_refs``;
-what the node is built of, and the steps of its start and of the end of its
-shutdown, in ``_assembly``; routing inbound chat in ``_routing``; the host
-its sessions call in ``_host``.
+``node.recovery`` (``_node_recovery``), ``node.recordings``
+(``_node_replay``) and ``node.slots`` (``_node_slots``). Where the rest
+lives: the refs (``SessionRef``, ``Spawned``) and what a session id may be
+(``as_session_id``) in ``_refs``; what the node is built of, and the steps
+of its start and of the end of its shutdown, in ``_assembly``; routing
+inbound chat in ``_routing``; the host its sessions call in ``_host``.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from sessiontree.supervision._node_core import NodeCore
 from sessiontree.supervision._node_patterns import Patterns
 from sessiontree.supervision._node_recovery import Recovery
 from sessiontree.supervision._node_replay import Recordings
+from sessiontree.supervision._node_slots import Slots
 from sessiontree.supervision._refs import (
     SessionIdLike,
     SessionRef,
@@ -111,7 +112,10 @@ class Node(NodeCore):
     ``SessionRef``; anything else raises ``RejectedInputError`` naming the
     argument before the Cortex is asked anything. An id the node does not
     hold raises ``UnknownSessionError`` (a spawn under one comes back as
-    ``Spawned.error`` with ``unknown_session``).
+    ``Spawned.error`` with ``unknown_session``); one of a slot the node's
+    store released to another node raises ``SlotMovedError`` naming that
+    node, and new input into a slot being moved ``SlotFrozenError``
+    (``node.slots``).
 
     ``store``: a ``Store`` (the caller closes it) or a directory (the node
     opens and closes it). With one, sessions are durable: recovery runs in
@@ -163,6 +167,8 @@ class Node(NodeCore):
         """The recordings of runs spawned with ``record=True``, and their replay."""
         self.patterns = Patterns(self)
         """The coordination patterns, run for a parent session from outside the tree."""
+        self.slots = Slots(self, self.events)
+        """Moving one slot's trees to another node: freeze, export, release."""
         parts.start_backend()
         self._runtime = parts.runtime(
             agents=agents_of,
@@ -287,7 +293,7 @@ class Node(NodeCore):
         """The subtree under ``root``: ``{"info", "result", "spending", "children":
         [...]}`` (``spending`` as ``spending()`` gives it); ``UnknownSessionError``
         for an id the node does not hold."""
-        return await self._acall(GetTree(as_session_id(root, "root")), check=False)
+        return await self._acall(GetTree(self._here(root, "root")), check=False)
 
     tree = blocking(atree)
 

@@ -39,12 +39,15 @@ from sessiontree.protocol import (
     NodeClosedError,
     SessionInfo,
     SessionResult,
+    SlotFrozenError,
     SpawnSpec,
     Spending,
     check_message,
     check_request_id,
     make_spec,
     parse_traceparent,
+    slot_for,
+    slot_of,
     spawn_batch,
 )
 from sessiontree.store import Store
@@ -133,6 +136,7 @@ class NodeCore:
     _stopped: threading.Event
     _state_lock: threading.Lock
     _ctrl_c_seen: int
+    frozen_slots: set[int]
 
     def _init_lifecycle(self) -> None:
         """The state of a node that has not started its Cortex yet."""
@@ -145,6 +149,7 @@ class NodeCore:
         self._stopped = threading.Event()
         self._state_lock = threading.Lock()
         self._ctrl_c_seen = 0  # the Ctrl-Cs a shutdown has acted on
+        self.frozen_slots: set[int] = set()  # refusing new input (``node.slots.freeze``)
 
     # -- the line to the Cortex -----------------------------------------------------
 
@@ -203,6 +208,41 @@ class NodeCore:
             self.failure = error
             log.critical("the cortex failed (%r); the node refuses all further work", error)
 
+    # -- slots moved away or being moved (``node.slots``) ------------------------------
+
+    def _here(self, value: object, argument: str = "session_id", *, new: bool = False) -> uuid.UUID:
+        """``as_session_id``, then ``SlotMovedError`` for a session of a slot the
+        store released, and (``new``: new input for it) ``SlotFrozenError``
+        for one of a slot being moved."""
+        sid = as_session_id(value, argument)
+        slot = slot_of(sid)
+        if slot is None:
+            return sid
+        if self.store is not None:
+            self.store.check_slot_here(slot, sid)
+        if new and slot in self.frozen_slots:
+            msg = f"session {sid} is in slot {slot}, which is frozen to move; try again later"
+            raise SlotFrozenError(msg, slot=slot, session_id=sid)
+        return sid
+
+    def _key_here(self, agent_id: str, key: str) -> None:
+        """For a Main by key: as ``_here``, for the slot of (agent, key), unless
+        the store holds an unslotted Main for it (made before slots: it stays)."""
+        if not isinstance(agent_id, str) or not isinstance(key, str):
+            return  # OpenMain names the bad argument
+        slot = slot_for(agent_id, key)
+        store = self.store
+        moved = store is not None and store.moved(slot) is not None
+        if not moved and slot not in self.frozen_slots:
+            return
+        held = store.main_of(agent_id, key) if store is not None else None
+        if held is not None and slot_of(held) is None:
+            return
+        if store is not None:
+            store.check_slot_here(slot)
+        msg = f"Main {agent_id} {key} is in slot {slot}, which is frozen to move; try again later"
+        raise SlotFrozenError(msg, slot=slot)
+
     def _count_rejected(self) -> None:
         with self._state_lock:
             self.rejected_input += 1
@@ -213,8 +253,11 @@ class NodeCore:
     async def amain(self, agent_id: str, key: str = "internal:main:main") -> SessionRef:
         """The one Main of ``agent_id`` for session ``key`` (created on first use).
 
-        Raises ``RejectedInputError`` for an unknown agent or a malformed key.
+        Raises ``RejectedInputError`` for an unknown agent or a malformed key,
+        ``SlotMovedError`` when the key's slot moved to another node,
+        ``SlotFrozenError`` while it is frozen to move.
         """
+        self._key_here(agent_id, key)
         session_id: uuid.UUID = await self._acall(OpenMain(agent_id, key))
         return SessionRef(self, session_id)
 
@@ -227,7 +270,7 @@ class NodeCore:
         limit, an unknown skill…) comes back as ``Spawned.error``.
         ``RejectedInputError`` for a ``parent`` that is not a session id or a
         spec that does not build."""
-        sid = as_session_id(parent, "parent")
+        sid = self._here(parent, "parent", new=True)
         (made,) = await self._forked(sid, (self._traced(make_spec(spec, **fields)),))
         return self._spawned(await self._acall(Spawn(sid, made)))
 
@@ -240,7 +283,7 @@ class NodeCore:
         ``RejectedInputError`` naming the field for a spec that is not a
         ``SpawnSpec`` or a ``parent`` that is not a session id. The batched
         path for spawning thousands at once."""
-        sid = as_session_id(parent, "parent")
+        sid = self._here(parent, "parent", new=True)
         batch = await self._forked(sid, self._traced_batch(specs))
         return self._all_spawned(await self._acall(SpawnMany(sid, batch)))
 
@@ -269,7 +312,7 @@ class NodeCore:
         naming ``timeout`` unless it is None or a finite number >= 0, and
         ``NodeClosedError`` if the node stops before the session ends.
         """
-        sid = as_session_id(parent, "parent")
+        sid = self._here(parent, "parent", new=True)
         seconds = as_run_timeout(timeout)
         (made,) = await self._forked(sid, (self._traced(make_spec(spec, **fields)),))
         self._check_open()
@@ -282,7 +325,7 @@ class NodeCore:
 
     async def aget(self, session_id: SessionIdLike) -> SessionInfo:
         """Identity and state; ``UnknownSessionError`` for an id the node does not hold."""
-        return await self._acall(GetInfo(as_session_id(session_id)), check=False)
+        return await self._acall(GetInfo(self._here(session_id)), check=False)
 
     get = blocking(aget)
 
@@ -301,7 +344,7 @@ class NodeCore:
         node does not hold; ``RejectedInputError`` naming ``grace`` unless it
         is a finite number of seconds >= 0, naming ``reason`` unless it is a
         string of at most ``MAX_REASON_CHARS`` characters."""
-        request = Cancel(as_session_id(session_id), as_grace(grace), as_reason(reason))
+        request = Cancel(self._here(session_id), as_grace(grace), as_reason(reason))
         return await self._acall(request)
 
     cancel = blocking(acancel)
@@ -318,14 +361,15 @@ class NodeCore:
     async def asuspend(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Park a Branch at its next checkpoint; ``invalid_transition`` for other
         kinds or a Branch not active; ``UnknownSessionError`` for an unknown id."""
-        return await self._acall(Suspend(as_session_id(session_id)))
+        return await self._acall(Suspend(self._here(session_id)))
 
     suspend = blocking(asuspend)
 
     async def aresume(self, session_id: SessionIdLike) -> ErrorInfo | None:
         """Resume a suspended Branch; ``invalid_transition`` if it is not suspended;
-        ``UnknownSessionError`` for an unknown id."""
-        return await self._acall(Resume(as_session_id(session_id)))
+        ``UnknownSessionError`` for an unknown id; ``SlotFrozenError`` while its
+        slot is frozen to move (``node.slots.unfreeze`` resumes what it parked)."""
+        return await self._acall(Resume(self._here(session_id, new=True)))
 
     resume = blocking(aresume)
 
@@ -353,7 +397,7 @@ class NodeCore:
             trace = caller_traceparent() if trace is None else parse_traceparent(trace)
         else:
             trace = None
-        send = Send(as_session_id(session_id), message, trace=trace, request_id=request_id)
+        send = Send(self._here(session_id, new=True), message, trace=trace, request_id=request_id)
         return await self._acall(send)
 
     send = blocking(asend)
@@ -363,7 +407,7 @@ class NodeCore:
     ) -> SessionResult | None:
         """The session's result once it ends; None if ``timeout`` real seconds
         pass first; ``UnknownSessionError`` for an unknown id."""
-        sid = as_session_id(session_id)
+        sid = self._here(session_id)
         reply = Reply()
         self._send(AwaitResult(sid), reply)
         try:
@@ -379,14 +423,14 @@ class NodeCore:
     async def aresult(self, session_id: SessionIdLike) -> SessionResult | None:
         """The session's result if it has ended, else None (never waits);
         ``UnknownSessionError`` for an unknown id."""
-        return await self._acall(GetResult(as_session_id(session_id)), check=False)
+        return await self._acall(GetResult(self._here(session_id)), check=False)
 
     result = blocking(aresult)
 
     async def aresults(self, session_id: SessionIdLike) -> list[SessionResult]:
         """The child results a session has received (most recent ones);
         ``UnknownSessionError`` for an unknown id."""
-        return await self._acall(GetResults(as_session_id(session_id)), check=False)
+        return await self._acall(GetResults(self._here(session_id)), check=False)
 
     results = blocking(aresults)
 
@@ -396,7 +440,7 @@ class NodeCore:
         left of it (a Main's: this message cycle's), whether it was clamped
         and the dimension it ran out in. A session that has ended reports its
         result's usage. ``UnknownSessionError`` for an unknown id."""
-        return await self._acall(GetSpending(as_session_id(session_id)), check=False)
+        return await self._acall(GetSpending(self._here(session_id)), check=False)
 
     spending = blocking(aspending)
 

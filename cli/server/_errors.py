@@ -59,6 +59,9 @@ _CONFLICTS = frozenset(
         ErrorCode.CURRENT_BRANCH,
         ErrorCode.CONFIRMATION_MISMATCH,
         ErrorCode.BACKEND_UNAVAILABLE,  # the node's setup, not the request, refuses it
+        ErrorCode.SLOT_MOVED,  # its tree lives on another node now: detail names the owner
+        ErrorCode.SLOT_FROZEN,  # its tree is being moved: retry, then its owner answers
+        ErrorCode.SLOT_CONFLICT,
     }
 )
 # the field an error names when its detail names none
@@ -77,7 +80,11 @@ ERRORS = {
             "to a Worker's conversation)",
         ),
         (404, "Unknown session, agent, skill, backend, message or branch"),
-        (409, "The tree's rules or the session's state refuse it"),
+        (
+            409,
+            "The tree's rules or the session's state refuse it, or its slot moved to "
+            "another node (slot_moved: detail names the owner) or is being moved",
+        ),
         (413, "The body is over the size cap"),
         (429, "The node is at capacity"),
         (503, "The node is closing, or its store failed or holds a damaged record"),
@@ -89,7 +96,8 @@ ERRORS = {
 def status_for(code: ErrorCode) -> int:
     """The HTTP status of an error code: 404 unknown things (a session, an
     agent, a skill of the parent's agent, a backend…), 409 conflicts with the
-    tree's rules, a session's state or the node's setup, 429 capacity, 503 a closed node or failing
+    tree's rules, a session's state or the node's setup (a slot moved away or
+    being moved included), 429 capacity, 503 a closed node or failing
     store, 400 any other client mistake."""
     if code in _CONFLICTS:
         return 409
