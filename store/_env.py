@@ -65,6 +65,7 @@ DATABASES = (
     "recordings",  # root session id -> RecordingRecord (a recorded subtree's run)
     "calls",  # session id + call id -> CallRecord (a model call in flight, reserved)
     "live",  # session id -> b"" for each session not yet terminal (derived: LIVE_INDEXED)
+    "slots",  # slot (2 bytes) -> SlotRecord (its epoch; fencing, not exported)
 )
 
 #: The ``live`` key saying the index is kept (built once at open otherwise); no

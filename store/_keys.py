@@ -20,6 +20,7 @@ __all__ = [
     "pair_key",
     "platform_key",
     "quarantine_key",
+    "slot_key",
 ]
 
 
@@ -49,3 +50,8 @@ def main_key(agent_id: str, key: str) -> bytes:
 
 def quarantine_key(db: str, key: bytes) -> bytes:
     return db.encode() + b"\x00" + key
+
+
+def slot_key(slot: int) -> bytes:
+    """Big-endian, so slots sort in number order (``OverflowError`` outside 0..65535)."""
+    return slot.to_bytes(2, "big")
