@@ -98,6 +98,11 @@ class Store:
     ``long_read_warn``: a read transaction open longer than this is counted
     and logged (it pins old pages, so the file grows). ``io``: the I/O layer
     (tests inject faults with a subclass).
+
+    Opening walks every page of the file first (a damaged one is refused
+    with ``StoreDamagedError``), unless the file is as a writer's clean close
+    left it (``close()`` records it; ``pages_walked`` is None then); ``walk``
+    walks it regardless (``store verify``).
     """
 
     def __init__(
@@ -112,9 +117,15 @@ class Store:
         long_read_warn: float = 60.0,
         group_commit: bool = True,
         linger: float = 1.0,
+        walk: bool = False,
     ) -> None:
         self._opened = open_env(
-            path, readonly=readonly, map_size=map_size, max_readers=max_readers, sync=sync
+            path,
+            readonly=readonly,
+            map_size=map_size,
+            max_readers=max_readers,
+            sync=sync,
+            walk=walk,
         )
         self.path = self._opened.path
         self.readonly = readonly
@@ -168,17 +179,39 @@ class Store:
             # parent's (waiting on its reads here could only time out).
             self._closed = True
             return
+        clean = False
         if self._writer is not None:
             self._writer.close()
+            clean = self._closes_cleanly(self._writer)
         self._closed = True
         self._reads.wait_ended(timeout=30.0)
-        close_env(self._opened)
+        close_env(self._opened, clean=clean)
+
+    def _closes_cleanly(self, writer: Writer) -> bool:
+        """Whether this close leaves the file as this handle wrote it: the writer
+        stopped with its last commit through, not fenced, and the store still at
+        this handle's incarnation (then the close is recorded and the next open
+        skips walking every page)."""
+        meta = getattr(self, "meta", None)  # unset when the open failed
+        if meta is None or writer.thread.is_alive() or writer.refusing:
+            return False
+        try:
+            held = self._read_meta()
+        except StoreError:
+            return False
+        return held is not None and held.incarnation == meta.incarnation
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def pages_walked(self) -> int | None:
+        """Pages the open walked to check the file, or None: it skipped the
+        walk, the file being as a writer's clean close left it."""
+        return self._opened.pages_walked
 
     @property
     def stale_readers_cleared(self) -> int:

@@ -29,6 +29,7 @@ from sessiontree.protocol import (
     StoreLockedError,
 )
 from sessiontree.store import SessionRecord, SlotRecord, Store, WriteBatch
+from sessiontree.store._clean import CLOSED
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests._running_node import ROOT
 
@@ -108,6 +109,7 @@ def _take_over(path: Path, old: subprocess.Popen[str]) -> dict[str, Any]:
             old.stdin.flush()
             told = json.loads(old.stdout.readline() or "{}")
             assert old.wait(timeout=30) == 0, old.stderr.read() if old.stderr else ""
+            assert not (path / CLOSED).exists()  # a fenced close is not a clean one
             # nothing the stale holder tried landed; the new holder's writes stand
             assert new.session(uuid.UUID(int=2)) is None
             assert new.session(uuid.UUID(int=3)) is None
