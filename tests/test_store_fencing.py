@@ -28,7 +28,14 @@ from sessiontree.protocol import (
     StoreFencedError,
     StoreLockedError,
 )
-from sessiontree.store import SessionRecord, SlotRecord, Store, WriteBatch
+from sessiontree.store import (
+    SessionRecord,
+    SlotRecord,
+    Store,
+    WriteBatch,
+    export_jsonl,
+    import_jsonl,
+)
 from sessiontree.store._clean import CLOSED
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests._running_node import ROOT
@@ -274,3 +281,26 @@ def test_a_fenced_handle_stays_fenced_closes_and_the_store_reopens(tmp_path: Pat
     with Store(path) as store:
         assert store.incarnation == 3  # the bump behind it counted: 2, then this open
         assert store.count("sessions") == 0
+
+
+def test_an_import_keeps_the_stores_own_incarnation_and_slot_epochs(tmp_path: Path) -> None:
+    exported = tmp_path / "export.jsonl"
+    with Store(tmp_path / "source") as source:
+        source.write(WriteBatch().session(record(1)).slot_epoch(5, 9, expected=0))
+        export_jsonl(source, exported)
+        source_meta = source.meta
+    assert source_meta is not None
+    for _ in range(2):
+        Store(tmp_path / "target").close()
+    with Store(tmp_path / "target") as target:
+        assert target.incarnation == 3
+        target.write(WriteBatch().slot_epoch(2, 4, expected=0))
+        import_jsonl(target, exported)  # slot epochs do not make a store "not empty"
+        assert target.meta is not None
+        assert target.meta.node_id == source_meta.node_id  # the restore's identity
+        assert target.incarnation == 3  # this handle still holds the store
+        target.write(WriteBatch().session(record(2)))  # not fenced by its own import
+        import_jsonl(target, exported, replace=True)
+        assert (target.slot_epoch(2), target.slot_epoch(5)) == (4, 0)  # not exported, kept
+        target.write(WriteBatch().session(record(3)))
+        assert target.fenced is None
