@@ -8,9 +8,12 @@ written since its writer closed it cleanly needs no walk, and
 ``CLOSED`` says which file that is.
 
 A writer's clean close (its writer thread stopped, nothing fenced, the
-data synced, the environment closed, the writer lock still held) writes
-``CLOSED`` beside ``data.mdb``: its device, inode, size, modification time
-and the transaction of its current meta page. The modification time is set
+data synced) walks every page itself, and when the file is whole (the
+environment closed, the writer lock still held) writes ``CLOSED`` beside
+``data.mdb``: its device, inode, size, modification time and the
+transaction of its current meta page. So the walk moves from the next
+start to this stop, and a page damaged while the node ran is still found
+before LMDB next maps the file. The modification time is set
 back first, to two seconds before the close with random nanoseconds, so that
 any later write to the file, even one within the same tick of the clock
 (file times are coarse), leaves a time the record does not hold. An open

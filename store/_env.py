@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import pathlib
 import threading
@@ -77,6 +78,8 @@ DATABASES = (
 #: The ``live`` key saying the index is kept (built once at open otherwise); no
 #: session id is one byte long.
 LIVE_INDEXED = b"\x00"
+
+log = logging.getLogger("sessiontree.store")
 
 _LOCK_FILE = "writer.lock"
 #: What the store writes holds every session's task, context and results: a
@@ -345,14 +348,22 @@ def _release(real: str, lock_fd: int | None) -> None:
 def close_env(opened: Opened, *, clean: bool = False) -> None:
     """Close the environment and release the directory (idempotent per ``Opened``).
     ``clean``: a writer's clean close (nothing left to commit, its handle not
-    fenced): the data is synced and the close recorded (``_clean``) before
-    the writer lock is released."""
+    fenced): the data is synced, every page walked, and, when whole, the
+    close recorded (``_clean``) before the writer lock is released, so the
+    next open need not walk it. Never raises for the walk: damage found is
+    logged and leaves no record (the next open walks and refuses the file)."""
     if opened.pid == _pid:
         clean = clean and not opened.readonly and opened.lock_fd is not None
         if clean:
+            data = os.path.join(opened.path, "data.mdb")
             try:
                 opened.env.sync(True)
-            except lmdb.Error:
+                _check_pages(opened.env, data)  # what the next open then need not walk
+            except StoreDamagedError as exc:
+                log.error("%s (found on closing it; the next open refuses it)", exc)
+                clean = False
+            except (lmdb.Error, OSError) as exc:
+                log.warning("store %s: the close is not recorded as clean: %r", opened.path, exc)
                 clean = False
         opened.env.close()
         if clean:

@@ -131,3 +131,24 @@ def test_a_record_that_does_not_match_or_read_means_a_walk(tmp_path: Path) -> No
         assert store.pages_walked is not None
     with Store(path) as store:  # closed cleanly again just above
         assert store.pages_walked is None
+
+
+def test_a_page_damaged_while_the_store_was_open_is_found_at_close(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "store"
+    data = build(path)
+    store = Store(path)
+    try:
+        page = _sessions_leaf(data, read_meta(str(data)))
+        with data.open("r+b") as file:  # something other than the store writes the file
+            file.seek(page * 4096)
+            file.write(b"\x00" * 4096)
+    finally:
+        store.close()
+    assert not (path / CLOSED).exists()
+    assert f"page {page} of database 'sessions'" in caplog.text
+    assert "found on closing it" in caplog.text
+    with pytest.raises(StoreDamagedError) as caught:
+        Store(path, readonly=True)
+    assert caught.value.problem == "bad_page"
