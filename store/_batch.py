@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import msgspec
 
 from sessiontree.protocol import (
-    SLOTS,
     Branch,
     ConversationState,
     Message,
@@ -265,7 +264,7 @@ class WriteBatch:
         ``Store.slot_epoch`` read); otherwise it fails, alone, with
         ``StoreFencedError`` naming the slot (the slot changed hands since).
         ``RejectedInputError`` for a slot outside 0..SLOTS-1 or a negative epoch."""
-        key = slot_key(_slot(slot))
+        key = slot_key(slot)
         self.ops.append(("epoch", "slots", key, _epoch(epoch).to_bytes(8, "big")))
         return self
 
@@ -371,13 +370,6 @@ class WriteBatch:
         self.ops.append(("put", db, key, value))
         self.size += len(key) + len(value)
         return self
-
-
-def _slot(slot: int) -> int:
-    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < SLOTS:
-        msg = f"slot {slot!r} is outside 0..{SLOTS - 1}"
-        raise RejectedInputError(msg, field="slot")
-    return slot
 
 
 def _epoch(epoch: int) -> int:

@@ -590,7 +590,8 @@ class Store:
 
     def slot_epoch(self, slot: int) -> int:
         """``slot``'s epoch (0 for a slot never moved); ``CorruptRecordError`` if
-        its record is unreadable, ``OverflowError`` for a slot outside 0..65535.
+        its record is unreadable, ``RejectedInputError`` for a slot outside
+        0..SLOTS-1.
         Fence a write on it with ``WriteBatch.in_slot``, move it with
         ``WriteBatch.slot_epoch``."""
         record = self._reads.get(SlotRecord, "slots", slot_key(slot))

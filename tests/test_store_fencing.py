@@ -243,6 +243,9 @@ def test_a_slot_epoch_moves_persists_and_fences_the_writes_built_on_an_older_one
         assert store.slot_epoch(7) == 2
         assert store.slot_epoch(16_383) == 5
         assert store.slot_epoch(8) == 0
+        with pytest.raises(RejectedInputError) as refused_slot:
+            store.slot_epoch(16_384)
+        assert refused_slot.value.field == "slot"
         slots = [msgspec.msgpack.decode(raw, type=SlotRecord) for _, raw in store.scan("slots")]
         assert [(s.slot, s.epoch) for s in slots] == [(7, 2), (16_383, 5)]
 
