@@ -27,6 +27,7 @@ __all__ = [
     "SlotMovedError",
     "StoreDamagedError",
     "StoreError",
+    "StoreFencedError",
     "StoreFullError",
     "StoreLockedError",
     "UnknownAgentError",
@@ -63,6 +64,7 @@ class ErrorCode(enum.StrEnum):
     STORE_FAILED = "store_failed"
     STORE_LOCKED = "store_locked"
     STORE_DAMAGED = "store_damaged"
+    STORE_FENCED = "store_fenced"
     CORRUPT_RECORD = "corrupt_record"
     UNKNOWN_MESSAGE = "unknown_message"
     UNKNOWN_BRANCH = "unknown_branch"
@@ -205,6 +207,27 @@ class StoreDamagedError(StoreError):
     def to_info(self) -> ErrorInfo:
         info = super().to_info()
         info.detail.update(path=self.path, problem=self.problem)
+        return info
+
+
+class StoreFencedError(StoreError):
+    """Raised when this process's handle on a store is stale: another process
+    opened the store since (its ``incarnation`` moved on), or, with ``slot``
+    set, a write named a slot epoch that has moved on. Nothing of the refused
+    write was committed; a stale handle refuses every later write too."""
+
+    code = ErrorCode.STORE_FENCED
+
+    def __init__(self, message: str, *, path: str, slot: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.slot = slot
+
+    def to_info(self) -> ErrorInfo:
+        info = super().to_info()
+        info.detail["path"] = self.path
+        if self.slot is not None:
+            info.detail["slot"] = self.slot
         return info
 
 

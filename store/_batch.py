@@ -32,6 +32,7 @@ from sessiontree.store._keys import (
     pair_key,
     platform_key,
     quarantine_key,
+    slot_key,
 )
 from sessiontree.store._records import (
     BranchRecord,
@@ -47,6 +48,7 @@ from sessiontree.store._records import (
     ReceivedRecord,
     RecordingRecord,
     SessionRecord,
+    SlotRecord,
     StartsRecord,
     UsageRecord,
     WedgedRecord,
@@ -57,7 +59,7 @@ __all__ = ["Op", "WriteBatch"]
 
 _STAMP = struct.Struct("<d")  # the live index's stamp: the start that last kept it
 
-# (put | delete | delete_if | delete_prefix | expect | expect_absent, db, key, value)
+# (put | delete | delete_if | delete_prefix | expect | expect_absent | epoch, db, key, value)
 Op = tuple[str, str, bytes, bytes]
 
 
@@ -255,6 +257,29 @@ class WriteBatch:
         self.ops.append(("put", "live", LIVE_INDEXED, _STAMP.pack(record.started_at)))
         return self
 
+    # -- slots -----------------------------------------------------------------------
+
+    def in_slot(self, slot: int, epoch: int) -> WriteBatch:
+        """Commit this batch only while ``slot`` is at ``epoch`` (what
+        ``Store.slot_epoch`` read); otherwise it fails, alone, with
+        ``StoreFencedError`` naming the slot (the slot changed hands since).
+        ``RejectedInputError`` for a slot outside 0..SLOTS-1 or a negative epoch."""
+        key = slot_key(slot)
+        self.ops.append(("epoch", "slots", key, _epoch(epoch).to_bytes(8, "big")))
+        return self
+
+    def slot_epoch(self, slot: int, epoch: int, *, expected: int) -> WriteBatch:
+        """Move ``slot`` from epoch ``expected`` to ``epoch`` in this batch: it
+        commits only while the slot is still at ``expected`` (``in_slot``), so of
+        two batches built on one epoch one moves it and the other is fenced.
+        ``RejectedInputError`` when ``epoch`` is not above ``expected``."""
+        if _epoch(epoch) <= expected:
+            msg = f"slot {slot}: epoch {epoch} is not above {expected} (epochs only grow)"
+            raise RejectedInputError(msg, field="epoch")
+        self.in_slot(slot, expected)
+        self._put("slots", slot_key(slot), SlotRecord(slot=slot, epoch=epoch))
+        return self
+
     # -- conversations ---------------------------------------------------------------
 
     def conversation(self, state: ConversationState) -> WriteBatch:
@@ -345,3 +370,10 @@ class WriteBatch:
         self.ops.append(("put", db, key, value))
         self.size += len(key) + len(value)
         return self
+
+
+def _epoch(epoch: int) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**63:
+        msg = f"epoch {epoch!r} is not a whole number in 0..2**63-1"
+        raise RejectedInputError(msg, field="epoch")
+    return epoch

@@ -1,6 +1,7 @@
 """Opening an LMDB environment safely: one per path per process, one writer
 node per directory (a lock file), stale reader slots cleared, fork-aware,
-and a damaged file refused before LMDB maps it (``_pages``).
+and a damaged file refused before LMDB maps it (``_pages``; the walk of
+every page is skipped for a file as a clean close left it, ``_clean``).
 
 The traps of LMDB: a second ``lmdb.open`` of the same path in one
 process breaks its locks; an environment must never be used across
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import pathlib
 import threading
@@ -21,7 +23,12 @@ from dataclasses import dataclass
 import lmdb
 
 from sessiontree.protocol import StoreDamagedError, StoreError, StoreFullError, StoreLockedError
-from sessiontree.store._pages import check_length, check_tree, damaged, read_meta
+from sessiontree.store._clean import (
+    forget_clean_close,
+    record_clean_close,
+    unchanged_since_clean_close,
+)
+from sessiontree.store._pages import Meta, check_length, check_tree, damaged, read_meta
 
 __all__ = [
     "CORRUPTION",
@@ -66,11 +73,14 @@ DATABASES = (
     "calls",  # session id + call id -> CallRecord (a model call in flight, reserved)
     "live",  # session id -> b"" for each session not yet terminal (derived: LIVE_INDEXED)
     "moved",  # slot (2 bytes, big-endian) -> MovedRecord (a slot released to another node)
+    "slots",  # slot (2 bytes) -> SlotRecord (its epoch; fencing, not exported)
 )
 
 #: The ``live`` key saying the index is kept (built once at open otherwise); no
 #: session id is one byte long.
 LIVE_INDEXED = b"\x00"
+
+log = logging.getLogger("sessiontree.store")
 
 _LOCK_FILE = "writer.lock"
 #: What the store writes holds every session's task, context and results: a
@@ -131,6 +141,7 @@ class Opened:
     lock_fd: int | None
     pid: int
     stale_readers: int
+    pages_walked: int | None  # None: skipped, the file is as a clean close left it
 
 
 def open_env(
@@ -140,8 +151,12 @@ def open_env(
     map_size: int,
     max_readers: int,
     sync: bool,
+    walk: bool = False,
 ) -> Opened:
     """Open (creating for a writer) the store at ``path``.
+
+    Every page in use is walked first unless the file is as a writer's clean
+    close left it (``_clean``), or always with ``walk``.
 
     Raises ``StoreLockedError`` when another node holds the directory or this
     process already has it open, ``StoreDamagedError`` when ``data.mdb`` is
@@ -165,7 +180,7 @@ def open_env(
     try:
         if not readonly:
             lock_fd = _take_writer_lock(directory)
-        _check_before_open(directory, readonly=readonly)
+        clean = _check_before_open(directory, readonly=readonly, walk=walk)
         env = lmdb.open(
             real,
             map_size=0 if readonly else map_size,
@@ -193,7 +208,7 @@ def open_env(
         _release(real, lock_fd)
         raise
     try:
-        _check_pages(env, os.path.join(real, "data.mdb"))
+        walked = None if clean else _check_pages(env, os.path.join(real, "data.mdb"))
         stale = 0 if readonly else env.reader_check()
         dbs: dict[str, lmdb._Database] = {}
         for name in DATABASES:
@@ -213,11 +228,25 @@ def open_env(
             msg = f"cannot open store {real}: {exc}"
             raise StoreError(msg) from exc
         raise
-    return Opened(env, dbs, real, readonly, lock_fd, os.getpid(), stale)
+    return Opened(env, dbs, real, readonly, lock_fd, os.getpid(), stale, walked)
 
 
-def _check_before_open(directory: pathlib.Path, *, readonly: bool) -> None:
-    """Refuse what LMDB would map and die on, or silently start afresh from."""
+def _check_before_open(directory: pathlib.Path, *, readonly: bool, walk: bool) -> bool:
+    """Refuse what LMDB would map and die on, or silently start afresh from;
+    whether the file is as a clean close left it (its walk can be skipped:
+    never with ``walk``). A writer forgets the clean close here, before LMDB
+    opens the file: from here on it may write."""
+    meta = _meta_before_open(directory, readonly=readonly)
+    real = str(directory.resolve())
+    clean = not walk and meta is not None and unchanged_since_clean_close(real, meta)
+    if not readonly:
+        forget_clean_close(real)
+    return clean
+
+
+def _meta_before_open(directory: pathlib.Path, *, readonly: bool) -> Meta | None:
+    """``_check_before_open``'s checks; the current meta page (None: no data
+    yet, LMDB starts the file)."""
     data = directory / "data.mdb"
     marked = (directory / MARKER).exists()
     try:
@@ -229,7 +258,7 @@ def _check_before_open(directory: pathlib.Path, *, readonly: bool) -> None:
         if readonly:
             msg = f"no store at {directory} (no data.mdb)"
             raise StoreError(msg) from None
-        return
+        return None
     if size == 0:
         if marked:
             what = f"it is empty (0 bytes), but {directory / MARKER} says data was committed here"
@@ -237,19 +266,21 @@ def _check_before_open(directory: pathlib.Path, *, readonly: bool) -> None:
         if readonly:
             msg = f"no store at {directory} (data.mdb is empty: nothing was ever committed)"
             raise StoreError(msg)
-        return  # a store whose creation was cut short: LMDB starts it afresh
+        return None  # a store whose creation was cut short: LMDB starts it afresh
     meta = read_meta(str(data))
     check_length(str(data), meta)
+    return meta
 
 
-def _check_pages(env: lmdb.Environment, data: str) -> None:
+def _check_pages(env: lmdb.Environment, data: str) -> int:
     """Walk the B-tree pages of the newest snapshot, pinned by a read transaction
-    (pages of snapshots at least that new are not reused while it lasts)."""
+    (pages of snapshots at least that new are not reused while it lasts);
+    return the pages walked."""
     txn = env.begin()
     try:
         meta = read_meta(data)
         check_length(data, meta)
-        check_tree(data, meta)
+        return check_tree(data, meta)
     finally:
         txn.abort()
 
@@ -315,9 +346,28 @@ def _release(real: str, lock_fd: int | None) -> None:
         _open_paths.pop(real, None)
 
 
-def close_env(opened: Opened) -> None:
-    """Close the environment and release the directory (idempotent per ``Opened``)."""
+def close_env(opened: Opened, *, clean: bool = False) -> None:
+    """Close the environment and release the directory (idempotent per ``Opened``).
+    ``clean``: a writer's clean close (nothing left to commit, its handle not
+    fenced): the data is synced, every page walked, and, when whole, the
+    close recorded (``_clean``) before the writer lock is released, so the
+    next open need not walk it. Never raises for the walk: damage found is
+    logged and leaves no record (the next open walks and refuses the file)."""
     if opened.pid == _pid:
+        clean = clean and not opened.readonly and opened.lock_fd is not None
+        if clean:
+            data = os.path.join(opened.path, "data.mdb")
+            try:
+                opened.env.sync(True)
+                _check_pages(opened.env, data)  # what the next open then need not walk
+            except StoreDamagedError as exc:
+                log.error("%s (found on closing it; the next open refuses it)", exc)
+                clean = False
+            except (lmdb.Error, OSError) as exc:
+                log.warning("store %s: the close is not recorded as clean: %r", opened.path, exc)
+                clean = False
         opened.env.close()
+        if clean:
+            record_clean_close(opened.path)
         _release(opened.path, opened.lock_fd)
     # After a fork the child must not touch the parent's environment or lock.

@@ -116,6 +116,8 @@ def _lines(store: Store) -> Iterator[Line]:
     for db in DATABASES:
         if db == "live":
             continue  # derived from the sessions: an import writes it again
+        if db == "slots":
+            continue  # who may write a slot here (fencing), not the store's content
         for key, raw in store.scan(db):
             if db == "meta" and key == b"starts":
                 continue  # the node's run history: a restore starts afresh

@@ -52,6 +52,9 @@ MAX_LINE_BYTES = 256 << 20  # one line of an import; a store's values are never 
 _BATCH_BYTES = 256 << 20  # an import up to this size commits in one transaction
 _MAX_KEY = 511  # LMDB's default maximum key size
 _WRITE_TIMEOUT = 600.0  # seconds one import transaction may take before the import gives up
+#: What a store "empty" for an import may hold: its identity, the derived index,
+#: and its slot epochs (fencing state, never exported, kept by ``replace``).
+_KEPT = ("meta", "live", "slots")
 
 _LINE_DECODER: msgspec.json.Decoder[AnyLine] = msgspec.json.Decoder(AnyLine)
 
@@ -71,9 +74,10 @@ def import_jsonl(
     when under 256 MiB of values. The file's ``MetaRecord`` replaces the
     store's (``store.meta`` follows), so a restore keeps its identity.
 
-    The store must hold nothing but its ``meta`` record; with
-    ``replace=True`` everything in it is deleted in the same transaction as
-    the first writes (never beside a running node on that store).
+    The store must hold nothing but its ``meta`` record (and slot epochs); with
+    ``replace=True`` everything in it but those is deleted in the same
+    transaction as the first writes (never beside a running node on that
+    store). The store keeps its own ``incarnation`` and slot epochs.
 
     Raises ``RejectedInputError`` naming the line number and the field
     (``.field``) for a bad line, a truncated file or a file of a newer
@@ -88,7 +92,7 @@ def import_jsonl(
         msg = f"store {store.path} is open read-only; import needs the writer"
         raise StoreError(msg)
     if not replace:
-        held = {db: n for db in DATABASES if db not in ("meta", "live") and (n := store.count(db))}
+        held = {db: n for db in DATABASES if db not in _KEPT and (n := store.count(db))}
         if held:
             listing = ", ".join(f"{n} {db}" for db, n in held.items())
             msg = (
@@ -101,6 +105,12 @@ def import_jsonl(
             plan = _plan(handle)
     else:
         plan = _plan(source)
+    if plan.meta is not None:
+        # The file's identity, this open's incarnation (or the writer fences itself).
+        held_at = store.meta.incarnation if store.meta is not None else 0
+        plan.meta = msgspec.structs.replace(plan.meta, incarnation=held_at)
+        meta = ("meta", b"meta", encode_record(plan.meta))
+        plan.puts = [meta if put[:2] == meta[:2] else put for put in plan.puts]
     _commit(store, plan, replace=replace)
     if plan.meta is not None:
         store.meta = plan.meta
@@ -283,7 +293,7 @@ def _commit(store: Store, plan: _Plan, *, replace: bool) -> None:
     batches = [WriteBatch()]
     if replace:
         for db in DATABASES:
-            if db != "meta":
+            if db not in ("meta", "slots"):  # slot epochs only grow: a restore keeps them
                 batches[0]._delete(db, b"", prefix=True)
         # the index is kept (the puts hold it): its stamp stays as it was
         batches[0].raw("live", LIVE_INDEXED, stamp_of(store) or b"")

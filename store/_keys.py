@@ -5,12 +5,15 @@ here, so a record is found where it was put. Keys sort as LMDB compares
 bytes: a session's entries share its 16-byte id as a prefix, which is what
 prefix scans and prefix deletes rely on. None of these functions fail for
 well-typed arguments; ``inbox_key`` raises ``OverflowError`` for a ``seq``
-outside 0..2**64-1 and ``branch_key`` for a ``number`` outside 0..2**32-1.
+outside 0..2**64-1 and ``branch_key`` for a ``number`` outside 0..2**32-1;
+``slot_key`` raises ``RejectedInputError`` for a slot outside 0..SLOTS-1.
 """
 
 from __future__ import annotations
 
 import uuid
+
+from sessiontree.protocol import SLOTS, RejectedInputError
 
 __all__ = [
     "branch_key",
@@ -20,6 +23,7 @@ __all__ = [
     "pair_key",
     "platform_key",
     "quarantine_key",
+    "slot_key",
 ]
 
 
@@ -49,3 +53,11 @@ def main_key(agent_id: str, key: str) -> bytes:
 
 def quarantine_key(db: str, key: bytes) -> bytes:
     return db.encode() + b"\x00" + key
+
+
+def slot_key(slot: int) -> bytes:
+    """Big-endian, so slots sort in number order."""
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < SLOTS:
+        msg = f"slot {slot!r} is outside 0..{SLOTS - 1}"
+        raise RejectedInputError(msg, field="slot")
+    return slot.to_bytes(2, "big")

@@ -54,6 +54,7 @@ __all__ = [
     "ReceivedRecord",
     "RecordingRecord",
     "SessionRecord",
+    "SlotRecord",
     "StartsRecord",
     "UsageRecord",
     "WedgedRecord",
@@ -278,11 +279,25 @@ class CallRecord(msgspec.Struct, kw_only=True):
 
 
 class MetaRecord(msgspec.Struct, kw_only=True):
-    """The store's identity: the schema version it was written with and its node."""
+    """The store's identity: the schema version it was written with and its node;
+    ``incarnation``: bumped at every writer's open (0 in a store no writer of
+    this code opened), so a process holding an older one is fenced (see
+    ``StoreFencedError``)."""
 
     v: int = SCHEMA_VERSION
     node_id: str
     created_at: float
+    incarnation: int = 0
+
+
+class SlotRecord(msgspec.Struct, kw_only=True):
+    """One slot's epoch (the ``slots`` database): bumped when the slot changes
+    hands, so a write that names an older epoch is fenced. A slot without a
+    record is at epoch 0."""
+
+    v: int = SCHEMA_VERSION
+    slot: int
+    epoch: int
 
 
 class MovedRecord(msgspec.Struct, kw_only=True):

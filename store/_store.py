@@ -32,6 +32,7 @@ from sessiontree.protocol import (
     SessionResult,
     SlotMovedError,
     StoreError,
+    StoreFencedError,
     Usage,
 )
 from sessiontree.store._backup import Backup, copy_env
@@ -48,7 +49,7 @@ from sessiontree.store._env import (
     read_marker,
 )
 from sessiontree.store._io import StoreIO
-from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key
+from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key, slot_key
 from sessiontree.store._live import index_live
 from sessiontree.store._reads import Reads
 from sessiontree.store._records import (
@@ -65,6 +66,7 @@ from sessiontree.store._records import (
     ReceivedRecord,
     RecordingRecord,
     SessionRecord,
+    SlotRecord,
     StartsRecord,
     UsageRecord,
     WedgedRecord,
@@ -108,6 +110,11 @@ class Store:
     ``long_read_warn``: a read transaction open longer than this is counted
     and logged (it pins old pages, so the file grows). ``io``: the I/O layer
     (tests inject faults with a subclass).
+
+    Opening walks every page of the file first (a damaged one is refused
+    with ``StoreDamagedError``), unless the file is as a writer's clean close
+    left it (``close()`` records it; ``pages_walked`` is None then); ``walk``
+    walks it regardless (``store verify``).
     """
 
     def __init__(
@@ -122,9 +129,15 @@ class Store:
         long_read_warn: float = 60.0,
         group_commit: bool = True,
         linger: float = 1.0,
+        walk: bool = False,
     ) -> None:
         self._opened = open_env(
-            path, readonly=readonly, map_size=map_size, max_readers=max_readers, sync=sync
+            path,
+            readonly=readonly,
+            map_size=map_size,
+            max_readers=max_readers,
+            sync=sync,
+            walk=walk,
         )
         self.path = self._opened.path
         self.readonly = readonly
@@ -180,17 +193,39 @@ class Store:
             # parent's (waiting on its reads here could only time out).
             self._closed = True
             return
+        clean = False
         if self._writer is not None:
             self._writer.close()
+            clean = self._closes_cleanly(self._writer)
         self._closed = True
         self._reads.wait_ended(timeout=30.0)
-        close_env(self._opened)
+        close_env(self._opened, clean=clean)
+
+    def _closes_cleanly(self, writer: Writer) -> bool:
+        """Whether this close leaves the file as this handle wrote it: the writer
+        stopped with its last commit through, not fenced, and the store still at
+        this handle's incarnation (then the close is recorded and the next open
+        skips walking every page)."""
+        meta = getattr(self, "meta", None)  # unset when the open failed
+        if meta is None or writer.thread.is_alive() or writer.refusing:
+            return False
+        try:
+            held = self._read_meta()
+        except StoreError:
+            return False
+        return held is not None and held.incarnation == meta.incarnation
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def pages_walked(self) -> int | None:
+        """Pages the open walked to check the file, or None: it skipped the
+        walk, the file being as a writer's clean close left it."""
+        return self._opened.pages_walked
 
     @property
     def stale_readers_cleared(self) -> int:
@@ -242,8 +277,20 @@ class Store:
     @property
     def refusing(self) -> bool:
         """Whether the last commit failed (a full map, an I/O error): writes are
-        likely refused until one succeeds again."""
+        likely refused until one succeeds again. Once ``fenced``, always."""
         return self._writer is not None and self._writer.refusing
+
+    @property
+    def fenced(self) -> StoreFencedError | None:
+        """Why this handle writes nothing more (another process opened the store
+        since this one did: every write fails with this error), or None."""
+        return self._writer.fenced if self._writer is not None else None
+
+    @property
+    def incarnation(self) -> int:
+        """The store's incarnation as this handle opened it (its writer's open
+        bumped it; a read-only open reports what it read, 0 when none)."""
+        return self.meta.incarnation if self.meta is not None else 0
 
     def hurry(self) -> None:
         """Commit the lazy writes queued so far at once (a no-op on a closed store)."""
@@ -529,18 +576,40 @@ class Store:
         return self._reads.get(MetaRecord, "meta", b"meta")
 
     def _meta_or_create(self) -> MetaRecord:
+        """The meta record (created, or written again from ``MARKER`` when it does
+        not decode) with its incarnation bumped, and the writer fenced at it.
+        ``StoreFencedError`` when another process bumped it at the same moment."""
         try:
             meta = self._read_meta()
         except CorruptRecordError as exc:
-            return self._replace_meta(exc)
+            meta = self._replace_meta(exc)
         if meta is None:
             meta = MetaRecord(node_id=str(uuid.uuid4()), created_at=time.time())
-            batch = WriteBatch()
-            batch._put("meta", b"meta", meta)
+        before = self._reads.get_raw("meta", b"meta")
+        opened = msgspec.structs.replace(meta, incarnation=meta.incarnation + 1)
+        batch = WriteBatch().expect("meta", b"meta", before)
+        batch._put("meta", b"meta", opened)
+        try:
             self.write(batch)
+        except StoreError as exc:
+            if self._reads.get_raw("meta", b"meta") == before:
+                raise
+            msg = f"store {self.path} was opened by another process at the same moment"
+            raise StoreFencedError(msg, path=self.path) from exc
         # From here on an empty or missing data.mdb is damage, not a fresh store.
-        mark_committed(self.path, msgspec.json.encode(meta).decode() + "\n")
-        return meta
+        mark_committed(self.path, msgspec.json.encode(opened).decode() + "\n")
+        assert self._writer is not None
+        self._writer.fence_at(opened.incarnation)
+        return opened
+
+    def slot_epoch(self, slot: int) -> int:
+        """``slot``'s epoch (0 for a slot never moved); ``CorruptRecordError`` if
+        its record is unreadable, ``RejectedInputError`` for a slot outside
+        0..SLOTS-1.
+        Fence a write on it with ``WriteBatch.in_slot``, move it with
+        ``WriteBatch.slot_epoch``."""
+        record = self._reads.get(SlotRecord, "slots", slot_key(slot))
+        return 0 if record is None else record.epoch
 
     def live_records(self) -> Iterator[tuple[bytes, bytes | None]]:
         """The raw record of every session not yet terminal, by the index of live
@@ -563,7 +632,6 @@ class Store:
         batch._put("meta", b"meta", meta)
         self.write(batch)
         self.quarantined += 1
-        mark_committed(self.path, msgspec.json.encode(meta).decode() + "\n")
         return meta
 
     # -- moving a slot (``_slots``) ---------------------------------------------------

@@ -1,7 +1,9 @@
 """``verify_store``: does every record of a store decode, and under the right key?
 
-The file itself was checked when the store opened (``_pages``: the meta
-pages, the length, every B-tree page); this reads every entry of every
+The file itself is checked when the store opens (``_pages``: the meta
+pages, the length, every B-tree page; open it with ``walk=True``, as
+``store verify`` does, so the walk runs even for a file a clean close
+left); this reads every entry of every
 database through ``Store.scan`` (short read transactions, so it runs beside
 a live node) and decodes it as its database's record type, the way recovery
 and export read them. The quarantine is listed: values recovery already set

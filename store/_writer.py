@@ -8,6 +8,15 @@ acknowledged only once that commit returned, yet concurrent writers share
 it, so durable writes per second far exceed the disk's fsync rate. Batches
 commit, and are acknowledged, in submission order.
 
+*Fencing*: once the store is open (``fence_at``), every transaction first
+reads the store's ``incarnation`` (in the ``meta`` record, bumped by every
+writer's open): a different one means another process opened the store
+since, and this handle is stale. The group fails with ``StoreFencedError``,
+nothing of it written, and so does every write after it (``fenced``): the
+writer never writes again. A batch may also name a slot's epoch
+(``WriteBatch.in_slot``): a slot at another epoch fails that batch alone,
+with ``StoreFencedError`` naming the slot.
+
 A *lazy* batch (``submit(batch, lazy=True)``: a write nobody waits on yet)
 does not start a commit by itself: it is carried along with the next batch
 someone waits on (any other submission, ``hurry``, ``flush``), or committed
@@ -38,8 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import lmdb
+import msgspec
 
-from sessiontree.protocol import StoreError, StoreFullError
+from sessiontree.protocol import StoreError, StoreFencedError, StoreFullError
 from sessiontree.store._batch import Op, WriteBatch
 from sessiontree.store._env import CORRUPTION, damaged_by
 from sessiontree.store._io import StoreIO
@@ -54,6 +64,34 @@ _MAX_GROUP_BYTES = 32 << 20
 
 class PreconditionFailedError(Exception):
     """A batch's ``expect`` did not hold at commit time (the writer fails that batch alone)."""
+
+
+class _SlotMovedError(PreconditionFailedError):
+    """A batch's ``in_slot`` epoch did not hold at commit time."""
+
+    def __init__(self, message: str, slot: int) -> None:
+        super().__init__(message)
+        self.slot = slot
+
+
+class _IncarnationMovedError(Exception):
+    """The store's incarnation is not this writer's: another process opened it."""
+
+
+class _Incarnation(msgspec.Struct):
+    """The one field of the ``meta`` record each commit reads (others are skipped)."""
+
+    incarnation: int = 0
+
+
+class _Epoch(msgspec.Struct):
+    """The one field of a ``slots`` record an ``in_slot`` check reads."""
+
+    epoch: int = 0
+
+
+_INCARNATION = msgspec.msgpack.Decoder(_Incarnation)
+_EPOCH = msgspec.msgpack.Decoder(_Epoch)
 
 
 @dataclass(slots=True)
@@ -114,7 +152,9 @@ class Writer:
         self.batches = 0
         self.errors = 0
         self.full = 0
-        self.refusing = False  # the last commit failed (a full map, an I/O error)
+        self.refusing = False  # the last commit failed (a full map, an I/O error, fenced)
+        self.incarnation: int | None = None  # checked in every transaction once set
+        self.fenced: StoreFencedError | None = None  # set once: every later write fails with it
         self.on_commit: Callable[[], None] | None = None
         self._commit_observers: tuple[Callable[[float, int], None], ...] = ()
         self._observers_lock = threading.Lock()
@@ -124,6 +164,11 @@ class Writer:
     @property
     def thread(self) -> threading.Thread:
         return self._thread
+
+    def fence_at(self, incarnation: int) -> None:
+        """From the next transaction on, commit only while the store's
+        incarnation is ``incarnation`` (the one this process's open wrote)."""
+        self.incarnation = incarnation
 
     def observe_commits(self, observer: Callable[[float, int], None]) -> Callable[[], None]:
         """Call ``observer(seconds, batches)`` on the writer thread after every
@@ -324,6 +369,11 @@ class Writer:
             self._acknowledge(committed)
             self._settle(group, None)
             return []
+        if self.fenced is not None:  # a stale handle: it never writes again
+            self._acknowledge(committed)
+            self.errors += 1
+            self._settle(group, self.fenced)
+            return []
         started = time.perf_counter()  # measurement only: never drives behaviour
         try:
             self._transact(group, committed)
@@ -333,7 +383,13 @@ class Writer:
                     committed = self._commit([job], committed)
                 return committed
             self.errors += 1
-            self._settle(group, StoreError(f"the write was refused: {exc}"))
+            refused: StoreError = StoreError(f"the write was refused: {exc}")
+            if isinstance(exc, _SlotMovedError):
+                refused = StoreFencedError(str(exc), path=self._env.path(), slot=exc.slot)
+            self._settle(group, refused)
+            return []
+        except _IncarnationMovedError as exc:
+            self._fence(group, exc)
             return []
         except lmdb.MapFullError:
             if len(group) > 1:  # find the batch that does not fit; the others may
@@ -374,6 +430,19 @@ class Writer:
                 log.exception("commit observer %r raised; ignored", observer)
         return group
 
+    def _fence(self, group: list[_Job], moved: _IncarnationMovedError) -> None:
+        """Another process opened the store: fail ``group`` and every later write."""
+        self.errors += 1
+        self.refusing = True
+        self.fenced = StoreFencedError(
+            f"store {self._env.path()} was opened by another process since this one "
+            f"opened it ({moved}); this handle is stale and writes nothing more: stop "
+            "this node (the other one holds the store now)",
+            path=self._env.path(),
+        )
+        log.error("%s (%d batches not acknowledged)", self.fenced, len(group))
+        self._settle(group, self.fenced)
+
     def _transact(self, group: list[_Job], committed: list[_Job]) -> None:
         """One transaction for ``group``. ``committed`` (already durable) are
         acknowledged after this group's puts, right before its commit: the
@@ -384,6 +453,8 @@ class Writer:
         txn: lmdb.Transaction | None = None
         try:
             txn = io.begin(self._env)
+            if self.incarnation is not None:
+                self._check_incarnation(txn)
             for job in group:
                 for kind, db_name, key, value in job.ops:
                     db = dbs[db_name]
@@ -401,6 +472,8 @@ class Writer:
                         ):
                             msg = f"{db_name} {key.hex()} changed since the write was built"
                             raise PreconditionFailedError(msg)
+                    elif kind == "epoch":  # in_slot: the slot is still at this epoch
+                        _check_epoch(txn, db, key, value)
                     else:
                         _delete_prefix(io, txn, db, key)
             self._acknowledge(committed)
@@ -410,6 +483,32 @@ class Writer:
             if txn is not None:
                 txn.abort()
             raise
+
+    def _check_incarnation(self, txn: lmdb.Transaction) -> None:
+        raw = txn.get(b"meta", db=self._dbs["meta"])
+        try:
+            found = 0 if raw is None else _INCARNATION.decode(raw).incarnation
+        except msgspec.DecodeError:  # damage, not a newer holder: the commit fails, not fenced
+            msg = "the store's meta record does not decode: cannot check its incarnation"
+            raise StoreError(msg) from None
+        if found != self.incarnation:
+            msg = f"its incarnation is {found}, this process holds {self.incarnation}"
+            raise _IncarnationMovedError(msg)
+
+
+def _check_epoch(txn: lmdb.Transaction, db: Any, key: bytes, value: bytes) -> None:
+    """``_SlotMovedError`` unless the slot keyed ``key`` is at the epoch ``value``
+    holds (8 bytes, big-endian); a slot without a record is at epoch 0."""
+    raw = txn.get(key, db=db)
+    slot, want = int.from_bytes(key, "big"), int.from_bytes(value, "big")
+    try:
+        found = 0 if raw is None else _EPOCH.decode(raw).epoch
+    except msgspec.DecodeError:
+        msg = f"slot {slot}'s epoch record does not decode"
+        raise _SlotMovedError(msg, slot) from None
+    if found != want:
+        msg = f"slot {slot} is at epoch {found}, the write was built for epoch {want}"
+        raise _SlotMovedError(msg, slot)
 
 
 def _delete_prefix(io: StoreIO, txn: lmdb.Transaction, db: Any, prefix: bytes) -> None:

@@ -43,6 +43,11 @@ def _advice(code: ErrorCode) -> str:
         )
     if code is ErrorCode.STORE_DAMAGED:
         return "the store's file is damaged: stop the node and restore it from a backup"
+    if code is ErrorCode.STORE_FENCED:
+        return (
+            "another process opened this store since this node did and holds it now: "
+            "this node writes nothing more; stop it"
+        )
     return "see the store's error above"
 
 

@@ -220,6 +220,7 @@ def test_a_store_and_its_backups_are_their_owners_alone(tmp_path: Path) -> None:
         "lock.mdb": 0o600,
         "writer.lock": 0o600,
         "sessiontree.marker": 0o600,
+        "sessiontree.closed": 0o600,  # the node stopped cleanly
     }
 
 

@@ -201,7 +201,7 @@ def verify_cmd(store_dir: Path, as_json: bool) -> None:
     (each named), 74 when the file itself is damaged.
     """
     try:
-        with Store(store_dir, readonly=True) as opened:
+        with Store(store_dir, readonly=True, walk=True) as opened:
             found = verify_store(opened)
     except (SessionTreeError, OSError) as exc:
         raise _fail(exc) from exc

@@ -44,6 +44,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.STORE_FAILED: 503,
     ErrorCode.STORE_LOCKED: 503,
     ErrorCode.STORE_DAMAGED: 503,
+    ErrorCode.STORE_FENCED: 503,
     ErrorCode.CORRUPT_RECORD: 503,
     ErrorCode.INTERNAL_ERROR: 500,
 }
