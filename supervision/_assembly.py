@@ -212,16 +212,18 @@ class NodeParts:
         )
 
     def _extensions(self) -> list[Extension]:
-        """The features the node attaches to its kernel: budgets, recording,
-        context branches and the Cortex's side of moving a slot always (any
-        spawn may use them), span ids on a traced node."""
+        """The features the node attaches to its kernel: budgets, recording and
+        context branches always (any spawn may use them), the Cortex's side of
+        moving a slot with a store (a slot moves from store to store), span
+        ids on a traced node."""
         config = self.config
         extensions: list[Extension] = [
             Ledgers(),
             Recorder(self.store, self.clock, config.grace, config.providers),
             self.contexts,
-            SlotKeeper(),
         ]
+        if self.store is not None:
+            extensions.append(SlotKeeper())
         if config.tracing is not None:
             extensions.append(SpanIds(config.tracing.sampling_ratio))
         return extensions
