@@ -120,11 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         fill(f"{base}/src", records, slot_sessions)
         with Store(f"{base}/src") as source, Store(f"{base}/dst") as dest:
             began = time.perf_counter()
-            data = source.export_slot(HOT)
+            data = source.slots.export(HOT)
             exported = time.perf_counter()
-            header = dest.import_slot(data)
+            header = dest.slots.import_(data)
             imported = time.perf_counter()
-            moved = source.release_slot(HOT, str(uuid.uuid4()))
+            moved = source.slots.release(HOT, str(uuid.uuid4()))
             released = time.perf_counter()
         entries = sum(header.counts.values())
         if moved.records != entries:

@@ -114,7 +114,7 @@ def import_jsonl(
     _commit(store, plan, replace=replace)
     if plan.meta is not None:
         store.meta = plan.meta
-    store.read_moved()  # the slots the file says moved away answer so from now on
+    store.slots.reload()  # the slots the file says moved away answer so from now on
     return plan.counts
 
 

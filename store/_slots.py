@@ -23,13 +23,9 @@ The other databases:
 * ``meta`` and ``moved`` never move.
 
 The export is one read transaction; the import and the release are each one
-write transaction on the store's writer thread (``Writer.run_alone``), so a
-slot is never half there.
-
-Fencing's seam: a store that keeps a per-slot epoch would carry the slot's
-in the export's header, and bump it in the import's and the release's
-transactions (``import_entries``, ``release_entries``), so a stale holder of
-the slot is refused there.
+write transaction on the store's writer thread (``store.slots``,
+``_store_slots``), so a slot is never half there. The export's header
+carries the slot's epoch; the import and the release move it on.
 
 The export's format (msgpack, ``SlotExport``): a header (format, version,
 slot, the source store's node id, when, entries per database) and the
@@ -54,12 +50,10 @@ from sessiontree.protocol import (
     SLOTS,
     RejectedInputError,
     SlotConflictError,
-    StoreError,
-    StoreFullError,
     slot_of,
 )
 from sessiontree.store._env import DATABASES
-from sessiontree.store._records import MemoryIdRecord, MovedRecord, encode_record
+from sessiontree.store._records import MemoryIdRecord
 
 __all__ = [
     "SLOT_EXPORT_FORMAT",
@@ -72,7 +66,6 @@ __all__ = [
     "import_entries",
     "moved_key",
     "read_slot_export",
-    "release_entries",
     "slot_entries",
 ]
 
@@ -98,15 +91,15 @@ _BY_ID = (
     "calls",
     "live",
 )
-_NEVER = frozenset({"meta", "moved"})
+_NEVER = frozenset({"meta", "moved", "slots"})
 _TREE = b"tree:"  # memory in tree scope: "tree:<Main id>" NUL key
 _MEMORY_ID = b"mem-"
 _UUID_CHARS = 36
 
 
 class SlotHeader(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """What an export says about itself. ``counts``: entries per database.
-    (A store that keeps per-slot epochs would carry the slot's here.)"""
+    """What an export says about itself. ``counts``: entries per database;
+    ``epoch``: the slot's epoch where it was exported."""
 
     format: str
     version: int
@@ -115,6 +108,7 @@ class SlotHeader(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     at: float
     counts: dict[str, int]
     digest: bytes = b""
+    epoch: int = 0  # the slot's epoch at the source (not in the digest: it moves on)
 
 
 class SlotExport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -270,8 +264,10 @@ def _digest(header: SlotHeader, entries: list[tuple[str, bytes, bytes]]) -> byte
     return hasher.digest()
 
 
-def encode_export(slot: int, source: str, entries: list[tuple[str, bytes, bytes]]) -> bytes:
-    """The export of ``entries`` (``slot_entries``) as bytes, digest included."""
+def encode_export(
+    slot: int, source: str, entries: list[tuple[str, bytes, bytes]], *, epoch: int = 0
+) -> bytes:
+    """The export of ``entries`` (``slot_entries``) at ``epoch`` as bytes, digest included."""
     counts: dict[str, int] = {}
     for db, _key, _value in entries:
         counts[db] = counts.get(db, 0) + 1
@@ -282,6 +278,7 @@ def encode_export(slot: int, source: str, entries: list[tuple[str, bytes, bytes]
         source=source,
         at=time.time(),
         counts=counts,
+        epoch=epoch,
     )
     header.digest = _digest(header, entries)
     return _ENCODER.encode(SlotExport(header=header, entries=entries))
@@ -321,7 +318,7 @@ def decode_export(data: bytes) -> SlotExport:
 
 
 def read_slot_export(data: bytes) -> SlotExport:
-    """``Store.export_slot``'s bytes read back and checked (``decode_export``:
+    """``store.slots.export``'s bytes read back and checked (``decode_export``:
     what it raises), for a look at what an import would write."""
     return decode_export(data)
 
@@ -348,45 +345,17 @@ def _check_entries(export: SlotExport) -> None:
 # -- the writes (on the writer thread, in one transaction each) ---------------------------
 
 
-def import_entries(env: lmdb.Environment, dbs: dict[str, Any], export: SlotExport) -> None:
-    """Write ``export``'s entries in one transaction, each onto an absent key,
-    and drop the slot's tombstone (a slot moving back). ``SlotConflictError``
-    naming the db and key of the first entry already present (nothing
-    written), ``StoreFullError`` when the map cannot hold them (nothing
-    written)."""
+def import_entries(txn: lmdb.Transaction, dbs: dict[str, Any], export: SlotExport) -> None:
+    """Write ``export``'s entries in ``txn``, each onto an absent key, and drop
+    the slot's tombstone (a slot moving back). ``SlotConflictError`` naming
+    the db and key of the first entry already present (the caller aborts the
+    transaction: nothing written)."""
     slot = export.header.slot
-    try:
-        with env.begin(write=True) as txn:
-            for db, key, value in export.entries:
-                if not txn.put(key, value, db=dbs[db], overwrite=False):
-                    msg = (
-                        f"slot {slot} cannot be imported: {db} key {key.hex()[:80]} is already "
-                        "in this store; nothing was written"
-                    )
-                    raise SlotConflictError(msg, slot=slot, db=db, key=key)
-            txn.delete(moved_key(slot), db=dbs["moved"])
-    except lmdb.MapFullError as exc:
-        msg = f"the store's map is too small to import slot {slot}; nothing was written"
-        raise StoreFullError(msg) from exc
-    except lmdb.Error as exc:
-        msg = f"could not import slot {slot}: {exc!r}; nothing was written"
-        raise StoreError(msg) from exc
-
-
-def release_entries(
-    env: lmdb.Environment, dbs: dict[str, Any], slot: int, owner: str
-) -> MovedRecord:
-    """Delete every entry of ``slot`` and write its tombstone naming ``owner``,
-    in one transaction; the tombstone. ``StoreError`` when the commit fails
-    (nothing deleted)."""
-    try:
-        with env.begin(write=True) as txn:
-            doomed = list(slot_entries(txn, dbs, slot))
-            for db, key, _value in doomed:
-                txn.delete(key, db=dbs[db])
-            tombstone = MovedRecord(slot=slot, owner=owner, at=time.time(), records=len(doomed))
-            txn.put(moved_key(slot), encode_record(tombstone), db=dbs["moved"])
-    except lmdb.Error as exc:
-        msg = f"could not release slot {slot}: {exc!r}; nothing was deleted"
-        raise StoreError(msg) from exc
-    return tombstone
+    for db, key, value in export.entries:
+        if not txn.put(key, value, db=dbs[db], overwrite=False):
+            msg = (
+                f"slot {slot} cannot be imported: {db} key {key.hex()[:80]} is already "
+                "in this store; nothing was written"
+            )
+            raise SlotConflictError(msg, slot=slot, db=db, key=key)
+    txn.delete(moved_key(slot), db=dbs["moved"])

@@ -28,12 +28,9 @@ from sessiontree.protocol import (
     ConversationState,
     CorruptRecordError,
     Message,
-    RejectedInputError,
     SessionResult,
-    SlotMovedError,
     StoreError,
     StoreFencedError,
-    Usage,
 )
 from sessiontree.store._backup import Backup, copy_env
 from sessiontree.store._batch import WriteBatch
@@ -43,14 +40,13 @@ from sessiontree.store._env import (
     DEFAULT_MAX_READERS,
     LIVE_INDEXED,
     close_env,
-    mark_committed,
     open_env,
     process_id,
-    read_marker,
 )
 from sessiontree.store._io import StoreIO
-from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key, slot_key
+from sessiontree.store._keys import main_key, memory_key, pair_key, platform_key
 from sessiontree.store._live import index_live
+from sessiontree.store._meta import open_meta, read_meta
 from sessiontree.store._reads import Reads
 from sessiontree.store._records import (
     CallRecord,
@@ -60,28 +56,18 @@ from sessiontree.store._records import (
     MemoryRecord,
     MessageRecord,
     MetaRecord,
-    MovedRecord,
     OutboxRecord,
     QuarantineRecord,
     ReceivedRecord,
     RecordingRecord,
     SessionRecord,
-    SlotRecord,
     StartsRecord,
     UsageRecord,
     WedgedRecord,
     decode_id,
     decode_record,
 )
-from sessiontree.store._slots import (
-    SlotHeader,
-    check_slot,
-    decode_export,
-    encode_export,
-    import_entries,
-    release_entries,
-    slot_entries,
-)
+from sessiontree.store._store_slots import StoreSlots
 from sessiontree.store._writer import Writer
 
 __all__ = ["Store"]
@@ -146,8 +132,11 @@ class Store:
         self._set_aside: set[tuple[str, bytes]] = set()  # quarantined after start-up
         self._closed = False
         self._reads = Reads(self._opened, self._check_usable, long_read_warn)
+        #: a slot's epoch, and moving a slot (``_store_slots``)
+        self.slots = StoreSlots(
+            self._reads, self._opened.dbs, self._usable_writer, lambda: self._node_id
+        )
         self._writer: Writer | None = None
-        self._moved: dict[int, MovedRecord] = {}  # the slots released, read at open
         try:
             if not readonly:
                 self._writer = Writer(
@@ -159,14 +148,17 @@ class Store:
                     linger=linger,
                 )
                 self._writer.on_commit = self._reads.check_long_reads
-                self.meta: MetaRecord | None = self._meta_or_create()
+                opened, rewritten = open_meta(self._reads, self.write, self.path)
+                self.quarantined += rewritten
+                self._writer.fence_at(opened.incarnation)
+                self.meta: MetaRecord | None = opened
                 index_live(self)
             else:
                 try:
                     self.meta = self._read_meta()
                 except CorruptRecordError:  # still readable: `store verify` names it
                     self.meta = None
-            self.read_moved()
+            self.slots.reload()
         except BaseException:
             self.close()  # a failed open leaves neither the path nor the lock held
             raise
@@ -448,36 +440,6 @@ class Store:
         ``CorruptRecordError`` at the first record that does not decode."""
         return list(self._reads.every(CallRecord, "calls"))
 
-    def settle_lost_calls(self, lost: list[CallRecord]) -> None:
-        """Count the calls a stopped node left in flight (``lost``, read from
-        ``calls``) at the worst case each reserved: in its session's own usage
-        and in the subtree usage of every session of its chain, in one commit
-        that also drops their records. For a node's start-up, before anything
-        else writes. A usage record that does not decode is left as it is (the
-        start-up quarantines it). The store's error if the write fails
-        (nothing counted)."""
-        if not lost:
-            return
-        changed: dict[uuid.UUID, UsageRecord] = {}
-        batch = WriteBatch()
-        for call in lost:
-            for i, session_id in enumerate(call.chain):
-                try:
-                    record = changed.get(session_id) or self.usage(session_id)
-                except CorruptRecordError:
-                    continue
-                if record is None:
-                    record = UsageRecord(session_id=session_id, own=Usage(), subtree=Usage())
-                changed[session_id] = UsageRecord(
-                    session_id=session_id,
-                    own=record.own + call.ask if i == 0 else record.own,
-                    subtree=record.subtree + call.ask,
-                )
-            batch.call_done(call.session_id, call.call_id)
-        for record in changed.values():
-            batch.usage(record)
-        self.write(batch)
-
     def cycle(self, session_id: uuid.UUID) -> CycleRecord | None:
         """The cycle a Main started and has not snapshotted, or None;
         ``CorruptRecordError`` if unreadable."""
@@ -573,151 +535,17 @@ class Store:
     # -- identity and figures ------------------------------------------------------------
 
     def _read_meta(self) -> MetaRecord | None:
-        return self._reads.get(MetaRecord, "meta", b"meta")
+        return read_meta(self._reads)
 
-    def _meta_or_create(self) -> MetaRecord:
-        """The meta record (created, or written again from ``MARKER`` when it does
-        not decode) with its incarnation bumped, and the writer fenced at it.
-        ``StoreFencedError`` when another process bumped it at the same moment."""
-        try:
-            meta = self._read_meta()
-        except CorruptRecordError as exc:
-            meta = self._replace_meta(exc)
-        if meta is None:
-            meta = MetaRecord(node_id=str(uuid.uuid4()), created_at=time.time())
-        before = self._reads.get_raw("meta", b"meta")
-        opened = msgspec.structs.replace(meta, incarnation=meta.incarnation + 1)
-        batch = WriteBatch().expect("meta", b"meta", before)
-        batch._put("meta", b"meta", opened)
-        try:
-            self.write(batch)
-        except StoreError as exc:
-            if self._reads.get_raw("meta", b"meta") == before:
-                raise
-            msg = f"store {self.path} was opened by another process at the same moment"
-            raise StoreFencedError(msg, path=self.path) from exc
-        # From here on an empty or missing data.mdb is damage, not a fresh store.
-        mark_committed(self.path, msgspec.json.encode(opened).decode() + "\n")
-        assert self._writer is not None
-        self._writer.fence_at(opened.incarnation)
-        return opened
-
-    def slot_epoch(self, slot: int) -> int:
-        """``slot``'s epoch (0 for a slot never moved); ``CorruptRecordError`` if
-        its record is unreadable, ``RejectedInputError`` for a slot outside
-        0..SLOTS-1.
-        Fence a write on it with ``WriteBatch.in_slot``, move it with
-        ``WriteBatch.slot_epoch``."""
-        record = self._reads.get(SlotRecord, "slots", slot_key(slot))
-        return 0 if record is None else record.epoch
+    @property
+    def _node_id(self) -> str:
+        meta = getattr(self, "meta", None)
+        return meta.node_id if meta is not None else ""
 
     def live_records(self) -> Iterator[tuple[bytes, bytes | None]]:
         """The raw record of every session not yet terminal, by the index of live
         sessions: (key, raw), raw None for a key whose record is gone."""
         return self._reads.joined("live", "sessions", skip=LIVE_INDEXED)
-
-    def _replace_meta(self, error: CorruptRecordError) -> MetaRecord:
-        """The meta record does not decode: quarantine it and write it again from
-        the copy in ``MARKER`` (the same node id), or afresh without one."""
-        raw = self._reads.get_raw("meta", b"meta") or b""
-        try:
-            meta = msgspec.json.decode(read_marker(self.path), type=MetaRecord)
-        except (OSError, ValueError, msgspec.DecodeError):
-            meta = MetaRecord(node_id=str(uuid.uuid4()), created_at=time.time())
-        log.error("quarantined meta record: %s; written again for node %s", error, meta.node_id)
-        set_aside = QuarantineRecord(
-            db="meta", key=b"meta", raw=raw, reason=str(error), at=time.time()
-        )
-        batch = WriteBatch().quarantine(set_aside)
-        batch._put("meta", b"meta", meta)
-        self.write(batch)
-        self.quarantined += 1
-        return meta
-
-    # -- moving a slot (``_slots``) ---------------------------------------------------
-
-    def export_slot(self, slot: int) -> bytes:
-        """Every entry of ``slot`` (see ``_slots``: which entries of which
-        database), read in one transaction, as the bytes ``import_slot`` takes
-        on another store (a header, the entries, a digest). Writes may go on
-        meanwhile; the export holds the slot as of one commit.
-        ``RejectedInputError`` naming ``slot`` for one outside 0..SLOTS-1,
-        ``SlotMovedError`` for a slot this store released."""
-        check_slot(slot)
-        self.check_slot_here(slot)
-        with self._reads.transaction() as txn:
-            entries = list(slot_entries(txn, self._opened.dbs, slot))
-        return encode_export(slot, self.meta.node_id if self.meta else "", entries)
-
-    def import_slot(self, data: bytes) -> SlotHeader:
-        """Write a slot's export (``export_slot`` of another store) into this one,
-        in one transaction, each entry onto a key this store does not hold; a
-        tombstone of the slot here (it moved away before) goes in the same
-        commit. Returns the export's header (its counts say what was written).
-        ``RejectedInputError`` naming the field for bytes that are not a whole
-        export or whose digest does not match (nothing written);
-        ``SlotConflictError`` naming the db and key of an entry already here
-        (nothing written); ``StoreFullError``/``StoreError`` when the commit
-        fails (nothing written)."""
-        export = decode_export(data)
-        writer = self._usable_writer()
-        writer.run_alone(
-            lambda: import_entries(self._opened.env, self._opened.dbs, export)
-        ).result()
-        self._moved.pop(export.header.slot, None)
-        return export.header
-
-    def release_slot(self, slot: int, new_owner: str) -> MovedRecord:
-        """Delete every entry of ``slot`` and write its tombstone (``moved``: the
-        new owner, when, how many entries) in one transaction; from then on the
-        slot's sessions answer ``SlotMovedError`` naming ``new_owner``. Call it
-        once the slot's export is imported by its new owner, with nothing of
-        the slot running here (``node.slots.release`` sees to both).
-        ``RejectedInputError`` naming ``slot`` or ``new_owner``; the store's
-        error when the commit fails (nothing deleted)."""
-        check_slot(slot)
-        if not isinstance(new_owner, str) or not 0 < len(new_owner) <= 256:
-            msg = f"new_owner must be a node's id (1 to 256 characters), not {new_owner!r}"
-            raise RejectedInputError(msg, field="new_owner")
-        writer = self._usable_writer()
-        released: list[MovedRecord] = []
-        env, dbs = self._opened.env, self._opened.dbs
-        writer.run_alone(
-            lambda: released.append(release_entries(env, dbs, slot, new_owner))
-        ).result()
-        self._moved[slot] = released[0]
-        return released[0]
-
-    def read_moved(self) -> None:
-        """Read the tombstones of the slots this store released again (at open,
-        and after an import of a whole store wrote them). One that does not
-        decode is logged and left out (``store verify`` names it)."""
-        if "moved" not in self._opened.dbs:  # a read-only open of an older store
-            return
-        moved = {}
-        for record in self._reads.decoded(MovedRecord, "moved"):
-            if isinstance(record, CorruptRecordError):
-                log.error("unreadable slot tombstone: %s", record)
-            else:
-                moved[record.slot] = record
-        self._moved = moved
-
-    def moved(self, slot: int) -> MovedRecord | None:
-        """The tombstone of ``slot`` if this store released it, else None."""
-        return self._moved.get(slot)
-
-    def check_slot_here(self, slot: int | None, session_id: uuid.UUID | None = None) -> None:
-        """``SlotMovedError`` (naming the slot, its new owner, and ``session_id``)
-        if this store released ``slot``; nothing for None (an unslotted id)."""
-        if slot is None or not self._moved:
-            return
-        moved = self._moved.get(slot)
-        if moved is not None:
-            what = f"session {session_id}" if session_id is not None else f"slot {slot}"
-            msg = f"{what} moved to node {moved.owner} (slot {slot})"
-            raise SlotMovedError(
-                msg, slot=slot, owner=moved.owner, at=moved.at, session_id=session_id
-            )
 
     def backup(self, dest: str | os.PathLike[str], *, compact: bool = False) -> Backup:
         """Copy the store into the directory ``dest`` (it must not exist, or be

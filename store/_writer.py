@@ -233,6 +233,30 @@ class Writer:
         self._enqueue(_Job([], 0, future, action))
         return future
 
+    def transact_alone(
+        self, work: Callable[[lmdb.Transaction], None]
+    ) -> concurrent.futures.Future[None]:
+        """Run ``work`` in a write transaction of its own on the writer thread,
+        between group commits, fenced as they are: refused once this handle is
+        fenced, and fencing it when another process opened the store since
+        (``StoreFencedError``; nothing written). What ``work`` raises aborts
+        the transaction and fails the future."""
+
+        def action() -> None:
+            if self.fenced is not None:
+                raise self.fenced
+            with self._env.begin(write=True) as txn:  # aborted by a raise
+                if self.incarnation is not None:
+                    try:
+                        self._check_incarnation(txn)
+                    except _IncarnationMovedError as moved:
+                        self._fence([], moved)
+                        assert self.fenced is not None
+                        raise self.fenced from None
+                work(txn)
+
+        return self.run_alone(action)
+
     def _enqueue(self, job: _Job) -> None:
         with self._close_lock:
             if self._closed:

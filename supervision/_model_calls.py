@@ -20,7 +20,7 @@ Cortex takes it before anything the session asks next, one mailbox in order):
   was closed): its prompt as estimated and the completion tokens it was
   allowed, which is none when nothing bounded ``max_tokens``;
 - a call lost with its node (in flight at a crash) is counted the same way
-  when the node comes back (``Store.settle_lost_calls``).
+  when the node comes back (``settle_lost_calls`` in ``_recovery``).
 
 A call settles wherever it lands: in its session's and every ancestor's
 accounts, ended ones included (see ``Ledgers.settle``).

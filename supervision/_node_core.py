@@ -219,7 +219,7 @@ class NodeCore:
         if slot is None:
             return sid
         if self.store is not None:
-            self.store.check_slot_here(slot, sid)
+            self.store.slots.check_here(slot, sid)
         if new and slot in self.frozen_slots:
             msg = f"session {sid} is in slot {slot}, which is frozen to move; try again later"
             raise SlotFrozenError(msg, slot=slot, session_id=sid)
@@ -232,14 +232,14 @@ class NodeCore:
             return  # OpenMain names the bad argument
         slot = slot_for(agent_id, key)
         store = self.store
-        moved = store is not None and store.moved(slot) is not None
+        moved = store is not None and store.slots.moved(slot) is not None
         if not moved and slot not in self.frozen_slots:
             return
         held = store.main_of(agent_id, key) if store is not None else None
         if held is not None and slot_of(held) is None:
             return
         if store is not None:
-            store.check_slot_here(slot)
+            store.slots.check_here(slot)
         msg = f"Main {agent_id} {key} is in slot {slot}, which is frozen to move; try again later"
         raise SlotFrozenError(msg, slot=slot)
 

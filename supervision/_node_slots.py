@@ -11,9 +11,9 @@ The move, step by step (README, "Moving a slot"):
    clock) the freeze is abandoned instead: nothing is killed, the Branches
    it parked resume, input is taken again, and the outcome says what was
    still busy.
-2. ``export(slot)``: the frozen slot's records (``Store.export_slot``).
+2. ``export(slot)``: the frozen slot's records (``store.slots.export``).
 3. The new owner takes them in: ``import_(data)`` on its running node, or
-   ``Store.import_slot`` on its store before a node opens it. Either way
+   ``store.slots.import_`` on its store before a node opens it. Either way
    recovery brings the trees back as after a restart (Mains dormant, parked
    Branches resumed, TTLs re-armed from their absolute deadlines, results
    owed delivered once): over the slot's records alone on a running node.
@@ -99,7 +99,7 @@ class Slots:
         ):
             msg = f"deadline must be a finite number of seconds >= 0, not {deadline!r}"
             raise RejectedInputError(msg, field="deadline")
-        store.check_slot_here(slot)
+        store.slots.check_here(slot)
         clock = node.clock
         until = clock.monotonic() + deadline
         node.frozen_slots.add(slot)
@@ -148,12 +148,12 @@ class Slots:
             node.frozen_slots.discard(slot)
 
     def export(self, slot: int) -> bytes:
-        """The frozen ``slot``'s records, for the new owner's ``Store.import_slot``
+        """The frozen ``slot``'s records, for the new owner's ``store.slots.import_``
         (step 2). Raises ``RejectedInputError`` naming ``slot`` unless it is
-        frozen, and what ``Store.export_slot`` raises."""
+        frozen, and what ``store.slots.export`` raises."""
         store = self._store()
         self._check_frozen(slot)
-        return store.export_slot(slot)
+        return store.slots.export(slot)
 
     def release(self, slot: int, new_owner: str) -> MovedRecord:
         """Forget the frozen ``slot``'s trees and release its records to
@@ -174,25 +174,25 @@ class Slots:
             raise RejectedInputError(msg, field="slot")
         node._call(ForgetSlot(slot))
         try:
-            return store.release_slot(slot, new_owner)
+            return store.slots.release(slot, new_owner)
         finally:
             self._parked.pop(slot, None)
             node.frozen_slots.discard(slot)
 
     def import_(self, data: bytes) -> SlotHeader:
         """Take in a slot another node exported (step 3 on a running node): the
-        store imports it (``Store.import_slot``: one transaction onto absent
+        store imports it (``store.slots.import_``: one transaction onto absent
         keys), then recovery runs over its records alone and the Cortex brings
         its trees in as a start would (Mains dormant, parked Branches running
         again, TTLs re-armed from their absolute deadlines, results owed
         delivered once). Returns the export's header. Raises what
-        ``Store.import_slot`` raises (nothing imported), ``StoreError`` when
+        ``store.slots.import_`` raises (nothing imported), ``StoreError`` when
         recovery's writes fail (the records are in the store: a restart
         brings them back), ``NodeClosedError`` without a store."""
         node = self._node
         store = self._store()
         export = read_slot_export(data)
-        header = store.import_slot(data)
+        header = store.slots.import_(data)
         plan = recover_slot(store, export, node._runtime.agents, node.clock.time(), node.config)
         node._call(AdoptSlot(plan))
         return header

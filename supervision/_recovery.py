@@ -467,7 +467,7 @@ class _Recovery:
         # First: what the sessions spent, with the calls a crash left in flight
         # counted at their worst case, is what the endings below report.
         lost = self.lost_calls()
-        self.store.settle_lost_calls(lost)
+        settle_lost_calls(self.store, lost)
         if lost:
             self.figures["lost_calls"] = len(lost)
             log.warning(
@@ -518,3 +518,34 @@ def recover(
     plan.figures["recovery_ms"] = int((time.perf_counter() - started) * 1000)
     log.info("%s", recovery_summary_line(recovery_summary(plan.figures, plan.held)))
     return plan
+
+
+def settle_lost_calls(store: Store, lost: list[CallRecord]) -> None:
+    """Count the calls a stopped node left in flight (``lost``, read from
+    ``calls``) at the worst case each reserved: in its session's own usage
+    and in the subtree usage of every session of its chain, in one commit
+    that also drops their records. For a node's start-up, before anything
+    else writes. A usage record that does not decode is left as it is (the
+    start-up quarantines it). The store's error if the write fails
+    (nothing counted)."""
+    if not lost:
+        return
+    changed: dict[uuid.UUID, UsageRecord] = {}
+    batch = WriteBatch()
+    for call in lost:
+        for i, session_id in enumerate(call.chain):
+            try:
+                record = changed.get(session_id) or store.usage(session_id)
+            except CorruptRecordError:
+                continue
+            if record is None:
+                record = UsageRecord(session_id=session_id, own=Usage(), subtree=Usage())
+            changed[session_id] = UsageRecord(
+                session_id=session_id,
+                own=record.own + call.ask if i == 0 else record.own,
+                subtree=record.subtree + call.ask,
+            )
+        batch.call_done(call.session_id, call.call_id)
+    for record in changed.values():
+        batch.usage(record)
+    store.write(batch)

@@ -1,6 +1,6 @@
 """Recovery of one imported slot on a running node (``node.slots.import_``).
 
-The slot's records were just written into the store (``Store.import_slot``);
+The slot's records were just written into the store (``store.slots.import_``);
 this runs recovery (``_recovery``) over them alone, as a start would over
 the whole store: Mains dormant, suspended Branches back (those a freeze or
 a shutdown parked run again), results owed delivered once, anything else
@@ -52,9 +52,6 @@ class _SlotView:
 
     def usage(self, session_id: Any) -> UsageRecord | None:
         return self._store.usage(session_id)
-
-    def settle_lost_calls(self, lost: list[Any]) -> None:
-        self._store.settle_lost_calls(lost)
 
     def write(self, batch: WriteBatch, timeout: float | None = 60.0) -> None:
         self._store.write(batch, timeout)

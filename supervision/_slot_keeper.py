@@ -131,7 +131,7 @@ class SlotKeeper(Extension):
             core = entry.core
             core.fence(ErrorCode.SLOT_MOVED)  # a skill still parked lets go; nothing counts
             core.release(ErrorCode.SLOT_MOVED)
-            core.release_slot()
+            core.slots.release()
             del tree.entries[entry.session_id]
             if entry.zombie:  # its run's end finds no entry: counted out here
                 entry.zombie = False

@@ -435,7 +435,7 @@ class Tree:
             self.rt.slots.forget(entry.grant)
             entry.grant = None
         entry.core.fence(ErrorCode.STORE_FAILED)
-        entry.core.release_slot()
+        entry.core.slots.release()
         self.emit(EventKind.DISCARDED, entry)
         for watch in entry.watchers:
             watch.discarded()

@@ -174,7 +174,7 @@ def test_a_slot_moves_to_another_store_while_other_slots_take_traffic(
         thread.start()
         assert sent.wait(WAIT)
         assert node.store is not None
-        data = node.store.export_slot(slot)
+        data = node.store.slots.export(slot)
         stop.set()
         thread.join(WAIT)
     finally:
@@ -202,9 +202,9 @@ def test_a_slot_moves_to_another_store_while_other_slots_take_traffic(
         slot_of(uuid.UUID(bytes=k[:16])) for db, k, _ in export.entries if db == "sessions"
     } == {slot}
     with Store(tmp_path / "dst") as dst:
-        header = dst.import_slot(data)
+        header = dst.slots.import_(data)
         assert header.counts == counts
-        again = dst.export_slot(slot)
+        again = dst.slots.export(slot)
         assert entries_of(again).entries == export.entries  # the same records
         assert entries_of(again).header.digest == export.header.digest  # the same digest
         assert dst.count("sessions") == 2  # nothing of the other slot
@@ -217,20 +217,20 @@ def test_an_export_that_does_not_match_its_digest_is_refused(tmp_path: pathlib.P
     with Store(tmp_path / "src") as src:
         sid = new_session_id(slot)
         src.write(WriteBatch().raw("usage", sid.bytes, b"spent"))
-        data = src.export_slot(slot)
+        data = src.slots.export(slot)
     export = entries_of(data)
     db, key, _ = export.entries[0]
     export.entries[0] = (db, key, b"altered")
     altered = msgspec.msgpack.encode(export)
     with Store(tmp_path / "dst") as dst:
         with pytest.raises(RejectedInputError, match="does not match its digest") as refused:
-            dst.import_slot(altered)
+            dst.slots.import_(altered)
         assert refused.value.field == "digest"
         with pytest.raises(RejectedInputError, match="not a slot export") as cut:
-            dst.import_slot(data[: len(data) // 2])
+            dst.slots.import_(data[: len(data) // 2])
         assert cut.value.field == "data"
         assert dst.count("usage") == 0  # nothing written
-        dst.import_slot(data)
+        dst.slots.import_(data)
         assert dst.count("usage") == 1
 
 
@@ -242,13 +242,13 @@ def test_an_export_naming_keys_outside_its_slot_is_refused(tmp_path: pathlib.Pat
     agent_memory = encode_export(7, "elsewhere", [("memory", b"mover\x00seen", b"x")])
     with Store(tmp_path / "dst") as dst:
         with pytest.raises(RejectedInputError, match="outside slot 7") as outside:
-            dst.import_slot(data)
+            dst.slots.import_(data)
         assert outside.value.field == "entries"
         with pytest.raises(RejectedInputError, match="never moves"):
-            dst.import_slot(meta)
+            dst.slots.import_(meta)
         for outside_data in (other_main, agent_memory):
             with pytest.raises(RejectedInputError, match="outside slot 7"):
-                dst.import_slot(outside_data)
+                dst.slots.import_(outside_data)
         assert dst.count("usage") == 0
 
 
@@ -257,11 +257,11 @@ def test_an_import_onto_a_present_key_names_it_and_writes_nothing(tmp_path: path
     first, second = new_session_id(slot), new_session_id(slot)
     with Store(tmp_path / "src") as src:
         src.write(WriteBatch().raw("usage", first.bytes, b"1").raw("cycles", second.bytes, b"2"))
-        data = src.export_slot(slot)
+        data = src.slots.export(slot)
     with Store(tmp_path / "dst") as dst:
         dst.write(WriteBatch().raw("cycles", second.bytes, b"mine"))
         with pytest.raises(SlotConflictError, match="is already in this store") as conflict:
-            dst.import_slot(data)
+            dst.slots.import_(data)
         assert (conflict.value.db, conflict.value.key) == ("cycles", second.bytes)
         assert conflict.value.to_info().detail["db"] == "cycles"
         assert dst.count("usage") == 0  # the entry before the conflict was not written
@@ -278,9 +278,9 @@ def test_unslotted_ids_belong_to_no_slot(tmp_path: pathlib.Path) -> None:
         src.write(
             WriteBatch().raw("usage", slotted.bytes, b"a").raw("usage", unslotted.bytes, b"b")
         )
-        export = entries_of(src.export_slot(slot))
+        export = entries_of(src.slots.export(slot))
         assert [k for _, k, _ in export.entries] == [slotted.bytes]
-        src.release_slot(slot, "node-b")
+        src.slots.release(slot, "node-b")
         assert dict(src.scan("usage")) == {unslotted.bytes: b"b"}  # it stays
 
 
@@ -288,19 +288,19 @@ def test_unslotted_ids_belong_to_no_slot(tmp_path: pathlib.Path) -> None:
 def test_a_slot_that_is_not_one_is_refused(tmp_path: pathlib.Path, slot: Any) -> None:
     with Store(tmp_path / "s") as store:
         with pytest.raises(RejectedInputError, match="slot must be an integer") as refused:
-            store.export_slot(slot)
+            store.slots.export(slot)
         assert refused.value.field == "slot"
         with pytest.raises(RejectedInputError):
-            store.release_slot(slot, "node-b")
+            store.slots.release(slot, "node-b")
 
 
 def test_a_release_needs_its_new_owner(tmp_path: pathlib.Path) -> None:
     with Store(tmp_path / "s") as store:
         for owner in ("", None, "x" * 257):
             with pytest.raises(RejectedInputError) as refused:
-                store.release_slot(3, owner)  # type: ignore[arg-type]
+                store.slots.release(3, owner)  # type: ignore[arg-type]
             assert refused.value.field == "new_owner"
-        assert store.moved(3) is None
+        assert store.slots.moved(3) is None
 
 
 def test_a_released_slots_tombstone_answers_slot_moved(
@@ -314,18 +314,18 @@ def test_a_released_slots_tombstone_answers_slot_moved(
     other = node.main(AGENT, key_in_another_slot(key)).session_id
     node.shutdown(grace=0)
     with Store(tmp_path / "src") as store:
-        moved = store.release_slot(slot, "node-b")
+        moved = store.slots.release(slot, "node-b")
         assert (moved.slot, moved.owner, moved.records) == (slot, "node-b", 3)  # record, main, live
         assert store.session(main) is None
         assert store.main_of(AGENT, key) is None
         with pytest.raises(SlotMovedError):
-            store.export_slot(slot)
+            store.slots.export(slot)
         assert verify_store(store).clean  # the tombstone reads as a record
         counts = export_jsonl(store, tmp_path / "whole.jsonl")
         assert counts["moved"] == 1
     with Store(tmp_path / "restored") as restored:  # a whole-store export keeps it
         import_jsonl(restored, tmp_path / "whole.jsonl")
-        tombstone = restored.moved(slot)
+        tombstone = restored.slots.moved(slot)
         assert tombstone is not None
         assert tombstone.owner == "node-b"
     node = node_on(tmp_path / "src", tree, clock)  # the tombstone is read at open
@@ -355,8 +355,8 @@ def test_a_released_slots_tombstone_answers_slot_moved(
         served.close()
         node.shutdown(grace=0)
     with Store(tmp_path / "src") as store:  # an import of the slot takes the tombstone away
-        store.import_slot(encode_export(slot, "node-b", [("sessions", main.bytes, b"x")]))
-        assert store.moved(slot) is None
+        store.slots.import_(encode_export(slot, "node-b", [("sessions", main.bytes, b"x")]))
+        assert store.slots.moved(slot) is None
         assert store.count("moved") == 0
 
 
@@ -408,7 +408,7 @@ def test_a_tree_moves_to_another_node_and_comes_back_there(
         tree.main_got.clear()
         if target is None:
             with Store(tmp_path / "dst") as dst:
-                dst.import_slot(data)
+                dst.slots.import_(data)
         else:
             elsewhere = target.main(AGENT, key_in_another_slot(key))
             header = target.slots.import_(data)

@@ -27,6 +27,7 @@ from sessiontree.protocol import (
     StoreError,
     StoreFencedError,
     StoreLockedError,
+    new_session_id,
 )
 from sessiontree.store import (
     SessionRecord,
@@ -35,6 +36,7 @@ from sessiontree.store import (
     WriteBatch,
     export_jsonl,
     import_jsonl,
+    read_slot_export,
 )
 from sessiontree.store._clean import CLOSED
 from sessiontree.supervision import Agent, Node, NodeConfig
@@ -215,9 +217,9 @@ def test_a_slot_epoch_moves_persists_and_fences_the_writes_built_on_an_older_one
 ) -> None:
     path = tmp_path / "store"
     with Store(path) as store:
-        assert store.slot_epoch(7) == 0
+        assert store.slots.epoch(7) == 0
         store.write(WriteBatch().slot_epoch(7, 1, expected=0))
-        assert store.slot_epoch(7) == 1
+        assert store.slots.epoch(7) == 1
         # a write built on epoch 0 (the slot moved since) is refused, alone:
         # a batch committing in the same group lands
         stale = store.submit(WriteBatch().in_slot(7, 0).session(record(1)))
@@ -240,11 +242,11 @@ def test_a_slot_epoch_moves_persists_and_fences_the_writes_built_on_an_older_one
         assert not store.refusing
         store.write(WriteBatch().slot_epoch(16_383, 5, expected=0))
     with Store(path) as store:
-        assert store.slot_epoch(7) == 2
-        assert store.slot_epoch(16_383) == 5
-        assert store.slot_epoch(8) == 0
+        assert store.slots.epoch(7) == 2
+        assert store.slots.epoch(16_383) == 5
+        assert store.slots.epoch(8) == 0
         with pytest.raises(RejectedInputError) as refused_slot:
-            store.slot_epoch(16_384)
+            store.slots.epoch(16_384)
         assert refused_slot.value.field == "slot"
         slots = [msgspec.msgpack.decode(raw, type=SlotRecord) for _, raw in store.scan("slots")]
         assert [(s.slot, s.epoch) for s in slots] == [(7, 2), (16_383, 5)]
@@ -304,6 +306,51 @@ def test_an_import_keeps_the_stores_own_incarnation_and_slot_epochs(tmp_path: Pa
         assert target.incarnation == 3  # this handle still holds the store
         target.write(WriteBatch().session(record(2)))  # not fenced by its own import
         import_jsonl(target, exported, replace=True)
-        assert (target.slot_epoch(2), target.slot_epoch(5)) == (4, 0)  # not exported, kept
+        assert (target.slots.epoch(2), target.slots.epoch(5)) == (4, 0)  # not exported, kept
         target.write(WriteBatch().session(record(3)))
         assert target.fenced is None
+
+
+def test_moving_a_slot_moves_its_epoch_on_at_both_ends(tmp_path: Path) -> None:
+    """The export carries the slot's epoch; the import sets it past both that
+    one and the importer's; the release moves it on at the source: a write
+    fenced on the old epoch fails at either end."""
+    slot = 12
+    sid = new_session_id(slot)
+    with Store(tmp_path / "src") as src, Store(tmp_path / "dst") as dst:
+        src.write(WriteBatch().raw("usage", sid.bytes, b"u").slot_epoch(slot, 4, expected=0))
+        dst.write(WriteBatch().slot_epoch(slot, 6, expected=0))  # it held the slot once
+        data = src.slots.export(slot)
+        assert read_slot_export(data).header.epoch == 4
+        dst.slots.import_(data)
+        assert dst.slots.epoch(slot) == 7  # past 4 and past its own 6
+        src.slots.release(slot, "dst")
+        assert src.slots.epoch(slot) == 5
+        for store, old in ((src, 4), (dst, 6)):
+            with pytest.raises(StoreFencedError) as stale:
+                store.write(WriteBatch().raw("cycles", sid.bytes, b"late").in_slot(slot, old))
+            assert stale.value.to_info().detail["slot"] == slot
+        assert dst.count("cycles") == 0
+        assert src.count("cycles") == 0
+
+
+def test_a_fenced_handle_neither_imports_nor_releases_a_slot(tmp_path: Path) -> None:
+    slot = 13
+    sid = new_session_id(slot)
+    with Store(tmp_path / "src") as src:
+        src.write(WriteBatch().raw("usage", sid.bytes, b"u"))
+        data = src.slots.export(slot)
+    with Store(tmp_path / "stale") as stale:
+        _bump_incarnation_behind(stale)
+        with pytest.raises(StoreFencedError):
+            stale.slots.import_(data)
+        assert stale.count("usage") == 0
+        stale_src = tmp_path / "src"
+    with Store(stale_src) as held:
+        _bump_incarnation_behind(held)
+        with pytest.raises(StoreFencedError):
+            held.slots.release(slot, "elsewhere")
+        assert held.slots.moved(slot) is None
+    with Store(stale_src) as reopened:
+        assert reopened.count("usage") == 1  # nothing was deleted
+        assert reopened.slots.moved(slot) is None
