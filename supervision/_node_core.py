@@ -52,6 +52,7 @@ from sessiontree.protocol import (
 )
 from sessiontree.store import Store
 from sessiontree.supervision._assembly import NodeParts
+from sessiontree.supervision._closing import settle
 from sessiontree.supervision._config import NodeConfig
 from sessiontree.supervision._entry import SpawnAnswer
 from sessiontree.supervision._exits import CtrlC, forget_at_exit, say
@@ -71,27 +72,21 @@ from sessiontree.supervision._refs import (
 )
 from sessiontree.supervision._requests import (
     AwaitResult,
-    BeginShutdown,
     Call,
     Cancel,
-    ForceWorkers,
     ForgetWaiter,
     GetInfo,
     GetResult,
     GetResults,
     GetSpending,
-    ListSessions,
     OpenMain,
-    ReleaseParked,
     Request,
     Resume,
     Run,
     Send,
     ShutdownDeadline,
-    ShutdownPending,
     Spawn,
     SpawnMany,
-    StopAll,
     Suspend,
 )
 from sessiontree.supervision._retry import Restarts
@@ -102,8 +97,6 @@ __all__ = ["NodeCore"]
 
 log = logging.getLogger("sessiontree.node")
 
-_CTRL_C_POLL = 0.1  # real seconds between looks at a Ctrl-C while a shutdown waits
-_AFTER_CTRL_C = 1.0  # real seconds a forced shutdown still waits for what it let go
 # A shutdown's timeout bounds real time whatever clock the node runs on (a
 # virtual one included); read through the one real clock (no timer is started).
 _REAL = RealClock()
@@ -524,7 +517,7 @@ class NodeCore:
         with CtrlC() as ctrl_c:
             try:
                 if self.failure is None:
-                    self._settle(grace, timeout, why, ctrl_c)
+                    settle(self, grace, timeout, why, ctrl_c)
             except NodeClosedError:
                 pass
             finally:
@@ -535,68 +528,6 @@ class NodeCore:
                     release_gc()
                 self._state = "closed"
                 self._stopped.set()
-
-    def _settle(self, grace: float, timeout: float, why: str | None, ctrl_c: CtrlC) -> None:
-        """The Cortex's part of a shutdown: settle the tree (within ``grace``,
-        ``timeout`` real seconds at most, less after a Ctrl-C), let the skills
-        still running go, stop every actor."""
-        reply = Reply()
-        self._send(BeginShutdown(grace), reply)
-        if self._forced:  # force_shutdown came first
-            self._force_now()
-        elif not reply.done:
-            self._announce(grace, why, ctrl_c)
-        if not self._wait(reply, timeout, ctrl_c):
-            log.warning("shutdown did not settle in %.1f s; forcing", timeout)
-            self._call(ShutdownDeadline(), check=False)
-            self._call(ForceWorkers(), check=False)
-        self.final_sessions = self._call(ListSessions(), check=False)
-        # Let the running skills go (``Cancelled`` with ``node_closed`` at their
-        # checkpoint) and wait for those held at a checkpoint to end, so no
-        # thread is left blocked behind a closed node.
-        released = Reply()
-        self._send(ReleaseParked(), released)
-        if not self._wait(released, timeout, ctrl_c):
-            log.warning("a skill let go at shutdown did not return in time")
-        self._call(StopAll(), check=False)
-
-    def _announce(self, grace: float, why: str | None, ctrl_c: CtrlC) -> None:
-        """Say what the shutdown waits for and how long (nothing if for nothing)."""
-        pending = self._call(ShutdownPending(), check=False)
-        if not pending:
-            return
-        sessions = "1 session" if pending == 1 else f"{pending} sessions"
-        when = " at exit (shutdown() was not called)" if why == "exit" else ""
-        line = f"shutting down{when}: waiting up to {grace:g} s for {sessions} to wrap up"
-        if ctrl_c.installed:
-            line += "; Ctrl-C again to stop now" if why == "interrupt" else "; Ctrl-C to stop now"
-        say(logging.WARNING if why else logging.INFO, line)
-
-    def _wait(self, reply: Reply, timeout: float, ctrl_c: CtrlC) -> bool:
-        """Wait up to ``timeout`` real seconds for ``reply`` (raising what it
-        failed with); False if it did not come. A Ctrl-C meanwhile (``ctrl_c``
-        installed: it is looked at every ``_CTRL_C_POLL`` s) forces the
-        shutdown, and the wait goes on for ``_AFTER_CTRL_C`` s at most."""
-        if self._ctrl_c_seen:  # forced by a Ctrl-C already: what is left is quick
-            timeout = min(timeout, _AFTER_CTRL_C)
-        deadline = _REAL.monotonic() + timeout
-        while True:
-            left = deadline - _REAL.monotonic()
-            if left <= 0:
-                return reply.done
-            try:
-                reply.get(min(left, _CTRL_C_POLL) if ctrl_c.installed else left)
-            except AskTimeoutError:
-                pass
-            else:
-                return True
-            if ctrl_c.count > self._ctrl_c_seen:
-                self._ctrl_c_seen = ctrl_c.count
-                if not self._forced:
-                    say(logging.WARNING, "stopping now: what still runs ends by force")
-                    self._forced = True
-                    self._force_now()
-                deadline = min(deadline, _REAL.monotonic() + _AFTER_CTRL_C)
 
     def _shut_down_at_exit(self) -> None:
         """The interpreter exits and this node is still open: shut it down (see
