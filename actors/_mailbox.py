@@ -22,7 +22,8 @@ import pykka
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._core import _set_done, call_soon
-from sessiontree.actors._loop_dispatch import STOP, LoopActor, LoopDispatcher
+from sessiontree.actors._loop_actor import LoopActor
+from sessiontree.actors._loop_dispatch import STOP, LoopDispatcher
 from sessiontree.protocol import DeadlockError, SessionTreeError
 
 __all__ = [

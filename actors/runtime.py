@@ -27,11 +27,10 @@ from sessiontree.actors._execution import (
     to_outcome,
 )
 from sessiontree.actors._host import ModelCall, RunEnd, SessionHost, SpawnedLike
+from sessiontree.actors._loop_actor import LoopActor, LoopRef
 from sessiontree.actors._loop_dispatch import (
     BlockedHandler,
-    LoopActor,
     LoopDispatcher,
-    LoopRef,
     handle_now,
     stop_unstarted,
 )
