@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -200,8 +200,8 @@ class TreeEntry:
     shutdown_park: bool = False
     pressured: bool = False  # suspended by memory pressure (stored with its record)
     # persistence: results got since the last snapshot (their receipts), the
-    # next inbox number, whether the creation is durable (and who waits for
-    # it), the terminal write, and whether resuming re-runs the skill (a
+    # next inbox number, whether the creation is durable (and what awaits
+    # its write: ``Commits.durable``), the terminal write, and whether resuming re-runs the skill (a
     # branch that came back from the store)
     receipts: list[SessionResult] = field(default_factory=list)
     next_seq: int = 0
@@ -215,7 +215,7 @@ class TreeEntry:
     # (request id -> their acceptance; see ``_messages.Sent``)
     sent: dict[str, Sent] | None = None
     persisted: bool = True
-    on_persisted: list[Callable[[BaseException | None], None]] = field(default_factory=list)
+    record_write: Awaitable[BaseException | None] | None = None  # its wait, until settled
     final_write: concurrent.futures.Future[None] | None = None
     rerun: bool = False
     # passivation (Mains): inputs posted so far, the monotonic time of the last

@@ -22,8 +22,8 @@ from sessiontree.protocol import (
     SessionKind,
     SessionResult,
 )
-from sessiontree.supervision._commits import Commits, store_error
-from sessiontree.supervision._entry import Sent
+from sessiontree.supervision._commits import Commits, Written, store_error
+from sessiontree.supervision._entry import Sent, TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import CycleStarted
 from sessiontree.supervision._requests import DEFERRED
@@ -118,37 +118,44 @@ class Messages:
             return None
         entry.next_seq += 1
         entry.inflight += 1
+        inbound = Inbound(message, seq, trace=trace, id=mid, fresh=fresh)
+        return self._accepted(entry, self.commits.durable(future), inbound, sent, request_id)
 
-        def written(error: BaseException | None) -> None:
-            entry.inflight -= 1
-            answer: ErrorInfo | None = None
-            if error is not None:
-                tree.store_failed(error)
-                answer = store_error(error, session_id)
-            elif entry.state.is_terminal or entry.cancel_code is not None:
-                answer = ErrorInfo(
-                    code=ErrorCode.SESSION_NOT_ACTIVE,
-                    message=f"session {session_id} ended before the message was accepted",
-                )
-            elif tree.held_reason is not None and session_id in tree.held:
-                # behind the Main's held replay: runs after it, once released
-                inbound = Inbound(message, seq, trace=trace, id=mid, fresh=fresh)
-                tree.held[session_id].append(inbound)
-            else:
-                tree.post(entry, Inbound(message, seq, trace=trace, id=mid, fresh=fresh))
-            if sent is not None:
-                if answer is not None and entry.sent is not None:  # refused: a retry may pass
-                    entry.sent.pop(request_id or "", None)
-                sent.answered(answer)
-            if reply is not None:
-                reply.set(answer)
+    async def _accepted(
+        self,
+        entry: TreeEntry,
+        written: Written,
+        inbound: Inbound,
+        sent: Sent | None,
+        request_id: str | None,
+    ) -> ErrorInfo | None:
+        """The rest of a send: once the message is in the Main's stored inbox, its
+        cycle is queued (behind a held-back replay, if the Main has one); the
+        answer is None, or why it was not accepted."""
+        error = await written
+        tree = self.tree
+        session_id = entry.session_id
+        entry.inflight -= 1
+        answer: ErrorInfo | None = None
+        if error is not None:
+            tree.store_failed(error)
+            answer = store_error(error, session_id)
+        elif entry.state.is_terminal or entry.cancel_code is not None:
+            answer = ErrorInfo(
+                code=ErrorCode.SESSION_NOT_ACTIVE,
+                message=f"session {session_id} ended before the message was accepted",
+            )
+        elif tree.held_reason is not None and session_id in tree.held:
+            tree.held[session_id].append(inbound)  # runs after the held replay, once released
+        else:
+            tree.post(entry, inbound)
+        if sent is not None:
+            if answer is not None and entry.sent is not None:  # refused: a retry may pass
+                entry.sent.pop(request_id or "", None)
+            sent.answered(answer)
+        return answer
 
-        self.commits.when_written(future, written)
-        return DEFERRED
-
-    def redeliver(
-        self, session_id: uuid.UUID, result: SessionResult, unwedge: uuid.UUID, reply: Reply | None
-    ) -> object:
+    def redeliver(self, session_id: uuid.UUID, result: SessionResult, unwedge: uuid.UUID) -> object:
         """Run a Main's cycle for a child result recovery held back (filed on it
         already) once the held-back item is durably dropped."""
         tree = self.tree
@@ -159,24 +166,26 @@ class Messages:
                 message=f"session {session_id} is not a live Main; its result cannot run again",
             )
         future = tree.persist.unwedge(unwedge)
-
-        def deliver(error: BaseException | None) -> None:
-            answer: ErrorInfo | None = None
-            if error is not None:
-                tree.store_failed(error)
-                answer = store_error(error, session_id)
-            elif not entry.state.is_terminal:
-                with entry.core.cond:
-                    entry.core.unclaimed[result.session_id] = result
-                tree.post(entry, Deliver(result))
-            if reply is not None:
-                reply.set(answer)
-
         if future is None:
-            deliver(None)
+            self._deliver(entry, result)
             return None
-        self.commits.when_written(future, deliver)
-        return DEFERRED
+        return self._redelivered(entry, result, self.commits.durable(future))
+
+    async def _redelivered(
+        self, entry: TreeEntry, result: SessionResult, written: Written
+    ) -> ErrorInfo | None:
+        error = await written
+        if error is not None:
+            self.tree.store_failed(error)
+            return store_error(error, entry.session_id)
+        if not entry.state.is_terminal:
+            self._deliver(entry, result)
+        return None
+
+    def _deliver(self, entry: TreeEntry, result: SessionResult) -> None:
+        with entry.core.cond:
+            entry.core.unclaimed[result.session_id] = result
+        self.tree.post(entry, Deliver(result))
 
     def progress(self, session_id: uuid.UUID, note: str, data: dict[str, Any]) -> None:
         """A session's progress note: kept (an expiry reports it) and emitted."""
