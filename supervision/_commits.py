@@ -14,6 +14,7 @@ submitted (queued in order ahead of any later write) uses ``when_submitted``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -78,6 +79,11 @@ class Commits:
         # the open batch's future and how many writes in it count_failures counts
         self.counted_writes: tuple[concurrent.futures.Future[None], list[int]] | None = None
         self.down = False  # the Cortex stopped or failed: no rest of an operation runs
+        # writes finished on the writer's thread, handed to the loop in one wake-up
+        self.finished: collections.deque[
+            tuple[asyncio.Future[BaseException | None], BaseException | None]
+        ] = collections.deque()
+        self.wake_pending = False
         # how a raise in the rest of an operation fails the node: wired by the Cortex
         self.raised: Callable[[BaseException, Reply | None], None] = _unwired
 
@@ -90,12 +96,36 @@ class Commits:
         shared = self.shared_wait
         if shared is not None and shared[0] is future:
             return shared[1]
-        loop = self.rt.loop().loop
-        written = Written(self, loop.create_future())
-        future.add_done_callback(functools.partial(_settle, loop, written.waiter))
+        written = Written(self, self.rt.loop().loop.create_future())
+        future.add_done_callback(functools.partial(self._settle, written.waiter))
         if future is self.persist.shared:
             self.shared_wait = (future, written)
         return written
+
+    def _settle(
+        self, waiter: asyncio.Future[BaseException | None], write: concurrent.futures.Future[None]
+    ) -> None:
+        """On the writer's thread: hand ``write``'s outcome to the loop. A group
+        commit finishes the writes of many operations at once; one wake-up of
+        the loop (a system call) takes them all."""
+        self.finished.append((waiter, write.exception()))
+        if self.wake_pending:
+            return
+        self.wake_pending = True
+        try:
+            self.rt.loop().loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop is closed: nobody is left to wait
+            log.warning("a store write finished after the node's loop closed")
+
+    def _wake(self) -> None:
+        # On the loop. The flag is cleared before the queue is read, so a write
+        # finished after this point always finds it clear and wakes the loop again.
+        self.wake_pending = False
+        finished = self.finished
+        while finished:
+            waiter, error = finished.popleft()
+            if not waiter.done():
+                waiter.set_result(error)
 
     def after(self, work: Coroutine[Any, Any, Any], reply: Reply | None = None) -> None:
         """Run ``work``, the rest of an operation, as a task on the node's loop
@@ -271,23 +301,6 @@ def store_error(error: BaseException, session_id: uuid.UUID) -> ErrorInfo:
         message=f"session {session_id}: the store refused the write: {error}",
         detail={"session_id": str(session_id)},
     )
-
-
-def _settle(
-    loop: asyncio.AbstractEventLoop,
-    waiter: asyncio.Future[BaseException | None],
-    finished: concurrent.futures.Future[None],
-) -> None:
-    """On the writer's thread: hand the write's outcome to the loop."""
-    try:
-        loop.call_soon_threadsafe(_set, waiter, finished.exception())
-    except RuntimeError:  # the loop is closed: nobody is left to wait
-        log.warning("a store write finished after the node's loop closed")
-
-
-def _set(waiter: asyncio.Future[BaseException | None], error: BaseException | None) -> None:
-    if not waiter.done():
-        waiter.set_result(error)
 
 
 def _unwired(error: BaseException, reply: Reply | None) -> None:

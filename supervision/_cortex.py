@@ -296,7 +296,6 @@ class Cortex:
                 return self.messages.send(
                     sid,
                     message,
-                    reply,
                     unwedge=unwedge,
                     trace=trace,
                     message_id=mid,

@@ -173,7 +173,10 @@ class Endings:
             entry.unconsumed = None
         receipts = list(entry.receipts)  # the snapshot files those it takes
         write = entry.snapshot_write = tree.persist.snapshot(entry, now, consumed=consumed)
-        filed = [r for r in receipts if not any(r is kept for kept in entry.receipts)]
+        filed = receipts
+        if entry.receipts:  # results not taken yet stay (thousands, when cycles lag behind)
+            kept = set(map(id, entry.receipts))
+            filed = [r for r in receipts if id(r) not in kept]
         if write is not None and (consumed or filed):
             # told only if it failed (a hop to the loop per cycle cost more)
             self.commits.if_refused(write, functools.partial(_unconsumed, entry, consumed, filed))

@@ -276,30 +276,19 @@ def with_state(entry: TreeEntry) -> SessionInfo:
 
 class Sent:
     """A message sent with an idempotency key, while it is in its Main's inbox:
-    its identity, and its acceptance (or who waits for it)."""
+    its identity, its acceptance once known, and, until then, the inbox write
+    that decides it (a repeat awaits it, then reads the acceptance)."""
 
-    __slots__ = ("answer", "done", "id", "waiting")
+    __slots__ = ("answer", "done", "id", "written")
 
     def __init__(self, message_id: uuid.UUID, *, done: bool = False) -> None:
         self.id = message_id
         self.answer: ErrorInfo | None = None
         self.done = done
-        self.waiting: list[Reply] = []
-
-    def repeat(self, reply: Reply | None) -> bool:
-        """A repeat of the send: True if the first's ``answer`` is known, else
-        ``reply`` is answered with it once it is."""
-        if self.done:
-            return True
-        if reply is not None:
-            self.waiting.append(reply)
-        return False
+        self.written: Awaitable[BaseException | None] | None = None
 
     def answered(self, answer: ErrorInfo | None) -> None:
-        self.answer, self.done = answer, True
-        waiting, self.waiting = self.waiting, []
-        for reply in waiting:
-            reply.set(answer)
+        self.answer, self.done, self.written = answer, True, None
 
 
 def forget_consumed(entry: TreeEntry, input_key: str | None) -> None:

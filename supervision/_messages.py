@@ -13,7 +13,7 @@ import random
 import uuid
 from typing import Any
 
-from sessiontree.actors.runtime import Deliver, Inbound, Reply
+from sessiontree.actors.runtime import Deliver, Inbound
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
@@ -26,7 +26,6 @@ from sessiontree.supervision._commits import Commits, Written, store_error
 from sessiontree.supervision._entry import Sent, TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import CycleStarted
-from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._tree import Tree
 
 __all__ = ["Messages"]
@@ -52,6 +51,15 @@ def _refusal(session_id: uuid.UUID, info: SessionInfo) -> ErrorInfo:
     )
 
 
+async def _as_first(first: Sent) -> ErrorInfo | None:
+    """A repeat of a keyed send whose first is not yet accepted: answered as the
+    first is, once its inbox write is done (awaited after the first's own rest,
+    which sets the answer)."""
+    assert first.written is not None  # set as the first's write was made
+    await first.written
+    return first.answer
+
+
 class Messages:
     """Hands messages to sessions (Cortex thread)."""
 
@@ -63,7 +71,6 @@ class Messages:
         self,
         session_id: uuid.UUID,
         message: object,
-        reply: Reply | None = None,
         *,
         unwedge: uuid.UUID | None = None,
         trace: str | None = None,
@@ -76,7 +83,8 @@ class Messages:
         It gets an identity (``message_id``, else a new one) that its cycle's
         conversation appends are keyed by. ``request_id``: the sender's
         idempotency key: a repeat while the first is in the inbox (accepted, its
-        cycle not yet run) queues nothing and is answered as the first was."""
+        cycle not yet run) queues nothing and is answered as the first was (once
+        that is known: ``_as_first``)."""
         tree = self.tree
         entry = tree.entry(session_id)
         if entry is None:  # ended before a restart or evicted: answered as if indexed
@@ -94,7 +102,7 @@ class Messages:
         if request_id is not None and entry.sent is not None:
             first = entry.sent.get(request_id)
             if first is not None:
-                return first.answer if first.repeat(reply) else DEFERRED
+                return first.answer if first.done else _as_first(first)
         seq = entry.next_seq
         fresh = message_id is None  # no run of it can have written anything yet
         mid = message_id or uuid.UUID(int=_IDS.getrandbits(128), version=4)
@@ -119,7 +127,10 @@ class Messages:
         entry.next_seq += 1
         entry.inflight += 1
         inbound = Inbound(message, seq, trace=trace, id=mid, fresh=fresh)
-        return self._accepted(entry, self.commits.durable(future), inbound, sent, request_id)
+        written = self.commits.durable(future)
+        if sent is not None:
+            sent.written = written
+        return self._accepted(entry, written, inbound, sent, request_id)
 
     async def _accepted(
         self,
