@@ -130,7 +130,7 @@ def in_actor_handler() -> bool:
     """True on a thread where blocking on an actor's answer is refused: inside
     an actor's message handler, or on the node's event loop (it serves the
     actors themselves, see ``LoopDispatcher``, and it runs every async skill)."""
-    return getattr(_local, "handler", False) or getattr(_local, "serves", 0) > 0
+    return getattr(_local, "handler", 0) > 0 or getattr(_local, "serves", 0) > 0
 
 
 def refuse_blocking() -> None:
@@ -157,14 +157,16 @@ def unmark_serving_thread() -> None:
 
 
 class handler_scope:  # noqa: N801 - used as a context manager, reads as a statement
-    """Marks the current thread as inside an actor handler (for the deadlock guard)."""
+    """Marks the current thread as inside an actor handler (for the deadlock guard).
+
+    Scopes are counted, so they may interleave on one thread: the Cortex's
+    continuations (tasks on its loop) each hold one across their awaits."""
 
     def __enter__(self) -> None:
-        self._was = getattr(_local, "handler", False)
-        _local.handler = True
+        _local.handler = getattr(_local, "handler", 0) + 1
 
     def __exit__(self, *exc: object) -> None:
-        _local.handler = self._was
+        _local.handler -= 1
 
 
 T = TypeVar("T")

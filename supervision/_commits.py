@@ -1,36 +1,70 @@
-"""How the Cortex waits for the store: shared commits and what runs after them.
+"""How the Cortex waits for the store: shared commits, and the rest of an
+operation once what it wrote is durable.
 
-The store's one writer makes every write; the Cortex never blocks on one. It
-hands the writer its records, and what must happen once they are durable (a
-spawn's answer, a child's start, a message's acceptance) comes back to the
-Cortex's mailbox as an ``AfterWrite``. Writes made inside ``one_commit`` share
-one transaction and one ``AfterWrite``; what must only wait until they are
+The store's one writer makes every write; the Cortex never blocks on one. An
+operation that must wait for a write is split where it waits: its first part
+runs in the Cortex's turn (so what it admits is atomic with the turn), takes
+what to await from ``durable`` and hands its rest, a coroutine, to ``after``,
+which runs it on the node's loop as a task: one ``await`` where the write must
+be durable, straight-line code after it. Writes made inside ``one_commit``
+share one transaction and one wait; what must only wait until they are
 submitted (queued in order ahead of any later write) uses ``when_submitted``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from typing import Any
 
-import pykka
-
-from sessiontree.actors.runtime import Reply, post
-from sessiontree.protocol import ErrorCode, ErrorInfo
+from sessiontree.actors.runtime import Reply, handler_scope
+from sessiontree.protocol import ErrorCode, ErrorInfo, NodeClosedError
 from sessiontree.supervision._entry import TreeEntry
 from sessiontree.supervision._persist import Persister
-from sessiontree.supervision._reports import AfterWrite
 from sessiontree.supervision._runtime import Runtime
 
-__all__ = ["Commits", "answer_durable", "answer_written", "store_error"]
+__all__ = ["Commits", "Refused", "Written", "answer_durable", "answer_written", "store_error"]
 
 log = logging.getLogger("sessiontree.cortex")
 
-Then = Callable[[BaseException | None], None]
+
+class Refused(Exception):  # noqa: N818 - what happened, as the store's own errors read
+    """Raised by the rest of an operation (``Commits.after``): the store refused
+    the write it waited for, and its caller is answered with ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _Stopped(BaseException):
+    """The Cortex stopped or failed while a write was awaited: nothing more is
+    decided from its index."""
+
+
+class Written:
+    """What the rest of an operation awaits for one store write (made by
+    ``Commits.durable``): None once the write is durable, else the store's
+    error. Awaited once the Cortex stopped or failed, it ends the operation
+    there (its caller hears ``NodeClosedError``); it may be awaited by several."""
+
+    __slots__ = ("commits", "waiter")
+
+    def __init__(self, commits: Commits, waiter: asyncio.Future[BaseException | None]) -> None:
+        self.commits, self.waiter = commits, waiter
+
+    def __await__(self) -> Generator[Any, None, BaseException | None]:
+        if not self.commits.down:
+            error = yield from self.waiter.__await__()
+            if not self.commits.down:
+                return error
+        raise _Stopped
 
 
 class Commits:
@@ -39,38 +73,129 @@ class Commits:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
         self.persist = runtime.persist
-        self.ref: pykka.ActorRef[Any] | None = None  # the Cortex, once started
-        self.batched: list[Then] | None = None
         self.submitted: list[Callable[[], None]] | None = None  # run once the batch is submitted
+        # the open batch's future and its one wait (every write in it shares them)
+        self.shared_wait: tuple[concurrent.futures.Future[None], Written] | None = None
         # the open batch's future and how many writes in it count_failures counts
         self.counted_writes: tuple[concurrent.futures.Future[None], list[int]] | None = None
+        self.down = False  # the Cortex stopped or failed: no rest of an operation runs
+        # writes finished on the writer's thread, handed to the loop in one wake-up
+        self.finished: collections.deque[
+            tuple[asyncio.Future[BaseException | None], BaseException | None]
+        ] = collections.deque()
+        self.wake_pending = False
+        # how a raise in the rest of an operation fails the node: wired by the Cortex
+        self.raised: Callable[[BaseException, Reply | None], None] = _unwired
 
-    def when_written(
-        self, future: concurrent.futures.Future[None] | None, then: Then, *, urgent: bool = True
-    ) -> None:
-        """Run ``then(error)`` on the Cortex thread once the store write ``future``
-        finished (at once without a store). The write counts as activity.
-        ``urgent`` (default): someone outside waits on it, so it commits now;
-        otherwise it goes with the next write someone waits on."""
-        if future is None:
-            then(None)
-            return
+    def durable(self, future: concurrent.futures.Future[None], *, urgent: bool = True) -> Written:
+        """What to await for the store write ``future`` (call it in the Cortex's
+        turn). ``urgent`` (default): someone outside waits on it, so it commits
+        now; otherwise it goes with the next write someone waits on."""
         if urgent:
             self.persist.hurry()
-        if self.batched is not None and future is self.persist.shared:
-            self.batched.append(then)  # one AfterWrite for the whole batch
-            return
-        ref, activity = self.ref, self.rt.activity
-        activity.begin()
+        shared = self.shared_wait
+        if shared is not None and shared[0] is future:
+            return shared[1]
+        written = Written(self, self.rt.loop().loop.create_future())
+        future.add_done_callback(functools.partial(self._settle, written.waiter))
+        if future is self.persist.shared:
+            self.shared_wait = (future, written)
+        return written
 
-        def done(finished: concurrent.futures.Future[None]) -> None:
+    def _settle(
+        self, waiter: asyncio.Future[BaseException | None], write: concurrent.futures.Future[None]
+    ) -> None:
+        """On the writer's thread: hand ``write``'s outcome to the loop. A group
+        commit finishes the writes of many operations at once; one wake-up of
+        the loop (a system call) takes them all."""
+        self.finished.append((waiter, write.exception()))
+        if self.wake_pending:
+            return
+        self.wake_pending = True
+        try:
+            self.rt.loop().loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop is closed: nobody is left to wait
+            log.warning("a store write finished after the node's loop closed")
+
+    def _wake(self) -> None:
+        # On the loop. The flag is cleared before the queue is read, so a write
+        # finished after this point always finds it clear and wakes the loop again.
+        self.wake_pending = False
+        finished = self.finished
+        while finished:
+            waiter, error = finished.popleft()
+            if not waiter.done():
+                waiter.set_result(error)
+
+    def after(self, work: Coroutine[Any, Any, Any], reply: Reply | None = None) -> None:
+        """Run ``work``, the rest of an operation, as a task on the node's loop
+        (its first step after this turn; it re-reads what it acts on after each
+        await, as anything may have changed meanwhile). ``reply`` is answered
+        with what it returns, or failed with the error of a ``Refused`` it
+        raises. Until it finishes it counts as the node's activity
+        (``wait_idle``); it runs as a Cortex handler does (``handler_scope``),
+        and any other raise in it fails the node as a raise in a handler does."""
+        if self.down:
+            work.close()
+            if reply is not None:
+                reply.fail(NodeClosedError("the node stopped before answering"))
+            return
+        self.rt.activity.begin()
+        self.rt.loop().loop.create_task(self._run(work, reply))
+
+    async def _run(self, work: Coroutine[Any, Any, Any], reply: Reply | None) -> None:
+        try:
+            with handler_scope():
+                value = await work
+        except Refused as refused:
+            if reply is not None:
+                reply.fail(refused.error)
+        except (_Stopped, asyncio.CancelledError):  # the Cortex, or the loop, is gone
+            if reply is not None:
+                reply.fail(NodeClosedError("the node stopped before the store answered"))
+        except BaseException as exc:  # noqa: BLE001 - fails the node loudly, as in a handler
+            self.raised(exc, reply)
+        else:
+            if reply is not None:
+                reply.set(value)
+        finally:
+            self.rt.activity.end()
+
+    def if_refused(
+        self, future: concurrent.futures.Future[None], then: Callable[[BaseException], None]
+    ) -> None:
+        """Run ``then(error)`` on the node's loop, as a Cortex handler, only if the
+        write ``future`` fails (nothing crosses to the loop for a durable one:
+        a Main's snapshot, a settled call)."""
+        loop, activity = self.rt.loop().loop, self.rt.activity
+
+        def done(finished: concurrent.futures.Future[None]) -> None:  # the writer's thread
+            error = finished.exception()
+            if error is None:
+                return
+            activity.begin()
             try:
-                if ref is None or not post(ref, AfterWrite(then, finished.exception()), activity):
-                    log.warning("a store write finished after the cortex stopped")
-            finally:
+                loop.call_soon_threadsafe(self._refused, then, error)
+            except RuntimeError:  # the loop is closed: nothing runs there any more
                 activity.end()
+                log.warning("a store write failed after the node's loop closed: %r", error)
 
         future.add_done_callback(done)
+
+    def _refused(self, then: Callable[[BaseException], None], error: BaseException) -> None:
+        try:
+            if not self.down:
+                with handler_scope():
+                    then(error)
+        except BaseException as exc:  # noqa: BLE001 - fails the node loudly, as in a handler
+            self.raised(exc, None)
+        finally:
+            self.rt.activity.end()
+
+    def stop(self) -> None:
+        """The Cortex stopped or failed: the rest of an operation still waiting
+        for the store ends there (its caller hears ``NodeClosedError``)."""
+        self.down = True
 
     def when_submitted(self, then: Callable[[], None]) -> None:
         """Run ``then()`` on the Cortex thread once every write made so far has been
@@ -85,29 +210,21 @@ class Commits:
     @contextlib.contextmanager
     def one_commit(self) -> Iterator[None]:
         """Every write made inside goes into one store batch (one commit), and
-        what waits for those writes runs in one ``AfterWrite``: a batched spawn,
-        a cascade, a batch of ended runs cost one transaction, not one each."""
-        if self.batched is not None:
+        whatever awaits those writes awaits one wait (``durable``): a batched
+        spawn, a cascade, a batch of ended runs cost one transaction, not one
+        each."""
+        if self.submitted is not None:
             yield
             return
-        self.batched, self.submitted = [], []
+        self.submitted = []
         self.persist.open_batch()
-        shared = self.persist.shared
         try:
             yield
         finally:
-            thens, self.batched = self.batched, None
             submitted, self.submitted = self.submitted, None
+            self.shared_wait = None
+            # who waits urgently asked for it as it joined (the batch is hurried as it closes)
             self.persist.close_batch()
-            if thens:
-
-                def run_all(error: BaseException | None) -> None:
-                    for then in thens:
-                        then(error)
-
-                # who waits urgently asked for it as it joined (the batch is hurried
-                # as it closes): the batch as a whole is not urgent
-                self.when_written(shared, run_all, urgent=False)
             for after in submitted:
                 after()
 
@@ -184,3 +301,7 @@ def store_error(error: BaseException, session_id: uuid.UUID) -> ErrorInfo:
         message=f"session {session_id}: the store refused the write: {error}",
         detail={"session_id": str(session_id)},
     )
+
+
+def _unwired(error: BaseException, reply: Reply | None) -> None:
+    log.critical("the rest of an operation raised, and no cortex is wired", exc_info=error)

@@ -18,6 +18,7 @@ instead of running headless.
 from __future__ import annotations
 
 import logging
+from types import CoroutineType
 from typing import Any
 
 from sessiontree.actors.runtime import Counted, Reply, drain_inbox, handler_scope, post
@@ -41,7 +42,6 @@ from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._messages import Messages
 from sessiontree.supervision._periodic import Periodic
 from sessiontree.supervision._reports import (
-    AfterWrite,
     ChildUpdate,
     CycleStarted,
     Deadline,
@@ -120,7 +120,8 @@ class Cortex:
         super().__init__()
         self.rt = runtime
         self.commits = Commits(runtime)
-        self.tree = tree = Tree(runtime, self.commits)
+        self.commits.raised = self._raised  # a raise in the rest of an operation
+        self.tree = tree = Tree(runtime)
         self.starting = Starting(tree)
         self.endings = Endings(tree, self.commits)
         self.cancelling = Cancelling(tree, self.commits, self.endings)
@@ -139,7 +140,7 @@ class Cortex:
 
     def on_start(self) -> None:
         """Runs on the Cortex thread before any message; arms the periodic check."""
-        self.tree.ref = self.commits.ref = self.actor_ref  # type: ignore[attr-defined]
+        self.tree.ref = self.actor_ref  # type: ignore[attr-defined]
         self.rt.activity.on_idle = self.on_idle
         self.periodic.arm()
         self.rt.started.set()
@@ -149,6 +150,7 @@ class Cortex:
         callers still queued or waiting get ``NodeClosedError`` instead of
         waiting for their timeout."""
         self.stopped = True
+        self.commits.stop()
         self.rt.activity.on_idle = None
         self.tree.stop_ended()
         self._fail_waiters(NodeClosedError("the node stopped before the session ended"))
@@ -167,16 +169,8 @@ class Cortex:
         try:
             with handler_scope():
                 return self._dispatch(body)
-        except (KeyboardInterrupt, SystemExit) as exc:
-            self.rt.on_fatal(exc)  # the node shuts down in order; its caller hears why
-            if isinstance(body, Call) and body.reply is not None:
-                body.reply.fail(NodeClosedError(f"{exc!r} inside the runtime; shutting down"))
-            return None
-        except BaseException as exc:
-            log.critical("cortex handler for %r raised; the node fails", body, exc_info=True)
-            if isinstance(body, Call) and body.reply is not None:
-                body.reply.fail(NodeClosedError(f"cortex failed: {exc!r}"))
-            self._fail(exc)
+        except BaseException as exc:  # noqa: BLE001 - the node fails loudly (see _raised)
+            self._raised(exc, body.reply if isinstance(body, Call) else None, body)
             return None
         finally:
             to_stop = len(self.tree.to_stop)
@@ -184,6 +178,20 @@ class Cortex:
                 self.tree.stop_ended()
             if counted:
                 self.rt.activity.end()
+
+    def _raised(self, exc: BaseException, reply: Reply | None, body: object = None) -> None:
+        """A handler, or the rest of an operation (``Commits.after``), raised
+        ``exc``: a ``KeyboardInterrupt``/``SystemExit`` shuts the node down in
+        order, anything else fails it loudly; ``reply``'s caller hears why."""
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            self.rt.on_fatal(exc)
+            if reply is not None:
+                reply.fail(NodeClosedError(f"{exc!r} inside the runtime; shutting down"))
+            return
+        log.critical("cortex handler for %r raised; the node fails", body, exc_info=exc)
+        if reply is not None:
+            reply.fail(NodeClosedError(f"cortex failed: {exc!r}"))
+        self._fail(exc)
 
     def on_idle(self) -> None:
         """``Activity.on_idle``: ask for a ``Reap`` if ended actors wait to stop.
@@ -202,8 +210,6 @@ class Cortex:
         match body:
             case Call(request=request, reply=reply):
                 self._call(request, reply)
-            case AfterWrite(then=then, error=error):
-                then(error)
             case RunEnded():
                 self.endings.runs_ended((body,))
             case RunsEnded(ends=ends):
@@ -260,21 +266,25 @@ class Cortex:
                 return
             reply.fail(exc)
             return
-        if reply is not None and value is not DEFERRED:
+        if type(value) is CoroutineType:  # the rest of the operation answers, once it returns
+            self.commits.after(value, reply)
+        elif reply is not None and value is not DEFERRED:
             reply.set(value)
 
     def _answer(self, request: Request[Any], reply: Reply | None) -> object:
-        """The answer to ``request``, or ``DEFERRED`` when the part that handles
-        it answers ``reply`` itself (after a store write, or once a session ends)."""
+        """The answer to ``request``; or the rest of the operation, a coroutine
+        whose value answers ``reply`` once the store wrote what it waits for
+        (``Commits.after``); or ``DEFERRED`` when the part that handles it
+        answers ``reply`` itself (once a session ends)."""
         tree = self.tree
         match request:
             case Spawn(parent_id=parent_id, spec=spec, by_skill=by_skill):
-                return self.spawning.spawn(parent_id, spec, reply, by_skill=by_skill)
+                return self.spawning.spawn(parent_id, spec, by_skill=by_skill)
             case Run(parent_id=parent_id, spec=spec, timeout=timeout):
                 assert reply is not None  # a run is its caller's waiter
                 return self.spawning.run(parent_id, spec, reply, timeout)
             case SpawnMany(parent_id=parent_id, specs=specs, by_skill=by_skill):
-                return self.spawning.spawn_many(parent_id, specs, reply, by_skill=by_skill)
+                return self.spawning.spawn_many(parent_id, specs, by_skill=by_skill)
             case Send(
                 session_id=sid,
                 message=message,
@@ -286,14 +296,13 @@ class Cortex:
                 return self.messages.send(
                     sid,
                     message,
-                    reply,
                     unwedge=unwedge,
                     trace=trace,
                     message_id=mid,
                     request_id=request_id,
                 )
             case Redeliver(session_id=sid, result=result, unwedge=unwedge):
-                return self.messages.redeliver(sid, result, unwedge, reply)
+                return self.messages.redeliver(sid, result, unwedge)
             case ReleaseReplay():
                 return self.starting.release_replay() + self.endings.store_held.release()
             case Cancel(session_id=sid, grace=grace, reason=reason):
@@ -308,7 +317,7 @@ class Cortex:
             case Control(command=command):
                 return self._control(command, reply)
             case OpenMain(agent_id=agent_id, key=key):
-                return self.spawning.open_main(agent_id, key, reply)
+                return self.spawning.open_main(agent_id, key)
             case BringBack():
                 plan, self.rt.recovered = self.rt.recovered, None
                 if plan is not None:
@@ -408,6 +417,7 @@ class Cortex:
         if self.failed is not None:
             return
         self.failed = error
+        self.commits.stop()
         tree = self.tree
         tree.closing = True
         self._fail_waiters(NodeClosedError(f"node failed: {error!r}"))

@@ -9,14 +9,13 @@ descendants are cancelled (through ``on_orphans``, which the Cortex wires to
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sessiontree.actors.runtime import CycleDone, CycleRefused, Deliver, RunEnd, post
+from sessiontree.actors.runtime import CycleDone, CycleRefused, Deliver, RunEnd
 from sessiontree.protocol import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -33,7 +32,7 @@ from sessiontree.supervision._commits import Commits, answer_durable
 from sessiontree.supervision._cycle_log import FailedCycles
 from sessiontree.supervision._entry import TreeEntry, forget_consumed, id_text, unsettled
 from sessiontree.supervision._events import EventKind
-from sessiontree.supervision._reports import AfterWrite, RunEnded
+from sessiontree.supervision._reports import RunEnded
 from sessiontree.supervision._rules import ENDING_MESSAGES, ending_of
 from sessiontree.supervision._store_held import StoreHeld
 from sessiontree.supervision._tree import Tree
@@ -174,26 +173,13 @@ class Endings:
             entry.unconsumed = None
         receipts = list(entry.receipts)  # the snapshot files those it takes
         write = entry.snapshot_write = tree.persist.snapshot(entry, now, consumed=consumed)
-        filed = [r for r in receipts if not any(r is kept for kept in entry.receipts)]
+        filed = receipts
+        if entry.receipts:  # results not taken yet stay (thousands, when cycles lag behind)
+            kept = set(map(id, entry.receipts))
+            filed = [r for r in receipts if id(r) not in kept]
         if write is not None and (consumed or filed):
-            # told only when it failed (a message to the Cortex per cycle cost more)
-            settled = functools.partial(self._snapshot_settled, entry, consumed, filed)
-            write.add_done_callback(settled)
-
-    def _snapshot_settled(
-        self,
-        entry: TreeEntry,
-        consumed: list[int],
-        filed: list[SessionResult],
-        write: concurrent.futures.Future[None],
-    ) -> None:
-        """On the writer thread: a Main's snapshot settled; if it failed, the
-        Cortex notes what it consumed and filed for the next one."""
-        error = write.exception()
-        ref = self.tree.ref
-        if error is not None and ref is not None:
-            then = functools.partial(_unconsumed, entry, consumed, filed)
-            post(ref, AfterWrite(then, error), self.tree.rt.activity)
+            # told only if it failed (a hop to the loop per cycle cost more)
+            self.commits.if_refused(write, functools.partial(_unconsumed, entry, consumed, filed))
 
     def finish(
         self,
@@ -448,15 +434,12 @@ def _unwired(entry: TreeEntry) -> None:
 
 
 def _unconsumed(
-    entry: TreeEntry,
-    consumed: list[int],
-    filed: list[SessionResult],
-    error: BaseException | None,
+    entry: TreeEntry, consumed: list[int], filed: list[SessionResult], error: BaseException
 ) -> None:
-    """A Main's snapshot was written, or refused: then the messages it consumed
-    are consumed, and the results it filed are filed, by the next one (they
-    ran; a restart must not run them again)."""
-    if error is not None and not entry.state.is_terminal:
+    """A Main's snapshot was refused: the messages it consumed are consumed, and
+    the results it filed are filed, by the next one (they ran; a restart must
+    not run them again)."""
+    if not entry.state.is_terminal:
         if consumed:
             entry.unconsumed = consumed + (entry.unconsumed or [])
         entry.receipts[:0] = filed

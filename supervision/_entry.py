@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -200,8 +200,8 @@ class TreeEntry:
     shutdown_park: bool = False
     pressured: bool = False  # suspended by memory pressure (stored with its record)
     # persistence: results got since the last snapshot (their receipts), the
-    # next inbox number, whether the creation is durable (and who waits for
-    # it), the terminal write, and whether resuming re-runs the skill (a
+    # next inbox number, whether the creation is durable (and what awaits
+    # its write: ``Commits.durable``), the terminal write, and whether resuming re-runs the skill (a
     # branch that came back from the store)
     receipts: list[SessionResult] = field(default_factory=list)
     next_seq: int = 0
@@ -215,7 +215,7 @@ class TreeEntry:
     # (request id -> their acceptance; see ``_messages.Sent``)
     sent: dict[str, Sent] | None = None
     persisted: bool = True
-    on_persisted: list[Callable[[BaseException | None], None]] = field(default_factory=list)
+    record_write: Awaitable[BaseException | None] | None = None  # its wait, until settled
     final_write: concurrent.futures.Future[None] | None = None
     rerun: bool = False
     # passivation (Mains): inputs posted so far, the monotonic time of the last
@@ -276,30 +276,19 @@ def with_state(entry: TreeEntry) -> SessionInfo:
 
 class Sent:
     """A message sent with an idempotency key, while it is in its Main's inbox:
-    its identity, and its acceptance (or who waits for it)."""
+    its identity, its acceptance once known, and, until then, the inbox write
+    that decides it (a repeat awaits it, then reads the acceptance)."""
 
-    __slots__ = ("answer", "done", "id", "waiting")
+    __slots__ = ("answer", "done", "id", "written")
 
     def __init__(self, message_id: uuid.UUID, *, done: bool = False) -> None:
         self.id = message_id
         self.answer: ErrorInfo | None = None
         self.done = done
-        self.waiting: list[Reply] = []
-
-    def repeat(self, reply: Reply | None) -> bool:
-        """A repeat of the send: True if the first's ``answer`` is known, else
-        ``reply`` is answered with it once it is."""
-        if self.done:
-            return True
-        if reply is not None:
-            self.waiting.append(reply)
-        return False
+        self.written: Awaitable[BaseException | None] | None = None
 
     def answered(self, answer: ErrorInfo | None) -> None:
-        self.answer, self.done = answer, True
-        waiting, self.waiting = self.waiting, []
-        for reply in waiting:
-            reply.set(answer)
+        self.answer, self.done, self.written = answer, True, None
 
 
 def forget_consumed(entry: TreeEntry, input_key: str | None) -> None:

@@ -45,7 +45,6 @@ from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._extension import Extension
 from sessiontree.supervision._persist import Persister
 from sessiontree.supervision._providers import Price
-from sessiontree.supervision._reports import AfterWrite
 from sessiontree.supervision._requests import DEFERRED, Call, Request
 from sessiontree.supervision._rules import model_tier
 from sessiontree.supervision._tree import Tree
@@ -149,7 +148,7 @@ class Ledgers(Extension):
         written = tree.rt.persist.call(held, tree.now())
         if written is None:
             return held
-        ref, activity = self.commits.ref, tree.rt.activity
+        ref, activity = tree.ref, tree.rt.activity
 
         def answer(finished: concurrent.futures.Future[None]) -> None:  # the writer's thread
             error = finished.exception()
@@ -172,16 +171,9 @@ class Ledgers(Extension):
         counted = self.settle(reserved, settle.used)
         persist = tree.rt.persist
         written = persist.usage(counted, settled=reserved)
-        if written is not None:  # told only when it failed (a hop per settle cost more)
-            ref, activity = self.commits.ref, tree.rt.activity
-
-            def refused(finished: concurrent.futures.Future[None]) -> None:
-                error = finished.exception()
-                if error is not None and ref is not None:
-                    then = functools.partial(_settle_refused, persist, counted, reserved)
-                    post(ref, AfterWrite(then, error), activity)
-
-            written.add_done_callback(refused)
+        if written is not None:  # told only if it failed (a hop per settle cost more)
+            then = functools.partial(_settle_refused, persist, counted, reserved)
+            self.commits.if_refused(written, then)
         if traced is not None:
             entry = tree.entries.get(reserved.chain[0])
             tree.emit(EventKind.MODEL_CALL, entry, data=traced, at=traced["ended_at"])

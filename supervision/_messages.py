@@ -13,7 +13,7 @@ import random
 import uuid
 from typing import Any
 
-from sessiontree.actors.runtime import Deliver, Inbound, Reply
+from sessiontree.actors.runtime import Deliver, Inbound
 from sessiontree.protocol import (
     ErrorCode,
     ErrorInfo,
@@ -22,11 +22,10 @@ from sessiontree.protocol import (
     SessionKind,
     SessionResult,
 )
-from sessiontree.supervision._commits import Commits, store_error
-from sessiontree.supervision._entry import Sent
+from sessiontree.supervision._commits import Commits, Written, store_error
+from sessiontree.supervision._entry import Sent, TreeEntry
 from sessiontree.supervision._events import EventKind
 from sessiontree.supervision._reports import CycleStarted
-from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._tree import Tree
 
 __all__ = ["Messages"]
@@ -52,6 +51,15 @@ def _refusal(session_id: uuid.UUID, info: SessionInfo) -> ErrorInfo:
     )
 
 
+async def _as_first(first: Sent) -> ErrorInfo | None:
+    """A repeat of a keyed send whose first is not yet accepted: answered as the
+    first is, once its inbox write is done (awaited after the first's own rest,
+    which sets the answer)."""
+    assert first.written is not None  # set as the first's write was made
+    await first.written
+    return first.answer
+
+
 class Messages:
     """Hands messages to sessions (Cortex thread)."""
 
@@ -63,7 +71,6 @@ class Messages:
         self,
         session_id: uuid.UUID,
         message: object,
-        reply: Reply | None = None,
         *,
         unwedge: uuid.UUID | None = None,
         trace: str | None = None,
@@ -76,7 +83,8 @@ class Messages:
         It gets an identity (``message_id``, else a new one) that its cycle's
         conversation appends are keyed by. ``request_id``: the sender's
         idempotency key: a repeat while the first is in the inbox (accepted, its
-        cycle not yet run) queues nothing and is answered as the first was."""
+        cycle not yet run) queues nothing and is answered as the first was (once
+        that is known: ``_as_first``)."""
         tree = self.tree
         entry = tree.entry(session_id)
         if entry is None:  # ended before a restart or evicted: answered as if indexed
@@ -94,7 +102,7 @@ class Messages:
         if request_id is not None and entry.sent is not None:
             first = entry.sent.get(request_id)
             if first is not None:
-                return first.answer if first.repeat(reply) else DEFERRED
+                return first.answer if first.done else _as_first(first)
         seq = entry.next_seq
         fresh = message_id is None  # no run of it can have written anything yet
         mid = message_id or uuid.UUID(int=_IDS.getrandbits(128), version=4)
@@ -118,37 +126,47 @@ class Messages:
             return None
         entry.next_seq += 1
         entry.inflight += 1
+        inbound = Inbound(message, seq, trace=trace, id=mid, fresh=fresh)
+        written = self.commits.durable(future)
+        if sent is not None:
+            sent.written = written
+        return self._accepted(entry, written, inbound, sent, request_id)
 
-        def written(error: BaseException | None) -> None:
-            entry.inflight -= 1
-            answer: ErrorInfo | None = None
-            if error is not None:
-                tree.store_failed(error)
-                answer = store_error(error, session_id)
-            elif entry.state.is_terminal or entry.cancel_code is not None:
-                answer = ErrorInfo(
-                    code=ErrorCode.SESSION_NOT_ACTIVE,
-                    message=f"session {session_id} ended before the message was accepted",
-                )
-            elif tree.held_reason is not None and session_id in tree.held:
-                # behind the Main's held replay: runs after it, once released
-                inbound = Inbound(message, seq, trace=trace, id=mid, fresh=fresh)
-                tree.held[session_id].append(inbound)
-            else:
-                tree.post(entry, Inbound(message, seq, trace=trace, id=mid, fresh=fresh))
-            if sent is not None:
-                if answer is not None and entry.sent is not None:  # refused: a retry may pass
-                    entry.sent.pop(request_id or "", None)
-                sent.answered(answer)
-            if reply is not None:
-                reply.set(answer)
+    async def _accepted(
+        self,
+        entry: TreeEntry,
+        written: Written,
+        inbound: Inbound,
+        sent: Sent | None,
+        request_id: str | None,
+    ) -> ErrorInfo | None:
+        """The rest of a send: once the message is in the Main's stored inbox, its
+        cycle is queued (behind a held-back replay, if the Main has one); the
+        answer is None, or why it was not accepted."""
+        error = await written
+        tree = self.tree
+        session_id = entry.session_id
+        entry.inflight -= 1
+        answer: ErrorInfo | None = None
+        if error is not None:
+            tree.store_failed(error)
+            answer = store_error(error, session_id)
+        elif entry.state.is_terminal or entry.cancel_code is not None:
+            answer = ErrorInfo(
+                code=ErrorCode.SESSION_NOT_ACTIVE,
+                message=f"session {session_id} ended before the message was accepted",
+            )
+        elif tree.held_reason is not None and session_id in tree.held:
+            tree.held[session_id].append(inbound)  # runs after the held replay, once released
+        else:
+            tree.post(entry, inbound)
+        if sent is not None:
+            if answer is not None and entry.sent is not None:  # refused: a retry may pass
+                entry.sent.pop(request_id or "", None)
+            sent.answered(answer)
+        return answer
 
-        self.commits.when_written(future, written)
-        return DEFERRED
-
-    def redeliver(
-        self, session_id: uuid.UUID, result: SessionResult, unwedge: uuid.UUID, reply: Reply | None
-    ) -> object:
+    def redeliver(self, session_id: uuid.UUID, result: SessionResult, unwedge: uuid.UUID) -> object:
         """Run a Main's cycle for a child result recovery held back (filed on it
         already) once the held-back item is durably dropped."""
         tree = self.tree
@@ -159,24 +177,26 @@ class Messages:
                 message=f"session {session_id} is not a live Main; its result cannot run again",
             )
         future = tree.persist.unwedge(unwedge)
-
-        def deliver(error: BaseException | None) -> None:
-            answer: ErrorInfo | None = None
-            if error is not None:
-                tree.store_failed(error)
-                answer = store_error(error, session_id)
-            elif not entry.state.is_terminal:
-                with entry.core.cond:
-                    entry.core.unclaimed[result.session_id] = result
-                tree.post(entry, Deliver(result))
-            if reply is not None:
-                reply.set(answer)
-
         if future is None:
-            deliver(None)
+            self._deliver(entry, result)
             return None
-        self.commits.when_written(future, deliver)
-        return DEFERRED
+        return self._redelivered(entry, result, self.commits.durable(future))
+
+    async def _redelivered(
+        self, entry: TreeEntry, result: SessionResult, written: Written
+    ) -> ErrorInfo | None:
+        error = await written
+        if error is not None:
+            self.tree.store_failed(error)
+            return store_error(error, entry.session_id)
+        if not entry.state.is_terminal:
+            self._deliver(entry, result)
+        return None
+
+    def _deliver(self, entry: TreeEntry, result: SessionResult) -> None:
+        with entry.core.cond:
+            entry.core.unclaimed[result.session_id] = result
+        self.tree.post(entry, Deliver(result))
 
     def progress(self, session_id: uuid.UUID, note: str, data: dict[str, Any]) -> None:
         """A session's progress note: kept (an expiry reports it) and emitted."""

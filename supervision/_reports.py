@@ -1,4 +1,4 @@
-"""What the runtime reports to the Cortex: sessions' runs, timers and the store.
+"""What the runtime reports to the Cortex: sessions' runs and timers.
 
 Each is a small message the Cortex takes in its mailbox and ``match``es
 (``Cortex._dispatch``); none carries an answer back. The Node's own
@@ -8,14 +8,12 @@ requests are in ``_requests``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sessiontree.actors.runtime import RunEnd
 
 __all__ = [
-    "AfterWrite",
     "ChildUpdate",
     "Deadline",
     "Expire",
@@ -117,14 +115,6 @@ class ChildUpdate:
 class Refused:
     session_id: uuid.UUID
     what: str
-
-
-@dataclass(frozen=True, slots=True)
-class AfterWrite:
-    """A store write the Cortex waited on finished: run ``then(error)`` (None: durable)."""
-
-    then: Callable[[BaseException | None], None]
-    error: BaseException | None
 
 
 @dataclass(frozen=True, slots=True)

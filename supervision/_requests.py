@@ -101,8 +101,8 @@ class OpenMain(Request[uuid.UUID], frozen=True):
 
 class Spawn(Request[SpawnAnswer], frozen=True):
     """Validate and create a child of ``parent_id``. ``by_skill``: the parent's
-    own skill asks, so the child starts while its record commits (the answer
-    still waits for it; see ``Spawning.spawn``)."""
+    own skill asks, so the child starts, and is answered, once its record is
+    queued (see ``Spawning.spawn``)."""
 
     parent_id: uuid.UUID
     spec: SpawnSpec
@@ -307,6 +307,7 @@ class StopAll(Request[int], frozen=True):
     """Stop every session actor still running (the last step of a shutdown)."""
 
 
-#: What an operation returns when it answers its reply itself, later (after a
-#: store write, or once a session ends).
+#: What an operation returns when it answers its reply itself, later (once a
+#: session ends, or a shutdown settles). One that waits for a store write
+#: returns its rest instead, a coroutine whose value answers (``Commits.after``).
 DEFERRED: object = object()

@@ -3,18 +3,20 @@ and created, a batch of children in one turn and one commit.
 
 A refused spawn is an answer (``SpawnAnswer`` with an ``ErrorInfo``), counted
 and emitted, never raised. With a store, a spawn is answered once the new
-session's record is durable, and a failed write takes the session out again.
+session's record is durable, and a failed write takes the session out again:
+the spawn is admitted and its record queued in the Cortex's turn, and its
+rest (``_started``) awaits the write, then starts the child and answers.
 A spawn by the parent's own skill and a ``Run`` are answered, and start the
 child, as soon as its record is queued (``early``): nothing outside the
 process has seen the child yet, the writer commits in order, so the record
 is durable no later than anything the child writes, and a failed write ends
-the child ``failed`` with the store's code.
+the child ``failed`` with the store's code (``_settled``).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +43,7 @@ from sessiontree.protocol import (
     slot_of,
 )
 from sessiontree.supervision._cancelling import Cancelling
-from sessiontree.supervision._commits import Commits, store_error
+from sessiontree.supervision._commits import Commits, Refused, Written, store_error
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import SharedTtl, SpawnAnswer, TreeEntry
 from sessiontree.supervision._events import Event, EventKind
@@ -76,7 +78,7 @@ class Spawning:
         self.starting = starting
         self.cancelling = cancelling
 
-    def open_main(self, agent_id: str, key: str, reply: Reply | None) -> object:
+    def open_main(self, agent_id: str, key: str) -> object:
         """Get or create the one Main of ``agent_id`` for session ``key`` (answered
         once its record is durable). Raises ``NodeClosedError`` while closing,
         ``UnknownAgentError``, or ``RejectedInputError`` for a malformed key."""
@@ -95,7 +97,7 @@ class Spawning:
         if existing is not None and existing in tree.entries:
             entry = tree.entries[existing]
             if not entry.state.is_terminal:
-                return _answer_when_persisted(entry, reply, existing, tree)
+                return _when_recorded(entry, existing, tree)
         ttl = agent.ttl_for(SessionKind.MAIN)
         spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
         grants = _features_admit(tree, None, spec, agent)
@@ -103,26 +105,35 @@ class Spawning:
         entry = self._new_entry(agent, None, spec, ttl, key, grants=grants)
         tree.mains[(agent_id, key)] = entry.session_id
         entry.started_at = tree.now()
-        tree.persist_new(entry)
-        return _answer_when_persisted(entry, reply, entry.session_id, tree)
+        written = self._record([entry])
+        if written is None:
+            return entry.session_id
+        return self._main_recorded(entry, written)
+
+    async def _main_recorded(self, entry: TreeEntry, written: Written) -> uuid.UUID:
+        """A new Main's record was written (or refused: it is taken out again)."""
+        error = await written
+        self._settled([entry], error)
+        if error is not None:
+            raise Refused(error)
+        return entry.session_id
 
     def spawn(
         self,
         parent_id: uuid.UUID,
         spec: SpawnSpec,
-        reply: Reply | None = None,
         *,
         early: bool = False,
         by_skill: bool = False,
     ) -> object:
         """Validate and create a child; never raises for a refused spawn. With a
-        store, the child starts (and ``reply`` is answered) once its record is
-        durable; a failed write answers the store's error and leaves no child.
-        ``early`` (a ``Run``, whose caller waits for the result): it starts,
-        and is answered, once its record is queued; a failed write ends it
-        (``Cancelling.unstored``). ``by_skill`` (the parent's skill asks):
-        early, and a worker under a running Branch is not written at all
-        (``TreeEntry.recorded``)."""
+        store, the answer is the rest of the spawn (``_started``): the child
+        starts, and is the answer, once its record is durable; a failed write
+        answers the store's error and leaves no child. ``early`` (a ``Run``,
+        whose caller waits for the result): it starts, and is answered, once
+        its record is queued; a failed write ends it (``Cancelling.unstored``).
+        ``by_skill`` (the parent's skill asks): early, and a worker under a
+        running Branch is not written at all (``TreeEntry.recorded``)."""
         early = early or by_skill
         tree = self.tree
         if tree.closing:
@@ -139,30 +150,26 @@ class Spawning:
                 known = tree.entries.get(first)
                 if known is None:
                     return answer
-                return _answer_when_persisted(known, reply, answer, tree)
+                return _when_recorded(known, answer, tree)
         admitted = self._admit(parent, parent_id, spec)
         if isinstance(admitted, ErrorInfo):
             return SpawnAnswer(None, admitted)
         assert parent is not None  # admitted: it exists
         entry = self._create_child(parent, admitted, spec, by_skill=by_skill)
-        if not tree.persist_new(entry, self.cancelling.unstored if early else None):
+        written = self._record([entry], urgent=not early)
+        if written is None:
             self.starting.want_slot(entry)
             return _created(entry)
         if early:
-            self._start_when_submitted([entry])
+            self._start_early([entry], written)
             return _created(entry)
+        return self._started(entry, written)
 
-        def written(error: BaseException | None) -> None:
-            if error is None and entry.state is SessionState.PENDING:
-                self.starting.want_slot(entry)
-            answer = _written_answer(entry, error)
-            if answer.error is not None:  # the store refused it (store_full…): counted too
-                self._rejected_spawn(parent_id, spec.kind, answer.error)
-            if reply is not None:
-                reply.set(answer)
-
-        entry.on_persisted.insert(0, written)
-        return DEFERRED
+    async def _started(self, entry: TreeEntry, written: Written) -> SpawnAnswer:
+        """The rest of a spawn answered once its child's record is durable."""
+        error = await written
+        self._settled([entry], error)
+        return self._answer_written(entry, error)
 
     def run(
         self, parent_id: uuid.UUID, spec: SpawnSpec, reply: Reply, timeout: float | None = None
@@ -173,46 +180,41 @@ class Spawning:
         from now): the session still running then is cancelled with the
         node's grace (``timed_out``), so it never outlives its caller's wait."""
         waiter = _RunWaiter(self.tree, reply, timeout)
-        value = self.spawn(parent_id, spec, reply=waiter, early=True)  # type: ignore[arg-type]
+        value = self.spawn(parent_id, spec, early=True)
         if isinstance(value, SpawnAnswer):
             waiter.set(value)
+        else:  # a repeated request: its first child, once recorded
+            self.commits.after(_then_wait(value, waiter))  # type: ignore[arg-type]
         return DEFERRED
 
     def spawn_many(
-        self,
-        parent_id: uuid.UUID,
-        specs: tuple[SpawnSpec, ...],
-        reply: Reply | None = None,
-        *,
-        by_skill: bool = False,
+        self, parent_id: uuid.UUID, specs: tuple[SpawnSpec, ...], *, by_skill: bool = False
     ) -> object:
         """``spawn`` for each spec, in order, in one turn of the Cortex (their
-        records share one commit); answered with the list of answers once every
-        one is (a refused spawn does not stop the ones after it).
+        records share one commit): the list of answers, or the rest of the batch
+        that answers it once every one is (a refused spawn does not stop the
+        ones after it).
 
         A spec repeated in the batch (or one alike but for its task, context
         summary, input and metadata: ``_admitted_alike``) is validated in full
         once; for the children after, only what a spawn changes is checked again (the
         parent's live children and the node's counters), and the first that no
         longer fits is validated in full, so it gets the answer ``spawn`` would
-        give. What waits for the records runs once for the batch. ``by_skill``:
-        as for ``spawn``.
+        give. The batch waits for its records once. ``by_skill``: as for ``spawn``.
         """
-        answers: list[SpawnAnswer | None] = [None] * len(specs)
-
-        def refused(error: BaseException) -> SpawnAnswer:  # a failed write, as spawn answers it
-            return SpawnAnswer(None, store_error(error, parent_id))
-
-        waiting = _Gather(len(specs), answers, reply, refused)
+        answers: list[Any] = [None] * len(specs)
+        rest: list[Coroutine[Any, Any, None]] = []
         parent = None if self.tree.closing else self.tree.entry(parent_id)
         created: list[tuple[int, TreeEntry]] = []
         admitted: _Admitted | ErrorInfo | None = None
         with self.commits.one_commit():
             for i, spec in enumerate(specs):
                 if parent is None or spec.request_id is not None:  # spawn answers those
-                    value = self.spawn(parent_id, spec, reply=waiting.slot(i), by_skill=by_skill)  # type: ignore[arg-type]
-                    if value is not DEFERRED:
-                        waiting.answer(i, value)
+                    value = self.spawn(parent_id, spec, by_skill=by_skill)
+                    if isinstance(value, SpawnAnswer):
+                        answers[i] = value
+                    else:
+                        rest.append(_answer_into(answers, i, value, parent_id))  # type: ignore[arg-type]
                     continue
                 if not (
                     isinstance(admitted, _Admitted)
@@ -221,12 +223,16 @@ class Spawning:
                 ):
                     admitted = self._admit(parent, parent_id, spec)
                     if isinstance(admitted, ErrorInfo):
-                        waiting.answer(i, SpawnAnswer(None, admitted))
+                        answers[i] = SpawnAnswer(None, admitted)
                         continue
                 created.append((i, self._create_child(parent, admitted, spec, by_skill=by_skill)))
             if created:
-                self._persist_children(created, waiting, by_skill)
-        return DEFERRED if reply is not None else answers
+                later = self._persist_children(created, answers, by_skill)
+                if later is not None:
+                    rest.append(later)
+        if not rest:
+            return answers
+        return _gathered(answers, rest)
 
     def _admit(
         self, parent: TreeEntry | None, parent_id: uuid.UUID, spec: SpawnSpec
@@ -407,56 +413,87 @@ class Spawning:
         )
 
     def _persist_children(
-        self, created: list[tuple[int, TreeEntry]], waiting: _Gather, early: bool
-    ) -> None:
-        """Write the records of a batch's new children; once durable, each starts
-        (wants a slot) and its place in ``waiting`` is answered, in order, before
-        whoever else waits for it. A failed write takes every one out again.
+        self, created: list[tuple[int, TreeEntry]], answers: list[Any], early: bool
+    ) -> Coroutine[Any, Any, None] | None:
+        """Write the records of a batch's new children (one write: the batch's);
+        the children not written start now and are answered in ``answers``. The
+        rest (None: nothing) awaits the write: then each starts (wants a slot)
+        and is answered, in order; a failed write takes every one out again.
         ``early``: they start, and are answered, once their records are
         queued, and a failed write ends them."""
-        tree = self.tree
-        future = None
-        written_ones = []
+        written_ones = [(i, entry) for i, entry in created if entry.recorded]
+        written = self._record([entry for _, entry in written_ones], urgent=not early)
         for i, entry in created:
-            wrote = tree.persist.created(entry, entry.info.created_at)
-            if wrote is None:  # no store, or a child not written: it starts now
+            if written is None or not entry.recorded:  # no store, or a child not written
                 self.starting.want_slot(entry)
-                waiting.answer(i, _created(entry))
-                continue
-            future = wrote
-            entry.persisted = False
-            written_ones.append((i, entry))
-        if future is None:
-            return
-        created = written_ones
+                answers[i] = _created(entry)
+        if written is None:
+            return None
         if early:  # answered now: nothing outside the process has seen them yet
-            self._start_when_submitted([entry for _, entry in created])
-            for i, entry in created:
-                waiting.answer(i, _created(entry))
+            self._start_early([entry for _, entry in written_ones], written)
+            for i, entry in written_ones:
+                answers[i] = _created(entry)
+            return None
+        return self._children_started(written_ones, written, answers)
 
-        unstored = self.cancelling.unstored if early else None
+    async def _children_started(
+        self, created: list[tuple[int, TreeEntry]], written: Written, answers: list[Any]
+    ) -> None:
+        """The rest of a batch: once its records are written, its children start
+        and are answered, in order."""
+        error = await written
+        self._settled([entry for _, entry in created], error)
+        for i, entry in created:
+            answers[i] = self._answer_written(entry, error)
 
-        def written(error: BaseException | None) -> None:
-            for i, entry in created:
-                others = tree.new_written(entry, error, unstored)
-                if not early:
-                    if error is None and entry.state is SessionState.PENDING:
-                        self.starting.want_slot(entry)
-                    answer = _written_answer(entry, error)
-                    if answer.error is not None:
-                        self._rejected_spawn(entry.info.parent_id, entry.kind, answer.error)
-                    waiting.answer(i, answer)
-                for then in others:
-                    then(error)
+    def _record(self, entries: list[TreeEntry], *, urgent: bool = True) -> Written | None:
+        """Write new sessions' records (inside ``one_commit`` when several): what
+        to await for them, also kept on each as ``record_write`` for whoever
+        else comes to wait; None when nothing is written (no store, or workers
+        not ``recorded``). Whoever made them ``_settled`` them once written."""
+        persist, future = self.tree.persist, None
+        for entry in entries:
+            wrote = persist.created(entry, entry.info.created_at)
+            if wrote is not None:
+                future = wrote
+        if future is None:
+            return None
+        written = self.commits.durable(future, urgent=urgent)
+        for entry in entries:
+            entry.persisted, entry.record_write = False, written
+        return written
 
-        # Inside one commit every record shares its future: one callback for all.
-        self.commits.when_written(future, written, urgent=not early)
+    def _settled(
+        self, entries: list[TreeEntry], error: BaseException | None, *, early: bool = False
+    ) -> None:
+        """New sessions' records were written: they are durable, or each is taken
+        out again (nobody outside has its id), or, ``early`` (it started
+        already), ended ``failed`` with the store's code."""
+        tree = self.tree
+        for entry in entries:
+            entry.persisted, entry.record_write = True, None
+            if error is not None:
+                tree.store_failed(error)
+                if early:
+                    self.cancelling.unstored(entry, error)
+                else:
+                    tree.discard(entry)
 
-    def _start_when_submitted(self, entries: list[TreeEntry]) -> None:
+    def _answer_written(self, entry: TreeEntry, error: BaseException | None) -> SpawnAnswer:
+        """A spawn's answer once its child's record was written: the child, started
+        (one that ended meanwhile stays ended); or the store's refusal, counted."""
+        if error is None and entry.state is SessionState.PENDING:
+            self.starting.want_slot(entry)
+        answer = _written_answer(entry, error)
+        if answer.error is not None:  # the store refused it (store_full…): counted too
+            self._rejected_spawn(entry.info.parent_id, entry.kind, answer.error)
+        return answer
+
+    def _start_early(self, entries: list[TreeEntry], written: Written) -> None:
         """Start children spawned ``early`` once their records are submitted to
         the store (at once, or as the open ``one_commit`` ends), so that whatever
-        they write is queued, and commits, after them. One that ended meanwhile
-        stays ended."""
+        they write is queued, and commits, after them (one that ended meanwhile
+        stays ended); should the store refuse the records, they end then."""
 
         def start() -> None:
             for entry in entries:
@@ -464,6 +501,10 @@ class Spawning:
                     self.starting.want_slot(entry)
 
         self.commits.when_submitted(start)
+        self.commits.after(self._early_settled(entries, written))
+
+    async def _early_settled(self, entries: list[TreeEntry], written: Written) -> None:
+        self._settled(entries, await written, early=True)
 
     def _remote_for(
         self, name: str, skill: Callable[[Any], Any], spec: SpawnSpec
@@ -550,25 +591,59 @@ def _features_admit(
     return grants
 
 
-def _answer_when_persisted(
-    entry: TreeEntry, reply: Reply | None, value: object, tree: Tree
-) -> object:
-    """``value`` now if ``entry``'s record is durable, else ``DEFERRED`` and
-    ``reply`` answered once it is (with the store's error if the write failed)."""
-    if entry.persisted:
+def _when_recorded(entry: TreeEntry, value: object, tree: Tree) -> object:
+    """``value`` now if ``entry``'s record is durable, else the rest that answers
+    it once it is (``_once_recorded``)."""
+    written = entry.record_write
+    if written is None:
         return value
     tree.persist.hurry()  # someone waits for it now
+    return _once_recorded(entry, written, value)
 
-    def answer(error: BaseException | None) -> None:
-        if reply is None:
-            return
-        if error is None or entry.state.is_terminal:  # a child that ran stays the answer
-            reply.set(value)
-        else:
-            reply.fail(error)
 
-    entry.on_persisted.append(answer)
-    return DEFERRED
+async def _once_recorded(
+    entry: TreeEntry, written: Awaitable[BaseException | None], value: object
+) -> object:
+    """``value`` once ``entry``'s record is written; if the store refused it,
+    ``Refused`` with its error, unless the session ran already (started early:
+    then it stays the answer). Awaited after whoever made the record
+    (``Spawning._settled``), so it reads the entry as that left it."""
+    error = await written
+    if error is not None and not entry.state.is_terminal:
+        raise Refused(error)
+    return value
+
+
+async def _answer_into(
+    answers: list[Any], i: int, rest: Coroutine[Any, Any, SpawnAnswer], parent_id: uuid.UUID
+) -> None:
+    """Answer place ``i`` of a batch with what the rest of its spawn answers (a
+    refused record: the store's error, as ``spawn`` answers it)."""
+    try:
+        answers[i] = await rest
+    except Refused as refused:
+        answers[i] = SpawnAnswer(None, store_error(refused.error, parent_id))
+
+
+async def _gathered(answers: list[Any], rest: list[Coroutine[Any, Any, None]]) -> list[Any]:
+    """A batch's answers, once the rest of each of its spawns answered (in order)."""
+    try:
+        for part in rest:
+            await part
+    finally:  # the node stopped meanwhile: the parts not reached are never run
+        for part in rest:
+            part.close()
+    return answers
+
+
+async def _then_wait(rest: Coroutine[Any, Any, SpawnAnswer], waiter: _RunWaiter) -> None:
+    """A ``Run`` of a repeated request: its child (once recorded), then its result."""
+    try:
+        answer = await rest
+    except Refused as refused:
+        waiter.fail(refused.error)
+        return
+    waiter.set(answer)
 
 
 def _created(entry: TreeEntry, unstored: ErrorInfo | None = None) -> SpawnAnswer:
@@ -588,33 +663,6 @@ def _written_answer(entry: TreeEntry, error: BaseException | None) -> SpawnAnswe
     if entry.state.is_terminal:
         return _created(entry, unstored=refused)
     return SpawnAnswer(None, refused)
-
-
-class _Gather:
-    """Collects the answers of a batch and answers ``reply`` once all are in;
-    a failed one is answered with ``refused(error)``."""
-
-    __slots__ = ("answers", "left", "refused", "reply")
-
-    def __init__(
-        self,
-        n: int,
-        answers: list[Any],
-        reply: Reply | None,
-        refused: Callable[[BaseException], Any],
-    ) -> None:
-        self.answers, self.left, self.reply, self.refused = answers, n, reply, refused
-        if n == 0 and reply is not None:
-            reply.set(answers)
-
-    def slot(self, i: int) -> _Slot:
-        return _Slot(self, i)
-
-    def answer(self, i: int, value: Any) -> None:
-        self.answers[i] = value
-        self.left -= 1
-        if self.left == 0 and self.reply is not None:
-            self.reply.set(self.answers)
 
 
 def _admitted_alike(first: SpawnSpec, spec: SpawnSpec) -> bool:
@@ -717,21 +765,6 @@ class _TimedWaiter:
     def fail(self, error: BaseException) -> None:
         self.timer.cancel()
         self.reply.fail(error)
-
-
-class _Slot:
-    """One place in a ``_Gather``, with the ``set``/``fail`` of a ``Reply``."""
-
-    __slots__ = ("gather", "i")
-
-    def __init__(self, gather: _Gather, i: int) -> None:
-        self.gather, self.i = gather, i
-
-    def set(self, value: Any) -> None:
-        self.gather.answer(self.i, value)
-
-    def fail(self, error: BaseException) -> None:
-        self.gather.answer(self.i, self.gather.refused(error))
 
 
 @dataclass(slots=True)

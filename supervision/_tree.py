@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import functools
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -43,7 +42,6 @@ from sessiontree.protocol import (
     is_legal_transition,
 )
 from sessiontree.store import SessionRecord
-from sessiontree.supervision._commits import Commits
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import Ledger, SharedTtl, TreeEntry, with_state
 from sessiontree.supervision._events import Event, EventKind
@@ -57,9 +55,8 @@ __all__ = ["Tree"]
 class Tree:
     """Every session the Cortex knows, and how the parts of the Cortex change it."""
 
-    def __init__(self, runtime: Runtime, commits: Commits) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
-        self.commits = commits
         self.persist = runtime.persist
         self.ext = runtime.extensions
         self.store = runtime.persist.store
@@ -376,48 +373,6 @@ class Tree:
             entry.rerun = True
         self.emit(EventKind.RESTORED, entry)
         return entry
-
-    def persist_new(
-        self,
-        entry: TreeEntry,
-        unstored: Callable[[TreeEntry, BaseException], None] | None = None,
-    ) -> bool:
-        """Write a new session's record; False when there is no store. Until the
-        write is durable, ``entry.on_persisted`` collects who waits for it; if it
-        fails, the session is taken out again as if never created, or, for one
-        that started before its record was durable, ``unstored(entry, error)``
-        ends it."""
-        future = self.persist.created(entry, entry.info.created_at)
-        if future is None:
-            return False
-        entry.persisted = False
-
-        def written(error: BaseException | None) -> None:
-            for then in self.new_written(entry, error, unstored):
-                then(error)
-
-        # a record started early is waited on by nobody outside: it goes lazily
-        self.commits.when_written(future, written, urgent=unstored is None)
-        return True
-
-    def new_written(
-        self,
-        entry: TreeEntry,
-        error: BaseException | None,
-        unstored: Callable[[TreeEntry, BaseException], None] | None,
-    ) -> list[Callable[[BaseException | None], None]]:
-        """A new session's record write finished (see ``persist_new``): it is
-        durable, or the session is taken out or ended. Returns who waited for
-        the write (``on_persisted``), for the caller to tell next."""
-        entry.persisted = True
-        if error is not None:
-            self.store_failed(error)
-            if unstored is None:
-                self.discard(entry)
-            else:
-                unstored(entry, error)
-        waiting, entry.on_persisted = entry.on_persisted, []
-        return waiting
 
     def store_failed(self, error: BaseException) -> None:
         self.rt.counters["store_write_errors"] += 1
