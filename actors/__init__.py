@@ -15,12 +15,13 @@ Where a skill runs (``inline``, ``process``, ``ray``) is
 ``sessiontree.actors.runtime``: not for applications.
 """
 
+from sessiontree.actors._async_session import AsyncSession
 from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
 from sessiontree.actors._compaction import Compaction
 from sessiontree.actors._conversing import ConversationLike
 from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext
 from sessiontree.actors._mailbox import AskTimeoutError
-from sessiontree.actors._session import AsyncSession, Session
+from sessiontree.actors._session import Session
 
 __all__ = [
     "AskTimeoutError",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessiontree.actors._activity import Activity
+from sessiontree.actors._async_session import AsyncSession
 from sessiontree.actors._core import CycleInput, SessionCore
 from sessiontree.actors._execution import (
     EventLoopThread,
@@ -36,7 +37,7 @@ from sessiontree.actors._execution import (
 )
 from sessiontree.actors._host import RunEnd, SessionHost
 from sessiontree.actors._mailbox import Counted, drain_inbox, handler_scope
-from sessiontree.actors._session import AsyncSession, Session
+from sessiontree.actors._session import Session
 from sessiontree.actors.backends._runner import run_remote
 from sessiontree.protocol import ErrorCode, ErrorInfo, SessionKind, SessionResult
 
