@@ -16,17 +16,14 @@ the child ``failed`` with the store's code (``_settled``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 import msgspec
 
-from sessiontree.actors import TimerHandle
-from sessiontree.actors.backends import BACKENDS, ExecutionBackend
-from sessiontree.actors.runtime import Reply, post
+from sessiontree.actors.backends import ExecutionBackend
+from sessiontree.actors.runtime import Reply
 from sessiontree.protocol import (
-    BackendUnavailableError,
     ErrorCode,
     ErrorInfo,
     NodeClosedError,
@@ -35,28 +32,22 @@ from sessiontree.protocol import (
     SessionKind,
     SessionState,
     SpawnSpec,
-    StoreError,
     UnknownAgentError,
-    UnknownSessionError,
     new_session_id,
     slot_for,
     slot_of,
 )
+from sessiontree.supervision._admission import Admission, Admitted, admitted_alike, features_admit
 from sessiontree.supervision._cancelling import Cancelling
 from sessiontree.supervision._commits import Commits, Refused, Written, store_error
 from sessiontree.supervision._config import Agent
 from sessiontree.supervision._entry import SharedTtl, SpawnAnswer, TreeEntry
-from sessiontree.supervision._events import Event, EventKind
 from sessiontree.supervision._extension import Grant
-from sessiontree.supervision._queries import await_result
-from sessiontree.supervision._requests import DEFERRED, Call, Interrupt
+from sessiontree.supervision._requests import DEFERRED
 from sessiontree.supervision._rules import (
-    Capacity,
-    ParentView,
-    check_spawn,
     model_tier,
-    resolve_ttl,
 )
+from sessiontree.supervision._run_waiter import RunWaiter
 from sessiontree.supervision._starting import Starting
 from sessiontree.supervision._tree import Tree
 
@@ -77,6 +68,7 @@ class Spawning:
         self.commits = commits
         self.starting = starting
         self.cancelling = cancelling
+        self.admission = Admission(tree)
 
     def open_main(self, agent_id: str, key: str) -> object:
         """Get or create the one Main of ``agent_id`` for session ``key`` (answered
@@ -100,7 +92,7 @@ class Spawning:
                 return _when_recorded(entry, existing, tree)
         ttl = agent.ttl_for(SessionKind.MAIN)
         spec = SpawnSpec(kind=SessionKind.MAIN, task=f"main for {key}")
-        grants = _features_admit(tree, None, spec, agent)
+        grants = features_admit(tree, None, spec, agent)
         assert not isinstance(grants, ErrorInfo)  # a Main is never refused (Extension.admit)
         entry = self._new_entry(agent, None, spec, ttl, key, grants=grants)
         tree.mains[(agent_id, key)] = entry.session_id
@@ -138,7 +130,7 @@ class Spawning:
         tree = self.tree
         if tree.closing:
             closed = ErrorInfo(code=ErrorCode.NODE_CLOSED, message="node is shutting down")
-            self._rejected_spawn(parent_id, spec.kind, closed)
+            self.admission.rejected(parent_id, spec.kind, closed)
             return SpawnAnswer(None, closed)
         parent = tree.entry(parent_id)
         if parent is not None and spec.request_id is not None:
@@ -151,7 +143,7 @@ class Spawning:
                 if known is None:
                     return answer
                 return _when_recorded(known, answer, tree)
-        admitted = self._admit(parent, parent_id, spec)
+        admitted = self.admission.admit(parent, parent_id, spec)
         if isinstance(admitted, ErrorInfo):
             return SpawnAnswer(None, admitted)
         assert parent is not None  # admitted: it exists
@@ -179,7 +171,7 @@ class Spawning:
         where a spawn and a wait took two of each. ``timeout`` (clock seconds
         from now): the session still running then is cancelled with the
         node's grace (``timed_out``), so it never outlives its caller's wait."""
-        waiter = _RunWaiter(self.tree, reply, timeout)
+        waiter = RunWaiter(self.tree, reply, timeout)
         value = self.spawn(parent_id, spec, early=True)
         if isinstance(value, SpawnAnswer):
             waiter.set(value)
@@ -206,7 +198,7 @@ class Spawning:
         rest: list[Coroutine[Any, Any, None]] = []
         parent = None if self.tree.closing else self.tree.entry(parent_id)
         created: list[tuple[int, TreeEntry]] = []
-        admitted: _Admitted | ErrorInfo | None = None
+        admitted: Admitted | ErrorInfo | None = None
         with self.commits.one_commit():
             for i, spec in enumerate(specs):
                 if parent is None or spec.request_id is not None:  # spawn answers those
@@ -217,11 +209,11 @@ class Spawning:
                         rest.append(_answer_into(answers, i, value, parent_id))  # type: ignore[arg-type]
                     continue
                 if not (
-                    isinstance(admitted, _Admitted)
-                    and _admitted_alike(admitted.spec, spec)
-                    and self._still_admits(parent, admitted)
+                    isinstance(admitted, Admitted)
+                    and admitted_alike(admitted.spec, spec)
+                    and self.admission.still_admits(parent, admitted)
                 ):
-                    admitted = self._admit(parent, parent_id, spec)
+                    admitted = self.admission.admit(parent, parent_id, spec)
                     if isinstance(admitted, ErrorInfo):
                         answers[i] = SpawnAnswer(None, admitted)
                         continue
@@ -234,79 +226,8 @@ class Spawning:
             return answers
         return _gathered(answers, rest)
 
-    def _admit(
-        self, parent: TreeEntry | None, parent_id: uuid.UUID, spec: SpawnSpec
-    ) -> _Admitted | ErrorInfo:
-        """Validate a spawn under ``parent`` (in the order the README's Limits and
-        defaults gives) and resolve what its child gets; a refusal is counted,
-        emitted and returned."""
-        tree = self.tree
-        view = None
-        if parent is not None:
-            view = ParentView(
-                session_id=parent.session_id,
-                kind=parent.kind,
-                state=parent.state,
-                depth=parent.info.depth,
-                live_children=parent.live_children,
-                cancelling=parent.cancel_code is not None,
-            )
-        agent = parent.agent if parent is not None else None
-        skill_name = (spec.skill or agent.default) if agent is not None else ""
-        skill = agent.skills.get(skill_name) if agent is not None else None
-        config = tree.rt.config
-        backend = spec.backend or (config.backend if spec.kind is SessionKind.WORKER else "inline")
-        needs_thread = (
-            skill is not None
-            and agent is not None
-            and backend == "inline"
-            and not agent.is_async(skill_name)
-        )
-        capacity = Capacity(
-            live_sessions=tree.live,
-            zombies=tree.zombies + tree.main_zombies,
-            sync_threads=tree.sync_threads + tree.zombies,
-            needs_thread=needs_thread,
-        )
-        error = check_spawn(view, spec, agent, config, capacity)
-        remote = None
-        if error is None and skill is not None:
-            remote, error = self._remote_for(backend, skill, spec)
-        grants: tuple[Grant, ...] = ()
-        if error is None:  # the features' rules (budgets), after the kernel's; inline: hot
-            assert agent is not None
-            for ext in tree.ext.admit:
-                granted = ext.admit(parent, spec, agent)
-                if isinstance(granted, ErrorInfo):
-                    error = granted
-                    break
-                if granted is not None:
-                    grants = (*grants, granted)
-        if error is not None:
-            self._rejected_spawn(parent_id, spec.kind, error)
-            return error
-        assert agent is not None
-        ttl = resolve_ttl(spec, agent)
-        return _Admitted(spec, agent, backend, remote, ttl, needs_thread, grants)
-
-    def _still_admits(self, parent: TreeEntry, admitted: _Admitted) -> bool:
-        """Whether one more child as ``admitted`` still passes every check. Within
-        one turn of the Cortex only these change as children are created."""
-        tree = self.tree
-        config = tree.rt.config
-        return (
-            not admitted.grants  # one granted something is admitted afresh each time
-            and parent.live_children < parent.agent.max_children
-            and tree.live < config.max_sessions
-            and tree.zombies + tree.main_zombies < config.max_zombies
-            and not (
-                admitted.needs_thread
-                and tree.sync_threads + tree.zombies >= config.max_step_threads
-            )
-        )
-
     def _create_child(
-        self, parent: TreeEntry, admitted: _Admitted, spec: SpawnSpec, *, by_skill: bool
+        self, parent: TreeEntry, admitted: Admitted, spec: SpawnSpec, *, by_skill: bool
     ) -> TreeEntry:
         """Index a child of ``spec``, admitted as ``admitted``, under ``parent`` (a
         child holds no actor: nothing here can fail for want of a thread).
@@ -486,7 +407,7 @@ class Spawning:
             self.starting.want_slot(entry)
         answer = _written_answer(entry, error)
         if answer.error is not None:  # the store refused it (store_full…): counted too
-            self._rejected_spawn(entry.info.parent_id, entry.kind, answer.error)
+            self.admission.rejected(entry.info.parent_id, entry.kind, answer.error)
         return answer
 
     def _start_early(self, entries: list[TreeEntry], written: Written) -> None:
@@ -506,58 +427,6 @@ class Spawning:
     async def _early_settled(self, entries: list[TreeEntry], written: Written) -> None:
         self._settled(entries, await written, early=True)
 
-    def _remote_for(
-        self, name: str, skill: Callable[[Any], Any], spec: SpawnSpec
-    ) -> tuple[tuple[ExecutionBackend, bytes] | None, ErrorInfo | None]:
-        """Where a new child's skill runs: None inline, else its backend and the
-        skill's bytes; or why it cannot run there (the spawn is refused)."""
-        backends = self.tree.rt.backends
-        skill_name = repr(spec.skill) if spec.skill else "the default skill"
-        try:
-            backend = backends.get(name)
-        except KeyError:
-            return None, ErrorInfo(
-                code=ErrorCode.UNKNOWN_BACKEND,
-                message=f"backend {name!r} is not one of {list(BACKENDS)}",
-                detail={"field": "backend", "backend": name},
-            )
-        except BackendUnavailableError as exc:
-            return None, ErrorInfo(
-                code=ErrorCode.BACKEND_UNAVAILABLE,
-                message=str(exc),
-                detail={"backend": name},
-            )
-        if backend is None:
-            return None, None
-        try:
-            data = backends.serialised(backend, skill)
-        except TypeError as exc:
-            return None, ErrorInfo(
-                code=ErrorCode.NOT_SERIALISABLE,
-                message=f"skill {skill_name} cannot run on the {name} backend: {exc}",
-                detail={"field": "skill", "backend": name, "skill": spec.skill},
-            )
-        return (backend, data), None
-
-    def _rejected_spawn(
-        self, parent_id: uuid.UUID | None, kind: SessionKind, error: ErrorInfo
-    ) -> None:
-        """Count and emit a refused spawn (a rule, capacity, a closing node, or
-        the store refusing the new record: ``store_full``, ``store_failed``)."""
-        rt = self.tree.rt
-        rt.counters[f"rejected_{error.code.value}"] += 1
-        parent = None if parent_id is None else self.tree.entries.get(parent_id)
-        rt.events.emit(
-            Event(
-                kind=EventKind.REJECTED,
-                at=self.tree.now(),
-                parent_id=parent_id,
-                agent_id=None if parent is None else parent.info.agent_id,
-                code=error.code.value,
-                data={"kind": kind.value, "message": error.message},
-            )
-        )
-
     def _stored_request(self, parent: TreeEntry, request_id: str) -> uuid.UUID | None:
         """The child a session spawned with ``request_id`` before a restart (its
         request map starts empty when it comes back from the store)."""
@@ -574,21 +443,6 @@ class Spawning:
                 parent.requests[request_id] = child_id
                 return child_id
         return None
-
-
-def _features_admit(
-    tree: Tree, parent: TreeEntry | None, spec: SpawnSpec, agent: Agent
-) -> tuple[Grant, ...] | ErrorInfo:
-    """What the extensions say to a session of ``spec`` under ``parent`` (None:
-    a Main): the first refusal, else what they granted it (as ``_admit``)."""
-    grants: tuple[Grant, ...] = ()
-    for ext in tree.ext.admit:
-        granted = ext.admit(parent, spec, agent)
-        if isinstance(granted, ErrorInfo):
-            return granted
-        if granted is not None:
-            grants = (*grants, granted)
-    return grants
 
 
 def _when_recorded(entry: TreeEntry, value: object, tree: Tree) -> object:
@@ -636,7 +490,7 @@ async def _gathered(answers: list[Any], rest: list[Coroutine[Any, Any, None]]) -
     return answers
 
 
-async def _then_wait(rest: Coroutine[Any, Any, SpawnAnswer], waiter: _RunWaiter) -> None:
+async def _then_wait(rest: Coroutine[Any, Any, SpawnAnswer], waiter: RunWaiter) -> None:
     """A ``Run`` of a repeated request: its child (once recorded), then its result."""
     try:
         answer = await rest
@@ -663,124 +517,6 @@ def _written_answer(entry: TreeEntry, error: BaseException | None) -> SpawnAnswe
     if entry.state.is_terminal:
         return _created(entry, unstored=refused)
     return SpawnAnswer(None, refused)
-
-
-def _admitted_alike(first: SpawnSpec, spec: SpawnSpec) -> bool:
-    """Whether ``spec`` is admitted as ``first`` was: it differs at most in what
-    its child works on (task, context summary, input, metadata), which no
-    rule reads. A pattern's batch makes one spec per task, all alike."""
-    return first is spec or (
-        spec.kind is first.kind
-        and spec.skill == first.skill
-        and spec.ttl == first.ttl
-        and spec.model_tier == first.model_tier
-        and spec.backend == first.backend
-        and spec.budget == first.budget
-        and spec.request_id is None
-    )
-
-
-class _RunWaiter:
-    """The ``set``/``fail`` of a ``Reply`` for a ``Run``'s spawn: a refusal is
-    answered at once, a new session gets the run's reply as its waiter (with
-    a timeout, a ``_TimedWaiter`` holding the timer that cancels it)."""
-
-    __slots__ = ("reply", "started", "timeout", "tree")
-
-    def __init__(self, tree: Tree, reply: Reply, timeout: float | None = None) -> None:
-        self.tree, self.reply, self.timeout = tree, reply, timeout
-        self.started = tree.rt.clock.monotonic()
-
-    def set(self, answer: SpawnAnswer) -> None:
-        reply: Reply | _StoreRefusal = self.reply
-        sid = answer.session_id
-        if sid is None:
-            reply.set(answer.error)
-            return
-        if answer.unstored is not None:  # it ran, but its record was refused: so is its end
-            reply.set(answer.unstored)
-            return
-        # started before its record was durable: a store that refused its end is
-        # answered as a refused spawn would be, never raised
-        reply = _StoreRefusal(self.reply, sid)
-        waiter: Reply | _StoreRefusal | _TimedWaiter = reply
-        if self.timeout is not None:  # armed first: an end answered at once disarms it
-            waiter = _TimedWaiter(reply, self._time_out(sid, self.timeout))
-        try:
-            value = await_result(self.tree, sid, waiter)  # type: ignore[arg-type]
-        except UnknownSessionError as exc:  # gone already: never fails the Cortex
-            waiter.fail(exc)
-            return
-        if value is not DEFERRED:
-            waiter.set(value)
-
-    def _time_out(self, session_id: uuid.UUID, timeout: float) -> TimerHandle:
-        """At the run's timeout, cancel ``session_id`` (``timed_out``) through
-        the Cortex's mailbox; nothing for a session that has ended by then."""
-        tree = self.tree
-        ref, rt = tree.ref, tree.rt
-        assert ref is not None
-
-        def fire() -> None:
-            post(ref, Call(Interrupt(session_id, ErrorCode.TIMED_OUT)), rt.activity)
-
-        left = self.started + timeout - rt.clock.monotonic()
-        return rt.clock.call_later(max(0.0, left), fire)
-
-    def fail(self, error: BaseException) -> None:
-        self.reply.fail(error)
-
-
-class _StoreRefusal:
-    """A run's reply: a store error of its session's end is answered as what the
-    store refused (``store_error``), as a refused spawn is."""
-
-    __slots__ = ("reply", "session_id")
-
-    def __init__(self, reply: Reply, session_id: uuid.UUID) -> None:
-        self.reply, self.session_id = reply, session_id
-
-    def set(self, value: Any) -> None:
-        self.reply.set(value)
-
-    def fail(self, error: BaseException) -> None:
-        if isinstance(error, StoreError):
-            self.reply.set(store_error(error, self.session_id))
-        else:
-            self.reply.fail(error)
-
-
-class _TimedWaiter:
-    """A run's reply while its timeout is armed: the session's end disarms it."""
-
-    __slots__ = ("reply", "timer")
-
-    def __init__(self, reply: Reply | _StoreRefusal, timer: TimerHandle) -> None:
-        self.reply, self.timer = reply, timer
-
-    def set(self, value: Any) -> None:
-        self.timer.cancel()
-        self.reply.set(value)
-
-    def fail(self, error: BaseException) -> None:
-        self.timer.cancel()
-        self.reply.fail(error)
-
-
-@dataclass(slots=True)
-class _Admitted:
-    """A validated spawn: what its child gets (for every child of a batch that
-    repeats the spec, as long as ``Spawning._still_admits``)."""
-
-    spec: SpawnSpec
-    agent: Agent
-    backend: str
-    remote: tuple[ExecutionBackend, bytes] | None
-    ttl: float | None
-    needs_thread: bool
-    grants: tuple[Grant, ...]  # what the extensions granted its child (its budget)
-    last: SessionInfo | None = None  # the identity of the last child made from it
-    ttl_share: SharedTtl | None = None  # their one TTL timer (they share their creation)
 
 
 def _slot(agent: Agent, parent: TreeEntry | None, key: str | None) -> int | None:

@@ -334,6 +334,7 @@ def test_the_architecture_document_names_every_package_and_only_files_that_exist
 KERNEL = frozenset(
     f"sessiontree.supervision.{name}"
     for name in (
+        "_admission",
         "_cancelling",
         "_commits",
         "_cortex",
@@ -349,6 +350,7 @@ KERNEL = frozenset(
         "_reports",
         "_requests",
         "_rules",
+        "_run_waiter",
         "_runtime",
         "_shutdown",
         "_spawning",
@@ -367,6 +369,7 @@ FEATURES = {
     "contexts": ("_contexts", "_conversations", "_chat"),
     "metrics": ("_metrics", "_metric_families", "_metric_models", "_metric_sections"),
     "patterns": ("_patterns", "_drivers", "_aggregate", "_node_patterns"),
+    "slots": ("_slot_keeper", "_node_slots", "_slot_import"),
 }
 #: Not yet behind the seam: which kernel module still imports which feature
 #: module (each step of the seam takes its lines out of here; none may be added).
