@@ -18,8 +18,9 @@ Where a skill runs (``inline``, ``process``, ``ray``) is
 from sessiontree.actors._async_session import AsyncSession
 from sessiontree.actors._clock import Clock, RealClock, TimerHandle, VirtualClock
 from sessiontree.actors._compaction import Compaction
+from sessiontree.actors._context import ContextMessage, SessionContext
 from sessiontree.actors._conversing import ConversationLike
-from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext
+from sessiontree.actors._core import Cancelled
 from sessiontree.actors._mailbox import AskTimeoutError
 from sessiontree.actors._session import Session
 

@@ -12,8 +12,8 @@ from typing import Any, Unpack, cast
 
 from sessiontree.actors._compaction import summary_call
 from sessiontree.actors._completing import as_entries, exchanged, model_call, tool_result
+from sessiontree.actors._context import ContextMessage
 from sessiontree.actors._conversing import LinkedContext
-from sessiontree.actors._core import ContextMessage
 from sessiontree.actors._handle_base import (
     HandleBase,
     context_message,

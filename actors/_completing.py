@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from sessiontree.actors._context import ContextMessage, SessionContext
 from sessiontree.actors._conversing import ContextEntry, LinkedContext
-from sessiontree.actors._core import ContextMessage, SessionContext
 from sessiontree.actors._host import ModelCall
 from sessiontree.protocol import Completion, RejectedInputError, Role, SessionInfo, as_json
 

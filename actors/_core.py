@@ -8,13 +8,14 @@ import collections
 import contextlib
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._clock import Clock
+from sessiontree.actors._context import SessionContext
 from sessiontree.actors._slots import ComputeSlots
-from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult, chat_message
+from sessiontree.protocol import ErrorCode, SessionInfo, SessionResult
 
 if TYPE_CHECKING:
     from sessiontree.actors._tape import Tape
@@ -23,12 +24,9 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncWaiter",
     "Cancelled",
-    "ContextMessage",
     "CycleInput",
     "SessionCond",
-    "SessionContext",
     "SessionCore",
-    "copy_context",
     "wake_batch",
 ]
 
@@ -66,47 +64,6 @@ class Cancelled(BaseException):
 
     def __str__(self) -> str:
         return f"session {self.session_id} cancelled ({self.code})"
-
-
-@dataclass
-class ContextMessage:
-    """One entry of a session's working context, as a chat-completions message
-    has it: an assistant's ``tool_calls``, a tool result's ``tool_call_id``."""
-
-    role: str
-    content: Any
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
-
-    def as_chat(self) -> dict[str, Any]:
-        """This message in the chat-completions format."""
-        return chat_message(
-            self.role,
-            self.content,
-            name=self.name,
-            tool_calls=self.tool_calls,
-            tool_call_id=self.tool_call_id,
-        )
-
-
-@dataclass
-class SessionContext:
-    """A session's working context: its messages, tool results and system prompt."""
-
-    system_prompt: str = ""
-    messages: list[ContextMessage] = field(default_factory=list)
-    tool_results: list[dict[str, Any]] = field(default_factory=list)
-
-
-def copy_context(context: SessionContext) -> SessionContext:
-    """A copy of ``context`` that later appends to ``context`` do not reach (its
-    messages are shared: the runtime only ever appends to a context)."""
-    return SessionContext(
-        system_prompt=context.system_prompt,
-        messages=list(context.messages),
-        tool_results=list(context.tool_results),
-    )
 
 
 @dataclass(slots=True)

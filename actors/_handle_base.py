@@ -20,8 +20,9 @@ import msgspec
 
 from sessiontree.actors._clock import Clock
 from sessiontree.actors._compaction import Compaction
+from sessiontree.actors._context import ContextMessage, SessionContext
 from sessiontree.actors._conversing import ConversationLike, LinkedContext
-from sessiontree.actors._core import Cancelled, ContextMessage, SessionContext, SessionCore
+from sessiontree.actors._core import Cancelled, SessionCore
 from sessiontree.actors._host import SessionHost, SpawnedLike
 from sessiontree.actors._tape import TapedClock
 from sessiontree.protocol import (

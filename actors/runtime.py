@@ -11,13 +11,8 @@ contexts), ``sessiontree.actors.backends`` and ``sessiontree.supervision``.
 
 from sessiontree.actors._activity import Activity
 from sessiontree.actors._clock import LoopTimer
-from sessiontree.actors._core import (
-    CycleInput,
-    SessionCond,
-    SessionCore,
-    copy_context,
-    wake_batch,
-)
+from sessiontree.actors._context import copy_context
+from sessiontree.actors._core import CycleInput, SessionCond, SessionCore, wake_batch
 from sessiontree.actors._execution import (
     EventLoopThread,
     StepExecutor,

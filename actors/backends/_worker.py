@@ -27,7 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sessiontree.actors._completing import model_call, record_exchange, tool_result
-from sessiontree.actors._core import Cancelled, SessionContext
+from sessiontree.actors._context import SessionContext
+from sessiontree.actors._core import Cancelled
 from sessiontree.actors._execution import crash_info, to_outcome
 from sessiontree.actors._trace_scope import enter_span, leave_span
 from sessiontree.actors.backends._calls import decode_completion, encode_call
