@@ -16,6 +16,7 @@ from sessiontree.store._env import (
 from sessiontree.store._export import export_jsonl
 from sessiontree.store._import import import_jsonl
 from sessiontree.store._io import StoreIO
+from sessiontree.store._keys import check_slot
 from sessiontree.store._records import (
     SCHEMA_VERSION,
     BranchRecord,
@@ -44,7 +45,7 @@ from sessiontree.store._records import (
     encode_record,
 )
 from sessiontree.store._retention import prune
-from sessiontree.store._slots import SlotExport, SlotHeader, check_slot, read_slot_export
+from sessiontree.store._slots import SlotExport, SlotHeader, read_slot_export
 from sessiontree.store._store import Store
 from sessiontree.store._verify import Verified, VerifyProblem, verify_store
 

@@ -68,6 +68,7 @@ from sessiontree.store._keys import (
     memory_key,
     pair_key,
     quarantine_key,
+    slot_key,
 )
 from sessiontree.store._records import (
     BranchRecord,
@@ -353,7 +354,7 @@ def _call_key(line: CallLine) -> bytes:
 
 
 def _moved_key(line: MovedLine) -> bytes:
-    return line.record.slot.to_bytes(2, "big")
+    return slot_key(line.record.slot)
 
 
 def _cycle_key(line: CycleLine) -> bytes:

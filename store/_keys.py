@@ -17,6 +17,7 @@ from sessiontree.protocol import SLOTS, RejectedInputError
 
 __all__ = [
     "branch_key",
+    "check_slot",
     "inbox_key",
     "main_key",
     "memory_key",
@@ -55,9 +56,15 @@ def quarantine_key(db: str, key: bytes) -> bytes:
     return db.encode() + b"\x00" + key
 
 
-def slot_key(slot: int) -> bytes:
-    """Big-endian, so slots sort in number order."""
+def check_slot(slot: object) -> int:
+    """``slot`` if it is an int in 0..SLOTS-1; ``RejectedInputError`` naming it else."""
     if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < SLOTS:
-        msg = f"slot {slot!r} is outside 0..{SLOTS - 1}"
+        msg = f"slot must be an integer in 0..{SLOTS - 1}, not {slot!r}"
         raise RejectedInputError(msg, field="slot")
-    return slot.to_bytes(2, "big")
+    return slot
+
+
+def slot_key(slot: int) -> bytes:
+    """The key of a slot's entry (its epoch in ``slots``, its tombstone in
+    ``moved``): big-endian, so slots sort in number order."""
+    return check_slot(slot).to_bytes(2, "big")

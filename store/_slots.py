@@ -47,12 +47,12 @@ import lmdb
 import msgspec
 
 from sessiontree.protocol import (
-    SLOTS,
     RejectedInputError,
     SlotConflictError,
     slot_of,
 )
 from sessiontree.store._env import DATABASES
+from sessiontree.store._keys import check_slot, slot_key
 from sessiontree.store._records import MemoryIdRecord
 
 __all__ = [
@@ -60,11 +60,9 @@ __all__ = [
     "SLOT_EXPORT_VERSION",
     "SlotExport",
     "SlotHeader",
-    "check_slot",
     "decode_export",
     "encode_export",
     "import_entries",
-    "moved_key",
     "read_slot_export",
     "slot_entries",
 ]
@@ -121,19 +119,6 @@ class SlotExport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(SlotExport)
-
-
-def check_slot(slot: object) -> int:
-    """``slot`` if it is an int in 0..SLOTS-1; ``RejectedInputError`` naming it else."""
-    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < SLOTS:
-        msg = f"slot must be an integer in 0..{SLOTS - 1}, not {slot!r}"
-        raise RejectedInputError(msg, field="slot")
-    return slot
-
-
-def moved_key(slot: int) -> bytes:
-    """The key of a slot's tombstone in ``moved``."""
-    return slot.to_bytes(2, "big")
 
 
 # -- which entries are the slot's ----------------------------------------------------
@@ -358,4 +343,4 @@ def import_entries(txn: lmdb.Transaction, dbs: dict[str, Any], export: SlotExpor
                 "in this store; nothing was written"
             )
             raise SlotConflictError(msg, slot=slot, db=db, key=key)
-    txn.delete(moved_key(slot), db=dbs["moved"])
+    txn.delete(slot_key(slot), db=dbs["moved"])

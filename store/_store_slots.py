@@ -28,16 +28,14 @@ from sessiontree.protocol import (
     StoreError,
     StoreFullError,
 )
-from sessiontree.store._keys import slot_key
+from sessiontree.store._keys import check_slot, slot_key
 from sessiontree.store._reads import Reads
 from sessiontree.store._records import MovedRecord, SlotRecord, decode_record, encode_record
 from sessiontree.store._slots import (
     SlotHeader,
-    check_slot,
     decode_export,
     encode_export,
     import_entries,
-    moved_key,
     slot_entries,
 )
 from sessiontree.store._writer import Writer
@@ -142,7 +140,7 @@ class StoreSlots:
             for db, key, _value in doomed:
                 txn.delete(key, db=dbs[db])
             tombstone = MovedRecord(slot=slot, owner=new_owner, at=time.time(), records=len(doomed))
-            txn.put(moved_key(slot), encode_record(tombstone), db=dbs["moved"])
+            txn.put(slot_key(slot), encode_record(tombstone), db=dbs["moved"])
             _set_epoch(txn, dbs, slot, _epoch_in(txn, dbs, slot) + 1)
             released.append(tombstone)
 

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from sessiontree.actors import VirtualClock
+from sessiontree.actors import RealClock, VirtualClock
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests import _remote_skills as remote_skills
 
 WAIT = 10.0  # real seconds any bounded wait in a test may take before it fails
+_REAL = RealClock()
 
 
 @pytest.fixture
@@ -65,6 +66,16 @@ def open_node(clock: VirtualClock) -> Iterator[Callable[..., Node]]:
     yield open_
     for node in nodes:
         node.shutdown(grace=0, timeout=5.0)
+
+
+def wait_until(condition: Callable[[], object], what: str) -> None:
+    """Wait (bounded by ``WAIT`` real seconds, looking every 10 ms with an
+    Event's wait, never a sleep) until ``condition()`` holds; fail naming ``what``."""
+    pause = threading.Event()
+    deadline = _REAL.monotonic() + WAIT
+    while not condition():
+        assert _REAL.monotonic() < deadline, f"timed out waiting for {what}"
+        pause.wait(0.01)
 
 
 def settle(node: Node) -> None:

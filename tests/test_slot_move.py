@@ -39,7 +39,7 @@ from sessiontree.store import Store, WriteBatch, export_jsonl, import_jsonl, ver
 from sessiontree.store._slots import SlotExport, encode_export
 from sessiontree.supervision import Agent, Node, NodeConfig
 from tests._served import ServedNode
-from tests.conftest import WAIT
+from tests.conftest import WAIT, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -126,13 +126,6 @@ def tree() -> Iterator[Tree]:
 
 def node_on(store: pathlib.Path, tree: Tree, clock: VirtualClock) -> Node:
     return Node([tree.agent()], NodeConfig(memory_scope="tree"), clock=clock, store=store)
-
-
-def wait_for(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def slot_sessions(node: Node, slot: int) -> list[Any]:
@@ -377,7 +370,7 @@ def test_a_tree_moves_to_another_node_and_comes_back_there(
         main = source.main(AGENT, key).session_id
         assert source.send(main, "tree") is None
         assert source.send(main, "linger") is None
-        wait_for(lambda: len(slot_sessions(source, slot)) == 4, "the tree")
+        wait_until(lambda: len(slot_sessions(source, slot)) == 4, "the tree")
         branches = {s.task: s for s in slot_sessions(source, slot) if s.kind is SessionKind.BRANCH}
         deadline = branches["linger"].deadline
         assert deadline is not None
@@ -387,8 +380,8 @@ def test_a_tree_moves_to_another_node_and_comes_back_there(
             target=lambda: frozen.append(source.slots.freeze(slot, deadline=50.0)), daemon=True
         )
         freezing.start()
-        wait_for(lambda: slot in source.slots.frozen, "the freeze")
-        wait_for(
+        wait_until(lambda: slot in source.slots.frozen, "the freeze")
+        wait_until(
             lambda: all(
                 source.get(b.session_id).state is SessionState.SUSPENDED for b in branches.values()
             ),
@@ -437,9 +430,9 @@ def test_a_tree_moves_to_another_node_and_comes_back_there(
     try:
         assert target.get(main).kind is SessionKind.MAIN
         first = branches["tree"].session_id
-        wait_for(lambda: target.get(first).state is SessionState.COMPLETED, "the branch's end")
+        wait_until(lambda: target.get(first).state is SessionState.COMPLETED, "the branch's end")
         assert tree.collected == [["worker done"]]  # the owed result, delivered once
-        wait_for(
+        wait_until(
             lambda: any(isinstance(m, SessionResult) for m in tree.main_got),
             "the branch's result at its Main",
         )
@@ -452,7 +445,9 @@ def test_a_tree_moves_to_another_node_and_comes_back_there(
         clock.advance(deadline - clock.time() - 1.0)  # a TTL timer fires into the Cortex's
         assert target.get(lingering.session_id).state is SessionState.ACTIVE  # mailbox first
         clock.advance(2.0)
-        wait_for(lambda: target.get(lingering.session_id).state is SessionState.EXPIRED, "its TTL")
+        wait_until(
+            lambda: target.get(lingering.session_id).state is SessionState.EXPIRED, "its TTL"
+        )
         assert target.memory.get(f"tree:{main}", "seen") == "tree"
     finally:
         tree.stop.set()
@@ -468,7 +463,7 @@ def test_a_freeze_abandons_at_its_deadline_without_killing_anything(
     try:
         main = node.main(AGENT, key).session_id
         assert node.send(main, "tree") is None
-        wait_for(lambda: len(slot_sessions(node, slot)) == 3, "the tree")
+        wait_until(lambda: len(slot_sessions(node, slot)) == 3, "the tree")
         by_kind = {s.kind: s.session_id for s in slot_sessions(node, slot)}
         outcome: list[Any] = []
         freezing = threading.Thread(
@@ -476,7 +471,7 @@ def test_a_freeze_abandons_at_its_deadline_without_killing_anything(
         )
         freezing.start()
         branch = by_kind[SessionKind.BRANCH]
-        wait_for(lambda: node.get(branch).state is SessionState.SUSPENDED, "the branch to park")
+        wait_until(lambda: node.get(branch).state is SessionState.SUSPENDED, "the branch to park")
         assert node.store is not None
         node.store.flush()  # the Main's last snapshot, queued lazily, is durable
         clock.advance(5.0)
@@ -486,13 +481,13 @@ def test_a_freeze_abandons_at_its_deadline_without_killing_anything(
         assert not abandoned.frozen
         assert abandoned.busy == {str(by_kind[SessionKind.WORKER]): "a worker still running"}
         assert slot not in node.slots.frozen
-        wait_for(lambda: node.get(branch).state is SessionState.ACTIVE, "the branch to resume")
+        wait_until(lambda: node.get(branch).state is SessionState.ACTIVE, "the branch to resume")
         assert node.get(by_kind[SessionKind.WORKER]).state is SessionState.ACTIVE  # not killed
         assert node.send(main, "again") is None  # input is taken again
         with pytest.raises(RejectedInputError, match="is not frozen"):
             node.slots.release(slot, "node-b")
         tree.gate.set()
-        wait_for(
+        wait_until(
             lambda: node.get(by_kind[SessionKind.WORKER]).state is SessionState.COMPLETED,
             "the worker's end",
         )
@@ -525,7 +520,7 @@ def test_an_unfrozen_slot_takes_input_again_and_its_branches_resume(
     try:
         main = node.main(AGENT, key).session_id
         assert node.send(main, "linger") is None
-        wait_for(lambda: len(slot_sessions(node, slot)) == 2, "the tree")
+        wait_until(lambda: len(slot_sessions(node, slot)) == 2, "the tree")
         (branch,) = [
             s.session_id for s in slot_sessions(node, slot) if s.kind is SessionKind.BRANCH
         ]
@@ -549,7 +544,7 @@ def test_an_unfrozen_slot_takes_input_again_and_its_branches_resume(
         assert answer.json()["error"]["detail"]["slot"] == slot
         node.slots.unfreeze(slot)
         assert node.slots.frozen == []
-        wait_for(lambda: node.get(branch).state is SessionState.ACTIVE, "the branch to resume")
+        wait_until(lambda: node.get(branch).state is SessionState.ACTIVE, "the branch to resume")
         assert node.main(AGENT, key).session_id == main
         assert node.send(main, "again") is None
     finally:
